@@ -1,0 +1,39 @@
+# Brakeline: `make demo` and `make test` are the quick start; both set themselves up.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# The test suite runs on real services (PostgreSQL, Redis), never on SQLite by mistake.
+# Its own Redis database number and channel prefix keep a development worker from
+# stealing test tasks.
+TEST_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/brakeline
+TEST_REDIS_URL ?= redis://127.0.0.1:6379/10
+TEST_ENV := DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) \
+	BRAKELINE_CHANNEL_PREFIX=brakeline-test BRAKELINE_CELERY_QUEUE=brakeline-test \
+	BRAKELINE_SECRET_KEY=brakeline-test-only-secret-key
+PYTEST_ARGS ?=
+
+.PHONY: install demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	env -u DATABASE_URL -u REDIS_URL $(BIN)/python manage.py migrate --verbosity 0
+	env -u DATABASE_URL -u REDIS_URL $(BIN)/python manage.py demo
+
+test: install
+	$(TEST_ENV) $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check .
+
+bench: install
+	$(TEST_ENV) $(BIN)/python bench/ingest.py
+
+clean:
+	rm -rf $(VENV) var

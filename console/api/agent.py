@@ -1,0 +1,99 @@
+"""The agent protocol's HTTP endpoints (SPEC, "The agent protocol")."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework.parsers import BaseParser
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.renderers import JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from breakers import services as breaker_services
+from console.api.agent_auth import AgentRateThrottle, AgentTokenAuthentication
+from console.api.agent_schema import (
+    CommandsDoc,
+    ErrorDoc,
+    HeartbeatDoc,
+    MetricsAcceptedDoc,
+    MetricsBatchDoc,
+)
+from incidents.errors import PayloadTooLarge
+
+ERRORS = {
+    code: OpenApiResponse(ErrorDoc, description=text)
+    for code, text in {
+        400: "Malformed JSON or an invalid field; nothing was written.",
+        401: "No token, an unknown token or a revoked one.",
+        413: "Batch over the limit (points or bytes); nothing was written.",
+        429: "Rate limit; retry after the Retry-After header.",
+    }.items()
+}
+
+
+class RawJSONParser(BaseParser):
+    """Declares JSON for the schema; the views read the raw body themselves (fast path)."""
+
+    media_type = "application/json"
+
+    def parse(self, stream, media_type=None, parser_context=None):  # pragma: no cover
+        return stream.read()
+
+
+class AgentView(APIView):
+    authentication_classes = [AgentTokenAuthentication]
+    permission_classes = [IsAuthenticated]
+    throttle_classes = [AgentRateThrottle]
+    parser_classes = [RawJSONParser]
+    renderer_classes = [JSONRenderer]
+
+    def raw_body(self, request: Request) -> bytes:
+        limit = settings.AGENT_MAX_BATCH_BYTES
+        too_large = PayloadTooLarge(
+            f"A request body holds at most {limit} bytes. Split the batch.",
+            fields={"body": f"at most {limit} bytes"},
+        )
+        declared = request.META.get("CONTENT_LENGTH") or "0"
+        if declared.isdigit() and int(declared) > limit:
+            raise too_large
+        try:
+            body = request.body
+        except RequestDataTooBig:
+            raise too_large from None
+        if len(body) > limit:
+            raise too_large
+        return body
+
+
+class MetricsView(AgentView):
+    @extend_schema(
+        operation_id="agent_metrics",
+        request=MetricsBatchDoc,
+        responses={202: MetricsAcceptedDoc, **ERRORS},
+        tags=["agent"],
+        summary="Upload a batch of metric points",
+    )
+    def post(self, request: Request) -> Response:
+        job = request.user.job
+        accepted = breaker_services.ingest_metrics(job, self.raw_body(request))
+        return Response(
+            {"accepted": accepted, "commands": breaker_services.pending_commands(job.pk)},
+            status=202,
+        )
+
+
+class HeartbeatView(AgentView):
+    @extend_schema(
+        operation_id="agent_heartbeat",
+        request=HeartbeatDoc,
+        responses={200: CommandsDoc, **ERRORS},
+        tags=["agent"],
+        summary="Report that the training process is alive",
+    )
+    def post(self, request: Request) -> Response:
+        job = request.user.job
+        breaker_services.receive_heartbeat(job.pk, self.raw_body(request))
+        return Response({"commands": breaker_services.pending_commands(job.pk)})

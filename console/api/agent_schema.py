@@ -1,0 +1,72 @@
+"""Serializers that *document* the agent protocol in OpenAPI.
+
+The endpoints validate with ``breakers.agent_input`` (a fast loop, all-or-nothing); these
+classes only describe the same shapes for /api/schema/ and are not used on the hot path.
+"""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+
+class MetricPointDoc(serializers.Serializer):
+    name = serializers.CharField(max_length=200, help_text="Metric name, e.g. loss, grad_norm.")
+    step = serializers.IntegerField(min_value=0, help_text="Training step, a whole number ≥ 0.")
+    value = serializers.JSONField(
+        help_text='A JSON number, or "NaN", "Infinity", "-Infinity" (non-finite values are data).'
+    )
+    time = serializers.DateTimeField(
+        required=False, help_text="ISO 8601 with a time zone; server time when absent."
+    )
+    node = serializers.CharField(required=False, max_length=200, allow_null=True)
+
+
+class MetricsBatchDoc(serializers.Serializer):
+    points = MetricPointDoc(
+        many=True,
+        help_text="At most 10,000 points and 4 MiB per request (413 above); accepted whole or "
+        "refused whole.",
+    )
+
+
+class CommandDoc(serializers.Serializer):
+    id = serializers.IntegerField()
+    kind = serializers.ChoiceField(
+        choices=[
+            "lower_lr",
+            "pause_data",
+            "checkpoint_and_pause",
+            "resume",
+            "terminate",
+            "isolate_node",
+        ]
+    )
+    params = serializers.DictField()
+    severity = serializers.CharField(allow_null=True)
+    reason = serializers.CharField()
+    issued_at = serializers.DateTimeField()
+
+
+class MetricsAcceptedDoc(serializers.Serializer):
+    accepted = serializers.IntegerField()
+    commands = CommandDoc(many=True)
+
+
+class HeartbeatDoc(serializers.Serializer):
+    step = serializers.IntegerField(min_value=0)
+    status = serializers.ChoiceField(choices=["running", "paused", "checkpointing", "finished"])
+    pid = serializers.IntegerField(required=False, help_text="Process id, for the local executor.")
+    hostname = serializers.CharField(required=False)
+    rank = serializers.IntegerField(required=False, min_value=0)
+
+
+class CommandsDoc(serializers.Serializer):
+    commands = CommandDoc(many=True)
+
+
+class ErrorDoc(serializers.Serializer):
+    error = serializers.CharField(help_text="A machine-readable code, e.g. invalid, unknown_token.")
+    detail = serializers.CharField(help_text="A human sentence.")
+    fields = serializers.DictField(
+        child=serializers.CharField(), help_text="Field path → what is wrong with it."
+    )

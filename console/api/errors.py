@@ -1,0 +1,66 @@
+"""One error format for the whole API: {"error", "detail", "fields"} (SPEC, agent protocol)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import Http404
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from incidents.errors import ServiceError
+
+_DRF_CODES = {
+    status.HTTP_400_BAD_REQUEST: "invalid",
+    status.HTTP_401_UNAUTHORIZED: "unauthenticated",
+    status.HTTP_403_FORBIDDEN: "forbidden",
+    status.HTTP_404_NOT_FOUND: "not_found",
+    status.HTTP_405_METHOD_NOT_ALLOWED: "method_not_allowed",
+    status.HTTP_406_NOT_ACCEPTABLE: "not_acceptable",
+    status.HTTP_409_CONFLICT: "conflict",
+    status.HTTP_413_REQUEST_ENTITY_TOO_LARGE: "payload_too_large",
+    status.HTTP_415_UNSUPPORTED_MEDIA_TYPE: "unsupported_media_type",
+    status.HTTP_429_TOO_MANY_REQUESTS: "rate_limited",
+}
+
+
+def error_response(error: ServiceError) -> Response:
+    response = Response(error.as_body(), status=error.status)
+    if error.status == 401:
+        response["WWW-Authenticate"] = 'Bearer realm="brakeline"'
+    return response
+
+
+def _flatten(detail: Any, prefix: str = "") -> dict[str, str]:
+    if isinstance(detail, dict):
+        fields: dict[str, str] = {}
+        for key, value in detail.items():
+            fields.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+        return fields
+    if isinstance(detail, list):
+        if all(not isinstance(item, dict | list) for item in detail):
+            return {prefix or "non_field_errors": " ".join(str(item) for item in detail)}
+        fields = {}
+        for index, item in enumerate(detail):
+            fields.update(_flatten(item, f"{prefix}[{index}]"))
+        return fields
+    return {prefix or "non_field_errors": str(detail)}
+
+
+def exception_handler(exc: Exception, context: dict) -> Response | None:
+    if isinstance(exc, ServiceError):
+        return error_response(exc)
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    code = _DRF_CODES.get(response.status_code, "error")
+    if isinstance(exc, exceptions.ValidationError):
+        body = {"error": code, "detail": "The request was refused.", "fields": _flatten(exc.detail)}
+    else:
+        detail = exc.detail if isinstance(exc, exceptions.APIException) else str(exc)
+        body = {"error": code, "detail": str(detail), "fields": {}}
+    response.data = body
+    return response

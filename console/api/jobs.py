@@ -1,0 +1,74 @@
+"""Jobs as people see them: always scoped to the teams the user belongs to."""
+
+from __future__ import annotations
+
+from django.db.models import OuterRef, QuerySet, Subquery
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.generics import ListAPIView, RetrieveAPIView
+
+from breakers.models import MetricPoint
+from incidents.models import Job
+
+
+class JobSerializer(serializers.ModelSerializer):
+    team = serializers.CharField(source="team.name")
+    latest_loss = serializers.FloatField(allow_null=True, read_only=True)
+
+    class Meta:
+        model = Job
+        fields = [
+            "id",
+            "team",
+            "name",
+            "kind",
+            "status",
+            "agent_status",
+            "current_step",
+            "step_time_seconds",
+            "last_heartbeat_at",
+            "last_metric_at",
+            "heartbeat_deadline",
+            "latest_loss",
+        ]
+
+    def to_representation(self, instance: Job) -> dict:
+        data = super().to_representation(instance)
+        # JSON has no NaN: a non-finite loss travels as the same strings agents send.
+        loss = getattr(instance, "latest_loss", None)
+        if loss is not None and loss != loss:
+            data["latest_loss"] = "NaN"
+        elif loss in (float("inf"), float("-inf")):
+            data["latest_loss"] = "Infinity" if loss > 0 else "-Infinity"
+        return data
+
+
+def visible_jobs(user) -> QuerySet[Job]:
+    """Jobs of the user's teams only; anything else is invisible (404, never 403)."""
+    latest_loss = (
+        MetricPoint.objects.filter(job=OuterRef("pk"), name="loss")
+        .order_by("-step", "-id")
+        .values("value")[:1]
+    )
+    return (
+        Job.objects.filter(team__memberships__user=user)
+        .select_related("team")
+        .annotate(latest_loss=Subquery(latest_loss))
+        .order_by("team__name", "name")
+    )
+
+
+@extend_schema(tags=["jobs"])
+class JobListView(ListAPIView):
+    serializer_class = JobSerializer
+
+    def get_queryset(self) -> QuerySet[Job]:
+        return visible_jobs(self.request.user)
+
+
+@extend_schema(tags=["jobs"])
+class JobDetailView(RetrieveAPIView):
+    serializer_class = JobSerializer
+
+    def get_queryset(self) -> QuerySet[Job]:
+        return visible_jobs(self.request.user)

@@ -1,0 +1,256 @@
+"""Brakeline settings: one module, driven by the environment.
+
+Two modes, chosen by what is set:
+
+* **embedded** (neither ``DATABASE_URL`` nor ``REDIS_URL``): a SQLite file, the in-memory
+  channel layer and Celery tasks executed in-process. One command, no services: the demo.
+* **server** (both set): PostgreSQL for data, Redis for the Celery broker, the channel layer
+  and the cache. This is what production and the test suite run.
+
+Setting only one of the two is a mistake we refuse at start-up with a sentence that says what
+to set, rather than silently running half-embedded.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in {"1", "true", "yes", "on"}:
+        return True
+    if raw.lower() in {"0", "false", "no", "off"}:
+        return False
+    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean: set it to true or false.")
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a whole number.") from None
+
+
+DATABASE_URL = os.environ.get("DATABASE_URL", "").strip()
+REDIS_URL = os.environ.get("REDIS_URL", "").strip()
+
+if bool(DATABASE_URL) != bool(REDIS_URL):
+    missing, present = (
+        ("REDIS_URL", "DATABASE_URL") if DATABASE_URL else ("DATABASE_URL", "REDIS_URL")
+    )
+    raise ImproperlyConfigured(
+        f"{present} is set but {missing} is not. The server mode needs both "
+        "(DATABASE_URL=postgresql://user@host:5432/brakeline and REDIS_URL=redis://host:6379/0); "
+        "unset both to run the embedded mode (SQLite, in-process worker)."
+    )
+
+EMBEDDED = not DATABASE_URL
+
+if not EMBEDDED and not DATABASE_URL.startswith(("postgres://", "postgresql://")):
+    raise ImproperlyConfigured(
+        f"DATABASE_URL must be a PostgreSQL URL (postgresql://user@host:5432/name), "
+        f"got scheme {DATABASE_URL.split(':', 1)[0]!r}."
+    )
+if not EMBEDDED and not REDIS_URL.startswith(("redis://", "rediss://")):
+    raise ImproperlyConfigured(
+        f"REDIS_URL must be a Redis URL (redis://host:6379/0), "
+        f"got scheme {REDIS_URL.split(':', 1)[0]!r}."
+    )
+
+DEBUG = _env_bool("BRAKELINE_DEBUG", EMBEDDED)
+SECRET_KEY = os.environ.get("BRAKELINE_SECRET_KEY", "")
+if not SECRET_KEY:
+    if not (EMBEDDED or DEBUG or _env_bool("BRAKELINE_INSECURE_DEV_KEY", False)):
+        raise ImproperlyConfigured(
+            "BRAKELINE_SECRET_KEY is not set: set it to a long random string "
+            "(python -c 'import secrets; print(secrets.token_urlsafe(50))')."
+        )
+    SECRET_KEY = "brakeline-embedded-development-key-not-for-production"
+
+ALLOWED_HOSTS = [
+    host.strip()
+    for host in os.environ.get("BRAKELINE_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]").split(",")
+    if host.strip()
+]
+CSRF_TRUSTED_ORIGINS = [
+    origin.strip()
+    for origin in os.environ.get("BRAKELINE_CSRF_TRUSTED_ORIGINS", "").split(",")
+    if origin.strip()
+]
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "channels",
+    "incidents",
+    "breakers",
+    "console",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "console.urls"
+ASGI_APPLICATION = "console.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATA_DIR = Path(os.environ.get("BRAKELINE_DATA_DIR", BASE_DIR / "var"))
+
+if EMBEDDED:
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": DATA_DIR / "brakeline.sqlite3",
+            # The demo's server and simulator write at the same time; wait instead of failing.
+            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
+        }
+    }
+else:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL)}
+    # Under ASGI, Django runs each request's sync code in a thread of its own, so "persistent"
+    # connections are reconnected per request (≈10 ms each here). psycopg's pool keeps them.
+    DATABASES["default"]["OPTIONS"] = {
+        "pool": {
+            "min_size": _env_int("BRAKELINE_DB_POOL_MIN", 2),
+            "max_size": _env_int("BRAKELINE_DB_POOL_MAX", 20),
+            "timeout": 10,
+        }
+    }
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATIC_ROOT = Path(os.environ.get("BRAKELINE_STATIC_ROOT", DATA_DIR / "static"))
+# collectstatic fills it in production; whitenoise warns about a missing folder otherwise.
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+STATICFILES_DIRS = [BASE_DIR / "console" / "static"]
+# Daphne serves no static files; whitenoise does, from the finders when no collectstatic ran.
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/login/"
+
+# --- Redis-backed pieces: channel layer, cache, Celery -------------------------------------
+CHANNEL_PREFIX = os.environ.get("BRAKELINE_CHANNEL_PREFIX", "brakeline")
+if EMBEDDED:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+else:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": CHANNEL_PREFIX},
+        }
+    }
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": CHANNEL_PREFIX,
+        }
+    }
+
+CELERY_BROKER_URL = REDIS_URL or "memory://"
+CELERY_TASK_ALWAYS_EAGER = EMBEDDED
+CELERY_TASK_EAGER_PROPAGATES = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 300}
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("BRAKELINE_CELERY_QUEUE", "brakeline")
+
+# --- REST API ------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "console.api.errors.exception_handler",
+    "DEFAULT_THROTTLE_RATES": {
+        "agent": os.environ.get("BRAKELINE_AGENT_RATE", "6000/min"),
+    },
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Brakeline API",
+    "DESCRIPTION": (
+        "The agent protocol (training processes: metrics, heartbeats, commands) and the console "
+        "API. Agent endpoints take `Authorization: Bearer <agent token>`."
+    ),
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+
+# --- Agent protocol limits (documented in the README and the OpenAPI schema) --------------
+AGENT_MAX_BATCH_POINTS = _env_int("BRAKELINE_MAX_BATCH_POINTS", 10_000)
+AGENT_MAX_BATCH_BYTES = _env_int("BRAKELINE_MAX_BATCH_BYTES", 4 * 1024 * 1024)
+# Django refuses larger bodies itself; we check first so the answer is our 413, not a 400.
+DATA_UPLOAD_MAX_MEMORY_SIZE = AGENT_MAX_BATCH_BYTES + 1024
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("BRAKELINE_LOG_LEVEL", "WARNING")},
+}

@@ -1,0 +1,92 @@
+"""A simulated training run for the demo: it speaks the agent protocol over plain HTTP.
+
+Healthy at first (a noisy, decaying loss), then it diverges on purpose and finally produces a
+NaN, so the console has something to brake. Standard library only, like any agent could be.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SimulatedRun:
+    url: str
+    token: str
+    diverge_at_step: int = 900
+    nan_at_step: int = 1100
+    steps_per_second: float = 20.0
+    seed: int = 7
+    step: int = 0
+    rng: random.Random = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+
+    def loss_at(self, step: int) -> float:
+        if step >= self.nan_at_step:
+            return math.nan
+        healthy = 2.0 + 6.0 * math.exp(-step / 250) + self.rng.gauss(0, 0.04)
+        if step < self.diverge_at_step:
+            return healthy
+        return healthy * math.exp((step - self.diverge_at_step) / 60)
+
+    def points_for(self, step: int) -> list[dict]:
+        loss = self.loss_at(step)
+        grad_norm = 1.0 + self.rng.random() * 0.2 if math.isfinite(loss) else math.inf
+        values = {
+            "loss": loss,
+            "grad_norm": grad_norm,
+            "lr": 3e-4,
+            "perf.samples_per_second": 950 + self.rng.gauss(0, 15),
+        }
+        return [
+            {"name": name, "step": step, "value": _encode(value)} for name, value in values.items()
+        ]
+
+    def post(self, path: str, body: dict) -> dict:
+        request = urllib.request.Request(
+            self.url.rstrip("/") + path,
+            data=json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read() or b"{}")
+
+    def run(self, *, max_steps: int | None = None, batch_steps: int = 10) -> None:
+        """Stream until ``max_steps`` (forever when None); survives a console that is away."""
+        interval = batch_steps / self.steps_per_second
+        while max_steps is None or self.step < max_steps:
+            points = []
+            for _ in range(batch_steps):
+                points.extend(self.points_for(self.step))
+                self.step += 1
+            try:
+                self.post("/api/v1/agent/metrics", {"points": points})
+                self.post(
+                    "/api/v1/agent/heartbeat",
+                    {
+                        "step": self.step,
+                        "status": "running",
+                        "pid": os.getpid(),
+                    },
+                )
+            except (urllib.error.URLError, OSError) as error:
+                print(f"simulator: console unreachable ({error}); retrying")
+            time.sleep(interval)
+
+
+def _encode(value: float) -> float | str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
+    return value

@@ -1,0 +1,145 @@
+"""Fixtures shared by the whole suite: real PostgreSQL, real Redis, real Daphne.
+
+The suite refuses to run on the embedded SQLite default: `make test` points it at the
+services. The few tests of the embedded mode run it in a subprocess of their own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not config.pluginmanager.has_plugin("django"):
+        return  # pure tests run with -p no:django need no database at all
+    from django.conf import settings
+
+    if settings.EMBEDDED or settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+        pytest.exit(
+            "The test suite runs against PostgreSQL and Redis, not the embedded SQLite: run "
+            "`make test`, or set DATABASE_URL=postgresql://postgres@127.0.0.1:5432/brakeline "
+            "and REDIS_URL=redis://127.0.0.1:6379/10.",
+            returncode=2,
+        )
+
+
+@dataclass
+class Agent:
+    """A job with its raw agent token, as a training process would hold them."""
+
+    job_id: int
+    token: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+
+@pytest.fixture
+def make_agent(db):
+    from incidents.services import create_job
+
+    counter = iter(range(1, 10_000))
+
+    def make(team: str = "research", name: str | None = None, kind: str = "training") -> Agent:
+        created = create_job(team, name or f"job-{next(counter)}", kind)
+        return Agent(job_id=created.job.pk, token=created.raw_token)
+
+    return make
+
+
+@pytest.fixture
+def agent(make_agent) -> Agent:
+    return make_agent()
+
+
+@pytest.fixture
+def agent_post(client, agent):
+    """POST a body (dict → JSON, or raw bytes/str) to an agent endpoint with the token."""
+
+    def post(path: str, body, *, token: str | None = None, content_type="application/json"):
+        data = body if isinstance(body, bytes | str) else json.dumps(body)
+        headers = {"Authorization": f"Bearer {token or agent.token}"} if token != "" else {}
+        return client.post(path, data=data, content_type=content_type, headers=headers)
+
+    return post
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_for_port(port: int, process: subprocess.Popen, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited with {process.returncode}")
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
+
+
+def server_environment(**extra: str) -> dict[str, str]:
+    """The environment of a child process that must use the *test* database."""
+    from django.db import connection
+
+    settings_dict = connection.settings_dict
+    user = settings_dict["USER"] or "postgres"
+    host = settings_dict["HOST"] or "127.0.0.1"
+    port = settings_dict["PORT"] or 5432
+    env = dict(os.environ)
+    env["DATABASE_URL"] = f"postgresql://{user}@{host}:{port}/{settings_dict['NAME']}"
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(scope="session")
+def live_console(django_db_setup, django_db_blocker):
+    """Daphne serving console.asgi on a free port against the test database.
+
+    pytest-django's live_server is WSGI (no websockets) and Channels' live server test case
+    forks badly here, so a plain subprocess it is (see TESTING-NOTES).
+    """
+    port = free_port()
+    with django_db_blocker.unblock():
+        env = server_environment()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "daphne",
+            "-b",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "--access-log",
+            os.devnull,
+            "console.asgi:application",
+        ],
+        cwd=ROOT,
+        env=env,
+    )
+    try:
+        wait_for_port(port, process)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()

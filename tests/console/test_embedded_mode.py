@@ -1,0 +1,127 @@
+"""The embedded mode (SQLite, in-process worker) stays alive: migrate, create a job, ingest.
+
+Run in subprocesses with no DATABASE_URL / REDIS_URL, exactly as `make demo` runs it, so the
+default a newcomer meets cannot rot while the rest of the suite runs on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+from tests.conftest import ROOT, free_port, wait_for_port
+
+pytestmark = pytest.mark.embedded
+
+
+@pytest.fixture
+def embedded_env(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL"}}
+    env.pop("BRAKELINE_SECRET_KEY", None)
+    env["BRAKELINE_DATA_DIR"] = str(tmp_path)
+    return env
+
+
+def manage(env, *args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def post(url: str, token: str, body: dict) -> dict:
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def test_embedded_console_takes_metrics_including_nan_on_sqlite(embedded_env, tmp_path):
+    manage(embedded_env, "migrate", "--verbosity", "0")
+    token = manage(embedded_env, "create_job", "--team", "demo", "--name", "toy").splitlines()[-1]
+    port = free_port()
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "daphne",
+            "-b",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "--access-log",
+            os.devnull,
+            "console.asgi:application",
+        ],
+        cwd=ROOT,
+        env=embedded_env,
+    )
+    try:
+        wait_for_port(port, server)
+        base = f"http://127.0.0.1:{port}"
+        answer = post(
+            f"{base}/api/v1/agent/metrics",
+            token,
+            {
+                "points": [
+                    {"name": "loss", "step": 1, "value": 2.0},
+                    {"name": "loss", "step": 2, "value": "NaN"},
+                    {"name": "loss", "step": 3, "value": "-Infinity"},
+                ]
+            },
+        )
+        assert answer == {"accepted": 3, "commands": []}
+        assert post(f"{base}/api/v1/agent/heartbeat", token, {"step": 3, "status": "running"}) == {
+            "commands": []
+        }
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    with sqlite3.connect(tmp_path / "brakeline.sqlite3") as database:
+        rows = database.execute(
+            "SELECT step, value FROM breakers_metricpoint ORDER BY step"
+        ).fetchall()
+        status = database.execute("SELECT status FROM incidents_job").fetchone()[0]
+    assert rows[0] == (1, 2.0)
+    assert rows[1] == (2, "NaN")  # kept as data, not turned into NULL
+    assert rows[2] == (3, float("-inf"))
+    assert status == "running"
+
+
+def test_embedded_orm_reads_nan_back_as_a_float(embedded_env):
+    manage(embedded_env, "migrate", "--verbosity", "0")
+    script = (
+        "import math, django, os; os.environ['DJANGO_SETTINGS_MODULE']='console.settings';"
+        "django.setup();"
+        "from incidents.services import create_job; from breakers.models import MetricPoint;"
+        "from django.utils import timezone; job = create_job('t', 'j').job;"
+        "MetricPoint.objects.create(job=job, name='loss', step=1, time=timezone.now(), "
+        "value=float('nan'));"
+        "print(math.isnan(MetricPoint.objects.get().value))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=embedded_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "True"
