@@ -257,3 +257,35 @@ def parse_heartbeat(raw: bytes) -> HeartbeatIn:
     if errors:
         raise InvalidInput("The heartbeat was refused.", fields=errors)
     return HeartbeatIn(step=step, status=status, pid=pid, hostname=hostname, rank=rank)
+
+
+@dataclass(frozen=True, slots=True)
+class AckIn:
+    status: str
+    result: dict
+    error: str
+
+
+ACK_STATUSES = ("succeeded", "failed")
+MAX_ERROR_LENGTH = 10_000
+
+
+def parse_ack(raw: bytes) -> AckIn:
+    body = parse_json_object(raw)
+    errors: dict[str, str] = {}
+    for key in body.keys() - {"status", "result", "error"}:
+        errors[key] = "is not a field of an acknowledgement (status, result, error)"
+    status = body.get("status")
+    if status not in ACK_STATUSES:
+        errors["status"] = (
+            "is required" if "status" not in body else f"must be one of {', '.join(ACK_STATUSES)}"
+        )
+    result = body.get("result") or {}
+    if not isinstance(result, dict):
+        errors["result"] = f"must be an object, not {_json_type(result)}"
+    error = body.get("error") or ""
+    if not isinstance(error, str) or len(error) > MAX_ERROR_LENGTH:
+        errors["error"] = f"must be a string of at most {MAX_ERROR_LENGTH} characters"
+    if errors:
+        raise InvalidInput("The acknowledgement was refused.", fields=errors)
+    return AckIn(status=status, result=result, error=error)

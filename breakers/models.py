@@ -34,3 +34,8 @@ class MetricPoint(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}@{self.step}={self.value}"
+
+
+# Control-plane models live in their own module (commands to jobs); imported here so Django
+# registers them with this app.
+from breakers.control_models import Command  # noqa: E402, F401

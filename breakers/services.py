@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from django.conf import settings
 
-from breakers.agent_input import parse_heartbeat, parse_metrics
+from breakers.agent_input import parse_ack, parse_heartbeat, parse_metrics
+from breakers.control import acknowledge_command, deliverable_commands
+from breakers.control_models import Command
 from breakers.ingest import store_points
 from incidents.models import Job, JobStatus
 from incidents.services import record_heartbeat
@@ -28,5 +30,12 @@ def receive_heartbeat(job_id: int, raw_body: bytes) -> Job:
 
 
 def pending_commands(job_id: int) -> list[dict]:
-    """Commands waiting for the job's acknowledgement (the control plane fills this)."""
-    return []
+    """Commands waiting for the job's acknowledgement, delivered in this reply."""
+    return deliverable_commands(job_id)
+
+
+def receive_acknowledgement(job_id: int, command_id: int, raw_body: bytes) -> Command:
+    ack = parse_ack(raw_body)
+    return acknowledge_command(
+        job_id, command_id, status=ack.status, result=ack.result, error=ack.error
+    )

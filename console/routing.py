@@ -1,3 +1,9 @@
 """Websocket routes (the agent's command push and the console's live pages)."""
 
-websocket_urlpatterns: list = []
+from django.urls import path
+
+from console.consumers import AgentConsumer
+
+websocket_urlpatterns = [
+    path("ws/agent/", AgentConsumer.as_asgi()),
+]

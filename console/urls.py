@@ -9,6 +9,11 @@ from console.api import agent, jobs
 api_v1 = [
     path("api/v1/agent/metrics", agent.MetricsView.as_view(), name="agent-metrics"),
     path("api/v1/agent/heartbeat", agent.HeartbeatView.as_view(), name="agent-heartbeat"),
+    path(
+        "api/v1/agent/commands/<int:command_id>/ack",
+        agent.CommandAckView.as_view(),
+        name="agent-command-ack",
+    ),
     path("api/v1/jobs", jobs.JobListView.as_view(), name="job-list"),
     path("api/v1/jobs/<int:pk>", jobs.JobDetailView.as_view(), name="job-detail"),
 ]

@@ -15,6 +15,8 @@ from rest_framework.views import APIView
 from breakers import services as breaker_services
 from console.api.agent_auth import AgentRateThrottle, AgentTokenAuthentication
 from console.api.agent_schema import (
+    AckDoc,
+    AckedDoc,
     CommandsDoc,
     ErrorDoc,
     HeartbeatDoc,
@@ -97,3 +99,23 @@ class HeartbeatView(AgentView):
         job = request.user.job
         breaker_services.receive_heartbeat(job.pk, self.raw_body(request))
         return Response({"commands": breaker_services.pending_commands(job.pk)})
+
+
+class CommandAckView(AgentView):
+    @extend_schema(
+        operation_id="agent_command_ack",
+        request=AckDoc,
+        responses={
+            200: AckedDoc,
+            404: OpenApiResponse(ErrorDoc, description="Not this job's."),
+            **ERRORS,
+        },
+        tags=["agent"],
+        summary="Acknowledge a command with its result (twice is harmless)",
+    )
+    def post(self, request: Request, command_id: int) -> Response:
+        job = request.user.job
+        command = breaker_services.receive_acknowledgement(
+            job.pk, command_id, self.raw_body(request)
+        )
+        return Response({"id": command.pk, "status": command.status})

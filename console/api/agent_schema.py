@@ -70,3 +70,17 @@ class ErrorDoc(serializers.Serializer):
     fields = serializers.DictField(
         child=serializers.CharField(), help_text="Field path → what is wrong with it."
     )
+
+
+class AckDoc(serializers.Serializer):
+    status = serializers.ChoiceField(choices=["succeeded", "failed"])
+    result = serializers.DictField(
+        required=False,
+        help_text="What it achieved: checkpoint path, bytes, seconds, sha256, step, new lrs.",
+    )
+    error = serializers.CharField(required=False, help_text="Why it failed.")
+
+
+class AckedDoc(serializers.Serializer):
+    id = serializers.IntegerField()
+    status = serializers.CharField()

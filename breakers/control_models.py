@@ -1,0 +1,88 @@
+"""Commands to running jobs: the control plane's stored records (SPEC, "The control plane")."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from incidents.models import Job
+
+
+class CommandKind(models.TextChoices):
+    LOWER_LR = "lower_lr", "Lower the learning rate"
+    PAUSE_DATA = "pause_data", "Pause data loading"
+    CHECKPOINT_AND_PAUSE = "checkpoint_and_pause", "Checkpoint and pause"
+    RESUME = "resume", "Resume"
+    TERMINATE = "terminate", "Terminate"
+    ISOLATE_NODE = "isolate_node", "Isolate node"
+
+
+class CommandStatus(models.TextChoices):
+    PENDING = "pending", "Pending"  # stored, not yet known to have reached the job
+    DELIVERED = "delivered", "Delivered"  # pushed over the websocket or in a reply
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    EXPIRED = "expired", "Expired"  # not acknowledged in time: the job is presumed hung
+
+
+COMMAND_TRANSITIONS: dict[str, set[str]] = {
+    # An ack may overtake the delivery record (reply lost, websocket raced): pending → done.
+    CommandStatus.PENDING: {
+        CommandStatus.DELIVERED,
+        CommandStatus.SUCCEEDED,
+        CommandStatus.FAILED,
+        CommandStatus.EXPIRED,
+    },
+    CommandStatus.DELIVERED: {CommandStatus.SUCCEEDED, CommandStatus.FAILED, CommandStatus.EXPIRED},
+    CommandStatus.SUCCEEDED: set(),
+    CommandStatus.FAILED: set(),
+    # A hung job that wakes up and acknowledges late: the result is still recorded.
+    CommandStatus.EXPIRED: {CommandStatus.SUCCEEDED, CommandStatus.FAILED},
+}
+OPEN_COMMAND_STATUSES = (CommandStatus.PENDING, CommandStatus.DELIVERED)
+
+
+class ActorKind(models.TextChoices):
+    SYSTEM = "system", "System"
+    PERSON = "person", "Person"
+    AGENT = "agent", "Agent"
+
+
+class Command(models.Model):
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="commands")
+    kind = models.CharField(max_length=32, choices=CommandKind.choices)
+    params = models.JSONField(default=dict, blank=True)
+    severity = models.CharField(max_length=2, blank=True)
+    reason = models.TextField()
+    issued_by_kind = models.CharField(max_length=8, choices=ActorKind.choices)
+    issued_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    # The same key twice is the same command: an alert processed by two workers, a double
+    # click, a retried request. The unique constraint makes "exactly once" hold under races.
+    idempotency_key = models.CharField(max_length=200)
+    status = models.CharField(
+        max_length=16, choices=CommandStatus.choices, default=CommandStatus.PENDING
+    )
+    issued_at = models.DateTimeField()
+    deliver_by = models.DateTimeField(help_text="Unacknowledged after this, the job is hung.")
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+    result = models.JSONField(default=dict, blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "idempotency_key"], name="command_idempotent")
+        ]
+        indexes = [
+            models.Index(fields=["job", "status"], name="command_job_status"),
+            models.Index(fields=["status", "deliver_by"], name="command_deadline"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} #{self.pk} to {self.job_id} ({self.status})"

@@ -1,0 +1,75 @@
+"""Websocket consumers. The agent's: commands pushed the moment they are committed."""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from breakers import services as breaker_services
+from breakers.control import deliverable_commands, mark_delivered
+from console.api.agent_auth import bearer_token
+from console.realtime import agent_group
+from incidents.errors import ServiceError
+from incidents.services import authenticate_agent
+
+CLOSE_UNAUTHENTICATED = 4401
+
+
+def token_from_scope(scope: dict) -> str | None:
+    for name, value in scope.get("headers", []):
+        if name == b"authorization":
+            return bearer_token(value)
+    values = parse_qs(scope.get("query_string", b"").decode()).get("token")
+    return values[0] if values else None
+
+
+class AgentConsumer(AsyncJsonWebsocketConsumer):
+    """``/ws/agent/``: one training process, authenticated by its job's bearer token."""
+
+    job_id: int | None = None
+
+    async def connect(self) -> None:
+        token = token_from_scope(self.scope)
+        try:
+            job = await database_sync_to_async(authenticate_agent)(token or "")
+        except ServiceError:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        self.job_id = job.pk
+        await self.channel_layer.group_add(agent_group(job.pk), self.channel_name)
+        await self.accept()
+        # Catch-up: whatever was issued while this process had no websocket.
+        for command in await database_sync_to_async(deliverable_commands)(job.pk):
+            await self.send_json({"type": "command", "command": command})
+
+    async def disconnect(self, code: int) -> None:
+        if self.job_id is not None:
+            await self.channel_layer.group_discard(agent_group(self.job_id), self.channel_name)
+
+    async def agent_command(self, event: dict) -> None:
+        await self.send_json({"type": "command", "command": event["command"]})
+        await database_sync_to_async(mark_delivered)([event["command"]["id"]])
+
+    async def receive_json(self, content: dict, **kwargs) -> None:
+        """Acks may come over the websocket too: {"type": "ack", "id": 17, "status": …}."""
+        if content.get("type") != "ack" or not isinstance(content.get("id"), int):
+            await self.send_json(
+                {
+                    "type": "error",
+                    "error": "invalid",
+                    "detail": 'Send {"type": "ack", "id": <command id>, …}.',
+                }
+            )
+            return
+        body = {k: v for k, v in content.items() if k in {"status", "result", "error"}}
+        try:
+            command = await database_sync_to_async(breaker_services.receive_acknowledgement)(
+                self.job_id, content["id"], json.dumps(body).encode()
+            )
+        except ServiceError as error:
+            await self.send_json({"type": "error", **error.as_body()})
+            return
+        await self.send_json({"type": "acked", "id": command.pk, "status": command.status})

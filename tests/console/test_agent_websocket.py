@@ -1,0 +1,69 @@
+"""/ws/agent/: commands reach the agent over a real websocket through Daphne and Redis."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
+
+from breakers.control import issue_command
+from breakers.control_models import Command, CommandStatus
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def ws_url(http_url: str) -> str:
+    return http_url.replace("http://", "ws://") + "/ws/agent/"
+
+
+def next_message(socket, timeout: float = 10.0) -> dict:
+    return json.loads(socket.recv(timeout=timeout))
+
+
+def test_a_command_is_pushed_the_moment_it_is_committed(live_console, agent):
+    with connect(ws_url(live_console), additional_headers=agent.headers) as socket:
+        issued = issue_command(
+            agent.job_id, "checkpoint_and_pause", reason="loss is NaN at step 9", severity="L3"
+        ).command
+        message = next_message(socket)
+    assert message["type"] == "command"
+    assert message["command"]["id"] == issued.pk
+    assert message["command"]["kind"] == "checkpoint_and_pause"
+    assert message["command"]["reason"] == "loss is NaN at step 9"
+
+
+def test_token_in_the_query_string_and_catch_up_on_connect(live_console, agent):
+    issued = issue_command(agent.job_id, "lower_lr", reason="L2", params={"factor": 0.5}).command
+    with connect(ws_url(live_console) + f"?token={agent.token}") as socket:
+        message = next_message(socket)
+    assert message["command"]["id"] == issued.pk
+    assert Command.objects.get(pk=issued.pk).status == CommandStatus.DELIVERED
+
+
+def test_acknowledging_over_the_websocket(live_console, agent):
+    issued = issue_command(agent.job_id, "terminate", reason="XID").command
+    with connect(ws_url(live_console), additional_headers=agent.headers) as socket:
+        next_message(socket)
+        socket.send(json.dumps({"type": "ack", "id": issued.pk, "status": "succeeded"}))
+        assert next_message(socket) == {"type": "acked", "id": issued.pk, "status": "succeeded"}
+        socket.send(json.dumps({"type": "ack", "id": issued.pk + 999, "status": "succeeded"}))
+        assert next_message(socket)["error"] == "not_found"
+
+
+def test_other_jobs_commands_do_not_reach_this_agent(live_console, make_agent):
+    mine, other = make_agent(name="mine"), make_agent(name="other")
+    with connect(ws_url(live_console), additional_headers=mine.headers) as socket:
+        issue_command(other.job_id, "terminate", reason="not yours")
+        issued = issue_command(mine.job_id, "resume", reason="yours").command
+        message = next_message(socket)
+    assert message["command"]["id"] == issued.pk
+
+
+@pytest.mark.parametrize("token", ["bkl_unknown", ""])
+def test_an_unknown_or_missing_token_is_refused(live_console, agent, token):
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    with pytest.raises(InvalidStatus) as refused:
+        connect(ws_url(live_console), additional_headers=headers)
+    assert refused.value.response.status_code == 403
