@@ -214,7 +214,8 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 300}
-CELERY_TASK_DEFAULT_QUEUE = os.environ.get("BRAKELINE_CELERY_QUEUE", "brakeline")
+DEFAULT_CELERY_QUEUE = "brakeline"  # what docker-compose.yml's worker consumes
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("BRAKELINE_CELERY_QUEUE", DEFAULT_CELERY_QUEUE)
 
 # --- REST API ------------------------------------------------------------------------------
 REST_FRAMEWORK = {
