@@ -9,7 +9,7 @@ heartbeat and metrics reply until it is acknowledged, so a job with no websocket
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -24,6 +24,7 @@ from breakers.control_models import (
     CommandKind,
     CommandStatus,
 )
+from breakers.executors import DEFAULT_GRACE_SECONDS, ExecutorOutcome, executor_for
 from console.realtime import agent_group, job_group, publish_after_commit
 from incidents.errors import Conflict, InvalidInput, NotFound
 from incidents.models import JOB_TRANSITIONS, Job, JobStatus
@@ -196,3 +197,68 @@ def acknowledge_command(
                 },
             )
     return command
+
+
+STOP_ON_EXPIRY = (CommandKind.CHECKPOINT_AND_PAUSE, CommandKind.TERMINATE)
+
+
+def expire_overdue_commands(now: datetime | None = None) -> list[int]:
+    """Open commands past their deadline → expired; returns the ones whose job must be stopped.
+
+    One indexed query finds them; each expiry is a compare-and-swap, so two watchdog runs
+    racing each other expire (and stop) a command once.
+    """
+    now = now or timezone.now()
+    overdue = Command.objects.filter(
+        status__in=OPEN_COMMAND_STATUSES, deliver_by__lt=now
+    ).values_list("pk", "kind")
+    to_stop = []
+    for command_id, kind in overdue:
+        won = compare_and_swap(
+            Command,
+            command_id,
+            table=COMMAND_TRANSITIONS,
+            expected=OPEN_COMMAND_STATUSES,
+            new=CommandStatus.EXPIRED,
+        )
+        if won and kind in STOP_ON_EXPIRY:
+            to_stop.append(command_id)
+    return to_stop
+
+
+def stop_hung_job(command_id: int, *, grace_seconds: float | None = None) -> ExecutorOutcome:
+    """The job did not acknowledge ``command_id`` in time: stop it from the outside."""
+    command = Command.objects.select_related("job").get(pk=command_id)
+    grace = (
+        grace_seconds
+        if grace_seconds is not None
+        else getattr(settings, "EXECUTOR_GRACE_SECONDS", DEFAULT_GRACE_SECONDS)
+    )
+    outcome = executor_for(command.job).stop(command.job, grace_seconds=grace)
+    with transaction.atomic():
+        Command.objects.filter(pk=command_id).update(
+            result={**command.result, "executor": outcome.as_dict()}
+        )
+        if outcome.stopped:
+            compare_and_swap(
+                Job,
+                command.job_id,
+                table=JOB_TRANSITIONS,
+                expected=[
+                    JobStatus.PENDING,
+                    JobStatus.RUNNING,
+                    JobStatus.PAUSING,
+                    JobStatus.PAUSED,
+                ],
+                new=JobStatus.TERMINATED,
+                heartbeat_deadline=None,
+            )
+        publish_after_commit(
+            job_group(command.job_id),
+            {
+                "type": "executor.finished",
+                "command_id": command_id,
+                "outcome": outcome.as_dict(),
+            },
+        )
+    return outcome

@@ -9,3 +9,5 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 app = Celery("brakeline")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["incidents", "breakers", "console"])
+# Task modules not named tasks.py, which autodiscovery would miss.
+app.conf.imports = ["breakers.control_tasks"]
