@@ -83,7 +83,11 @@ class Command(BaseCommand):
         try:
             wait_for_port(host, port)
             self.print_welcome(host, port)
-            SimulatedRun(url=f"http://{host}:{port}", token=token).run(max_steps=steps)
+            checkpoints = settings.DATA_DIR / "checkpoints"
+            checkpoints.mkdir(parents=True, exist_ok=True)
+            SimulatedRun(url=f"http://{host}:{port}", token=token, checkpoint_dir=checkpoints).run(
+                max_steps=steps
+            )
         except KeyboardInterrupt:
             self.stdout.write("\nStopping the demo.")
         finally:
