@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 from celery import shared_task
-from django.db import transaction
 
-from breakers.control import expire_overdue_commands, stop_hung_job
+from breakers.control import stop_hung_job
+from breakers.watchdog import watchdog_tick
 
 
-@shared_task(acks_late=True, ignore_result=True)
-def expire_commands() -> int:
-    """Beat: expire unacknowledged commands and hand the hung jobs to their executor."""
-    with transaction.atomic():
-        to_stop = expire_overdue_commands()
-        for command_id in to_stop:
-            transaction.on_commit(lambda command_id=command_id: stop_job.delay(command_id))
-    return len(to_stop)
+@shared_task(acks_late=True, ignore_result=True, expires=5)
+def watchdog() -> int:
+    """Beat, every second: expire unacknowledged commands, stop the hung jobs."""
+    return len(watchdog_tick(lambda command_id: stop_job.delay(command_id)))
 
 
 @shared_task(acks_late=True, ignore_result=True)

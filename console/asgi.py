@@ -9,8 +9,15 @@ django_asgi_application = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up first)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.conf import settings  # noqa: E402
 
 from console.routing import websocket_urlpatterns  # noqa: E402
+
+if settings.EMBEDDED:
+    # No beat process in the embedded mode: the watchdog ticks in this process instead.
+    from breakers.watchdog import start_in_process_watchdog
+
+    start_in_process_watchdog()
 
 application = ProtocolTypeRouter(
     {

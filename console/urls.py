@@ -4,7 +4,7 @@ from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from console import views
-from console.api import agent, jobs
+from console.api import agent, health, jobs
 
 api_v1 = [
     path("api/v1/agent/metrics", agent.MetricsView.as_view(), name="agent-metrics"),
@@ -14,6 +14,7 @@ api_v1 = [
         agent.CommandAckView.as_view(),
         name="agent-command-ack",
     ),
+    path("api/v1/health", health.HealthView.as_view(), name="health"),
     path("api/v1/jobs", jobs.JobListView.as_view(), name="job-list"),
     path("api/v1/jobs/<int:pk>", jobs.JobDetailView.as_view(), name="job-detail"),
 ]

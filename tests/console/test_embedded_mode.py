@@ -11,6 +11,8 @@ import os
 import sqlite3
 import subprocess
 import sys
+import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -52,6 +54,19 @@ def post(url: str, token: str, body: dict) -> dict:
         return json.loads(response.read())
 
 
+def wait_for_healthy(url: str, timeout: float = 10.0) -> dict:
+    """The in-process watchdog ticks every second, so health turns ok shortly after start."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def test_embedded_console_takes_metrics_including_nan_on_sqlite(embedded_env, tmp_path):
     manage(embedded_env, "migrate", "--verbosity", "0")
     token = manage(embedded_env, "create_job", "--team", "demo", "--name", "toy").splitlines()[-1]
@@ -90,6 +105,7 @@ def test_embedded_console_takes_metrics_including_nan_on_sqlite(embedded_env, tm
         assert post(f"{base}/api/v1/agent/heartbeat", token, {"step": 3, "status": "running"}) == {
             "commands": []
         }
+        assert wait_for_healthy(f"{base}/api/v1/health")["mode"] == "embedded"
     finally:
         server.terminate()
         server.wait(timeout=10)
