@@ -16,6 +16,11 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from breakers.command_timeline import (
+    record_acknowledged,
+    record_executor_outcome,
+    record_issued,
+)
 from breakers.control_models import (
     COMMAND_TRANSITIONS,
     OPEN_COMMAND_STATUSES,
@@ -80,6 +85,7 @@ def issue_command(
     params: dict | None = None,
     severity: str = "",
     idempotency_key: str | None = None,
+    alert_id: int | None = None,
 ) -> IssuedCommand:
     """Store a command for the job (once per idempotency key) and push it after commit."""
     if kind not in CommandKind.values:
@@ -110,12 +116,14 @@ def issue_command(
                     issued_by=actor,
                     idempotency_key=key,
                     issued_at=now,
+                    alert_id=alert_id,
                     deliver_by=now + timedelta(seconds=acknowledgement_deadline_seconds(kind)),
                 )
         except IntegrityError:
             # Another worker issued the same key between our check and our insert.
             return IssuedCommand(Command.objects.get(job_id=job_id, idempotency_key=key), False)
         _job_effect_on_issue(command)
+        record_issued(command)
         payload = command_payload(command)
         publish_after_commit(agent_group(job_id), {"type": "agent.command", "command": payload})
         publish_after_commit(job_group(job_id), {"type": "command.issued", "command": payload})
@@ -186,6 +194,7 @@ def acknowledge_command(
         if won and status == CommandStatus.SUCCEEDED:
             _job_effect_on_success(command)
         if won:
+            record_acknowledged(command)
             publish_after_commit(
                 job_group(job_id),
                 {
@@ -239,6 +248,7 @@ def stop_hung_job(command_id: int, *, grace_seconds: float | None = None) -> Exe
         Command.objects.filter(pk=command_id).update(
             result={**command.result, "executor": outcome.as_dict()}
         )
+        record_executor_outcome(command, outcome)
         if outcome.stopped:
             compare_and_swap(
                 Job,

@@ -5,7 +5,9 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
-from incidents.models import Job
+from incidents.models import ActorKind, Alert, Job
+
+__all__ = ["ActorKind", "Command", "CommandKind", "CommandStatus"]
 
 
 class CommandKind(models.TextChoices):
@@ -42,12 +44,6 @@ COMMAND_TRANSITIONS: dict[str, set[str]] = {
 OPEN_COMMAND_STATUSES = (CommandStatus.PENDING, CommandStatus.DELIVERED)
 
 
-class ActorKind(models.TextChoices):
-    SYSTEM = "system", "System"
-    PERSON = "person", "Person"
-    AGENT = "agent", "Agent"
-
-
 class Command(models.Model):
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="commands")
     kind = models.CharField(max_length=32, choices=CommandKind.choices)
@@ -61,6 +57,14 @@ class Command(models.Model):
         blank=True,
         on_delete=models.SET_NULL,
         related_name="+",
+    )
+    alert = models.ForeignKey(
+        Alert,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="commands",
+        help_text="The alert that asked for it (automatic braking, approved escalations).",
     )
     # The same key twice is the same command: an alert processed by two workers, a double
     # click, a retried request. The unique constraint makes "exactly once" hold under races.

@@ -18,287 +18,36 @@ import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any
 
-ANOMALOUS = "anomalous"  # the condition holds: open (or keep open) an episode
-PENDING = "pending"  # not (yet) anomalous, but not healthy either: do not count towards a clear
-HEALTHY = "healthy"  # the condition does not hold: counts towards clearing an open episode
-UNKNOWN = "unknown"  # no opinion (warm-up, a value the detector ignores, mid-window)
-
-# Statistics square their inputs; beyond this magnitude the squares overflow, so such values
-# are treated like non-finite ones (excluded) rather than turning the sums into inf/NaN.
-MAX_MAGNITUDE = 1e150
-
-
-class Sample(Protocol):
-    """What a detector reads from a point (``breakers.engine.Point`` satisfies it)."""
-
-    name: str
-    step: int
-    time: float
-    value: float
-    node: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """A detector's answer for one point or tick."""
-
-    state: str
-    threshold: float | None = None  # the boundary that was crossed, as a number
-    since_step: int | None = None  # first anomalous step of the underlying condition
-    since_time: float | None = None
-    center: float | None = None  # baseline mean (deviation) / previous window mean (rising)
-    spread: float | None = None  # effective σ used (deviation)
-    score: float | None = None  # z-score (deviation); detector-specific otherwise
-    observed: float | None = None  # the judged quantity when it is not the point's value
-    nodes: tuple[str, ...] = ()  # nodes implicated (node-failure count)
-
-
-HEALTHY_VERDICT = Verdict(HEALTHY)
-UNKNOWN_VERDICT = Verdict(UNKNOWN)
-PENDING_VERDICT = Verdict(PENDING)
-
-
-def is_usable(value: float) -> bool:
-    """True when a value may enter statistics (finite and not absurdly large)."""
-    return -MAX_MAGNITUDE < value < MAX_MAGNITUDE  # False for NaN and ±Inf too
-
-
-def format_number(value: float) -> str:
-    """Short human form of a metric value; non-finite values spelled as the agent protocol does."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "Infinity" if value > 0 else "-Infinity"
-    return f"{value:.4g}"
-
-
-def format_close(value: float, sigma: float, reference: float) -> str:
-    """Format a value with enough digits to show differences of order `sigma` next to
-    `reference` (1e4 ± 1e-6 must not print as "1e+04 is 12σ above 1e+04")."""
-    scale = max(abs(value), abs(reference))
-    if not (math.isfinite(value) and sigma > 0 and scale > sigma):
-        return format_number(value)
-    digits = min(17, max(4, 2 + math.ceil(math.log10(scale / sigma))))
-    return f"{value:.{digits}g}"
-
-
-def format_duration(seconds: float) -> str:
-    """'45 s', '10m 03s', '2h 05m'."""
-    seconds = max(0.0, seconds)
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    minutes, secs = divmod(int(round(seconds)), 60)
-    if minutes < 60:
-        return f"{minutes}m {secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h {minutes:02d}m"
-
-
-class RollingStats:
-    """Mean and population σ of a sliding window (last W values, or values of the last T s).
-
-    Numerics: sums are kept *shifted* by a reference K close to the window mean,
-    S1 = Σ(x−K), S2 = Σ(x−K)², var = S2/n − (S1/n)². The naive Σx² − (Σx)²/n on a loss of
-    1e4 with 1e-6 noise subtracts two numbers of ~1e9 that agree in every digit and returns
-    garbage (even negative variances); with K ≈ mean both terms stay small. Two things could
-    still degrade the sums, and both trigger an exact recomputation (K := fsum mean, then the
-    sums by fsum — O(n)):
-    * cancellation: the centred sum n·var falls below 1e-6 of the largest S2 seen since the
-      last recomputation (a big outlier left the window, or the level drifted far from K) —
-      at most ~6 digits were lost, so σ keeps ~9 good digits;
-    * accumulated rounding of adds/removals: at the latest after 2n + 64 updates.
-    Each recomputation is preceded by Ω(n) updates or by a ≥1e6-fold collapse of the spread,
-    so the cost is O(1) amortised per point.
-    """
-
-    __slots__ = ("window", "span", "values", "times", "shift", "s1", "s2", "peak", "ops")
-
-    CANCELLATION_RATIO = 1e-6
-
-    def __init__(self, window: int | None = None, span: float | None = None) -> None:
-        if (window is None) == (span is None):
-            raise ValueError("give exactly one of window (points) or span (seconds)")
-        self.window = window
-        self.span = span
-        self.values: deque[float] = deque()
-        self.times: deque[float] = deque()
-        self.clear()
-
-    def clear(self) -> None:
-        self.values.clear()
-        self.times.clear()
-        self.shift = self.s1 = self.s2 = self.peak = 0.0
-        self.ops = 0
-
-    @property
-    def count(self) -> int:
-        return len(self.values)
-
-    def add(self, time: float, value: float) -> None:
-        """Append a (finite) value; in step mode the oldest one leaves a full window."""
-        if self.window is not None and len(self.values) >= self.window:
-            self._drop_oldest()
-        if not self.values:
-            # Empty window: restart the shift exactly at the first value (nothing to carry).
-            self.shift, self.s1, self.s2, self.peak, self.ops = value, 0.0, 0.0, 0.0, 0
-        d = value - self.shift
-        self.values.append(value)
-        if self.span is not None:
-            self.times.append(time)
-        self.s1 += d
-        self.s2 += d * d
-        if self.s2 > self.peak:
-            self.peak = self.s2
-        self._after_update()
-
-    def expire(self, now: float) -> None:
-        """Time mode: keep only the values with time > now − span."""
-        if self.span is None:
-            return
-        cutoff = now - self.span
-        times = self.times
-        while times and times[0] <= cutoff:
-            self._drop_oldest()
-
-    def mean(self) -> float:
-        return self.shift + self.s1 / len(self.values)
-
-    def variance(self) -> float:
-        n = len(self.values)
-        m = self.s1 / n
-        return max(self.s2 / n - m * m, 0.0)
-
-    def std(self) -> float:
-        return math.sqrt(self.variance())
-
-    def _drop_oldest(self) -> None:
-        d = self.values.popleft() - self.shift
-        if self.span is not None:
-            self.times.popleft()
-        self.s1 -= d
-        self.s2 -= d * d
-        self._after_update()
-
-    def _after_update(self) -> None:
-        n = len(self.values)
-        if n == 0:
-            self.shift = self.s1 = self.s2 = self.peak = 0.0
-            self.ops = 0
-            return
-        self.ops += 1
-        centred = self.s2 - self.s1 * (self.s1 / n)
-        if self.ops > 2 * n + 64 or centred < self.CANCELLATION_RATIO * self.peak:
-            self._recompute()
-
-    def _recompute(self) -> None:
-        values = self.values
-        n = len(values)
-        k = math.fsum(values) / n
-        self.shift = k
-        self.s1 = math.fsum([x - k for x in values])
-        self.s2 = math.fsum([(x - k) * (x - k) for x in values])
-        self.peak = self.s2
-        self.ops = 0
-
-    def to_state(self) -> dict[str, Any]:
-        return {
-            "values": list(self.values),
-            "times": list(self.times),
-            "sums": [self.shift, self.s1, self.s2, self.peak, self.ops],
-        }
-
-    def load_state(self, state: Mapping[str, Any]) -> None:
-        self.values = deque(float(v) for v in state["values"])
-        self.times = deque(float(t) for t in state["times"])
-        shift, s1, s2, peak, ops = state["sums"]
-        self.shift, self.s1, self.s2, self.peak = float(shift), float(s1), float(s2), float(peak)
-        self.ops = int(ops)
-
-
-class Detector:
-    """Base class: one series' detector. Subclasses set `kind`, `Config` and `state_fields`.
-
-    State is the attributes named in `state_fields` (numbers, lists, deques, RollingStats);
-    the generic `to_state` / `load_state` below turn them into plain JSON-able values and back.
-    """
-
-    kind: ClassVar[str] = ""
-    time_based: ClassVar[bool] = False  # True: the engine must call tick(now) on it
-    Config: ClassVar[type] = object
-    state_fields: ClassVar[tuple[str, ...]] = ()
-
-    def __init__(self, config: Any) -> None:
-        self.config = config
-
-    def observe(self, point: Sample) -> Verdict:
-        raise NotImplementedError
-
-    def tick(self, now: float) -> Verdict:
-        """Time-based check with no new point; only silence and node-failure answer."""
-        return UNKNOWN_VERDICT
-
-    def describe(self, metric: str, value: float, verdict: Verdict) -> str:
-        raise NotImplementedError
-
-    def to_state(self) -> dict[str, Any]:
-        return {name: _encode(getattr(self, name)) for name in self.state_fields}
-
-    def load_state(self, state: Mapping[str, Any]) -> None:
-        for name in self.state_fields:
-            current, value = getattr(self, name), state[name]
-            if isinstance(current, RollingStats):
-                current.load_state(value)
-            elif isinstance(current, deque):
-                setattr(self, name, deque(value, maxlen=current.maxlen))
-            else:
-                setattr(self, name, list(value) if isinstance(value, list) else value)
-        self._after_load()
-
-    def _after_load(self) -> None:
-        """Rebuild derived (unserialised) structures."""
-
-
-def _encode(value: Any) -> Any:
-    if isinstance(value, RollingStats):
-        return value.to_state()
-    if isinstance(value, (deque, list, tuple)):
-        return [_encode(item) for item in value]
-    return value
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(message)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-_CHECKS = {
-    "int>=0": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
-    "int>=1": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
-    "int>=2": (lambda v: _is_int(v) and v >= 2, "an integer >= 2"),
-    "num": (_is_number, "a finite number"),
-    "num>=0": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
-    "num>0": (lambda v: _is_number(v) and v > 0, "a number > 0"),
-}
-
-
-def _validate(config: Any, **checks: str) -> None:
-    """Check config fields against `_CHECKS` names; a trailing '?' allows None."""
-    for name, check in checks.items():
-        value = getattr(config, name)
-        if check.endswith("?") and value is None:
-            continue
-        test, wanted = _CHECKS[check.rstrip("?")]
-        _require(test(value), f"{name} must be {wanted}")
+# The shared vocabulary and the time-based detectors live in their own modules; this module stays
+# the one import point (the engine and the tests import everything from here).
+from breakers.detector_base import (  # noqa: F401  (re-exported)
+    ANOMALOUS,
+    HEALTHY,
+    HEALTHY_VERDICT,
+    MAX_MAGNITUDE,
+    PENDING,
+    PENDING_VERDICT,
+    UNKNOWN,
+    UNKNOWN_VERDICT,
+    Detector,
+    Sample,
+    Verdict,
+    format_close,
+    format_duration,
+    format_number,
+    is_usable,
+    require,
+    validate,
+)
+from breakers.detectors_time import (  # noqa: F401  (re-exported)
+    NodeFailureConfig,
+    NodeFailureDetector,
+    SilenceConfig,
+    SilenceDetector,
+)
+from breakers.rolling import RollingStats  # noqa: F401  (re-exported)
 
 
 @dataclass(frozen=True)
@@ -319,7 +68,7 @@ class SigmaFloor:
         return max(sigma, self.sigma_floor_rel * abs(mean), self.sigma_floor_abs)
 
     def _check_floor(self) -> None:
-        _validate(self, sigma_floor_rel="num>=0", sigma_floor_abs="num>0")
+        validate(self, sigma_floor_rel="num>=0", sigma_floor_abs="num>0")
 
 
 @dataclass(frozen=True)
@@ -340,15 +89,26 @@ class DeviationConfig(SigmaFloor):
 
     def __post_init__(self) -> None:
         self._check_floor()
-        _require((self.window is None) != (self.window_seconds is None),
-                 "give exactly one of window (points) or window_seconds")
-        _validate(self, k="num>0", window="int>=2?", window_seconds="num>0?",
-                  min_points="int>=2?", sustain_points="int>=1", sustain_seconds="num>=0",
-                  grace_points="int>=0", max_freeze_points="int>=1?",
-                  max_freeze_seconds="num>0?")
-        _require(self.direction in ("above", "below", "both"),
-                 "direction must be above, below or both")
-        _require(self.baseline in ("absorb", "freeze"), "baseline must be absorb or freeze")
+        require(
+            (self.window is None) != (self.window_seconds is None),
+            "give exactly one of window (points) or window_seconds",
+        )
+        validate(
+            self,
+            k="num>0",
+            window="int>=2?",
+            window_seconds="num>0?",
+            min_points="int>=2?",
+            sustain_points="int>=1",
+            sustain_seconds="num>=0",
+            grace_points="int>=0",
+            max_freeze_points="int>=1?",
+            max_freeze_seconds="num>0?",
+        )
+        require(
+            self.direction in ("above", "below", "both"), "direction must be above, below or both"
+        )
+        require(self.baseline in ("absorb", "freeze"), "baseline must be absorb or freeze")
 
     @property
     def warmup(self) -> int:
@@ -381,8 +141,15 @@ class DeviationDetector(Detector):
 
     kind = "deviation"
     Config = DeviationConfig
-    state_fields = ("stats", "run_len", "run_gap", "run_step", "run_time", "frozen_points",
-                    "frozen_time")
+    state_fields = (
+        "stats",
+        "run_len",
+        "run_gap",
+        "run_step",
+        "run_time",
+        "frozen_points",
+        "frozen_time",
+    )
 
     def __init__(self, config: DeviationConfig) -> None:
         super().__init__(config)
@@ -477,6 +244,7 @@ class DeviationDetector(Detector):
             text += f", beyond {cfg.k:g}σ since step {verdict.since_step}"
         return text
 
+
 class SustainedDeviationDetector(DeviationDetector):
     """`deviation` that must last (sustain_seconds and/or sustain_points) and freezes its
     baseline by default (see DeviationDetector for why)."""
@@ -486,7 +254,7 @@ class SustainedDeviationDetector(DeviationDetector):
     @staticmethod
     def prepare(params: Mapping[str, Any]) -> dict[str, Any]:
         prepared = {"baseline": "freeze", **params}
-        _require(
+        require(
             prepared.get("sustain_seconds", 0) or prepared.get("sustain_points", 1) != 1,
             "sustained needs sustain_seconds > 0 or sustain_points > 1",
         )
@@ -520,9 +288,9 @@ class ThresholdConfig:
     inclusive: bool = False
 
     def __post_init__(self) -> None:
-        _require(self.above is not None or self.below is not None, "give above and/or below")
-        _validate(self, above="num?", below="num?")
-        _require(isinstance(self.inclusive, bool), "inclusive must be true or false")
+        require(self.above is not None or self.below is not None, "give above and/or below")
+        validate(self, above="num?", below="num?")
+        require(isinstance(self.inclusive, bool), "inclusive must be true or false")
 
 
 class ThresholdDetector(Detector):
@@ -557,7 +325,7 @@ class RisingConfig(SigmaFloor):
 
     def __post_init__(self) -> None:
         self._check_floor()
-        _validate(self, window="int>=2", windows="int>=1", min_rise_se="num>=0")
+        validate(self, window="int>=2", windows="int>=1", min_rise_se="num>=0")
 
 
 class RisingDetector(Detector):
@@ -618,8 +386,9 @@ class RisingDetector(Detector):
         self.rises += 1
         if self.rises < cfg.windows:
             return PENDING_VERDICT
-        return Verdict(ANOMALOUS, threshold, self.run_step, self.run_time, prev[1],
-                       score=float(self.rises))
+        return Verdict(
+            ANOMALOUS, threshold, self.run_step, self.run_time, prev[1], score=float(self.rises)
+        )
 
     def describe(self, metric: str, value: float, verdict: Verdict) -> str:
         means = " → ".join(format_number(m) for m in self.means)
@@ -628,145 +397,6 @@ class RisingDetector(Detector):
             f"{self.config.window}-step windows since step {verdict.since_step} "
             f"(window means {means})"
         )
-
-
-@dataclass(frozen=True)
-class SilenceConfig:
-    timeout: float | None = None  # fixed timeout in seconds ...
-    timeout_factor: float | None = None  # ... or this many times the measured point interval
-    min_timeout: float = 0.0  # bounds of a factor-based timeout
-    max_timeout: float | None = None
-
-    def __post_init__(self) -> None:
-        _require((self.timeout is None) != (self.timeout_factor is None),
-                 "give exactly one of timeout or timeout_factor")
-        _validate(self, timeout="num>0?", timeout_factor="num>0?", min_timeout="num>=0",
-                  max_timeout="num>0?")
-
-
-class SilenceDetector(Detector):
-    """A metric that stopped arriving. Points only refresh it; `tick(now)` judges.
-
-    With `timeout_factor` the timeout follows the series' own cadence (SPEC: heartbeat timeout
-    5–10× the measured step time). The interval is an exponential moving average (α = 0.2);
-    each sample is capped at 10× the current average so one long pause (the job was paused
-    on purpose) does not inflate the timeout for the next hundred points. Until two points
-    have been seen a factor-based timeout falls back to `min_timeout` (if set).
-    `now` must be on the same clock as the points' times. A metric never seen is never silent.
-    """
-
-    kind = "silence"
-    time_based = True
-    Config = SilenceConfig
-    state_fields = ("last_time", "last_step", "interval")
-    EWMA_ALPHA = 0.2
-
-    def __init__(self, config: SilenceConfig) -> None:
-        super().__init__(config)
-        self.last_time: float | None = None
-        self.last_step = 0
-        self.interval: float | None = None
-
-    def observe(self, point: Sample) -> Verdict:
-        if self.last_time is not None and point.time > self.last_time:
-            sample = point.time - self.last_time
-            if self.interval is None:
-                self.interval = sample
-            else:
-                sample = min(sample, 10 * self.interval)
-                self.interval += self.EWMA_ALPHA * (sample - self.interval)
-        if self.last_time is None or point.time >= self.last_time:
-            self.last_time, self.last_step = point.time, point.step
-        return HEALTHY_VERDICT
-
-    def timeout(self) -> float | None:
-        cfg = self.config
-        if cfg.timeout is not None:
-            return cfg.timeout
-        if self.interval is None:
-            return cfg.min_timeout or None
-        limit = max(cfg.timeout_factor * self.interval, cfg.min_timeout)
-        return limit if cfg.max_timeout is None else min(limit, cfg.max_timeout)
-
-    def tick(self, now: float) -> Verdict:
-        timeout = self.timeout()
-        if self.last_time is None or timeout is None:
-            return UNKNOWN_VERDICT
-        silent_for = now - self.last_time
-        if silent_for <= timeout:
-            return UNKNOWN_VERDICT
-        return Verdict(ANOMALOUS, timeout, self.last_step, self.last_time, observed=silent_for)
-
-    def describe(self, metric: str, value: float, verdict: Verdict) -> str:
-        return (
-            f"{metric} silent for {format_duration(verdict.observed or 0.0)} "
-            f"(timeout {format_duration(verdict.threshold or 0.0)}; "
-            f"last point at step {verdict.since_step})"
-        )
-
-
-@dataclass(frozen=True)
-class NodeFailureConfig:
-    min_nodes: int = 2  # fire when at least this many distinct nodes failed ...
-    window_seconds: float = 60.0  # ... within this many seconds
-    failure_above: float = 0.0  # a point reports a failure when its value is above this
-
-    def __post_init__(self) -> None:
-        _validate(self, min_nodes="int>=1", window_seconds="num>0", failure_above="num")
-
-
-class NodeFailureDetector(Detector):
-    """Distinct nodes reporting a failure within a time window (≥ min_nodes → anomalous).
-
-    The failing node is the point's `node`, or its metric name when it has none (so
-    `node.7.down`-style metrics work too). Events sit in a time-ordered deque and a map keeps
-    each node's latest failure; expiring from the front keeps the work O(1) amortised.
-    Point times are expected to be non-decreasing.
-    """
-
-    kind = "node_failures"
-    time_based = True
-    Config = NodeFailureConfig
-    state_fields = ("events",)
-
-    def __init__(self, config: NodeFailureConfig) -> None:
-        super().__init__(config)
-        self.events: deque[tuple[float, int, str]] = deque()
-        self.latest: dict[str, float] = {}
-
-    def observe(self, point: Sample) -> Verdict:
-        x = point.value
-        if not math.isnan(x) and x > self.config.failure_above:
-            node = point.node or point.name
-            self.events.append((point.time, point.step, node))
-            self.latest[node] = max(point.time, self.latest.get(node, point.time))
-        return self.tick(point.time)
-
-    def tick(self, now: float) -> Verdict:
-        cutoff = now - self.config.window_seconds
-        events, latest = self.events, self.latest
-        while events and events[0][0] <= cutoff:
-            time, _, node = events.popleft()
-            if latest.get(node) == time:
-                del latest[node]
-        if len(latest) < self.config.min_nodes:
-            return HEALTHY_VERDICT
-        first_time, first_step, _ = events[0]
-        return Verdict(ANOMALOUS, float(self.config.min_nodes), first_step, first_time,
-                       observed=float(len(latest)), nodes=tuple(sorted(latest)))
-
-    def describe(self, metric: str, value: float, verdict: Verdict) -> str:
-        nodes = ", ".join(verdict.nodes)
-        return (
-            f"{len(verdict.nodes)} nodes reported {metric} within "
-            f"{format_duration(self.config.window_seconds)} ({nodes}); "
-            f"threshold {self.config.min_nodes}"
-        )
-
-    def _after_load(self) -> None:
-        self.latest = {}
-        for time, _, node in self.events:
-            self.latest[node] = max(time, self.latest.get(node, time))
 
 
 DETECTORS: dict[str, type[Detector]] = {

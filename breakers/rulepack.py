@@ -1,11 +1,14 @@
 """The default breaker rule pack, as data, and per-team overrides — pure Python, no Django.
 
 The pack follows SPEC "Severity levels" and "Metric layers". Metric-name conventions it
-assumes (the SDK's names): `loss`, `grad_norm`, `lr`; `heartbeat` (one point per agent
-heartbeat); `node.failure` or `node.<id>.failure` (value > 0: that node failed); `gpu.<i>.xid`
-and `hardware.error` (value > 0: an error was reported); `comm.failures` (count of failed
-collective operations); performance metrics `throughput`, `gpu.<i>.util`, `dataloader.*` and
-anything under `perf.*`.
+assumes (the SDK's names): `loss`, `grad_norm`, `lr`; `node.failure` or `node.<id>.failure`
+(value > 0: that node failed); `gpu.<i>.xid` and `hardware.error` (value > 0: an error was
+reported); `comm.failures` (count of failed collective operations); performance metrics
+`throughput`, `gpu.<i>.util`, `dataloader.*` and anything under `perf.*`.
+
+No heartbeat rule: heartbeats are not metric points, so a silence rule on them would never be
+fed. The heartbeat timeout (SPEC: L3) is the control plane's watchdog on `Job.heartbeat_deadline`.
+The `silence` detector stays available for team rules on metrics that do stream.
 
 Defaults are chosen so that a realistic noisy, decaying loss (a few % noise, occasional
 one-point spikes) raises no more than a rare L1 over 100,000 steps (see
@@ -78,14 +81,6 @@ DEFAULT_RULES: tuple[dict[str, Any], ...] = (
         "params": {"window": 50, "windows": 5, "min_rise_se": 2.0},
         "severity": "L3", "action": "checkpoint_and_pause", "clear_after": 2,
         "runbook": "loss-divergence",
-    },
-    {
-        "key": "heartbeat-timeout",
-        "name": "Heartbeat timeout",
-        "layer": "health", "metric": "heartbeat", "detector": "silence",
-        "params": {"timeout_factor": 8.0, "min_timeout": 30.0, "max_timeout": 900.0},
-        "per_node": True, "severity": "L3", "action": "checkpoint_and_pause",
-        "runbook": "hung-job",
     },
     {
         "key": "nodes-failing",

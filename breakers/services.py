@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.db import transaction
 
 from breakers.agent_input import parse_ack, parse_heartbeat, parse_metrics
 from breakers.control import acknowledge_command, deliverable_commands
 from breakers.control_models import Command
 from breakers.ingest import store_points
+from breakers.tasks import schedule_evaluation
 from incidents.models import Job, JobStatus
 from incidents.services import record_heartbeat
 
@@ -15,7 +17,15 @@ from incidents.services import record_heartbeat
 def ingest_metrics(job: Job, raw_body: bytes) -> int:
     """Validate and store one metrics batch of ``job``: all of it or nothing."""
     points = parse_metrics(raw_body, max_points=settings.AGENT_MAX_BATCH_POINTS)
-    return store_points(job.pk, points, job_is_pending=job.status == JobStatus.PENDING)
+    stored = store_points(job.pk, points, job_is_pending=job.status == JobStatus.PENDING)
+    if stored:
+        # After commit, so the worker always finds the batch it was woken for (store_points
+        # has committed, or will with an outer transaction). robust: a broker hiccup must not
+        # turn a stored batch into an error the agent would answer by resending it; the
+        # periodic tick evaluates whatever is pending anyway.
+        job_id = job.pk
+        transaction.on_commit(lambda: schedule_evaluation(job_id), robust=True)
+    return stored
 
 
 def receive_heartbeat(job_id: int, raw_body: bytes) -> Job:

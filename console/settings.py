@@ -255,3 +255,16 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": os.environ.get("BRAKELINE_LOG_LEVEL", "WARNING")},
 }
+
+# --- Breaker evaluation: the periodic tick (celery beat) ----------------------------------
+# Time-based detectors (node-failure windows, silences) are judged even when no point arrives;
+# each tick also evaluates any pending points, repairing a lost evaluation task. Merged into
+# whatever schedule is defined above, so other periodic tasks keep theirs.
+CELERY_BEAT_SCHEDULE = {
+    **globals().get("CELERY_BEAT_SCHEDULE", {}),
+    "breakers-tick-evaluations": {
+        "task": "breakers.tasks.tick_evaluations",
+        "schedule": float(_env_int("BRAKELINE_TICK_SECONDS", 5)),
+        "options": {"expires": 10},
+    },
+}

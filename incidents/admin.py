@@ -1,6 +1,15 @@
 from django.contrib import admin
 
-from incidents.models import AgentToken, Job, Membership, Node, Team
+from incidents.models import (
+    AgentToken,
+    Alert,
+    Incident,
+    Job,
+    Membership,
+    Node,
+    Team,
+    TimelineEntry,
+)
 
 
 class MembershipInline(admin.TabularInline):
@@ -30,3 +39,51 @@ class NodeAdmin(admin.ModelAdmin):
 class AgentTokenAdmin(admin.ModelAdmin):
     list_display = ["prefix", "job", "created_at", "revoked_at"]
     readonly_fields = ["token_hash", "prefix", "job", "created_at"]
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Alerts, incidents and timelines change only through their services (transitions with
+    timeline rows); the admin shows them."""
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+class TimelineInline(admin.TabularInline):
+    model = TimelineEntry
+    fields = ["at", "kind", "actor_kind", "actor", "step", "message"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(Incident)
+class IncidentAdmin(ReadOnlyAdmin):
+    list_display = ["id", "title", "job", "level", "status", "opened_at", "first_step"]
+    list_filter = ["status", "level"]
+    inlines = [TimelineInline]
+
+
+@admin.register(Alert)
+class AlertAdmin(ReadOnlyAdmin):
+    list_display = ["id", "severity", "rule_key", "job", "node", "metric", "status", "raised_at"]
+    list_filter = ["status", "severity", "layer"]
+    search_fields = ["rule_key", "metric", "node"]
+
+
+@admin.register(TimelineEntry)
+class TimelineEntryAdmin(ReadOnlyAdmin):
+    list_display = ["at", "incident", "kind", "actor_kind", "step", "message"]
+    list_filter = ["kind", "actor_kind"]

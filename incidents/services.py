@@ -10,6 +10,16 @@ from django.db.models import F
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
+# Alert and incident services live in incidents.alerts; re-exported so every verb of the app is
+# reachable from here.
+from incidents.alerts import (  # noqa: F401
+    AlertOutcome,
+    AlertSignal,
+    alert_payload,
+    append_timeline,
+    raise_or_update_alert,
+    resolve_alert,
+)
 from incidents.errors import Conflict, InvalidInput, Unauthenticated
 from incidents.models import (
     JOB_TRANSITIONS,

@@ -143,3 +143,34 @@ def live_console(django_db_setup, django_db_blocker):
             process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             process.kill()
+
+
+@pytest.fixture(scope="session")
+def celery_worker(django_db_setup):
+    """A real Celery worker (solo pool, in a thread of this process) on the test queue in Redis.
+
+    It reaches the database only while a test holds it open: tests that use it need
+    ``@pytest.mark.django_db(transaction=True)`` (the worker's connection cannot see rows of a
+    test transaction that never commits) and must wait until it is idle before they end.
+    Tasks and coalescing flags left by an earlier run are purged first: they name jobs of
+    another test database.
+    """
+    import redis
+    from celery.contrib.testing.worker import start_worker
+    from django.conf import settings
+
+    from console.celery import app
+
+    app.control.purge()
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    for key in client.scan_iter(f"{settings.CHANNEL_PREFIX}:breakers:*"):
+        client.delete(key)
+    client.close()
+    with start_worker(
+        app,
+        pool="solo",
+        perform_ping_check=False,
+        queues=[settings.CELERY_TASK_DEFAULT_QUEUE],
+        shutdown_timeout=30,
+    ) as worker:
+        yield worker

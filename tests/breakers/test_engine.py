@@ -254,7 +254,7 @@ def test_the_varied_stream_fires_several_rules():
     findings = drive(JobEvaluator(default_rules()), varied_points())
     fired = {f["rule_key"] for f in findings if f["kind"] == "fire"}
     assert {"loss-deviation", "loss-sustained-deviation", "loss-rising",
-            "non-finite-loss-or-gradients", "heartbeat-timeout", "nodes-failing",
+            "non-finite-loss-or-gradients", "nodes-failing",
             "throughput-drop"} <= fired
 
 

@@ -28,7 +28,8 @@ def healthy_loss(step, rng):
 
 
 def run_job(evaluator, steps, loss_at, start_step=0, tick_every=10):
-    """Feed loss, grad_norm and a heartbeat per 10 steps, 1 s apart; tick every 10 steps."""
+    """Feed loss, grad_norm and a heartbeat point per 10 steps (no rule watches it any more;
+    it stays as realistic traffic), 1 s apart; tick every 10 steps."""
     rng = random.Random(99)
     findings = []
     for step in range(start_step, start_step + steps):
@@ -151,14 +152,24 @@ def test_health_errors_are_l4(metric, value, node, rule_key):
     assert (fire.node, fire.nodes, fire.step, fire.value) == (node, (node,), 11, value)
 
 
-def test_heartbeat_timeout_is_l3_from_the_measured_step_time():
-    points = [Point("heartbeat", step, T0 + 10 * step, 1.0, "node-0") for step in range(30)]
+def test_the_pack_has_no_heartbeat_rule_it_could_never_feed():
+    """Heartbeats are not metric points: the control plane's watchdog on the job's
+    heartbeat_deadline judges them. A silence rule on "heartbeat" would never fire."""
+    assert not any(rule.matches("heartbeat") for rule in default_rules())
+    assert all(rule.detector != "silence" for rule in default_rules())
+
+
+def test_a_team_silence_rule_on_a_streamed_metric_fires_from_its_measured_cadence():
+    team = apply_overrides(default_rules(), {
+        "loss-silent": {"name": "Loss stopped arriving", "layer": "health", "metric": "loss",
+                        "detector": "silence", "params": {"timeout_factor": 8.0},
+                        "severity": "L3", "action": "checkpoint_and_pause"},
+    })
+    points = [Point("loss", step, T0 + 10 * step, 2.0) for step in range(30)]
     last = T0 + 290
-    assert evaluate(points, now=last + 79) == []  # 8 × 10 s = 80 s
-    (fire,) = evaluate(points, now=last + 81)
-    assert (fire.rule_key, fire.severity, fire.action) == (
-        "heartbeat-timeout", "L3", "checkpoint_and_pause")
-    assert fire.first_step == 29
+    assert evaluate(points, now=last + 79, rules=team) == []  # 8 × 10 s = 80 s
+    (fire,) = evaluate(points, now=last + 81, rules=team)
+    assert (fire.rule_key, fire.severity, fire.first_step) == ("loss-silent", "L3", 29)
 
 
 def test_performance_findings_only_record():
@@ -195,7 +206,7 @@ def test_overrides_disable_merge_and_add_without_touching_the_input():
         "loss-deviation": {"params": {"k": 3.0, "sustain_points": None}, "severity": "L2"},
         "loss-sustained-deviation": False,
         "loss-sustained-pause-data": True,
-        "heartbeat-timeout": {"params": {"min_timeout": 120.0}},
+        "loss-rising": {"params": {"windows": 6}},
         "team-lr-cap": {"name": "LR above cap", "layer": "stability", "metric": "lr",
                         "detector": "threshold", "params": {"above": 0.01},
                         "severity": "L2", "action": "lower_lr"},
@@ -206,7 +217,7 @@ def test_overrides_disable_merge_and_add_without_touching_the_input():
     assert changed.params == {"k": 3.0, "window": 200} and changed.severity == "L2"
     assert by_key["loss-sustained-deviation"].enabled is False
     assert by_key["loss-sustained-pause-data"].enabled is True
-    assert by_key["heartbeat-timeout"].params["timeout_factor"] == 8.0
+    assert by_key["loss-rising"].params == {"window": 50, "windows": 6, "min_rise_se": 2.0}
     assert by_key["team-lr-cap"].action == "lower_lr"
     assert ruleset_fingerprint(team) != ruleset_fingerprint(pack)
     assert ruleset_fingerprint(reversed(pack)) == ruleset_fingerprint(default_rules())

@@ -101,10 +101,11 @@ def test_embedded_console_takes_metrics_including_nan_on_sqlite(embedded_env, tm
                 ]
             },
         )
-        assert answer == {"accepted": 3, "commands": []}
-        assert post(f"{base}/api/v1/agent/heartbeat", token, {"step": 3, "status": "running"}) == {
-            "commands": []
-        }
+        # Evaluation runs in-process, so the brake for the NaN rides on this very reply.
+        assert answer["accepted"] == 3
+        assert [c["kind"] for c in answer["commands"]] == ["checkpoint_and_pause"]
+        heartbeat = post(f"{base}/api/v1/agent/heartbeat", token, {"step": 3, "status": "running"})
+        assert heartbeat["commands"] == answer["commands"]  # until acknowledged
         assert wait_for_healthy(f"{base}/api/v1/health")["mode"] == "embedded"
     finally:
         server.terminate()
@@ -117,7 +118,7 @@ def test_embedded_console_takes_metrics_including_nan_on_sqlite(embedded_env, tm
     assert rows[0] == (1, 2.0)
     assert rows[1] == (2, "NaN")  # kept as data, not turned into NULL
     assert rows[2] == (3, float("-inf"))
-    assert status == "running"
+    assert status == "pausing"  # braked, waiting for the checkpoint's confirmation
 
 
 def test_embedded_orm_reads_nan_back_as_a_float(embedded_env):

@@ -1,0 +1,98 @@
+"""Commands from the console and the inbox that hands them to the training thread.
+
+Commands arrive on three background paths (websocket push, heartbeat replies, metrics replies)
+and repeat until acknowledged, so the inbox de-duplicates by command id. The training thread
+takes them at a step boundary; no command is ever applied from a background thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+KINDS = ("lower_lr", "pause_data", "checkpoint_and_pause", "resume", "terminate", "isolate_node")
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """One console command: ``{"id", "kind", "params", "severity", "reason", "issued_at"}``."""
+
+    id: int | str
+    kind: str
+    params: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    severity: str = ""
+    reason: str = ""
+    issued_at: str = ""
+
+    @classmethod
+    def from_json(cls, payload: Mapping[str, Any]) -> Command | None:
+        """Parse a command object; None when it has no usable id or kind."""
+        command_id = payload.get("id")
+        kind = payload.get("kind")
+        if command_id is None or isinstance(command_id, bool) or not isinstance(kind, str):
+            return None
+        params = payload.get("params")
+        return cls(
+            id=command_id,
+            kind=kind,
+            params=params if isinstance(params, dict) else {},
+            severity=str(payload.get("severity") or ""),
+            reason=str(payload.get("reason") or ""),
+            issued_at=str(payload.get("issued_at") or ""),
+        )
+
+
+class CommandInbox:
+    """Thread-safe, de-duplicating queue of commands waiting for the next step boundary.
+
+    Background threads call :meth:`offer`; the training thread calls :meth:`take` and
+    :meth:`wait`. A lock guards the seen-id set and the queue because offers come from several
+    threads at once; ``has_pending`` is a lock-free length check for the fast path of every step.
+    """
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+        self._pending: collections.deque[Command] = collections.deque()
+        self._arrived = threading.Condition()
+
+    def offer(self, payload: Mapping[str, Any] | Command) -> bool:
+        """Queue a command unless its id was already seen; True if it was new."""
+        command = payload if isinstance(payload, Command) else Command.from_json(payload)
+        if command is None:
+            return False
+        key = str(command.id)
+        with self._arrived:
+            if key in self._seen:
+                return False
+            self._seen.add(key)
+            self._pending.append(command)
+            self._arrived.notify_all()
+        return True
+
+    def offer_all(self, payloads: Iterable[Mapping[str, Any]]) -> int:
+        return sum(self.offer(payload) for payload in payloads)
+
+    @property
+    def has_pending(self) -> bool:
+        return bool(self._pending)
+
+    def take(self) -> Command | None:
+        """The oldest pending command, or None. One at a time, so a handler that blocks (a
+        pause) still sees the commands that arrived behind it, such as its ``resume``."""
+        with self._arrived:
+            return self._pending.popleft() if self._pending else None
+
+    def wait(self, timeout: float) -> bool:
+        """Block until a command is pending or timeout passes; True if one is pending."""
+        with self._arrived:
+            if not self._pending:
+                self._arrived.wait(timeout)
+            return bool(self._pending)
+
+    def wake(self) -> None:
+        """Wake a training thread blocked in :meth:`wait` (used when the run is finishing)."""
+        with self._arrived:
+            self._arrived.notify_all()

@@ -1,0 +1,201 @@
+"""The control thread: heartbeats, command acknowledgements and environment snapshots.
+
+Thread-safety: the training thread only calls :meth:`ControlLoop.enqueue`, :meth:`poke` and
+:meth:`wait_delivered`; the outbox is a deque (atomic append/popleft) and delivery is announced
+through a Condition. Heartbeat content comes from a callable that reads plain attributes of the
+run (atomic reads), so the training thread is never locked by this thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from brakeline.backoff import Backoff
+from brakeline.commands import CommandInbox
+from brakeline.transport import Response, Transport, TransportError, encode_json
+
+logger = logging.getLogger("brakeline")
+
+# Answers after which retrying an ack or snapshot is pointless (it is logged and dropped).
+RETRYABLE_STATUSES = {401, 408, 425, 429}
+
+
+@dataclasses.dataclass
+class OutboxItem:
+    """A POST that must reach the console once; the body is built lazily in this thread."""
+
+    key: str
+    path: str
+    make_body: Callable[[], Any]
+    body: bytes | None = None
+
+    def encoded(self) -> bytes:
+        if self.body is None:
+            made = self.make_body()
+            self.body = made if isinstance(made, bytes) else encode_json(made)
+        return self.body
+
+
+def _settled(response: Response | None) -> bool:
+    """Delivered, or refused in a way that retrying cannot change."""
+    if response is None:
+        return False
+    return response.ok or (response.status < 500 and response.status not in RETRYABLE_STATUSES)
+
+
+class ControlLoop:
+    """Sends heartbeats every ``interval`` and delivers the outbox as soon as it can."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        inbox: CommandInbox,
+        heartbeat_body: Callable[[], dict[str, Any] | None],
+        interval: float = 5.0,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.transport = transport
+        self.inbox = inbox
+        self.interval = interval
+        self.heartbeats_sent = 0
+        self._heartbeat_body = heartbeat_body
+        self._backoff = backoff or Backoff()
+        # Two queues: acknowledgements go first so a pause is never confirmed late because a
+        # snapshot is queued in front of it.
+        self._urgent: collections.deque[OutboxItem] = collections.deque()
+        self._outbox: collections.deque[OutboxItem] = collections.deque()
+        self._delivered: set[str] = set()
+        self._delivery = threading.Condition()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._heartbeat_wanted = threading.Event()
+        self._next_heartbeat = 0.0
+        self._next_outbox_attempt = 0.0
+        self._warned_auth = False
+        self._thread = threading.Thread(target=self._run, name="brakeline-control", daemon=True)
+
+    # -- called from other threads ---------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def enqueue(self, key: str, path: str, make_body: Callable[[], Any],
+                urgent: bool = False) -> None:
+        queue = self._urgent if urgent else self._outbox
+        queue.append(OutboxItem(key=key, path=path, make_body=make_body))
+        self._wake.set()
+
+    def poke(self) -> None:
+        """Send a heartbeat now (the status changed: paused, checkpointing, finished)."""
+        self._heartbeat_wanted.set()
+        self._wake.set()
+
+    def wait_delivered(self, key: str, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._delivery:
+            while key not in self._delivered:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._delivery.wait(remaining)
+        return True
+
+    def stop(self, timeout: float) -> None:
+        """One last delivery round (outbox, then a final heartbeat), bounded by timeout."""
+        self._stopping.set()
+        self._wake.set()
+        self._thread.join(timeout)
+
+    # -- the control thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self._wake.wait(self._seconds_to_wait())
+                self._wake.clear()
+                self._tick(time.monotonic())
+            except Exception:  # never let this thread die or reach training
+                logger.exception("brakeline: control thread error (continuing)")
+                self._stopping.wait(self._backoff.next_delay())
+        try:
+            self._deliver(final=True)
+            self._send_heartbeat()
+        except Exception:
+            logger.exception("brakeline: final heartbeat failed")
+
+    def _seconds_to_wait(self) -> float:
+        now = time.monotonic()
+        due = self._next_heartbeat
+        if self._urgent or self._outbox:
+            due = min(due, self._next_outbox_attempt)
+        return max(0.0, min(due - now, self.interval))
+
+    def _tick(self, now: float) -> None:
+        if (self._urgent or self._outbox) and now >= self._next_outbox_attempt:
+            self._deliver(final=False)
+        if self._heartbeat_wanted.is_set() or now >= self._next_heartbeat:
+            self._heartbeat_wanted.clear()
+            self._next_heartbeat = now + self.interval
+            self._send_heartbeat()
+
+    def _deliver(self, final: bool) -> None:
+        for queue in (self._urgent, self._outbox):
+            if not self._deliver_queue(queue, final):
+                return
+        self._backoff.reset()
+
+    def _deliver_queue(self, queue: collections.deque[OutboxItem], final: bool) -> bool:
+        """Post the queue in order; False at the first failure (the rest waits for a retry)."""
+        while queue:
+            item = queue[0]
+            try:
+                body = item.encoded()
+            except Exception:  # a body that cannot be built must not block the items behind
+                logger.exception("brakeline: could not build %s; dropped", item.key)
+                queue.popleft()
+                continue
+            outcome = self._post(item.path, body)
+            if _settled(outcome):
+                queue.popleft()
+                if not outcome.ok:  # type: ignore[union-attr]
+                    logger.warning("brakeline: console refused %s (HTTP %s: %.120s)", item.key,
+                                   outcome.status, outcome.body.get("detail") or outcome.body)
+                self._mark_delivered(item.key)
+                continue
+            if final:
+                logger.warning("brakeline: %d acknowledgements/snapshots not delivered",
+                               len(self._urgent) + len(self._outbox))
+                return False
+            retry_after = outcome.retry_after if outcome is not None else None
+            self._next_outbox_attempt = time.monotonic() + self._backoff.next_delay(retry_after)
+            return False
+        return True
+
+    def _mark_delivered(self, key: str) -> None:
+        with self._delivery:
+            self._delivered.add(key)
+            self._delivery.notify_all()
+
+    def _send_heartbeat(self) -> None:
+        body = self._heartbeat_body()
+        if body is None:
+            return  # no training progress since the last heartbeat: let the console notice
+        response = self._post("heartbeat", encode_json(body))
+        if response is not None and response.ok:
+            self.heartbeats_sent += 1
+            self.inbox.offer_all(response.commands)
+
+    def _post(self, path: str, body: bytes) -> Response | None:
+        try:
+            response = self.transport.post(path, body)
+        except TransportError as error:
+            logger.info("brakeline: %s not delivered: %s", path, error)
+            return None
+        if response.status == 401 and not self._warned_auth:
+            self._warned_auth = True
+            logger.error("brakeline: THE CONSOLE REJECTED THE AGENT TOKEN (401) on %s", path)
+        return response

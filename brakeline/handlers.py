@@ -1,0 +1,156 @@
+"""What each console command does. All of it runs in the training thread, at a step boundary.
+
+A handler returns the result to acknowledge as succeeded, raises :class:`CommandFailed` (or any
+exception) to acknowledge as failed, or returns :data:`ACK_LATER` when it acknowledges by itself
+(the pause commands must confirm *before* they block).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from brakeline.checkpoint import CheckpointResult
+from brakeline.commands import KINDS, Command
+from brakeline.settings import EXIT_TERMINATED
+
+if TYPE_CHECKING:
+    from brakeline.run import Run
+
+ACK_LATER = object()
+# Optimizer param-group keys and scheduler attributes that carry a learning rate. Schedulers
+# recompute the lr from these, so scaling only group["lr"] would be undone at the next step.
+LR_GROUP_KEYS = ("lr", "initial_lr", "max_lr", "min_lr")
+LR_SCHEDULER_ATTRIBUTES = ("base_lrs", "max_lrs", "_last_lr")
+
+Handler = Callable[["Run", Command, int], Any]
+
+
+class CommandFailed(Exception):
+    """Raised by a handler to acknowledge a command as failed with a clear error."""
+
+    def __init__(self, error: str, result: dict[str, Any] | None = None) -> None:
+        super().__init__(error)
+        self.result = result or {}
+
+
+@dataclasses.dataclass
+class PauseInfo:
+    """Given to release and resume callbacks."""
+
+    step: int
+    command_id: int | str
+    reason: str
+    checkpoint: CheckpointResult | None
+
+
+def _scaled(value: Any, factor: float) -> Any:
+    if hasattr(value, "mul_"):  # a tensor lr (capturable optimizers): keep the same tensor
+        return value.mul_(factor)
+    return value * factor
+
+
+def _scale_scheduler(scheduler: Any, factor: float) -> None:
+    for attribute in LR_SCHEDULER_ATTRIBUTES:
+        values = getattr(scheduler, attribute, None)
+        if isinstance(values, list):
+            setattr(scheduler, attribute, [_scaled(v, factor) for v in values])
+    for inner in getattr(scheduler, "_schedulers", []) or []:  # SequentialLR, ChainedScheduler
+        _scale_scheduler(inner, factor)
+
+
+def lower_lr(run: Run, command: Command, step: int) -> dict[str, Any]:
+    factor = command.params.get("factor", 0.5)
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) \
+            or not math.isfinite(factor) or not 0 < factor <= 1:
+        raise CommandFailed(f"lower_lr needs a factor in (0, 1], got {factor!r}")
+    optimizers = run.training.optimizers
+    if not optimizers:
+        raise CommandFailed("no optimizer registered: call run.watch(optimizer=...)")
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            for key in LR_GROUP_KEYS:
+                if key in group and group[key] is not None:
+                    group[key] = _scaled(group[key], factor)
+    for scheduler in run.training.schedulers:
+        _scale_scheduler(scheduler, factor)
+    return {
+        "step": step,
+        "effective_from_step": step + 1,
+        "factor": factor,
+        "lrs": [[float(group["lr"]) for group in opt.param_groups] for opt in optimizers],
+    }
+
+
+def pause_data(run: Run, command: Command, step: int) -> Any:
+    run.data_paused = True
+    if run.wrapped_loaders:
+        return {"step": step, "where": "data_loader"}
+    # Nothing wrapped: stop consuming data by holding right here until resume.
+    run.ack(command.id, "succeeded", {"step": step, "where": "step_boundary"})
+    run.hold_paused(step, PauseInfo(step, command.id, command.reason, None))
+    return ACK_LATER
+
+
+def resume(run: Run, command: Command, step: int) -> dict[str, Any]:
+    # Reached only when nothing was paused (a pause's own loop handles the resume that ends it).
+    run.data_paused = False
+    return {"step": step, "was_paused": False}
+
+
+def checkpoint_and_pause(run: Run, command: Command, step: int) -> Any:
+    """Fixed order: we are between steps (stopped), save, confirm, release, then hold."""
+    if run.paused:
+        result = run.last_checkpoint.as_dict() if run.last_checkpoint else {}
+        return {**result, "step": step, "already_paused": True}
+    run.set_status("checkpointing")
+    checkpoint = None
+    info = PauseInfo(step, command.id, command.reason, None)
+    try:
+        checkpoint = run.checkpoint(step)
+    except Exception as error:  # a failed save must still pause and be reported
+        run.ack(command.id, "failed", {"step": step, "paused": True},
+                f"checkpoint failed ({type(error).__name__}: {error}); training is paused "
+                "without a new checkpoint and accelerators are kept")
+    else:
+        info.checkpoint = checkpoint
+        run.ack(command.id, "succeeded", checkpoint.as_dict())
+        run.wait_for_ack(command.id)
+        # Release only after a confirmed save: freeing accelerators without one loses the state.
+        run.call_hooks("release", info)
+    run.hold_paused(step, info)
+    return ACK_LATER
+
+
+def terminate(run: Run, command: Command, step: int) -> Any:
+    run.terminate(command, step)
+    return ACK_LATER
+
+
+def isolate_node(run: Run, command: Command, step: int) -> Any:
+    raise CommandFailed(
+        "isolate_node does not apply to a single training process; register a handler with "
+        "run.on_command('isolate_node', handler) to support it"
+    )
+
+
+BUILTIN_HANDLERS: dict[str, Handler] = {
+    "lower_lr": lower_lr,
+    "pause_data": pause_data,
+    "resume": resume,
+    "checkpoint_and_pause": checkpoint_and_pause,
+    "terminate": terminate,
+    "isolate_node": isolate_node,
+}
+assert set(BUILTIN_HANDLERS) == set(KINDS)
+
+
+def unknown_kind(run: Run, command: Command, step: int) -> Any:
+    raise CommandFailed(
+        f"unknown command kind {command.kind!r}; this SDK knows {', '.join(KINDS)}"
+    )
+
+
+__all__ = ["ACK_LATER", "BUILTIN_HANDLERS", "EXIT_TERMINATED", "CommandFailed", "PauseInfo"]

@@ -1,0 +1,496 @@
+"""The Run: what a training process holds to talk to the console.
+
+Threads: the *training thread* calls log, step_boundary, watch, wrap_loader, checkpoint and the
+pause/terminate machinery; three daemon threads (metrics sender, control loop, push listener)
+only move data between the network, the spool and the command inbox. Attributes the background
+threads read (``step``, ``status``, ``_progress``) are single assignments of immutable values,
+atomic under the GIL, so the training thread never takes a lock on its fast path.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from brakeline import handlers
+from brakeline.backoff import Backoff
+from brakeline.checkpoint import (
+    CheckpointResult,
+    Saver,
+    TrainingObjects,
+    checkpoint_path,
+    save_atomically,
+)
+from brakeline.commands import Command, CommandInbox
+from brakeline.control import ControlLoop
+from brakeline.encoding import LogRecord, to_jsonable
+from brakeline.loader import PausableLoader
+from brakeline.push import PushListener
+from brakeline.rng import seed_everything
+from brakeline.sender import MetricsSender
+from brakeline.settings import EXIT_TERMINATED, Settings, resolve_settings
+from brakeline.snapshot import take_snapshot
+from brakeline.spool import PointSpool, open_spill_directory
+from brakeline.transport import HttpTransport, Transport, encode_json
+
+logger = logging.getLogger("brakeline")
+
+STATUSES = ("running", "paused", "checkpointing", "finished")
+HOLD_POLL_SECONDS = 0.5
+HOOK_NAMES = ("release", "resume")
+
+
+def default_exit(code: int) -> None:
+    """sys.exit in the main thread (finally blocks run); os._exit elsewhere, where sys.exit
+    would only end the calling thread. The run is already finished when this is called."""
+    if threading.current_thread() is threading.main_thread():
+        sys.exit(code)
+    logging.shutdown()
+    os._exit(code)
+
+
+def _capture(value: Any) -> Any:
+    # Tensors are copied on their device (no sync) and read later by the sender thread, so a
+    # logged tensor changed in place afterwards still reports the value it had here.
+    if isinstance(value, (int, float)) or not hasattr(value, "detach"):
+        return value
+    return value.detach().clone()
+
+
+class Run:
+    """One training process's connection to the console. Create it with :func:`init`."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        transport: Transport | None = None,
+        exit_function: Callable[[int], Any] | None = None,
+        seeds: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.step = 0
+        self.status = "running"
+        self.paused = False
+        self.data_paused = False
+        self.finished = False
+        # Set by terminate: a framework is stopping gracefully; no more pausing or holding.
+        self.stopping = False
+        # Set by a handler whose pause starts in a later framework hook (HF on_save): the
+        # commands behind it (its resume) stay in the inbox for that pause to take.
+        self.pause_pending = False
+        self.inbox = CommandInbox()
+        self.training = TrainingObjects(seeds=dict(seeds or {}))
+        self.wrapped_loaders: list[PausableLoader] = []
+        self.acknowledgements: list[dict[str, Any]] = []
+        self.last_checkpoint: CheckpointResult | None = None
+        self.hostname = socket.gethostname()
+        # A forked child (os.fork, fork-started workers) inherits this object but not its
+        # threads; it must never finish the parent's run (final "finished" heartbeat, spill).
+        self._owner_pid = os.getpid()
+        self._exit_function = exit_function or default_exit
+        self._progress = 0
+        self._progress_at_heartbeat = -1
+        self._stepping = False
+        self._counters: list[Any] = []
+        self._counted_models: set[int] = set()
+        self._saver: Saver | None = None
+        self._saver_suffix = ".pt"
+        self._handlers: dict[str, handlers.Handler] = {}
+        self._hooks: dict[str, list[Callable[[handlers.PauseInfo], Any]]] = {
+            name: [] for name in HOOK_NAMES
+        }
+        self._terminate_handler: Callable[[int], Any] | None = None
+        self._snapshots_sent = 0
+        self._snapshot_threads: list[threading.Thread] = []
+        self._spill_lock: Any = None
+        self.sender: MetricsSender | None = None
+        self.control: ControlLoop | None = None
+        self.push: PushListener | None = None
+        self._connect(transport)
+        atexit.register(self._finish_at_exit)
+
+    # -- wiring ----------------------------------------------------------------------------------
+    def _connect(self, transport: Transport | None) -> None:
+        settings = self.settings
+        if transport is None and settings.enabled:
+            transport = HttpTransport(settings.url, settings.token, settings.http_timeout)
+        if transport is None:
+            logger.warning("brakeline: no console configured (BRAKELINE_URL, BRAKELINE_TOKEN); "
+                           "running offline: metrics are not sent, no commands arrive")
+            return
+        self.sender = MetricsSender(
+            transport, self._open_spool(), settings.node, self.inbox.offer_all,
+            flush_interval=settings.flush_interval,
+            max_queue_records=settings.max_queue_records,
+            backoff=Backoff(settings.backoff_base, settings.backoff_cap),
+            max_retry_after=settings.max_retry_after,
+        )
+        self.control = ControlLoop(
+            transport, self.inbox, self._heartbeat_body, settings.heartbeat_interval,
+            backoff=Backoff(settings.backoff_base, settings.backoff_cap),
+        )
+        if settings.use_websocket and settings.enabled:
+            self.push = PushListener(settings.websocket_url, settings.token, self.inbox,
+                                     open_timeout=settings.http_timeout)
+        self.sender.start()
+        self.control.start()
+        if self.push is not None:
+            self.push.start()
+        self.send_snapshot("start", self.step, data_position=None)
+
+    def _open_spool(self) -> PointSpool:
+        settings = self.settings
+        try:
+            directory, self._spill_lock = open_spill_directory(
+                settings.spill_dir, settings.job, settings.rank)
+        except OSError as error:
+            directory = Path(tempfile.mkdtemp(prefix="brakeline-spill-"))
+            logger.warning("brakeline: spill folder unusable (%s); using %s", error, directory)
+        return PointSpool(directory, settings.batch_points, settings.batch_bytes,
+                          settings.max_memory_points, settings.max_spill_bytes)
+
+    def _heartbeat_body(self) -> dict[str, Any] | None:
+        # Runs in the control thread. After the first step a "running" heartbeat needs training
+        # progress since the previous one, so a hung loop turns into a heartbeat timeout.
+        progress = self._progress
+        if (self.settings.heartbeat_requires_progress and self._stepping
+                and self.status == "running" and progress == self._progress_at_heartbeat):
+            return None
+        self._progress_at_heartbeat = progress
+        return {"step": self.step, "status": self.status, "pid": os.getpid(),
+                "hostname": self.hostname, "rank": self.settings.rank}
+
+    # -- registration ----------------------------------------------------------------------------
+    def watch(self, model: Any = None, optimizer: Any = None, scheduler: Any = None,
+              stateful: Mapping[str, Any] | None = None, count_nonfinite: bool = True) -> Run:
+        """Register what commands act on and checkpoints hold (each argument: one or a list).
+
+        With a model and ``count_nonfinite``, a :class:`brakeline.torch.NonFiniteCounter` is
+        attached so every ``log`` carries ``nonfinite.loss`` / ``nonfinite.grad``.
+        """
+        for name, value in (("models", model), ("optimizers", optimizer),
+                            ("schedulers", scheduler)):
+            registered = getattr(self.training, name)
+            values = value if isinstance(value, (list, tuple)) else [value]
+            registered.extend(v for v in values if v is not None and v not in registered)
+        self.training.stateful.update(stateful or {})
+        if model is not None and count_nonfinite:
+            from brakeline.torch import NonFiniteCounter
+
+            for one in model if isinstance(model, (list, tuple)) else [model]:
+                if id(one) not in self._counted_models:  # watch() again must not count twice
+                    self._counted_models.add(id(one))
+                    self._counters.append(NonFiniteCounter(one))
+        return self
+
+    def add_nonfinite_counter(self, counter: Any) -> None:
+        """Use a counter built by hand (e.g. ``NonFiniteCounter(model, gradients=False)``)."""
+        self._counters.append(counter)
+
+    def wrap_loader(self, loader: Iterable[Any]) -> PausableLoader:
+        """Wrap a data loader: it tracks its position and stops yielding during pause_data."""
+        wrapped = PausableLoader(loader, before_fetch=self._before_fetch)
+        self.wrapped_loaders.append(wrapped)
+        self.training.loader = wrapped
+        return wrapped
+
+    def register_seed(self, name: str, value: Any) -> None:
+        self.training.seeds[name] = value
+
+    def seed(self, value: int) -> dict[str, int]:
+        """Seed Python, NumPy and torch with ``value`` and record it in snapshots/checkpoints."""
+        seeded = seed_everything(value)
+        self.training.seeds.update(seeded)
+        return seeded
+
+    def set_saver(self, saver: Saver, suffix: str = ".pt") -> None:
+        """Replace the default torch saver: ``saver(path, step)`` writes a file or a folder at
+        ``path`` (a temporary name; brakeline fsyncs, renames atomically and hashes it)."""
+        self._saver = saver
+        self._saver_suffix = suffix
+
+    def on_command(self, kind: str, handler: handlers.Handler) -> None:
+        """Handle a command kind yourself: ``handler(run, command, step)`` returns the result
+        dict (ack succeeded), raises (ack failed) or returns ``ACK_LATER``."""
+        self._handlers[kind] = handler
+
+    def on_release(self, callback: Callable[[handlers.PauseInfo], Any]) -> None:
+        """Called after a checkpoint_and_pause saved and confirmed: free accelerators here."""
+        self._hooks["release"].append(callback)
+
+    def on_resume(self, callback: Callable[[handlers.PauseInfo], Any]) -> None:
+        """Called when a pause ends with resume, before training continues."""
+        self._hooks["resume"].append(callback)
+
+    def set_terminate_handler(self, handler: Callable[[int], Any] | None) -> None:
+        """Frameworks: on terminate, call ``handler(step)`` to stop gracefully instead of
+        exiting at once; then call :meth:`finish_terminated` when the framework has stopped."""
+        self._terminate_handler = handler
+
+    # -- the training loop's calls ---------------------------------------------------------------
+    def log(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        """Queue metrics for the console; returns in microseconds, never blocks or raises."""
+        if self.sender is None or self.finished:
+            return
+        try:
+            if step is None:
+                step = self.step
+            elif not self._stepping:
+                self.step = step
+            record = LogRecord(step=step, time=time.time(),
+                               metrics={name: _capture(v) for name, v in metrics.items()})
+            self._attach_nonfinite_counts(record)
+            self.sender.submit(record)
+        except Exception:  # logging must never break training
+            logger.exception("brakeline: run.log failed (metrics skipped)")
+
+    def _attach_nonfinite_counts(self, record: LogRecord) -> None:
+        for counter in self._counters:
+            losses, observed, gradients = counter.take()
+            # Counts may be device tensors: add them without reading (no sync here).
+            record.loss_nonfinite = losses if record.loss_nonfinite is None \
+                else record.loss_nonfinite + losses
+            record.loss_observed += observed
+            if gradients is not None:
+                record.grad_nonfinite = gradients if record.grad_nonfinite is None \
+                    else record.grad_nonfinite + gradients
+
+    def step_boundary(self, step: int | None = None) -> None:
+        """Call once per step, after optimizer.step(): commands are applied here, and only here
+        (or while a wrapped loader waits for its next batch)."""
+        self.step = self.step + 1 if step is None else step
+        self._progress += 1
+        self._stepping = True
+        if self.inbox.has_pending:
+            self._process_commands(self.step)
+
+    def keepalive(self) -> None:
+        """Count as progress during long phases without steps (evaluation, data warm-up)."""
+        self._progress += 1
+
+    def _before_fetch(self) -> None:
+        if self.inbox.has_pending:
+            self._process_commands(self.step)
+        if self.data_paused and not (self.finished or self.stopping):
+            self.hold_paused(self.step)
+
+    def _process_commands(self, step: int) -> None:
+        while not (self.finished or self.pause_pending):
+            command = self.inbox.take()
+            if command is None:
+                return
+            self._apply(command, step)
+
+    def _apply(self, command: Command, step: int) -> None:
+        handler = self._handlers.get(command.kind) or handlers.BUILTIN_HANDLERS.get(
+            command.kind, handlers.unknown_kind)
+        logger.warning("brakeline: applying %s (command %s, %s) at step %d: %s",
+                       command.kind, command.id, command.severity or "-", step, command.reason)
+        try:
+            result = handler(self, command, step)
+        except handlers.CommandFailed as failure:
+            self.ack(command.id, "failed", failure.result, str(failure))
+        except Exception as error:  # a failing command must not kill training
+            logger.exception("brakeline: command %s failed", command.kind)
+            self.ack(command.id, "failed", {"step": step}, f"{type(error).__name__}: {error}")
+        else:
+            if result is not handlers.ACK_LATER:
+                self.ack(command.id, "succeeded", result if isinstance(result, dict) else {})
+
+    # -- pause, checkpoint, terminate ------------------------------------------------------------
+    def set_status(self, status: str) -> None:
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}")
+        self.status = status
+        if self.control is not None:
+            self.control.poke()
+
+    def hold_paused(self, step: int, info: handlers.PauseInfo | None = None) -> None:
+        """Block the training thread until ``resume`` (or ``terminate``), heartbeating as
+        paused and applying other commands (lower_lr...) meanwhile."""
+        self.paused = True
+        self.pause_pending = False
+        self.set_status("paused")
+        started = time.monotonic()
+        resumed = False
+        try:
+            while not (self.finished or self.stopping or resumed):
+                command = self.inbox.take()
+                if command is None:
+                    self.inbox.wait(HOLD_POLL_SECONDS)
+                elif command.kind == "resume" and "resume" not in self._handlers:
+                    self.data_paused = False
+                    self.ack(command.id, "succeeded", {
+                        "step": step, "paused_seconds": round(time.monotonic() - started, 3)})
+                    resumed = True
+                else:
+                    self._apply(command, step)
+        finally:
+            self.paused = False
+            if not self.finished:
+                self.set_status("running")
+        if resumed:
+            self.call_hooks("resume", info or handlers.PauseInfo(step, "", "", None))
+
+    def checkpoint(self, step: int | None = None) -> CheckpointResult:
+        """Save a checkpoint now (training thread, between steps) with the registered saver or
+        the default torch saver; atomic, fsynced, hashed. Also sends a checkpoint snapshot."""
+        step = self.step if step is None else step
+        saver = self._saver
+        if saver is None and not self.training.empty:
+            saver = self.training.torch_saver
+        if saver is None:
+            raise RuntimeError("nothing to checkpoint: call run.watch(model=..., optimizer=...) "
+                               "or run.set_saver(...)")
+        path = checkpoint_path(self.settings.checkpoint_dir, step, self.settings.rank,
+                               self._saver_suffix)
+        result = save_atomically(path, step, saver)
+        self.last_checkpoint = result
+        loader = self.training.loader
+        self.send_snapshot("checkpoint", step, loader.position() if loader else None)
+        return result
+
+    def terminate(self, command: Command, step: int) -> None:
+        """Flush, acknowledge, finish and exit with EXIT_TERMINATED (or hand over to the
+        framework's graceful stop when a terminate handler is set)."""
+        result = {"step": step, "exit_code": EXIT_TERMINATED}
+        self.stopping = True
+        if self._terminate_handler is not None:
+            self.ack(command.id, "succeeded", {**result, "graceful_stop": True})
+            self._terminate_handler(step)
+            return
+        self.flush(self.settings.finish_timeout / 2)
+        self.ack(command.id, "succeeded", result)
+        self.finish_terminated()
+
+    def finish_terminated(self) -> None:
+        """Finish the run and leave the process with EXIT_TERMINATED."""
+        self.finish()
+        self._exit_function(EXIT_TERMINATED)
+
+    def call_hooks(self, name: str, info: handlers.PauseInfo) -> None:
+        for callback in self._hooks[name]:
+            try:
+                callback(info)
+            except Exception:  # a broken hook must not lose the pause
+                logger.exception("brakeline: %s callback failed", name)
+
+    # -- console traffic -------------------------------------------------------------------------
+    def ack(self, command_id: int | str, status: str, result: Mapping[str, Any] | None = None,
+            error: str | None = None) -> None:
+        """Acknowledge a command (queued; delivered by the control thread with retries)."""
+        body: dict[str, Any] = {"status": status, "result": to_jsonable(dict(result or {}))}
+        if error:
+            body["error"] = error
+        payload = encode_json(body)
+        self.acknowledgements.append({"id": command_id, **body})
+        log = logger.info if status == "succeeded" else logger.warning
+        log("brakeline: command %s %s %s", command_id, status, error or "")
+        if self.control is not None:
+            self.control.enqueue(f"ack:{command_id}", f"commands/{command_id}/ack",
+                                 lambda: payload, urgent=True)
+
+    def wait_for_ack(self, command_id: int | str) -> bool:
+        """Wait (bounded) until the console has the acknowledgement; True if it does."""
+        if self.control is None:
+            return False
+        return self.control.wait_delivered(f"ack:{command_id}",
+                                           self.settings.ack_wait_before_release)
+
+    def send_snapshot(self, kind: str, step: int, data_position: Any = None) -> None:
+        """Queue an environment snapshot ("start" or "checkpoint"); taken in the background."""
+        if self.control is None or not self.settings.send_snapshots:
+            return
+        self._snapshots_sent += 1
+        key = f"snapshot:{kind}:{step}:{self._snapshots_sent}"
+        seeds = dict(self.training.seeds)
+        settings = self.settings
+        control = self.control
+
+        def build_and_queue() -> None:
+            # A thread of its own: scanning packages takes a tenth of a second or more, which
+            # must delay neither training nor heartbeats and acknowledgements.
+            try:
+                snapshot = take_snapshot(rank=settings.rank, node=settings.node, seeds=seeds,
+                                         data_position=data_position,
+                                         scratch_dir=settings.checkpoint_dir)
+                body = encode_json(to_jsonable({"kind": kind, "step": step,
+                                                "snapshot": snapshot}))
+            except Exception:
+                logger.exception("brakeline: environment snapshot failed")
+                return
+            control.enqueue(key, "snapshots", lambda: body)
+
+        thread = threading.Thread(target=build_and_queue, name="brakeline-snapshot", daemon=True)
+        self._snapshot_threads.append(thread)
+        thread.start()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until queued metrics are delivered (bounded); True if nothing is pending."""
+        if self.sender is None:
+            return True
+        return self.sender.flush(self.settings.finish_timeout if timeout is None else timeout)
+
+    def finish(self, timeout: float | None = None) -> None:
+        """Deliver what can be delivered, send the final heartbeat, stop the threads.
+        Undelivered metrics stay in the spill folder and are replayed by the next start."""
+        if self.finished or os.getpid() != self._owner_pid:
+            return
+        self.finished = True
+        self.status = "finished"
+        self.inbox.wake()
+        timeout = self.settings.finish_timeout if timeout is None else timeout
+        if self.sender is not None:
+            self.sender.stop(timeout / 2)
+        if self.control is not None:
+            for thread in self._snapshot_threads:
+                thread.join(timeout=1.0)
+            self.control.poke()
+            self.control.stop(timeout / 2)
+        if self.push is not None:
+            self.push.stop()
+        for counter in self._counters:
+            counter.detach()
+        if self._spill_lock is not None:
+            self._spill_lock.close()
+        atexit.unregister(self._finish_at_exit)
+
+    def _finish_at_exit(self) -> None:
+        try:
+            self.finish(timeout=min(self.settings.finish_timeout, 5.0))
+        except Exception:  # never turn interpreter exit into a traceback
+            logger.exception("brakeline: finish at exit failed")
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.finish()
+
+
+def init(
+    job: str | None = None,
+    *,
+    url: str | None = None,
+    token: str | None = None,
+    ws_url: str | None = None,
+    seeds: Mapping[str, Any] | None = None,
+    transport: Transport | None = None,
+    exit_function: Callable[[int], Any] | None = None,
+    **settings: Any,
+) -> Run:
+    """Start a run. Unset arguments come from BRAKELINE_* variables; other keyword arguments
+    are :class:`~brakeline.settings.Settings` fields (heartbeat_interval, flush_interval,
+    spill_dir, checkpoint_dir, rank, node, use_websocket...)."""
+    resolved = resolve_settings({"job": job, "url": url, "token": token, "ws_url": ws_url,
+                                 **settings})
+    return Run(resolved, transport=transport, exit_function=exit_function, seeds=seeds)

@@ -1,0 +1,240 @@
+"""The background thread that turns ``run.log`` calls into metrics batches for the console.
+
+Thread-safety: the training thread only calls :meth:`MetricsSender.submit` (a deque append, which
+is atomic in CPython, plus an Event poke). Everything else - encoding, the spool, the HTTP calls,
+backoff - belongs to the sender thread alone, so it needs no locks. ``flush`` and ``stop`` talk to
+the thread through Events and a Condition.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from brakeline.backoff import Backoff
+from brakeline.encoding import LogRecord, RecordExpander
+from brakeline.spool import Batch, PointSpool
+from brakeline.transport import Response, Transport, TransportError
+
+logger = logging.getLogger("brakeline")
+
+# Answers that will never succeed for this batch: drop it (counted) instead of retrying forever.
+REFUSED_FOR_GOOD = {400, 403, 409, 422}
+# Wake the thread early once this many log records wait, so big bursts are batched by size.
+WAKE_AFTER_RECORDS = 64
+
+
+class MetricsSender:
+    """Batches, sends, retries and spills metric points in its own daemon thread."""
+
+    def __init__(
+        self,
+        transport: Transport | None,
+        spool: PointSpool,
+        node: str,
+        on_commands: Callable[[list[dict[str, Any]]], None],
+        flush_interval: float = 1.0,
+        max_queue_records: int = 100_000,
+        backoff: Backoff | None = None,
+        max_retry_after: float = 300.0,
+    ) -> None:
+        self.transport = transport
+        self.spool = spool
+        self.flush_interval = flush_interval
+        self.max_queue_records = max_queue_records
+        self.queue_dropped = 0
+        self.sent_points = 0
+        self._max_retry_after = max_retry_after
+        self._queue: collections.deque[LogRecord] = collections.deque()
+        self._expander = RecordExpander(node)
+        self._on_commands = on_commands
+        self._backoff = backoff or Backoff()
+        self._configured_batch_points = spool.batch_points
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._flush_wanted = threading.Event()
+        self._progress = threading.Condition()
+        self._next_attempt = 0.0
+        self._last_send = time.monotonic()
+        self._unreachable_since: float | None = None
+        self._auth_warned = False
+        self._thread = threading.Thread(target=self._run, name="brakeline-metrics", daemon=True)
+
+    # -- called from the training thread ---------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, record: LogRecord) -> bool:
+        """Queue one log call; never blocks. False (and counted) if the queue is full."""
+        if len(self._queue) >= self.max_queue_records:
+            self.queue_dropped += 1
+            return False
+        self._queue.append(record)
+        if len(self._queue) >= WAKE_AFTER_RECORDS and not self._wake.is_set():
+            self._wake.set()
+        return True
+
+    def flush(self, timeout: float) -> bool:
+        """Try to deliver everything queued so far; True if nothing is left pending."""
+        deadline = time.monotonic() + timeout
+        self._flush_wanted.set()
+        self._wake.set()
+        with self._progress:
+            while not self._is_idle():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self._thread.is_alive():
+                    break
+                self._progress.wait(min(remaining, 0.05))
+        return self._is_idle()
+
+    def stop(self, timeout: float) -> bool:
+        """Deliver what can be delivered within timeout, spill the rest to disk, end the thread."""
+        delivered = self.flush(timeout) if self._thread.is_alive() else self._is_idle()
+        self._stopping.set()
+        self._wake.set()
+        # The thread spills what is left itself (it owns the spool); allow for one HTTP call.
+        self._thread.join(timeout=self.transport_timeout() + 5.0)
+        if self._thread.is_alive():
+            logger.warning("brakeline: metrics thread still busy at finish; %d log calls may be "
+                           "lost", len(self._queue))
+        elif self.spool.pending_points:
+            logger.warning(
+                "brakeline: %d metric points not delivered; kept in %s for the next start",
+                self.spool.pending_points, self.spool.directory,
+            )
+        return delivered
+
+    def transport_timeout(self) -> float:
+        return float(getattr(self.transport, "timeout", 10.0))
+
+    # -- the sender thread -----------------------------------------------------------------------
+    def _is_idle(self) -> bool:
+        return not self._queue and self.spool.pending_points == 0
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self._wake.wait(self._seconds_to_wait())
+                self._wake.clear()
+                self._drain_queue()
+                if self._should_send_now():
+                    self._send_pending()
+            except Exception:  # a bug here must never reach the training loop
+                logger.exception("brakeline: metrics thread error (continuing)")
+                self._schedule_retry(None)
+            with self._progress:
+                self._progress.notify_all()
+        try:
+            self._drain_queue()
+            self.spool.spill_all()
+        except Exception:
+            logger.exception("brakeline: could not spill the last metrics at finish")
+
+    def _seconds_to_wait(self) -> float:
+        """Sleep until the next send is due; with nothing pending, until woken or an interval."""
+        if self.spool.pending_points == 0 and not self._queue:
+            return self.flush_interval
+        now = time.monotonic()
+        due = max(self._next_attempt, self._last_send + self.flush_interval)
+        # A small floor: never spin, even if the clock says a send is already overdue.
+        return min(max(due - now, 0.001), self.flush_interval)
+
+    def _drain_queue(self) -> None:
+        # popleft on a deque is atomic: the training thread may append concurrently.
+        while self._queue:
+            record = self._queue.popleft()
+            try:
+                self.spool.add(self._expander.expand(record))
+            except Exception:  # one bad record must not stop the others
+                logger.exception("brakeline: could not encode a log record (skipped)")
+
+    def _should_send_now(self) -> bool:
+        if self.transport is None or self.spool.pending_points == 0:
+            return False
+        now = time.monotonic()
+        if self._flush_wanted.is_set():
+            return True  # a flush may try once even inside a backoff window
+        if now < self._next_attempt:
+            return False
+        return (
+            self.spool.memory_points >= self.spool.batch_points
+            or now - self._last_send >= self.flush_interval
+            or self.spool.spilled_points > 0
+        )
+
+    def _send_pending(self) -> None:
+        flushing = self._flush_wanted.is_set()
+        self._flush_wanted.clear()
+        self._last_send = time.monotonic()
+        while not self._stopping.is_set():
+            batch = self.spool.next_batch()
+            if batch is None:
+                return
+            if not self._send_batch(batch):
+                return
+            if not flushing and self.spool.memory_points < self.spool.batch_points \
+                    and not self.spool.spilled_points:
+                return
+
+    def _send_batch(self, batch: Batch) -> bool:
+        """Send one batch; True if the loop may go on with the next one."""
+        try:
+            response = self.transport.post("metrics", batch.body())  # type: ignore[union-attr]
+        except TransportError as error:
+            self._note_unreachable(str(error))
+            self._schedule_retry(None)
+            return False
+        return self._handle_response(batch, response)
+
+    def _handle_response(self, batch: Batch, response: Response) -> bool:
+        if response.ok:
+            self._note_reachable()
+            self.spool.commit(batch)
+            self.sent_points += len(batch.lines)
+            self._backoff.reset()
+            # Grow back towards the configured size after a 413 made batches smaller.
+            self.spool.batch_points = min(self._configured_batch_points,
+                                          self.spool.batch_points * 2)
+            if response.commands:
+                self._on_commands(response.commands)
+            return True
+        if response.status == 413 and len(batch.lines) > 1:
+            # The console's limit is lower than ours: halve the batches and go on at once.
+            self.spool.batch_points = max(1, len(batch.lines) // 2)
+            return True
+        if response.status in REFUSED_FOR_GOOD or response.status == 413:
+            self.spool.drop(batch, f"console answered {response.status}: {response.body}")
+            return True
+        if response.status == 401 and not self._auth_warned:
+            self._auth_warned = True
+            logger.error(
+                "brakeline: THE CONSOLE REJECTED THE AGENT TOKEN (401). Training goes on; metrics "
+                "are kept (memory, then %s) and retried. Check BRAKELINE_TOKEN.",
+                self.spool.directory,
+            )
+        elif response.status != 429:
+            self._note_unreachable(f"HTTP {response.status} {response.body}")
+        self._schedule_retry(response.retry_after)
+        return False
+
+    def _schedule_retry(self, retry_after: float | None) -> None:
+        delay = self._backoff.next_delay(retry_after, self._max_retry_after)
+        self._next_attempt = time.monotonic() + delay
+
+    def _note_unreachable(self, why: str) -> None:
+        if self._unreachable_since is None:
+            self._unreachable_since = time.monotonic()
+            logger.warning("brakeline: console not reachable (%s); buffering metrics", why)
+
+    def _note_reachable(self) -> None:
+        if self._unreachable_since is not None:
+            outage = time.monotonic() - self._unreachable_since
+            self._unreachable_since = None
+            logger.warning(
+                "brakeline: console reachable again after %.1f s; replaying %d buffered points",
+                outage, self.spool.pending_points,
+            )

@@ -1,0 +1,136 @@
+"""Run settings: explicit arguments first, then BRAKELINE_* environment variables, then defaults.
+
+Every interval is a plain attribute so a test can shrink them (for example
+``heartbeat_interval=0.1``) when it runs against a real console.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+#: Exit code of a process stopped by a ``terminate`` command (EX_TEMPFAIL in sysexits.h).
+EXIT_TERMINATED = 75
+
+# Environment variable -> settings field. Values are converted by the field's default type.
+ENVIRONMENT_VARIABLES: dict[str, str] = {
+    "BRAKELINE_URL": "url",
+    "BRAKELINE_TOKEN": "token",
+    "BRAKELINE_WS_URL": "ws_url",
+    "BRAKELINE_JOB": "job",
+    "BRAKELINE_NODE": "node",
+    "BRAKELINE_RANK": "rank",
+    "BRAKELINE_SPILL_DIR": "spill_dir",
+    "BRAKELINE_CHECKPOINT_DIR": "checkpoint_dir",
+    "BRAKELINE_HEARTBEAT_INTERVAL": "heartbeat_interval",
+    "BRAKELINE_FLUSH_INTERVAL": "flush_interval",
+    "BRAKELINE_HTTP_TIMEOUT": "http_timeout",
+    "BRAKELINE_WEBSOCKET": "use_websocket",
+    "BRAKELINE_SNAPSHOTS": "send_snapshots",
+}
+
+
+@dataclasses.dataclass
+class Settings:
+    """Everything a run can be tuned with. Build one with :func:`resolve_settings`."""
+
+    url: str = ""
+    token: str = ""
+    ws_url: str = ""
+    job: str = "default"
+    node: str = ""
+    rank: int = 0
+    spill_dir: str = ""
+    checkpoint_dir: str = ""
+    # Metrics: a batch leaves when it holds batch_points points or flush_interval has passed.
+    batch_points: int = 1000
+    batch_bytes: int = 1024 * 1024
+    flush_interval: float = 1.0
+    # Bounded memory: points beyond max_memory_points go to the spill file; run.log calls made
+    # while the background thread is stuck, beyond max_queue_records, are dropped (and counted).
+    max_memory_points: int = 50_000
+    max_queue_records: int = 100_000
+    max_spill_bytes: int = 512 * 1024 * 1024
+    heartbeat_interval: float = 5.0
+    # After the first step, a heartbeat is only sent when the training thread made progress
+    # (or is deliberately paused), so a hung loop shows up as a heartbeat timeout.
+    heartbeat_requires_progress: bool = True
+    http_timeout: float = 10.0
+    backoff_base: float = 0.5
+    backoff_cap: float = 30.0
+    max_retry_after: float = 300.0
+    use_websocket: bool = True
+    # Environment snapshots at start and at each checkpoint (a package scan per snapshot).
+    send_snapshots: bool = True
+    # How long finish() and terminate wait for the console before giving up (data stays spilled).
+    finish_timeout: float = 10.0
+    ack_wait_before_release: float = 5.0
+
+    @property
+    def enabled(self) -> bool:
+        """False when no console URL or token is configured: the run works offline."""
+        return bool(self.url and self.token)
+
+    @property
+    def websocket_url(self) -> str:
+        """The agent websocket endpoint, derived from ``url`` unless ``ws_url`` is set."""
+        base = self.ws_url or _http_to_ws(self.url)
+        base = base.rstrip("/")
+        return base if base.endswith("/ws/agent") else base + "/ws/agent/"
+
+
+def _http_to_ws(url: str) -> str:
+    if url.startswith("https://"):
+        return "wss://" + url[len("https://") :]
+    if url.startswith("http://"):
+        return "ws://" + url[len("http://") :]
+    return url
+
+
+def _convert(raw: str, default: Any) -> Any:
+    if isinstance(default, bool):
+        return raw.strip().lower() in {"1", "true", "yes", "on"}
+    if isinstance(default, int):
+        return int(raw)
+    if isinstance(default, float):
+        return float(raw)
+    return raw
+
+
+def default_rank(environ: Mapping[str, str]) -> int:
+    """The process rank as torchrun, Slurm or MPI announce it; 0 for a single process."""
+    for name in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        value = environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+def resolve_settings(
+    overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+) -> Settings:
+    """Merge explicit overrides (None means "not given") over the environment over defaults."""
+    environ = os.environ if environ is None else environ
+    defaults = Settings()
+    values: dict[str, Any] = {"rank": default_rank(environ)}
+    for variable, field in ENVIRONMENT_VARIABLES.items():
+        if environ.get(variable):
+            values[field] = _convert(environ[variable], getattr(defaults, field))
+    known = {field.name for field in dataclasses.fields(Settings)}
+    for name, value in (overrides or {}).items():
+        if name not in known:
+            raise TypeError(f"unknown brakeline setting: {name!r}")
+        if value is not None:
+            values[name] = value
+    settings = dataclasses.replace(defaults, **values)
+    settings.url = settings.url.rstrip("/")
+    settings.node = (settings.node or socket.gethostname())[:200]
+    settings.spill_dir = settings.spill_dir or str(Path.cwd() / ".brakeline" / "spill")
+    settings.checkpoint_dir = settings.checkpoint_dir or str(
+        Path.cwd() / "brakeline-checkpoints" / settings.job
+    )
+    return settings

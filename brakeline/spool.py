@@ -1,0 +1,229 @@
+"""The bounded, order-preserving store of points waiting for the console.
+
+Points live in memory up to ``max_memory_points``; beyond that the oldest ones are written to
+numbered segment files (JSON lines, one batch per file) in the spill directory. Invariant: every
+point on disk is older than every point in memory, so sending the oldest segment first, then the
+memory head, replays everything in the order it was logged.
+
+Thread-safety: a PointSpool is owned by the single sender thread; nothing else touches it.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import fcntl
+import itertools
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import IO
+
+logger = logging.getLogger("brakeline")
+
+SEGMENT_SUFFIX = ".jsonl"
+
+
+@dataclasses.dataclass
+class Batch:
+    """Encoded points ready to send; ``segment`` is set when they came from a spill file."""
+
+    lines: list[str]
+    segment: Path | None = None
+    # Lines the segment file holds in total; a batch may be only its first part.
+    segment_lines: int = 0
+
+    def body(self) -> bytes:
+        return ('{"points":[' + ",".join(self.lines) + "]}").encode("utf-8")
+
+
+def open_spill_directory(base: str | Path, job: str, rank: int) -> tuple[Path, IO[str]]:
+    """The spill folder of this job and rank, locked so two live processes never share one.
+
+    A restarted process of the same job and rank gets the same folder back and so replays what
+    its predecessor could not deliver. The returned lock file must stay open for the run.
+    """
+    safe_job = "".join(c if c.isalnum() or c in "-_." else "_" for c in job) or "job"
+    candidates = [f"rank-{rank}", f"rank-{rank}.pid-{os.getpid()}"]
+    for name in candidates:
+        directory = Path(base) / safe_job / name
+        directory.mkdir(parents=True, exist_ok=True)
+        lock = open(directory / ".lock", "w")  # noqa: SIM115 - held open for the run's lifetime
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return directory, lock
+        except OSError:
+            lock.close()
+    raise OSError(f"spill directory for {job} rank {rank} is locked by another process")
+
+
+class PointSpool:
+    """Memory queue plus spill segments, bounded in memory and on disk."""
+
+    def __init__(
+        self,
+        directory: str | Path,
+        batch_points: int = 1000,
+        batch_bytes: int = 1024 * 1024,
+        max_memory_points: int = 50_000,
+        max_spill_bytes: int = 512 * 1024 * 1024,
+    ) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.batch_points = batch_points
+        self.batch_bytes = batch_bytes
+        self.max_memory_points = max(max_memory_points, batch_points)
+        self.max_spill_bytes = max_spill_bytes
+        self.dropped = 0
+        self._memory: collections.deque[str] = collections.deque()
+        # segment path -> (points, bytes); insertion order is age order.
+        self._segments: dict[Path, tuple[int, int]] = {}
+        self._next_sequence = 0
+        self._adopt_existing_segments()
+
+    # -- state ---------------------------------------------------------------------------------
+    @property
+    def memory_points(self) -> int:
+        return len(self._memory)
+
+    @property
+    def spilled_points(self) -> int:
+        return sum(points for points, _ in self._segments.values())
+
+    @property
+    def spilled_bytes(self) -> int:
+        return sum(size for _, size in self._segments.values())
+
+    @property
+    def pending_points(self) -> int:
+        return self.memory_points + self.spilled_points
+
+    # -- producer side ---------------------------------------------------------------------------
+    def add(self, lines: Iterable[str]) -> None:
+        """Queue encoded points; spill the oldest to disk when memory is over its bound."""
+        self._memory.extend(lines)
+        if len(self._memory) > self.max_memory_points:
+            # Spill down to half the bound so a long outage writes whole batches, not one per log.
+            while len(self._memory) > self.max_memory_points // 2:
+                self._spill_head()
+
+    def spill_all(self) -> None:
+        """Move everything still in memory to disk (at finish, when the console is away)."""
+        while self._memory:
+            self._spill_head()
+
+    # -- consumer side ---------------------------------------------------------------------------
+    def next_batch(self) -> Batch | None:
+        """The oldest pending batch, or None. It stays pending until :meth:`commit`."""
+        while self._segments:
+            segment = next(iter(self._segments))
+            lines = self._read_segment(segment)
+            if lines:
+                prefix = self._limit(lines)
+                return Batch(lines=prefix, segment=segment, segment_lines=len(lines))
+            self._forget_segment(segment)
+        if not self._memory:
+            return None
+        return Batch(lines=self._limit(self._memory))
+
+    def commit(self, batch: Batch) -> None:
+        """Remove a batch that the console accepted (or that must be dropped)."""
+        if batch.segment is not None and len(batch.lines) >= batch.segment_lines:
+            self._forget_segment(batch.segment)
+        elif batch.segment is not None:
+            self._rewrite_segment(batch.segment, len(batch.lines))
+        else:
+            for _ in range(len(batch.lines)):
+                self._memory.popleft()
+
+    def drop(self, batch: Batch, why: str) -> None:
+        """Remove a batch the console refused for good, counting and reporting the loss."""
+        self.commit(batch)
+        self._count_dropped(len(batch.lines), why)
+
+    # -- internals -------------------------------------------------------------------------------
+    def _limit(self, source: Iterable[str]) -> list[str]:
+        """The longest prefix of source within the batch limits (always at least one line)."""
+        lines: list[str] = []
+        size = 16
+        for line in itertools.islice(source, self.batch_points):
+            if lines and size + len(line) + 1 > self.batch_bytes:
+                break
+            lines.append(line)
+            size += len(line) + 1
+        return lines
+
+    def _spill_head(self) -> None:
+        lines = self._limit(self._memory)
+        for _ in lines:
+            self._memory.popleft()
+        path = self.directory / f"{self._next_sequence:012d}{SEGMENT_SUFFIX}"
+        self._next_sequence += 1
+        try:
+            size = self._write_segment(path, lines)
+        except OSError as error:
+            self._count_dropped(len(lines), f"spill file not writable: {error}")
+            return
+        self._segments[path] = (len(lines), size)
+        while self.spilled_bytes > self.max_spill_bytes and len(self._segments) > 1:
+            oldest = next(iter(self._segments))
+            points = self._segments[oldest][0]
+            self._forget_segment(oldest)
+            self._count_dropped(points, "spill directory over its size limit")
+
+    @staticmethod
+    def _write_segment(path: Path, lines: list[str]) -> int:
+        payload = "".join(line + "\n" for line in lines)
+        temporary = path.with_suffix(".tmp")
+        # Write-then-rename: a reader (or a restarted process) never sees half a segment.
+        temporary.write_text(payload, encoding="utf-8")
+        os.replace(temporary, path)
+        return len(payload)
+
+    def _rewrite_segment(self, segment: Path, sent: int) -> None:
+        remaining = self._read_segment(segment)[sent:]
+        try:
+            self._segments[segment] = (len(remaining), self._write_segment(segment, remaining))
+        except OSError as error:
+            self._forget_segment(segment)
+            self._count_dropped(len(remaining), f"spill file not writable: {error}")
+
+    def _read_segment(self, segment: Path) -> list[str]:
+        try:
+            text = segment.read_text(encoding="utf-8")
+        except OSError as error:
+            logger.warning("brakeline: cannot read spill segment %s: %s", segment, error)
+            return []
+        return [line for line in text.splitlines() if line.startswith("{") and line.endswith("}")]
+
+    def _forget_segment(self, segment: Path) -> None:
+        self._segments.pop(segment, None)
+        try:
+            segment.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as error:
+            logger.warning("brakeline: cannot remove spill segment %s: %s", segment, error)
+
+    def _count_dropped(self, points: int, why: str) -> None:
+        self.dropped += points
+        logger.warning(
+            "brakeline: dropped %d metric points (%s); %d dropped in total", points, why,
+            self.dropped,
+        )
+
+    def _adopt_existing_segments(self) -> None:
+        existing = sorted(self.directory.glob("*" + SEGMENT_SUFFIX))
+        for stale in self.directory.glob("*.tmp"):
+            stale.unlink(missing_ok=True)
+        for segment in existing:
+            lines = self._read_segment(segment)
+            self._segments[segment] = (len(lines), segment.stat().st_size)
+            if segment.stem.isdigit():
+                self._next_sequence = max(self._next_sequence, int(segment.stem) + 1)
+        if existing:
+            logger.info(
+                "brakeline: replaying %d points left in %s by an earlier process",
+                self.spilled_points, self.directory,
+            )

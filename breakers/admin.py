@@ -1,0 +1,43 @@
+from django.contrib import admin
+
+from breakers.models import EvaluationState, Rule
+
+
+@admin.register(Rule)
+class RuleAdmin(admin.ModelAdmin):
+    """Rules are edited here. A row is validated by building the engine's RuleSpec (clean()),
+    so an invalid detector parameter is refused with the engine's own message."""
+
+    list_display = ["key", "team", "name", "layer", "severity", "action", "detector", "enabled"]
+    list_filter = ["team", "layer", "severity", "enabled"]
+    list_editable = ["enabled"]
+    search_fields = ["key", "name", "metric"]
+    readonly_fields = ["updated_at"]
+    fieldsets = [
+        (None, {"fields": ["team", "key", "name", "enabled", "updated_at"]}),
+        ("What it watches", {"fields": ["layer", "metric", "per_metric", "per_node"]}),
+        ("Detector", {"fields": ["detector", "params", "clear_after", "clear_after_seconds"]}),
+        ("Response", {"fields": ["severity", "action", "action_params", "runbook"]}),
+    ]
+
+
+@admin.register(EvaluationState)
+class EvaluationStateAdmin(admin.ModelAdmin):
+    """Read-only: the evaluator's own bookkeeping (editing the cursor would skip or repeat)."""
+
+    list_display = ["job", "cursor", "points_evaluated", "rules_fingerprint", "updated_at"]
+    readonly_fields = [
+        "job",
+        "cursor",
+        "points_evaluated",
+        "rules_fingerprint",
+        "last_tick",
+        "updated_at",
+        "state",
+    ]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False

@@ -1,0 +1,125 @@
+"""Automatic braking: an alert's rule action becomes commands at once, exactly once.
+
+The last test is the product's loop end to end against the real services: a NaN posted over
+HTTP to Daphne, evaluated by a real Celery worker on Redis + PostgreSQL, braked with
+checkpoint_and_pause pushed to the agent's websocket, acknowledged, the job paused and the
+incident timeline complete and in order.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+from websockets.sync.client import connect
+
+from breakers.agent_input import PointIn
+from breakers.control_models import Command, CommandKind
+from breakers.evaluation import evaluate_job
+from breakers.ingest import store_points
+from breakers.rules import install_default_pack
+from incidents.models import Alert, Incident, Job, JobStatus, TimelineEntry
+from tests.breakers.test_evaluation_flow import wait_for, worker  # noqa: F401  (fixture)
+
+HEALTHY = [PointIn("loss", step, 2.0 + (step % 7) * 0.01, None, None) for step in range(60)]
+
+
+@pytest.mark.django_db
+def test_a_nan_loss_issues_checkpoint_and_pause_once(agent):
+    install_default_pack()
+    store_points(agent.job_id, [*HEALTHY, PointIn("loss", 60, float("nan"), None, None)])
+    evaluate_job(agent.job_id)
+    evaluate_job(agent.job_id)  # a redelivered task: nothing new
+    alert = Alert.objects.get(job_id=agent.job_id, severity="L3")
+    command = Command.objects.get(job_id=agent.job_id)
+    assert command.kind == CommandKind.CHECKPOINT_AND_PAUSE and command.alert_id == alert.pk
+    assert command.issued_by_kind == "system" and command.severity == "L3"
+    assert "NaN" in command.reason or "nan" in command.reason.lower()
+    assert Job.objects.get(pk=agent.job_id).status == JobStatus.PAUSING
+    kinds = list(
+        TimelineEntry.objects.filter(incident=alert.incident).values_list("kind", flat=True)
+    )
+    assert kinds.index("alert_raised") < kinds.index("command_issued")
+
+
+@pytest.mark.django_db
+def test_two_failing_nodes_terminate_and_isolate_each(agent):
+    install_default_pack()
+    store_points(
+        agent.job_id,
+        [
+            PointIn("node.failure", 10, 1.0, None, "node-03"),
+            PointIn("node.failure", 10, 1.0, None, "node-07"),
+        ],
+    )
+    evaluate_job(agent.job_id)
+    commands = Command.objects.filter(job_id=agent.job_id).order_by("pk")
+    assert [(c.kind, c.params.get("node")) for c in commands] == [
+        ("terminate", None),
+        ("isolate_node", "node-03"),
+        ("isolate_node", "node-07"),
+    ]
+    assert {c.severity for c in commands} == {"L4"}
+
+
+def post(url: str, token: str, body: dict) -> dict:
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_nan_to_paused_through_the_real_stack(live_console, worker, agent):  # noqa: F811
+    ws_url = live_console.replace("http://", "ws://") + "/ws/agent/"
+    points = [{"name": "loss", "step": p.step, "value": p.value} for p in HEALTHY]
+    with connect(ws_url, additional_headers=agent.headers) as socket:
+        post(
+            f"{live_console}/api/v1/agent/heartbeat", agent.token, {"step": 59, "status": "running"}
+        )
+        post(f"{live_console}/api/v1/agent/metrics", agent.token, {"points": points})
+        post(
+            f"{live_console}/api/v1/agent/metrics",
+            agent.token,
+            {"points": [{"name": "loss", "step": 60, "value": "NaN"}]},
+        )
+        message = json.loads(socket.recv(timeout=20))
+    command = message["command"]
+    assert message["type"] == "command" and command["kind"] == "checkpoint_and_pause"
+    assert command["severity"] == "L3" and "step 60" in command["reason"]
+    result = {
+        "path": "/ckpt/step-60.pt",
+        "bytes": 2048,
+        "seconds": 0.3,
+        "sha256": "00" * 32,
+        "step": 60,
+        "released": True,
+    }
+    post(
+        f"{live_console}/api/v1/agent/commands/{command['id']}/ack",
+        agent.token,
+        {"status": "succeeded", "result": result},
+    )
+    assert Job.objects.get(pk=agent.job_id).status == JobStatus.PAUSED
+    incident = Incident.objects.get(job_id=agent.job_id)
+    assert incident.status == "mitigated" and incident.level == "L3"
+    kinds = [
+        e.kind
+        for e in wait_for(
+            lambda: list(incident.timeline.all()) if incident.timeline.count() >= 6 else None,
+            "the timeline",
+        )
+    ]
+    assert kinds == [
+        "first_anomalous_point",
+        "alert_raised",
+        "command_issued",
+        "command_acknowledged",
+        "checkpoint_saved",
+        "resources_released",
+    ]

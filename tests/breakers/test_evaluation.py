@@ -1,0 +1,205 @@
+"""The evaluation service on PostgreSQL: cursor, exactly-once alerts, incidents and timelines."""
+
+from __future__ import annotations
+
+import math
+import random
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import transaction
+
+from breakers import evaluation
+from breakers.agent_input import PointIn
+from breakers.evaluation import evaluate_job
+from breakers.ingest import store_points
+from breakers.models import EvaluationState, MetricPoint, Rule
+from incidents.models import Alert, Incident, Job, TimelineEntry
+from tests.breakers.test_rulepack_scenarios import DIVERGE_AT, NAN_AT, RAMP_AT, diverging_loss
+
+pytestmark = pytest.mark.django_db
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def store(job_id, points):
+    """Store (name, step, value[, node]) tuples as one batch; point time = T0 + step seconds."""
+    rows = [
+        PointIn(p[0], p[1], p[2], T0 + timedelta(seconds=p[1]), p[3] if len(p) > 3 else None)
+        for p in points
+    ]
+    store_points(job_id, rows)
+
+
+def losses(steps, value=2.0):
+    return [("loss", step, value) for step in steps]
+
+
+def kinds(incident):
+    """The alert and incident rows (the control plane's braking adds command rows of its own)."""
+    rows = TimelineEntry.objects.filter(incident=incident).exclude(kind__startswith="command_")
+    return list(rows.values_list("kind", flat=True))
+
+
+class Crash(Exception):
+    pass
+
+
+def test_the_cursor_advances_over_every_point_once(agent):
+    store(agent.job_id, losses(range(0, 30)))
+    store(agent.job_id, losses(range(30, 50)))
+    report = evaluate_job(agent.job_id, chunk_size=7)  # several transactions
+    last_id = MetricPoint.objects.filter(job_id=agent.job_id).latest("id").id
+    assert (report.points, report.cursor) == (50, last_id)
+    state = EvaluationState.objects.get(job_id=agent.job_id)
+    assert (state.cursor, state.points_evaluated) == (last_id, 50)
+    assert state.state["series"] and state.rules_fingerprint
+    assert evaluate_job(agent.job_id).points == 0
+    store(agent.job_id, losses(range(50, 55)))
+    assert evaluate_job(agent.job_id).points == 5
+
+
+def test_a_nan_loss_raises_an_l3_alert_and_opens_an_incident_with_its_timeline(agent):
+    store(agent.job_id, losses(range(0, 100)))
+    store(agent.job_id, [("loss", 100, math.nan, "node-07")])
+    report = evaluate_job(agent.job_id)
+    assert (report.raised, report.resolved) == (1, 0)
+    alert = Alert.objects.get(job_id=agent.job_id)
+    assert (alert.severity, alert.status, alert.rule_key) == (
+        "L3",
+        "firing",
+        "non-finite-loss-or-gradients",
+    )
+    assert alert.metric == "loss" and math.isnan(alert.value) and alert.node == "node-07"
+    assert (alert.first_step, alert.first_time) == (100, T0 + timedelta(seconds=100))
+    assert alert.action == "checkpoint_and_pause" and alert.runbook_key == "non_finite"
+    incident = Incident.objects.get(job_id=agent.job_id)
+    assert (incident.status, incident.level, incident.first_step) == ("open", "L3", 100)
+    assert kinds(incident) == ["first_anomalous_point", "alert_raised"]
+    first = TimelineEntry.objects.filter(incident=incident).first()
+    assert (first.at, first.step) == (T0 + timedelta(seconds=100), 100)
+
+
+def test_evaluating_again_or_after_a_crash_never_doubles_an_alert(agent):
+    store(agent.job_id, losses(range(0, 10)) + [("loss", 10, math.nan)])
+    with pytest.raises(Crash), transaction.atomic():
+        evaluate_job(agent.job_id)
+        assert Alert.objects.count() == 1
+        raise Crash  # the worker died before commit: alert, cursor and state roll back together
+    assert not Alert.objects.exists()
+    assert not EvaluationState.objects.filter(job_id=agent.job_id, cursor__gt=0).exists()
+    evaluate_job(agent.job_id)
+    evaluate_job(agent.job_id)  # a duplicate delivery
+    assert Alert.objects.count() == 1 and Incident.objects.count() == 1
+    assert TimelineEntry.objects.filter(kind="alert_raised").count() == 1
+
+
+def test_the_alert_resolves_when_the_condition_clears_with_hysteresis(agent):
+    store(agent.job_id, losses(range(0, 10)) + [("loss", 10, math.nan)])
+    evaluate_job(agent.job_id)
+    store(agent.job_id, losses(range(11, 20)))  # 9 finite points: clear_after is 10
+    evaluate_job(agent.job_id)
+    alert = Alert.objects.get()
+    assert alert.status == "firing"
+    store(agent.job_id, losses(range(20, 21)))
+    assert evaluate_job(agent.job_id).resolved == 1
+    alert.refresh_from_db()
+    assert alert.status == "resolved" and alert.resolved_at is not None
+    assert kinds(alert.incident) == [
+        "first_anomalous_point",
+        "alert_raised",
+        "alert_resolved",
+        "incident_resolved",
+    ]
+    assert Incident.objects.get().status == "resolved"
+
+
+def test_a_rule_over_two_metrics_resolves_only_when_both_clear(agent):
+    store(agent.job_id, [("loss", 1, math.nan), ("grad_norm", 1, math.inf)])
+    evaluate_job(agent.job_id)
+    assert Alert.objects.count() == 1  # one fingerprint: (job, rule, node)
+    store(agent.job_id, losses(range(2, 20)) + [("grad_norm", 2, math.inf)])
+    evaluate_job(agent.job_id)
+    assert Alert.objects.get().status == "firing"  # loss cleared, grad_norm still fires
+    store(agent.job_id, [("grad_norm", step, 1.0) for step in range(3, 15)])
+    evaluate_job(agent.job_id)
+    assert Alert.objects.get().status == "resolved"
+
+
+def test_a_divergence_escalates_the_incident_l1_then_l2_then_l3(agent):
+    loss_at = diverging_loss(random.Random(5))
+    rng = random.Random(99)
+    steps = list(range(NAN_AT + 20))
+    for start in range(0, len(steps), 1000):  # ten batches, state persisted in between
+        batch = []
+        for step in steps[start : start + 1000]:
+            batch += [("loss", step, loss_at(step)), ("grad_norm", step, abs(rng.gauss(1, 0.2)))]
+        store(agent.job_id, batch)
+        evaluate_job(agent.job_id)
+    incident = Incident.objects.get(job_id=agent.job_id)
+    assert incident.level == "L3"
+    assert DIVERGE_AT - 3 <= incident.first_step <= DIVERGE_AT
+    changes = TimelineEntry.objects.filter(incident=incident, kind="severity_changed")
+    assert [(c.data["incident"]["from"], c.data["incident"]["to"]) for c in changes] == [
+        ("L1", "L2"),
+        ("L2", "L3"),
+    ]
+    raised = Alert.objects.filter(job_id=agent.job_id).order_by("raised_at", "id")
+    assert {a.incident_id for a in raised} == {incident.pk}
+    first_of_each = {}
+    for alert in raised:  # the L1 notice may fire again during the ramp
+        first_of_each.setdefault(alert.rule_key, alert)
+    raised = list(first_of_each.values())
+    assert [(a.rule_key, a.severity) for a in raised] == [
+        ("loss-deviation", "L1"),
+        ("loss-sustained-deviation", "L2"),
+        ("loss-rising", "L3"),
+        ("non-finite-loss-or-gradients", "L3"),
+    ]
+    assert raised[2].first_step >= RAMP_AT and raised[3].first_step == NAN_AT
+
+
+def test_node_failures_fire_l4_and_clear_on_a_tick(agent):
+    store(agent.job_id, [("node.failure", 10, 1.0, "node-3"), ("node.failure", 20, 1.0, "node-9")])
+    evaluate_job(agent.job_id)
+    alert = Alert.objects.get()
+    assert (alert.severity, alert.action, alert.nodes) == (
+        "L4",
+        "terminate_and_isolate",
+        ["node-3", "node-9"],
+    )
+    assert alert.node == ""  # the rule pools nodes: one alert for the job
+    quiet = (T0 + timedelta(seconds=10 + 61)).timestamp()
+    assert evaluate_job(agent.job_id, tick_at=quiet).resolved == 1
+    assert Alert.objects.get().status == "resolved"
+
+
+def test_disabling_a_rule_resolves_its_firing_alert(agent):
+    store(agent.job_id, [("loss", 1, math.nan)])
+    evaluate_job(agent.job_id)
+    team_id = Job.objects.get(pk=agent.job_id).team_id
+    row = Rule.objects.get(team=None, key="non-finite-loss-or-gradients")
+    row.pk, row.team_id, row.enabled = None, team_id, False
+    row.save()
+    store(agent.job_id, [("loss", 2, math.nan)])
+    assert evaluate_job(agent.job_id).resolved == 1
+    alert = Alert.objects.get()
+    assert alert.status == "resolved"
+    entry = TimelineEntry.objects.get(kind="alert_resolved")
+    assert "rule was removed or disabled" in entry.message
+
+
+def test_the_control_plane_hook_is_called_once_per_new_or_escalated_alert(agent, monkeypatch):
+    calls = []
+    monkeypatch.setattr(evaluation, "on_alert_raised", calls.append)
+    store(agent.job_id, [("loss", 1, math.nan), ("grad_norm", 1, math.nan)])
+    store(agent.job_id, [("throughput", s, 1000.0) for s in range(3)])
+    evaluate_job(agent.job_id)
+    evaluate_job(agent.job_id)
+    assert [(o.alert.rule_key, o.created) for o in calls] == [
+        ("non-finite-loss-or-gradients", True)
+    ]
+
+
+def test_a_deleted_job_is_nothing_to_evaluate():
+    assert evaluate_job(987_654).points == 0
