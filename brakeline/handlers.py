@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 from brakeline.checkpoint import CheckpointResult
 from brakeline.commands import KINDS, Command
-from brakeline.settings import EXIT_TERMINATED
 
 if TYPE_CHECKING:
     from brakeline.run import Run
@@ -153,4 +152,4 @@ def unknown_kind(run: Run, command: Command, step: int) -> Any:
     )
 
 
-__all__ = ["ACK_LATER", "BUILTIN_HANDLERS", "EXIT_TERMINATED", "CommandFailed", "PauseInfo"]
+__all__ = ["ACK_LATER", "BUILTIN_HANDLERS", "CommandFailed", "PauseInfo"]

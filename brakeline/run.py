@@ -353,7 +353,13 @@ class Run:
                                "or run.set_saver(...)")
         path = checkpoint_path(self.settings.checkpoint_dir, step, self.settings.rank,
                                self._saver_suffix)
-        result = save_atomically(path, step, saver)
+        previous_status = self.status
+        # Heartbeats say "checkpointing" during a long save, so it is not taken for a hang.
+        self.set_status("checkpointing")
+        try:
+            result = save_atomically(path, step, saver)
+        finally:
+            self.set_status(previous_status)
         self.last_checkpoint = result
         loader = self.training.loader
         self.send_snapshot("checkpoint", step, loader.position() if loader else None)

@@ -79,6 +79,8 @@ class PointSpool:
         self._memory: collections.deque[str] = collections.deque()
         # segment path -> (points, bytes); insertion order is age order.
         self._segments: dict[Path, tuple[int, int]] = {}
+        self._spilled_points = 0
+        self._spilled_bytes = 0
         self._next_sequence = 0
         self._adopt_existing_segments()
 
@@ -89,11 +91,19 @@ class PointSpool:
 
     @property
     def spilled_points(self) -> int:
-        return sum(points for points, _ in self._segments.values())
+        return self._spilled_points
 
     @property
     def spilled_bytes(self) -> int:
-        return sum(size for _, size in self._segments.values())
+        return self._spilled_bytes
+
+    def _track_segment(self, segment: Path, points: int, size: int) -> None:
+        """Record a segment's size; running totals keep every check O(1) in long outages."""
+        old_points, old_size = self._segments.pop(segment, (0, 0))
+        self._spilled_points += points - old_points
+        self._spilled_bytes += size - old_size
+        if points:
+            self._segments[segment] = (points, size)
 
     @property
     def pending_points(self) -> int:
@@ -165,7 +175,7 @@ class PointSpool:
         except OSError as error:
             self._count_dropped(len(lines), f"spill file not writable: {error}")
             return
-        self._segments[path] = (len(lines), size)
+        self._track_segment(path, len(lines), size)
         while self.spilled_bytes > self.max_spill_bytes and len(self._segments) > 1:
             oldest = next(iter(self._segments))
             points = self._segments[oldest][0]
@@ -184,7 +194,12 @@ class PointSpool:
     def _rewrite_segment(self, segment: Path, sent: int) -> None:
         remaining = self._read_segment(segment)[sent:]
         try:
-            self._segments[segment] = (len(remaining), self._write_segment(segment, remaining))
+            size = self._write_segment(segment, remaining)
+            # Rewritten in place: it keeps its age (position) among the segments.
+            old_points, old_size = self._segments[segment]
+            self._segments[segment] = (len(remaining), size)
+            self._spilled_points += len(remaining) - old_points
+            self._spilled_bytes += size - old_size
         except OSError as error:
             self._forget_segment(segment)
             self._count_dropped(len(remaining), f"spill file not writable: {error}")
@@ -198,7 +213,7 @@ class PointSpool:
         return [line for line in text.splitlines() if line.startswith("{") and line.endswith("}")]
 
     def _forget_segment(self, segment: Path) -> None:
-        self._segments.pop(segment, None)
+        self._track_segment(segment, 0, 0)
         try:
             segment.unlink()
         except FileNotFoundError:
@@ -219,7 +234,7 @@ class PointSpool:
             stale.unlink(missing_ok=True)
         for segment in existing:
             lines = self._read_segment(segment)
-            self._segments[segment] = (len(lines), segment.stat().st_size)
+            self._track_segment(segment, len(lines), segment.stat().st_size)
             if segment.stem.isdigit():
                 self._next_sequence = max(self._next_sequence, int(segment.stem) + 1)
         if existing:

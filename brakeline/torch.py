@@ -48,7 +48,8 @@ class NonFiniteCounter:
         if model is not None:
             self.attach(model, gradients=gradients, losses=losses)
 
-    def attach(self, model: torch.nn.Module, *, gradients: bool = True, losses: bool = True):
+    def attach(self, model: torch.nn.Module, *, gradients: bool = True,
+               losses: bool = True) -> NonFiniteCounter:
         """Install the hooks on ``model`` (call :meth:`detach` to remove them)."""
         if gradients:
             for parameter in model.parameters():

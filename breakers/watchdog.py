@@ -9,14 +9,18 @@ from django.db import transaction
 
 from breakers import liveness
 from breakers.control import expire_overdue_commands
+from breakers.heartbeats import check_heartbeats
 
 log = logging.getLogger(__name__)
 BEAT = "beat"
+EMBEDDED_TICK_EVERY = 5  # watchdog ticks per evaluation tick (beat's 5 s in the server mode)
 
 
 def watchdog_tick(stop_job) -> list[int]:
-    """Record the beat, expire overdue commands, hand hung jobs to ``stop_job(command_id)``."""
+    """Record the beat, brake silent jobs, expire overdue commands, hand hung jobs to
+    ``stop_job(command_id)``."""
     liveness.record(BEAT)
+    check_heartbeats()
     with transaction.atomic():
         to_stop = expire_overdue_commands()
         for command_id in to_stop:
@@ -27,12 +31,16 @@ def watchdog_tick(stop_job) -> list[int]:
 def start_in_process_watchdog(interval: float = 1.0) -> threading.Thread:
     """Embedded mode: no beat process, so a daemon thread ticks instead (make demo shows it)."""
     from breakers.control import stop_hung_job
+    from breakers.tasks import tick_evaluations
 
     def loop() -> None:
-        stopper = threading.Event()
+        stopper, ticks = threading.Event(), 0
         while not stopper.wait(interval):
+            ticks += 1
             try:
                 watchdog_tick(stop_hung_job)
+                if ticks % EMBEDDED_TICK_EVERY == 0:
+                    tick_evaluations()  # eager in the embedded mode: runs right here
             except Exception:  # keep ticking: one bad tick must not end the watchdog
                 log.exception("watchdog tick failed")
 

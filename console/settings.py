@@ -260,8 +260,15 @@ LOGGING = {
 # Time-based detectors (node-failure windows, silences) are judged even when no point arrives;
 # each tick also evaluates any pending points, repairing a lost evaluation task. Merged into
 # whatever schedule is defined above, so other periodic tasks keep theirs.
+# Celery beat: every periodic task, in one place.
 CELERY_BEAT_SCHEDULE = {
-    **globals().get("CELERY_BEAT_SCHEDULE", {}),
+    # The watchdog for jobs (heartbeats, unacknowledged commands) runs every second; its own
+    # last run is what /api/v1/health reports as the beat's age.
+    "watchdog": {
+        "task": "breakers.control_tasks.watchdog",
+        "schedule": 1.0,
+        "options": {"expires": 5},
+    },
     "breakers-tick-evaluations": {
         "task": "breakers.tasks.tick_evaluations",
         "schedule": float(_env_int("BRAKELINE_TICK_SECONDS", 5)),

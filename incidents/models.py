@@ -103,6 +103,9 @@ class Job(models.Model):
     step_time_seconds = models.FloatField(null=True, blank=True)
     # When the next heartbeat is due at the latest; the watchdog's one indexed query reads it.
     heartbeat_deadline = models.DateTimeField(null=True, blank=True, db_index=True)
+    # Set when the watchdog raised the heartbeat alert of this silence (edge trigger: once per
+    # episode); cleared by the next heartbeat, which also resolves that alert.
+    heartbeat_overdue_since = models.DateTimeField(null=True, blank=True)
     heartbeat_timeout_seconds = models.FloatField(
         null=True, blank=True, help_text="Leave empty for the default: 8x the measured step time."
     )

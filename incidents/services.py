@@ -15,6 +15,7 @@ from django.utils import timezone
 from incidents.alerts import (  # noqa: F401
     AlertOutcome,
     AlertSignal,
+    active_alert,
     alert_payload,
     append_timeline,
     raise_or_update_alert,
@@ -38,6 +39,8 @@ from incidents.transitions import compare_and_swap
 HEARTBEAT_STEP_TIME_MULTIPLIER = 8.0
 HEARTBEAT_TIMEOUT_FLOOR_SECONDS = 10.0
 HEARTBEAT_TIMEOUT_DEFAULT_SECONDS = 60.0
+# The alert the heartbeat watchdog raises (breakers.heartbeats) and a heartbeat resolves.
+HEARTBEAT_RULE_KEY = "heartbeat-timeout"
 # Weight of the newest measurement in the step-time moving average.
 STEP_TIME_SMOOTHING = 0.2
 
@@ -178,5 +181,21 @@ def record_heartbeat(
             )
         else:
             mark_job_running(job_id)
+        if job.heartbeat_overdue_since is not None:
+            _end_heartbeat_silence(job, now)
     job.refresh_from_db()
     return job
+
+
+def _end_heartbeat_silence(job: Job, now: datetime) -> None:
+    """Heartbeats are back: clear the edge trigger and resolve the watchdog's alert."""
+    Job.objects.filter(pk=job.pk).update(heartbeat_overdue_since=None)
+    alert = active_alert(job.pk, HEARTBEAT_RULE_KEY, "")
+    if alert is not None:
+        silent = (now - job.heartbeat_overdue_since).total_seconds()
+        resolve_alert(
+            alert.pk,
+            reason=f"heartbeats are back ({silent:.1f} s after the alert)",
+            step=job.last_heartbeat_step,
+            now=now,
+        )

@@ -166,6 +166,8 @@ def celery_worker(django_db_setup):
     for key in client.scan_iter(f"{settings.CHANNEL_PREFIX}:breakers:*"):
         client.delete(key)
     client.close()
+    global _worker_started
+    _worker_started = True
     with start_worker(
         app,
         pool="solo",
@@ -174,3 +176,40 @@ def celery_worker(django_db_setup):
         shutdown_timeout=30,
     ) as worker:
         yield worker
+
+
+_worker_started = False
+
+
+def _worker_is_idle() -> bool:
+    import redis
+    from celery.worker import state as worker_state
+    from django.conf import settings
+
+    if worker_state.active_requests or worker_state.reserved_requests:
+        return False
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    try:
+        return client.llen(settings.CELERY_TASK_DEFAULT_QUEUE) == 0
+    finally:
+        client.close()
+
+
+@pytest.fixture(autouse=True)
+def _drain_the_worker_before_the_flush(request):
+    """Once the session's Celery worker runs, any transactional test may feed it (ingest
+    schedules evaluations); its tasks must finish before the test's tables are flushed, or the
+    flush deadlocks with them and the next test finds this one's rows."""
+    marker = request.node.get_closest_marker("django_db")
+    transactional = marker is not None and (
+        marker.kwargs.get("transaction") or (marker.args and marker.args[0])
+    )
+    if transactional:
+        request.getfixturevalue("transactional_db")  # set up first, so torn down after us
+    yield
+    if transactional and _worker_started:
+        deadline = time.monotonic() + 30
+        while not (_worker_is_idle() and (time.sleep(0.05) or _worker_is_idle())):
+            if time.monotonic() > deadline:
+                raise AssertionError("the Celery worker did not go idle within 30 s")
+            time.sleep(0.02)

@@ -113,7 +113,7 @@ def test_pause_data_blocks_the_wrapped_loader_until_resume(make_run, transport):
     assert fetched[3][1] - fetched[2][1] >= 0.3  # no batch while paused
     acks = acks_by_id(run)
     assert acks[20]["result"] == {"step": 2, "where": "data_loader"}
-    assert acks[21]["status"] == "succeeded" and acks[21]["result"]["paused_seconds"] >= 0.25
+    assert acks[21]["status"] == "succeeded" and acks[21]["result"]["paused_seconds"] > 0.1
     assert "paused" in [body["status"] for body in transport.bodies("heartbeat")]
     assert run.status == "running"
 

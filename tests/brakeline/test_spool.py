@@ -60,12 +60,15 @@ def test_uncommitted_batch_is_sent_again(tmp_path):
 
 def test_partial_commit_of_a_segment_keeps_the_rest(tmp_path):
     spool = PointSpool(tmp_path, batch_points=10, max_memory_points=10)
-    spool.add(_lines(0, 20))  # spills the first ten
+    spool.add(_lines(0, 20))  # spills all twenty, in two segments of ten
     spool.batch_points = 4  # as after a 413
     batch = spool.next_batch()
     assert batch.segment is not None and len(batch.lines) == 4
     spool.commit(batch)
+    assert spool.spilled_points == 16  # both segments, the first one shortened
+    assert spool.spilled_bytes == sum(p.stat().st_size for p in tmp_path.glob("*.jsonl"))
     assert _drain(spool) == list(range(4, 20))
+    assert spool.spilled_points == spool.spilled_bytes == 0
 
 
 def test_a_new_process_replays_what_the_last_one_left(tmp_path):
