@@ -32,8 +32,12 @@ test: install
 lint: install
 	$(BIN)/ruff check .
 
+# Benchmarks print their figures (medians, ratios to a baseline measured in the same run).
 bench: install
-	$(TEST_ENV) $(BIN)/python bench/ingest.py
+	cd bench && $(TEST_ENV) ../$(BIN)/python ingest.py
+	cd bench && $(TEST_ENV) ../$(BIN)/python detectors.py
+	cd bench && $(TEST_ENV) ../$(BIN)/python evaluation.py
+	cd bench && $(TEST_ENV) ../$(BIN)/python brake.py
 
 clean:
 	rm -rf $(VENV) var

@@ -93,3 +93,22 @@ def median(values: list[float]) -> float:
 def percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
+
+
+def start_worker(*extra: str) -> subprocess.Popen:
+    """A real Celery worker subprocess on this run's queue (BRAKELINE_CELERY_QUEUE)."""
+    command = [
+        sys.executable, "-m", "celery", "-A", "console", "--quiet", "worker", "--pool", "solo",
+        "-Q", os.environ["BRAKELINE_CELERY_QUEUE"], "--loglevel", "warning",
+        "--without-gossip", "--without-mingle", "--without-heartbeat", *extra,
+    ]  # fmt: skip
+    return subprocess.Popen(command, cwd=ROOT, env=dict(os.environ))
+
+
+def start_beat(schedule_file: str) -> subprocess.Popen:
+    """Celery beat subprocess (the watchdog every second)."""
+    command = [
+        sys.executable, "-m", "celery", "-A", "console", "--quiet", "beat", "--loglevel",
+        "warning", "--schedule", schedule_file,
+    ]
+    return subprocess.Popen(command, cwd=ROOT, env=dict(os.environ))

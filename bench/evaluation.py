@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 
@@ -28,18 +26,9 @@ import time
 os.environ["BRAKELINE_CELERY_QUEUE"] = "brakeline-bench"
 os.environ["BRAKELINE_CHANNEL_PREFIX"] = "brakeline-bench"
 
-from _stack import ROOT, median, percentile, set_up_django  # noqa: E402
+from _stack import median, percentile, set_up_django, start_worker  # noqa: E402
 
 NAN_RULE = "non-finite-loss-or-gradients"
-
-
-def start_worker() -> subprocess.Popen:
-    command = [
-        sys.executable, "-m", "celery", "-A", "console", "--quiet", "worker", "--pool", "solo",
-        "-Q", os.environ["BRAKELINE_CELERY_QUEUE"], "--loglevel", "warning",
-        "--without-gossip", "--without-mingle", "--without-heartbeat",
-    ]  # fmt: skip
-    return subprocess.Popen(command, cwd=ROOT, env=dict(os.environ))
 
 
 def batch_body(first_step: int, size: int, nan: bool) -> bytes:

@@ -9,6 +9,7 @@ incident timeline complete and in order.
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 
 import pytest
@@ -123,3 +124,41 @@ def test_nan_to_paused_through_the_real_stack(live_console, worker, agent):  # n
         "checkpoint_saved",
         "resources_released",
     ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_a_websocket_the_brake_arrives_in_the_heartbeat_reply(live_console, worker, agent):  # noqa: F811
+    post(f"{live_console}/api/v1/agent/metrics", agent.token,
+         {"points": [{"name": "loss", "step": 1, "value": "NaN"}]})  # fmt: skip
+
+    def brake_in_reply():
+        reply = post(f"{live_console}/api/v1/agent/heartbeat", agent.token,
+                     {"step": 1, "status": "running"})  # fmt: skip
+        return reply["commands"]
+
+    commands = wait_for(brake_in_reply, "a command in a heartbeat reply")
+    assert [c["kind"] for c in commands] == ["checkpoint_and_pause"]
+    post(f"{live_console}/api/v1/agent/commands/{commands[0]['id']}/ack", agent.token,
+         {"status": "succeeded", "result": {"path": "/c.pt", "bytes": 1, "step": 1}})  # fmt: skip
+    assert brake_in_reply() == []
+    assert Job.objects.get(pk=agent.job_id).status == JobStatus.PAUSED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_agent_that_stops_heartbeating_gets_the_alert(live_console, worker, agent):  # noqa: F811
+    from breakers.control_tasks import watchdog
+
+    Job.objects.filter(pk=agent.job_id).update(heartbeat_timeout_seconds=0.3)
+    beat = {"step": 5, "status": "running"}
+    post(f"{live_console}/api/v1/agent/heartbeat", agent.token, beat)
+    time.sleep(0.4)  # the agent is silent past its deadline
+    watchdog.delay()  # what beat sends every second
+    alert = wait_for(
+        lambda: Alert.objects.filter(job_id=agent.job_id, rule_key="heartbeat-timeout").first(),
+        "the heartbeat alert",
+    )
+    assert alert.severity == "L3" and alert.status == "firing"
+    assert Command.objects.get(job_id=agent.job_id, alert=alert).kind == "checkpoint_and_pause"
+    post(f"{live_console}/api/v1/agent/heartbeat", agent.token, beat)  # back to life
+    alert.refresh_from_db()
+    assert alert.status == "resolved"
