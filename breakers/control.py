@@ -32,7 +32,7 @@ from breakers.control_models import (
 from breakers.executors import DEFAULT_GRACE_SECONDS, ExecutorOutcome, executor_for
 from console.realtime import agent_group, job_group, publish_after_commit
 from incidents.errors import Conflict, InvalidInput, NotFound
-from incidents.models import JOB_TRANSITIONS, Job, JobStatus
+from incidents.models import JOB_TRANSITIONS, Job, JobStatus, Node, NodeStatus
 from incidents.transitions import compare_and_swap
 
 TERMINAL_JOB_STATUSES = (JobStatus.TERMINATED, JobStatus.FINISHED)
@@ -161,6 +161,11 @@ def _job_effect_on_success(command: Command) -> None:
             JobStatus.TERMINATED,
         ),
     }
+    if command.kind == CommandKind.ISOLATE_NODE and command.params.get("node"):
+        # The node is out of the job only once the job (or its scheduler) says it is.
+        Node.objects.filter(job_id=command.job_id, hostname=command.params["node"]).update(
+            status=NodeStatus.ISOLATED
+        )
     if command.kind in effects:
         expected, new = effects[command.kind]
         extra = {"heartbeat_deadline": None} if new == JobStatus.TERMINATED else {}

@@ -186,3 +186,24 @@ def test_two_workers_issuing_the_same_key_make_one_command(agent):
         thread.join()
     assert sorted(created) == [False, True]
     assert Command.objects.filter(job_id=agent.job_id).count() == 1
+
+
+def test_an_acknowledged_isolation_marks_the_node_isolated(agent, agent_post):
+    from incidents.models import Node
+
+    agent_post(
+        METRICS,
+        {
+            "points": [
+                {"name": "loss", "step": 1, "value": 1.0, "node": "node-07"},
+                {"name": "loss", "step": 1, "value": 1.0, "node": "node-08"},
+            ]
+        },
+    )
+    command = issue_command(
+        agent.job_id, "isolate_node", reason="XID 79", params={"node": "node-07"}
+    ).command
+    assert Node.objects.get(hostname="node-07").status == "healthy"
+    agent_post(ack_url(command.pk), {"status": "succeeded"})
+    statuses = dict(Node.objects.filter(job_id=agent.job_id).values_list("hostname", "status"))
+    assert statuses == {"node-07": "isolated", "node-08": "healthy"}
