@@ -3,7 +3,7 @@
 Run from the repository root:  python bench/detectors.py [--steps N] [--repeat R]
 
 Each step emits loss, grad_norm, lr and three performance metrics (6 points) through the
-default rule pack; a heartbeat every 10 steps and a tick(now) every 100. The baseline is the
+default rule pack, and a tick(now) every 100 steps. The baseline is the
 same loop building the same points without evaluating them, so the ratio shows what the
 evaluation itself costs. Single process, single thread: the figure is per core.
 """
@@ -55,9 +55,6 @@ def run_loop(rows: list[tuple[float, ...]], sink: Callable[[Point], object],
         sink(Point("gpu.0.util", step, now, util, "node-0"))
         sink(Point("perf.data_wait", step, now, wait))
         count += POINTS_PER_STEP
-        if step % 10 == 0:
-            sink(Point("heartbeat", step, now, 1.0, "node-0"))
-            count += 1
         if step % 100 == 0:
             tick(now + 0.5)
     return count
@@ -111,7 +108,7 @@ def main() -> None:
     print(f"Python {platform.python_version()} on {platform.machine()}, "
           f"{os.cpu_count()} logical CPUs; single thread")
     print(f"default pack: {len(rules)} enabled rules; {args.steps} steps × "
-          f"{POINTS_PER_STEP} points (+1 heartbeat per 10 steps); median of {args.repeat}")
+          f"{POINTS_PER_STEP} points; median of {args.repeat}")
     print(f"  baseline (build points only): {baseline:>12,.0f} points/s")
     print(f"  JobEvaluator.feed:            {engine:>12,.0f} points/s per core")
     print(f"  ratio baseline / evaluator:   {baseline / engine:>12.1f} ×")
