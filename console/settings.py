@@ -195,7 +195,13 @@ else:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": CHANNEL_PREFIX},
+            "CONFIG": {
+                # redis-py 8 times socket reads out after 5 s by default, which aborts the
+                # layer's 5 s blocking BZPOPMIN and kills every idle websocket consumer
+                # (channels_redis#422): give reads a timeout longer than the blocking pop.
+                "hosts": [{"address": REDIS_URL, "socket_timeout": 30, "socket_keepalive": True}],
+                "prefix": CHANNEL_PREFIX,
+            },
         }
     }
     CACHES = {

@@ -67,3 +67,13 @@ def test_an_unknown_or_missing_token_is_refused(live_console, agent, token):
     with pytest.raises(InvalidStatus) as refused:
         connect(ws_url(live_console), additional_headers=headers)
     assert refused.value.response.status_code == 403
+
+
+def test_an_idle_websocket_survives_longer_than_the_redis_read_timeout(live_console, agent):
+    """redis-py 8's 5 s default read timeout used to kill idle consumers with 1011."""
+    import time
+
+    with connect(ws_url(live_console), additional_headers=agent.headers) as socket:
+        time.sleep(7)
+        issued = issue_command(agent.job_id, "lower_lr", reason="after a quiet spell").command
+        assert next_message(socket)["command"]["id"] == issued.pk
