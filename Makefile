@@ -38,6 +38,7 @@ bench: install
 	cd bench && $(TEST_ENV) ../$(BIN)/python detectors.py
 	cd bench && $(TEST_ENV) ../$(BIN)/python evaluation.py
 	cd bench && $(TEST_ENV) ../$(BIN)/python brake.py
+	cd bench && $(TEST_ENV) ../$(BIN)/python page.py
 
 clean:
 	rm -rf $(VENV) var

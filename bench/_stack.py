@@ -97,9 +97,11 @@ def percentile(values: list[float], fraction: float) -> float:
 
 def start_worker(*extra: str) -> subprocess.Popen:
     """A real Celery worker subprocess on this run's queue (BRAKELINE_CELERY_QUEUE)."""
+    queue = os.environ["BRAKELINE_CELERY_QUEUE"]
     command = [
         sys.executable, "-m", "celery", "-A", "console", "--quiet", "worker", "--pool", "solo",
-        "-Q", os.environ["BRAKELINE_CELERY_QUEUE"], "--loglevel", "warning",
+        "-Q", f"{queue}-watchdog,{queue}",
+        "--loglevel", "warning",
         "--without-gossip", "--without-mingle", "--without-heartbeat", *extra,
     ]  # fmt: skip
     return subprocess.Popen(command, cwd=ROOT, env=dict(os.environ))
@@ -108,7 +110,16 @@ def start_worker(*extra: str) -> subprocess.Popen:
 def start_beat(schedule_file: str) -> subprocess.Popen:
     """Celery beat subprocess (the watchdog every second)."""
     command = [
-        sys.executable, "-m", "celery", "-A", "console", "--quiet", "beat", "--loglevel",
-        "warning", "--schedule", schedule_file,
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "console",
+        "--quiet",
+        "beat",
+        "--loglevel",
+        "warning",
+        "--schedule",
+        schedule_file,
     ]
     return subprocess.Popen(command, cwd=ROOT, env=dict(os.environ))

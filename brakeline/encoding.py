@@ -87,11 +87,29 @@ def encode_point(name: str, step: int, value: float, time: str, node: str) -> st
     return json.dumps(point, separators=(",", ":"), allow_nan=False)
 
 
+def _value_json(value: float) -> str:
+    # What json.dumps writes for a finite float (its repr), and the protocol's strings else.
+    if value - value == 0.0:  # finite: inf - inf and nan - nan are nan
+        return repr(value)
+    return '"NaN"' if value != value else ('"Infinity"' if value > 0 else '"-Infinity"')
+
+
+# Names seen per run are few (tens); the caches stop growing past this many anyway.
+MAX_CACHED_NAMES = 10_000
+
+
 class RecordExpander:
-    """Expands LogRecords into encoded points. Owned by the sender thread (not thread-safe)."""
+    """Expands LogRecords into encoded points. Owned by the sender thread (not thread-safe).
+
+    The output is exactly :func:`encode_point`'s, built from cached pieces: this thread shares
+    the host (and, on SMT cores, the very core) with the training thread, so every
+    microsecond it spends per point is one the training loop may feel.
+    """
 
     def __init__(self, node: str) -> None:
         self.node = node
+        self._node_json = json.dumps(node)
+        self._names: dict[str, tuple[str, bool]] = {}  # name -> (JSON text, is a loss name)
         self._warned_names: set[str] = set()
 
     def expand(self, record: LogRecord) -> list[str]:
@@ -105,8 +123,21 @@ class RecordExpander:
             return []
         values = self._convert(record.metrics)
         self._add_nonfinite_counts(record, values)
-        time = format_time(record.time)
-        return [encode_point(name, step, value, time, self.node) for name, value in values.items()]
+        tail = f',"time":"{format_time(record.time)}","node":{self._node_json}}}'
+        head = '{"name":'
+        middle = f',"step":{step},"value":'
+        return [
+            head + self._name(name)[0] + middle + _value_json(value) + tail
+            for name, value in values.items()
+        ]
+
+    def _name(self, name: str) -> tuple[str, bool]:
+        known = self._names.get(name)
+        if known is None:
+            known = (json.dumps(name), is_loss_name(name))
+            if len(self._names) < MAX_CACHED_NAMES:
+                self._names[name] = known
+        return known
 
     def _convert(self, metrics: Mapping[str, Any]) -> dict[str, float]:
         values: dict[str, float] = {}
@@ -128,14 +159,13 @@ class RecordExpander:
             self._warned_names.add(key)
             logger.warning(message, *arguments)
 
-    @staticmethod
-    def _add_nonfinite_counts(record: LogRecord, values: dict[str, float]) -> None:
+    def _add_nonfinite_counts(self, record: LogRecord, values: dict[str, float]) -> None:
         # A forward hook that saw the model's own loss outputs is authoritative: frameworks such
         # as the HF Trainer replace a NaN loss before it is ever logged.
         if record.loss_observed:
             values[NONFINITE_LOSS] = to_float(record.loss_nonfinite)
         else:
-            losses = [value for name, value in values.items() if is_loss_name(name)]
+            losses = [value for name, value in values.items() if self._name(name)[1]]
             if losses and NONFINITE_LOSS not in values:
                 values[NONFINITE_LOSS] = float(sum(not math.isfinite(v) for v in losses))
         if record.grad_nonfinite is not None:

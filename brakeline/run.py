@@ -38,7 +38,7 @@ from brakeline.push import PushListener
 from brakeline.rng import seed_everything
 from brakeline.sender import MetricsSender
 from brakeline.settings import EXIT_TERMINATED, Settings, resolve_settings
-from brakeline.snapshot import take_snapshot
+from brakeline.snapshot import checkpoint_reference, heartbeat_scheduler_fields, take_snapshot
 from brakeline.spool import PointSpool, open_spill_directory
 from brakeline.transport import HttpTransport, Transport, encode_json
 
@@ -60,9 +60,13 @@ def default_exit(code: int) -> None:
 
 def _capture(value: Any) -> Any:
     # Tensors are copied on their device (no sync) and read later by the sender thread, so a
-    # logged tensor changed in place afterwards still reports the value it had here.
+    # logged tensor changed in place afterwards still reports the value it had here. A CPU
+    # scalar is read at once instead: there is no device to wait for, and item() costs a
+    # fraction of a clone (bench/sdk_overhead.py).
     if isinstance(value, (int, float)) or not hasattr(value, "detach"):
         return value
+    if getattr(value, "is_cpu", False) and value.numel() == 1:
+        return value.detach().item()
     return value.detach().clone()
 
 
@@ -93,6 +97,8 @@ class Run:
         self.acknowledgements: list[dict[str, Any]] = []
         self.last_checkpoint: CheckpointResult | None = None
         self.hostname = socket.gethostname()
+        # Read once: the scheduler context of a process does not change while it runs.
+        self.scheduler_fields = heartbeat_scheduler_fields(os.environ)
         # A forked child (os.fork, fork-started workers) inherits this object but not its
         # threads; it must never finish the parent's run (final "finished" heartbeat, spill).
         self._owner_pid = os.getpid()
@@ -139,8 +145,11 @@ class Run:
             backoff=Backoff(settings.backoff_base, settings.backoff_cap),
         )
         if settings.use_websocket and settings.enabled:
+            # The run's backoff cap, not a fixed minute: after a console restart the push
+            # channel is back as soon as metrics and heartbeats are.
             self.push = PushListener(settings.websocket_url, settings.token, self.inbox,
-                                     open_timeout=settings.http_timeout)
+                                     open_timeout=settings.http_timeout,
+                                     backoff=Backoff(settings.backoff_base, settings.backoff_cap))
         self.sender.start()
         self.control.start()
         if self.push is not None:
@@ -167,7 +176,7 @@ class Run:
             return None
         self._progress_at_heartbeat = progress
         return {"step": self.step, "status": self.status, "pid": os.getpid(),
-                "hostname": self.hostname, "rank": self.settings.rank}
+                "hostname": self.hostname, "rank": self.settings.rank, **self.scheduler_fields}
 
     # -- registration ----------------------------------------------------------------------------
     def watch(self, model: Any = None, optimizer: Any = None, scheduler: Any = None,
@@ -362,7 +371,7 @@ class Run:
             self.set_status(previous_status)
         self.last_checkpoint = result
         loader = self.training.loader
-        self.send_snapshot("checkpoint", step, loader.position() if loader else None)
+        self.send_snapshot("checkpoint", step, loader.position() if loader else None, result)
         return result
 
     def terminate(self, command: Command, step: int) -> None:
@@ -412,10 +421,15 @@ class Run:
         return self.control.wait_delivered(f"ack:{command_id}",
                                            self.settings.ack_wait_before_release)
 
-    def send_snapshot(self, kind: str, step: int, data_position: Any = None) -> None:
-        """Queue an environment snapshot ("start" or "checkpoint"); taken in the background."""
+    def send_snapshot(self, kind: str, step: int, data_position: Any = None,
+                      checkpoint: CheckpointResult | str | Path | None = None) -> None:
+        """Queue an environment snapshot, taken in the background: ``"start"``, or
+        ``"checkpoint"`` with the checkpoint it belongs to (a CheckpointResult, or a path that
+        is then hashed in the background thread, never in the training thread)."""
         if self.control is None or not self.settings.send_snapshots:
             return
+        if kind == "checkpoint" and checkpoint is None:
+            raise ValueError("a checkpoint snapshot needs the checkpoint (result or path)")
         self._snapshots_sent += 1
         key = f"snapshot:{kind}:{step}:{self._snapshots_sent}"
         seeds = dict(self.training.seeds)
@@ -429,12 +443,14 @@ class Run:
                 snapshot = take_snapshot(rank=settings.rank, node=settings.node, seeds=seeds,
                                          data_position=data_position,
                                          scratch_dir=settings.checkpoint_dir)
-                body = encode_json(to_jsonable({"kind": kind, "step": step,
-                                                "snapshot": snapshot}))
+                body: dict[str, Any] = {"kind": kind, "step": step, "snapshot": snapshot}
+                if checkpoint is not None:
+                    body["checkpoint"] = checkpoint_reference(checkpoint)
+                encoded = encode_json(to_jsonable(body))
             except Exception:
                 logger.exception("brakeline: environment snapshot failed")
                 return
-            control.enqueue(key, "snapshots", lambda: body)
+            control.enqueue(key, "snapshots", lambda: encoded)
 
         thread = threading.Thread(target=build_and_queue, name="brakeline-snapshot", daemon=True)
         self._snapshot_threads.append(thread)

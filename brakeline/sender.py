@@ -58,6 +58,12 @@ class MetricsSender:
         self._stopping = threading.Event()
         self._flush_wanted = threading.Event()
         self._progress = threading.Condition()
+        # Written by the sender thread only, under _progress, at the end of each loop: whether
+        # it had nothing pending then, and how many loops it has completed. Another thread
+        # cannot judge idleness from the queue and the spool itself: a record taken off the
+        # queue but not yet in the spool is in neither.
+        self._loops = 0
+        self._idle_after_loop = True
         self._next_attempt = 0.0
         self._last_send = time.monotonic()
         self._unreachable_since: float | None = None
@@ -80,16 +86,22 @@ class MetricsSender:
 
     def flush(self, timeout: float) -> bool:
         """Try to deliver everything queued so far; True if nothing is left pending."""
+        if not self._thread.is_alive():
+            return self._is_idle()
         deadline = time.monotonic() + timeout
+        with self._progress:
+            started = self._loops
         self._flush_wanted.set()
         self._wake.set()
         with self._progress:
-            while not self._is_idle():
+            # Idle as seen at the end of a loop that began after this call: everything
+            # submitted before it has been drained, encoded and sent (or refused for good).
+            while not (self._loops > started and self._idle_after_loop):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not self._thread.is_alive():
-                    break
+                    return False
                 self._progress.wait(min(remaining, 0.05))
-        return self._is_idle()
+        return True
 
     def stop(self, timeout: float) -> bool:
         """Deliver what can be delivered within timeout, spill the rest to disk, end the thread."""
@@ -127,6 +139,8 @@ class MetricsSender:
                 logger.exception("brakeline: metrics thread error (continuing)")
                 self._schedule_retry(None)
             with self._progress:
+                self._idle_after_loop = self._is_idle()
+                self._loops += 1
                 self._progress.notify_all()
         try:
             self._drain_queue()

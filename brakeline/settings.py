@@ -128,7 +128,9 @@ def resolve_settings(
             values[name] = value
     settings = dataclasses.replace(defaults, **values)
     settings.url = settings.url.rstrip("/")
-    settings.node = (settings.node or socket.gethostname())[:200]
+    # Under Slurm, the scheduler's name of the node (what the console drains), else the host.
+    node = settings.node or environ.get("SLURMD_NODENAME") or socket.gethostname()
+    settings.node = node[:200]
     settings.spill_dir = settings.spill_dir or str(Path.cwd() / ".brakeline" / "spill")
     settings.checkpoint_dir = settings.checkpoint_dir or str(
         Path.cwd() / "brakeline-checkpoints" / settings.job

@@ -129,6 +129,19 @@ def image_reference(environ: Mapping[str, str]) -> dict[str, Any]:
     return {"reference": None}
 
 
+# Heartbeat field -> Slurm variable: what the console needs to act through the scheduler.
+HEARTBEAT_SCHEDULER_FIELDS = (
+    ("slurm_job_id", "SLURM_JOB_ID"), ("slurm_nodelist", "SLURM_JOB_NODELIST"),
+    ("slurm_step_id", "SLURM_STEP_ID"),
+)
+
+
+def heartbeat_scheduler_fields(environ: Mapping[str, str]) -> dict[str, str]:
+    """The Slurm context a heartbeat carries; empty outside Slurm (the body stays as it was)."""
+    return {field: environ[name] for field, name in HEARTBEAT_SCHEDULER_FIELDS
+            if environ.get(name)}
+
+
 def scheduler_context(environ: Mapping[str, str], rank: int, node: str) -> dict[str, Any]:
     context: dict[str, Any] = {"hostname": socket.gethostname(), "node": node, "rank": rank,
                                "pid": os.getpid()}
@@ -206,3 +219,14 @@ def take_snapshot(
         "resources": resource_limits(scratch_dir),
         "data_position": dict(data_position) if data_position is not None else None,
     }
+
+
+def checkpoint_reference(checkpoint: Any) -> dict[str, Any]:
+    """The ``checkpoint`` object of a checkpoint snapshot: path, sha256, bytes. From a
+    CheckpointResult as it is, from a path by hashing it (run this off the training thread)."""
+    from brakeline.checkpoint import sha256_of, size_of
+
+    if hasattr(checkpoint, "sha256"):
+        return {"path": checkpoint.path, "sha256": checkpoint.sha256, "bytes": checkpoint.bytes}
+    path = Path(checkpoint).resolve()
+    return {"path": str(path), "sha256": sha256_of(path), "bytes": size_of(path)}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -40,6 +41,10 @@ class HeartbeatIn:
     pid: int | None
     hostname: str
     rank: int | None
+    # The Slurm context (SLURM_JOB_ID, SLURM_JOB_NODELIST, SLURM_STEP_ID); "" outside Slurm.
+    slurm_job_id: str = ""
+    slurm_nodelist: str = ""
+    slurm_step_id: str = ""
 
 
 def parse_json_object(raw: bytes) -> dict:
@@ -230,11 +235,38 @@ def parse_metrics(raw: bytes, *, max_points: int) -> list[PointIn]:
     raise AssertionError("the fast path refused a point that the slow path accepts")
 
 
+HEARTBEAT_KEYS = (
+    "step", "status", "pid", "hostname", "rank", "slurm_job_id", "slurm_nodelist", "slurm_step_id",
+)  # fmt: skip
+# Slurm job ids are numbers ("123"); step ids are numbers or names ("0", "batch", "1+0").
+_SLURM_JOB_ID = re.compile(r"[0-9]{1,20}")
+_SLURM_STEP_ID = re.compile(r"[0-9A-Za-z+._-]{1,32}")
+MAX_NODELIST_LENGTH = 1000
+
+
+def _check_slurm(body: dict, errors: dict[str, str]) -> tuple[str, str, str]:
+    """The optional scheduler context, as strings ("" when absent); a number is accepted too."""
+    values = {}
+    for key, pattern, what in (
+        ("slurm_job_id", _SLURM_JOB_ID, 'a Slurm job id such as "123"'),
+        ("slurm_step_id", _SLURM_STEP_ID, 'a Slurm step id such as "0" or "batch"'),
+    ):
+        value = body.get(key)
+        value = str(value) if is_whole_number(value) and value >= 0 else value
+        if value is not None and not (isinstance(value, str) and pattern.fullmatch(value)):
+            errors[key] = f"must be {what}"
+        values[key] = value or ""
+    nodelist = body.get("slurm_nodelist") or ""
+    if not isinstance(nodelist, str) or len(nodelist) > MAX_NODELIST_LENGTH:
+        errors["slurm_nodelist"] = f"must be a string of at most {MAX_NODELIST_LENGTH} characters"
+    return values["slurm_job_id"], nodelist, values["slurm_step_id"]
+
+
 def parse_heartbeat(raw: bytes) -> HeartbeatIn:
     body = parse_json_object(raw)
     errors: dict[str, str] = {}
-    for key in body.keys() - {"step", "status", "pid", "hostname", "rank"}:
-        errors[key] = "is not a field of a heartbeat (step, status, pid, hostname, rank)"
+    for key in body.keys() - set(HEARTBEAT_KEYS):
+        errors[key] = f"is not a field of a heartbeat ({', '.join(HEARTBEAT_KEYS)})"
     step = _check_step(body["step"], errors, "step") if "step" in body else None
     if "step" not in body:
         errors["step"] = "is required"
@@ -254,9 +286,19 @@ def parse_heartbeat(raw: bytes) -> HeartbeatIn:
     rank = body.get("rank")
     if rank is not None and not (is_whole_number(rank) and rank >= 0):
         errors["rank"] = "must be a non-negative whole number"
+    slurm_job_id, slurm_nodelist, slurm_step_id = _check_slurm(body, errors)
     if errors:
         raise InvalidInput("The heartbeat was refused.", fields=errors)
-    return HeartbeatIn(step=step, status=status, pid=pid, hostname=hostname, rank=rank)
+    return HeartbeatIn(
+        step=step,
+        status=status,
+        pid=pid,
+        hostname=hostname,
+        rank=rank,
+        slurm_job_id=slurm_job_id,
+        slurm_nodelist=slurm_nodelist,
+        slurm_step_id=slurm_step_id,
+    )
 
 
 @dataclass(frozen=True, slots=True)

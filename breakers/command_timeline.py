@@ -103,6 +103,10 @@ def record_acknowledged(command: Command) -> None:
     elif command.kind == CommandKind.TERMINATE:
         row(TimelineKind.TERMINATED, "Training terminated")
         _mitigate(incident)
+    elif command.kind in (CommandKind.LOWER_LR, CommandKind.PAUSE_DATA):
+        # An acknowledged soft mitigation mitigates too (issue 9): the job applied it, though
+        # the training goes on; the command_acknowledged row above records it.
+        _mitigate(incident)
 
 
 def record_executor_outcome(command: Command, outcome: ExecutorOutcome) -> None:

@@ -30,6 +30,7 @@ from breakers.control_models import (
     CommandStatus,
 )
 from breakers.executors import DEFAULT_GRACE_SECONDS, ExecutorOutcome, executor_for
+from breakers.scheduler import route_to_scheduler
 from console.realtime import agent_group, job_group, publish_after_commit
 from incidents.errors import Conflict, InvalidInput, NotFound
 from incidents.models import JOB_TRANSITIONS, Job, JobStatus, Node, NodeStatus
@@ -124,6 +125,7 @@ def issue_command(
             return IssuedCommand(Command.objects.get(job_id=job_id, idempotency_key=key), False)
         _job_effect_on_issue(command)
         record_issued(command)
+        route_to_scheduler(command)  # Slurm-bound jobs: drains and L4 cancels go there too
         payload = command_payload(command)
         publish_after_commit(agent_group(job_id), {"type": "agent.command", "command": payload})
         publish_after_commit(job_group(job_id), {"type": "command.issued", "command": payload})

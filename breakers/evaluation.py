@@ -43,6 +43,7 @@ from incidents.alerts import (
     resolve_alert,
 )
 from incidents.models import Job
+from incidents.notifications import notify_alert
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,7 @@ def on_alert_raised(outcome: AlertOutcome) -> None:
     and level), and is pushed to the agent after commit. "none" and "record" ask for nothing.
     """
     brake_for_alert(outcome.alert)
+    notify_alert(outcome.alert.pk)  # pages the on-call after commit (incidents.notifications)
 
 
 def evaluate_job(

@@ -97,5 +97,9 @@ EXECUTORS: dict[str, Executor] = {"local": LocalProcessExecutor()}
 
 
 def executor_for(job: Job) -> Executor:
-    """The job's executor; local-process until scheduler executors are configured per job."""
-    return EXECUTORS["local"]
+    """The executor the job's scheduler binding names (breakers.scheduler); local by default."""
+    # Imported here: the Slurm executor's module builds on this one (and registers itself).
+    from breakers import slurm  # noqa: F401
+    from breakers.scheduler import executor_name
+
+    return EXECUTORS.get(executor_name(job.pk), EXECUTORS["local"])

@@ -18,6 +18,7 @@ from django.utils import timezone
 from breakers.braking import brake_for_alert
 from incidents.alerts import AlertSignal, raise_or_update_alert
 from incidents.models import Job, JobStatus
+from incidents.notifications import notify_alert
 from incidents.services import HEARTBEAT_RULE_KEY, heartbeat_timeout_seconds
 
 WATCHED_STATUSES = (JobStatus.RUNNING, JobStatus.PAUSING)
@@ -79,5 +80,6 @@ def check_heartbeats(now: datetime | None = None) -> list[int]:
             outcome = raise_or_update_alert(job.pk, heartbeat_signal(job, now), now=now)
             if outcome.action_due:
                 brake_for_alert(outcome.alert)
+                notify_alert(outcome.alert.pk)  # after commit
             raised.append(outcome.alert.pk)
     return raised

@@ -145,3 +145,5 @@ class EvaluationState(models.Model):
 # Control-plane models live in their own module (commands to jobs); imported here so Django
 # registers them with this app.
 from breakers.control_models import Command  # noqa: E402, F401
+from breakers.scheduler_models import NodeDrain, SchedulerBinding  # noqa: E402, F401
+from breakers.snapshot_models import EnvironmentSnapshot  # noqa: E402, F401

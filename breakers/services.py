@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 from django.conf import settings
 from django.db import transaction
 
-from breakers.agent_input import parse_ack, parse_heartbeat, parse_metrics
+from breakers.agent_input import PointIn, parse_ack, parse_heartbeat, parse_metrics
 from breakers.control import acknowledge_command, deliverable_commands
 from breakers.control_models import Command
 from breakers.ingest import store_points
+from breakers.scheduler import record_scheduler_context
 from breakers.tasks import schedule_evaluation
+from console.realtime import job_group, publish_after_commit
 from incidents.models import Job, JobStatus
 from incidents.services import record_heartbeat
 
@@ -25,18 +30,43 @@ def ingest_metrics(job: Job, raw_body: bytes) -> int:
         # periodic tick evaluates whatever is pending anyway.
         job_id = job.pk
         transaction.on_commit(lambda: schedule_evaluation(job_id), robust=True)
+        # Live charts: a summary only (the console fetches the new points from the series
+        # API); its websocket consumer coalesces these to at most ~10 per second per job.
+        publish_after_commit(job_group(job_id), metrics_appended(job_id, points), robust=True)
     return stored
+
+
+def metrics_appended(job_id: int, points: Sequence[PointIn]) -> dict:
+    """The "metrics.appended" message of a stored batch: its step span and latest values."""
+    latest: dict[str, dict] = {}
+    for point in points:
+        seen = latest.get(point.name)
+        if seen is None or point.step >= seen["step"]:
+            value = point.value
+            if not math.isfinite(value):  # strict JSON, as the agent protocol spells them
+                value = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+            latest[point.name] = {"step": point.step, "value": value}
+    return {
+        "type": "metrics.appended",
+        "job_id": job_id,
+        "count": len(points),
+        "first_step": min(p.step for p in points),
+        "last_step": max(p.step for p in points),
+        "latest": latest,
+    }
 
 
 def receive_heartbeat(job_id: int, raw_body: bytes) -> Job:
     heartbeat = parse_heartbeat(raw_body)
-    return record_heartbeat(
+    job = record_heartbeat(
         job_id,
         step=heartbeat.step,
         status=heartbeat.status,
         pid=heartbeat.pid,
         hostname=heartbeat.hostname,
     )
+    record_scheduler_context(job_id, heartbeat)
+    return job
 
 
 def pending_commands(job_id: int) -> list[dict]:

@@ -10,4 +10,4 @@ app = Celery("brakeline")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["incidents", "breakers", "console"])
 # Task modules not named tasks.py, which autodiscovery would miss.
-app.conf.imports = ["breakers.control_tasks"]
+app.conf.imports = ["breakers.control_tasks", "breakers.slurm_tasks"]

@@ -32,5 +32,7 @@ def publish_now(group: str, message: dict[str, Any]) -> None:
         async_to_sync(layer.group_send)(group, message)
 
 
-def publish_after_commit(group: str, message: dict[str, Any]) -> None:
-    transaction.on_commit(lambda: publish_now(group, message))
+def publish_after_commit(group: str, message: dict[str, Any], *, robust: bool = False) -> None:
+    """``robust``: a channel-layer failure is logged, not raised into the committed caller
+    (for publishers whose caller must not fail once its data is stored, e.g. ingest)."""
+    transaction.on_commit(lambda: publish_now(group, message), robust=robust)

@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 import dj_database_url
+from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -194,11 +195,14 @@ if EMBEDDED:
 else:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            # Pub/sub, not the list-based core layer: the core layer's receive() cancels and
+            # restarts a blocking BZPOPMIN, and an event arriving in that gap is dropped
+            # (channels_redis#366) — a pushed command lost. Pushes are at-most-once either
+            # way; commands also ride on every heartbeat reply until acknowledged.
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
             "CONFIG": {
-                # redis-py 8 times socket reads out after 5 s by default, which aborts the
-                # layer's 5 s blocking BZPOPMIN and kills every idle websocket consumer
-                # (channels_redis#422): give reads a timeout longer than the blocking pop.
+                # redis-py 8 times socket reads out after 5 s by default (channels_redis#422);
+                # a quiet subscription must not count as a dead connection.
                 "hosts": [{"address": REDIS_URL, "socket_timeout": 30, "socket_keepalive": True}],
                 "prefix": CHANNEL_PREFIX,
             },
@@ -222,6 +226,14 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 300}
 DEFAULT_CELERY_QUEUE = "brakeline"  # what docker-compose.yml's worker consumes
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("BRAKELINE_CELERY_QUEUE", DEFAULT_CELERY_QUEUE)
+# The watchdog (heartbeats, hung jobs) has a queue of its own: a backlog of evaluations must
+# never delay the detection of a silent job. Every worker consumes both (CELERY_WORKER_QUEUES).
+CELERY_WATCHDOG_QUEUE = f"{CELERY_TASK_DEFAULT_QUEUE}-watchdog"
+CELERY_WORKER_QUEUES = [CELERY_WATCHDOG_QUEUE, CELERY_TASK_DEFAULT_QUEUE]
+CELERY_TASK_ROUTES = {
+    "breakers.control_tasks.watchdog": {"queue": CELERY_WATCHDOG_QUEUE},
+    "breakers.control_tasks.stop_job": {"queue": CELERY_WATCHDOG_QUEUE},
+}
 
 # --- REST API ------------------------------------------------------------------------------
 REST_FRAMEWORK = {
@@ -275,9 +287,42 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 1.0,
         "options": {"expires": 5},
     },
+    "expire-escalations": {
+        "task": "console.tasks.expire_escalations",
+        "schedule": 30.0,
+        "options": {"expires": 25},
+    },
     "breakers-tick-evaluations": {
         "task": "breakers.tasks.tick_evaluations",
         "schedule": float(_env_int("BRAKELINE_TICK_SECONDS", 5)),
         "options": {"expires": 10},
     },
+}
+
+# Jobs on Slurm: where scancel/scontrol/squeue live (empty: PATH), and an optional slurm.conf.
+# Also read, with defaults: SLURM_COMMAND_TIMEOUT_SECONDS (30), SLURM_CANCEL_WAIT_SECONDS (40).
+SLURM_BIN_DIR = os.environ.get("BRAKELINE_SLURM_BIN_DIR", "")
+SLURM_CONF = os.environ.get("SLURM_CONF") or None
+
+# Notifications: the job links in messages, the SMS/phone provider (a Twilio-style form POST),
+# e-mail. Nothing is required: without a provider, SMS and phone deliveries fail visibly.
+BRAKELINE_PUBLIC_URL = os.environ.get("BRAKELINE_PUBLIC_URL", "http://127.0.0.1:8000")
+NOTIFY_PROVIDER_BASE_URL = os.environ.get("BRAKELINE_NOTIFY_PROVIDER_URL", "")
+NOTIFY_PROVIDER_ACCOUNT_SID = os.environ.get("BRAKELINE_NOTIFY_PROVIDER_SID", "")
+NOTIFY_PROVIDER_AUTH_TOKEN = os.environ.get("BRAKELINE_NOTIFY_PROVIDER_TOKEN", "")
+NOTIFY_PROVIDER_FROM_NUMBER = os.environ.get("BRAKELINE_NOTIFY_FROM_NUMBER", "")
+NOTIFY_EMAIL_FROM = os.environ.get("BRAKELINE_NOTIFY_EMAIL_FROM", "brakeline@localhost")
+EMAIL_HOST = os.environ.get("BRAKELINE_SMTP_HOST", "localhost")
+EMAIL_PORT = _env_int("BRAKELINE_SMTP_PORT", 25)
+NOTIFY_MAX_ATTEMPTS = 5
+NOTIFY_RETRY_BASE_SECONDS = 2.0
+NOTIFY_HTTP_TIMEOUT_SECONDS = 10
+CELERY_BEAT_SCHEDULE["notification-rounds"] = {
+    "task": "incidents.tasks.fire_due_rounds_task",
+    "schedule": 15.0,
+    "options": {"expires": 14},
+}
+CELERY_BEAT_SCHEDULE["notification-digest"] = {
+    "task": "incidents.tasks.daily_digest_task",
+    "schedule": crontab(hour=8, minute=0),
 }

@@ -1,15 +1,110 @@
-"""Web pages (server-rendered; small plain JavaScript keeps them live)."""
+"""Web pages (server-rendered; small plain JavaScript keeps them live).
+
+Every page is login-only and team-scoped: an object of another team is a 404, like one that
+does not exist. Each page also answers ``?partial=<part>`` with just its live part, which the
+page's script fetches again when the websocket says something changed (one renderer, the
+template, and every button decided by the server: see ``console.board``).
+"""
 
 from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import get_object_or_404, render
 
-from console.api.jobs import JobSerializer, visible_jobs
+from breakers import history
+from console import board
+from console.api.jobs import visible_jobs
+from incidents.access import visible_team_ids
+from incidents.alerts import alert_payload
+from incidents.models import (
+    ACTIVE_ALERT_STATUSES,
+    Alert,
+    AlertStatus,
+    EscalationRequest,
+    EscalationStatus,
+    Incident,
+)
+
+RECENT = 50
+# Charts every training job has, shown (empty) before its first point so they can grow live.
+STANDARD_NAMES = ["loss", "grad_norm", "lr"]
+
+
+def _partial(request: HttpRequest) -> str:
+    return request.GET.get("partial", "")
 
 
 @login_required
 def dashboard(request: HttpRequest) -> HttpResponse:
-    jobs = JobSerializer(visible_jobs(request.user), many=True).data
-    return render(request, "dashboard.html", {"jobs": jobs})
+    rows = board.dashboard_rows(request.user)
+    template = "partials/dashboard_rows.html" if _partial(request) else "dashboard.html"
+    return render(request, template, {"rows": rows})
+
+
+@login_required
+def job_page(request: HttpRequest, pk: int) -> HttpResponse:
+    job = get_object_or_404(visible_jobs(request.user), pk=pk)
+    state = board.job_state(request.user, job)
+    if _partial(request) == "state":
+        return render(request, "partials/job_state.html", state)
+    names = history.metric_names(job.pk)
+    groups = history.metric_groups(sorted(set(names) | set(STANDARD_NAMES)))
+    return render(request, "job.html", {**state, "groups": groups})
+
+
+@login_required
+def alerts_page(request: HttpRequest) -> HttpResponse:
+    teams = visible_team_ids(request.user)
+    roles = board.roles_by_team(request.user)
+    visible = Alert.objects.filter(job__team_id__in=teams).select_related("job")
+    active = visible.filter(status__in=ACTIVE_ALERT_STATUSES).order_by("-severity", "-raised_at")
+    resolved = visible.filter(status=AlertStatus.RESOLVED).order_by("-resolved_at")[:RECENT]
+
+    def rows(alerts):
+        return [
+            {"alert": alert_payload(a), "buttons": board.alert_buttons(roles.get(a.job.team_id), a)}
+            for a in alerts
+        ]
+
+    context = {"active": rows(active), "resolved": rows(resolved), "team_ids": teams}
+    template = "partials/alerts_list.html" if _partial(request) else "alerts.html"
+    return render(request, template, context)
+
+
+@login_required
+def approvals_page(request: HttpRequest) -> HttpResponse:
+    teams = visible_team_ids(request.user)
+    roles = board.roles_by_team(request.user)
+    requests = EscalationRequest.objects.filter(job__team_id__in=teams).select_related(
+        "job", "requested_by", "decided_by", "alert"
+    )
+    pending = requests.filter(status=EscalationStatus.PENDING).order_by("requested_at")
+    decided = requests.exclude(status=EscalationStatus.PENDING).order_by("-requested_at")[:RECENT]
+
+    def rows(items):
+        return [
+            {"request": r,
+             "buttons": board.escalation_buttons(request.user, roles.get(r.job.team_id), r)}
+            for r in items
+        ]  # fmt: skip
+
+    context = {"pending": rows(pending), "decided": rows(decided), "team_ids": teams}
+    template = "partials/approvals_list.html" if _partial(request) else "approvals.html"
+    return render(request, template, context)
+
+
+@login_required
+def incident_page(request: HttpRequest, pk: int) -> HttpResponse:
+    incident = get_object_or_404(
+        Incident.objects.select_related("job", "job__team"),
+        pk=pk,
+        job__team_id__in=visible_team_ids(request.user),
+    )
+    context = {
+        "incident": incident,
+        "timeline": incident.timeline.select_related("actor").order_by("at", "id"),
+        "alerts": [alert_payload(a) for a in incident.alerts.select_related("job")],
+    }
+    template = "partials/incident_live.html" if _partial(request) else "incident.html"
+    return render(request, template, context)

@@ -87,3 +87,10 @@ class AlertAdmin(ReadOnlyAdmin):
 class TimelineEntryAdmin(ReadOnlyAdmin):
     list_display = ["at", "incident", "kind", "actor_kind", "step", "message"]
     list_filter = ["kind", "actor_kind"]
+
+
+# The authorisation chain's pages (audit trail, escalations, shifts, tokens).
+import incidents.authz_admin  # noqa: E402, F401
+
+# The post-incident review's pages (job sizes, reviews).
+from incidents import review_admin  # noqa: E402, F401

@@ -401,3 +401,23 @@ class TimelineEntry(models.Model):
 
     def delete(self, *args, **kwargs):
         raise AppendOnlyError("Timeline entries are append-only: they cannot be deleted.")
+
+
+# The authorisation chain's models (shifts, escalations, audit, personal tokens) live in their
+# own module; imported here so Django registers them with this app.
+from incidents.authz_models import (  # noqa: E402, F401
+    ACTIVE_ESCALATION_STATUSES,
+    ESCALATION_TRANSITIONS,
+    PERSONAL_TOKEN_PREFIX,
+    AuditEntry,
+    EscalationRequest,
+    EscalationStatus,
+    OnCallShift,
+    OnExpiry,
+    PauseConfirmation,
+    PauseDecision,
+    PersonalToken,
+)
+from incidents.review_models import FollowUp, JobSize, Review, ReviewRevision  # noqa: E402, F401
+
+from incidents.notify_models import *  # noqa: E402, F401, F403  # isort: skip  (issue 8)

@@ -172,7 +172,7 @@ def celery_worker(django_db_setup):
         app,
         pool="solo",
         perform_ping_check=False,
-        queues=[settings.CELERY_TASK_DEFAULT_QUEUE],
+        queues=settings.CELERY_WORKER_QUEUES,
         shutdown_timeout=30,
     ) as worker:
         yield worker
@@ -190,7 +190,7 @@ def _worker_is_idle() -> bool:
         return False
     client = redis.Redis.from_url(settings.REDIS_URL)
     try:
-        return client.llen(settings.CELERY_TASK_DEFAULT_QUEUE) == 0
+        return all(client.llen(queue) == 0 for queue in settings.CELERY_WORKER_QUEUES)
     finally:
         client.close()
 

@@ -70,7 +70,8 @@ class BrakelineCallback(TrainerCallback):
         folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
         pending, self._pending_pause = self._pending_pause, None
         if pending is None:
-            self.run.send_snapshot("checkpoint", state.global_step, None)
+            # Hashing the Trainer's folder happens in the snapshot thread, not here.
+            self.run.send_snapshot("checkpoint", state.global_step, None, os.path.abspath(folder))
             return
         result = CheckpointResult(
             path=os.path.abspath(folder), bytes=size_of(folder),
@@ -78,7 +79,7 @@ class BrakelineCallback(TrainerCallback):
             sha256=sha256_of(folder), step=state.global_step,
         )
         self.run.last_checkpoint = result
-        self.run.send_snapshot("checkpoint", state.global_step, None)
+        self.run.send_snapshot("checkpoint", state.global_step, None, result)
         info = PauseInfo(state.global_step, pending.command.id, pending.command.reason, result)
         self.run.ack(pending.command.id, "succeeded", result.as_dict())
         self.run.wait_for_ack(pending.command.id)

@@ -84,7 +84,8 @@ class BrakelineCallback(Callback):
             self.run.finish()
 
     def _save_with_trainer(self, path: Path, step: int) -> None:
-        self._trainer.save_checkpoint(str(path))
+        # A full checkpoint (optimizer, schedulers, loops): what an exact resume needs.
+        self._trainer.save_checkpoint(str(path), weights_only=False)
 
     def _stop_gracefully(self, step: int) -> None:
         self.terminate_requested = True

@@ -58,6 +58,13 @@ class HeartbeatDoc(serializers.Serializer):
     pid = serializers.IntegerField(required=False, help_text="Process id, for the local executor.")
     hostname = serializers.CharField(required=False)
     rank = serializers.IntegerField(required=False, min_value=0)
+    slurm_job_id = serializers.CharField(
+        required=False, help_text="SLURM_JOB_ID: binds the job to the Slurm executor."
+    )
+    slurm_nodelist = serializers.CharField(required=False, help_text="SLURM_JOB_NODELIST.")
+    slurm_step_id = serializers.CharField(
+        required=False, help_text="SLURM_STEP_ID, inside an srun step (USR1 reaches every step)."
+    )
 
 
 class CommandsDoc(serializers.Serializer):

@@ -8,6 +8,7 @@ from rest_framework import serializers
 from rest_framework.generics import ListAPIView, RetrieveAPIView
 
 from breakers.models import MetricPoint
+from console.api.person_auth import PersonView
 from incidents.models import Job
 
 
@@ -60,6 +61,8 @@ def visible_jobs(user) -> QuerySet[Job]:
 
 @extend_schema(tags=["jobs"])
 class JobListView(ListAPIView):
+    # A browser session or a personal token, like every person-facing endpoint.
+    authentication_classes = PersonView.authentication_classes
     serializer_class = JobSerializer
 
     def get_queryset(self) -> QuerySet[Job]:
@@ -68,6 +71,7 @@ class JobListView(ListAPIView):
 
 @extend_schema(tags=["jobs"])
 class JobDetailView(RetrieveAPIView):
+    authentication_classes = PersonView.authentication_classes
     serializer_class = JobSerializer
 
     def get_queryset(self) -> QuerySet[Job]:

@@ -1,5 +1,7 @@
-"""Fixtures for the SDK tests. No console server: a RecordingTransport stands in for the network
-at the SDK's own transport seam (the class integration tests replace with the real console)."""
+"""Fixtures for the SDK tests. The unit tests need no console: a RecordingTransport stands in
+for the network at the SDK's own transport seam. The integration tests (test_integration_live_*)
+use the real console instead: ``training`` starts training subprocesses, ``restartable_console``
+is a Daphne that a test may stop and start again on the same port (helpers in ``live.py``)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,14 @@ import pytest
 
 import brakeline
 from brakeline.transport import Response, TransportError
+from tests.brakeline.live import RestartableConsole, TrainingLauncher
+from tests.conftest import free_port
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "slow: an end-to-end run of tens of seconds (deselect with -m 'not slow')"
+    )
 
 
 class RecordingTransport:
@@ -123,3 +133,21 @@ def make_run(tmp_path, transport, exits) -> Iterator[Callable[..., brakeline.Run
     yield build
     for run in runs:
         run.finish(timeout=1.0)
+
+
+@pytest.fixture
+def training(tmp_path) -> Iterator[TrainingLauncher]:
+    """Start training scripts (tests/brakeline/scripts) as subprocesses; killed at the end."""
+    launcher = TrainingLauncher(tmp_path)
+    yield launcher
+    launcher.stop_all()
+
+
+@pytest.fixture
+def restartable_console(transactional_db) -> Iterator[RestartableConsole]:
+    """Daphne on a free port chosen once, against the test database; the test may stop() and
+    start() it again on the same port."""
+    console = RestartableConsole(free_port())
+    console.start()
+    yield console
+    console.stop()

@@ -160,7 +160,13 @@ def test_checkpoint_and_pause_saves_confirms_releases_then_holds(make_run, trans
     assert acks_by_id(run)[31]["status"] == "succeeded"
     statuses = [body["status"] for body in transport.bodies("heartbeat")]
     assert "checkpointing" in statuses and "paused" in statuses
-    wait_until(lambda: [b for b in transport.bodies("snapshots") if b["kind"] == "checkpoint"])
+    snapshot = wait_until(
+        lambda: [b for b in transport.bodies("snapshots") if b["kind"] == "checkpoint"])[0]
+    # The snapshot names the checkpoint it belongs to, with the hash the ack reported.
+    assert snapshot["checkpoint"] == {"path": ack["result"]["path"],
+                                      "sha256": ack["result"]["sha256"],
+                                      "bytes": ack["result"]["bytes"]}
+    assert snapshot["step"] == 4512
 
 
 def test_a_failed_save_still_pauses_but_never_releases(make_run):

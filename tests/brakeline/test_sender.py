@@ -173,3 +173,22 @@ def test_http_transport_reports_an_unreachable_console_as_transport_error():
         HttpTransport("http://127.0.0.1:1", "token", timeout=2.0).post("heartbeat", b"{}")
     with pytest.raises(TransportError):
         HttpTransport("not a url", "token", timeout=2.0).post("heartbeat", b"{}")
+
+
+def test_flush_waits_for_a_record_the_sender_thread_is_still_encoding(make_run, transport):
+    # Found by the live integration test: a record taken off the queue but not yet in the
+    # spool made the sender look idle, so finish() stopped it and the last step's points went
+    # to the spill folder instead of the console.
+    run = make_run(flush_interval=10.0)
+    expand = run.sender._expander.expand
+
+    def slow_expand(record):
+        time.sleep(0.3)  # the window between popleft() and spool.add(), made wide
+        return expand(record)
+
+    run.sender._expander.expand = slow_expand
+    run.log({"loss": 0.25}, step=150)
+    run.sender._wake.set()
+    time.sleep(0.05)  # the sender thread is inside expand() now
+    assert run.flush(5.0)
+    assert [p["step"] for p in transport.points() if p["name"] == "loss"] == [150]

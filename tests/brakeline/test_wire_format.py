@@ -8,7 +8,14 @@ import random
 import pytest
 
 from brakeline.backoff import Backoff
-from brakeline.encoding import LogRecord, RecordExpander, format_time, json_value, to_jsonable
+from brakeline.encoding import (
+    LogRecord,
+    RecordExpander,
+    encode_point,
+    format_time,
+    json_value,
+    to_jsonable,
+)
 from brakeline.transport import encode_json, parse_retry_after
 
 
@@ -31,6 +38,20 @@ def test_expanded_points_are_strict_json_and_keep_nan():
     assert by_name["lr"]["value"] == "Infinity"
     # A logged loss always carries its non-finite count, even without a torch counter.
     assert by_name["nonfinite.loss"]["value"] == 1.0
+
+
+def test_the_fast_encoder_writes_exactly_what_json_dumps_writes():
+    names = ["loss", 'quote"d', "back\\slash", "ünïcode/λ", "tab\tname", "x" * 200]
+    values = [0.0, -0.0, 1.0, -2.5, 1e-300, 1.7976931348623157e308, 5e-324, 0.1, 123456789.0,
+              float("nan"), float("inf"), float("-inf"), 3]
+    expander = RecordExpander(node='node "7"')
+    for step, value in enumerate(values):
+        record = LogRecord(step=step, time=1767225600.25 + step,
+                           metrics={name: value for name in names})
+        lines = expander.expand(record)
+        time = format_time(record.time)
+        expected = [encode_point(name, step, float(value), time, 'node "7"') for name in names]
+        assert lines[: len(names)] == expected
 
 
 def test_finite_losses_report_zero_and_unknown_values_are_skipped():

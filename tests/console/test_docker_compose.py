@@ -74,4 +74,5 @@ def test_the_worker_consumes_the_queue_tasks_are_sent_to(compose):
     command = compose["services"]["worker"]["command"]
     # The test run overrides the queue name (BRAKELINE_CELERY_QUEUE); production uses the default.
     assert "BRAKELINE_CELERY_QUEUE" not in compose["services"]["worker"]["environment"]
-    assert command[command.index("--queues") + 1] == settings.DEFAULT_CELERY_QUEUE
+    queues = command[command.index("--queues") + 1].split(",")
+    assert queues == [f"{settings.DEFAULT_CELERY_QUEUE}-watchdog", settings.DEFAULT_CELERY_QUEUE]

@@ -54,7 +54,7 @@ def test_both_set_is_the_server_mode(tmp_path):
     assert result.stdout.split() == [
         "False",
         "django.db.backends.postgresql",
-        "channels_redis.core.RedisChannelLayer",
+        "channels_redis.pubsub.RedisPubSubChannelLayer",
         "False",
     ]
 

@@ -1,15 +1,23 @@
 """manage.py demo: the whole loop on one machine, for a newcomer's first minute.
 
-Creates a demo team with one user per role, (re)creates a simulated training job, starts the
-console under Daphne and streams the simulated run into it until Ctrl-C.
+Creates a demo team with one user per role, (re)creates the demo training job, starts the
+console under Daphne, then runs a real tiny PyTorch training with the brakeline SDK
+(``console/demo_training.py``, a subprocess) that diverges on purpose and gets braked, until
+Ctrl-C (or --seconds). torch is not a dependency of the console: without it, or with
+--simulator, the standard-library simulation (``console.simulator``) plays the job instead.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -57,17 +65,55 @@ def wait_for_port(host: str, port: int, timeout: float = 20.0) -> None:
     raise CommandError(f"The console did not start listening on {host}:{port}.")
 
 
+def torch_installed() -> bool:
+    """Without importing it: torch takes seconds and hundreds of MB to import."""
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):  # a broken or blocked installation counts as missing
+        return False
+
+
+def refuse_a_busy_port(host: str, port: int) -> None:
+    """A console already listening there (an earlier demo) would take this demo's traffic."""
+    with socket.socket() as probe:
+        if probe.connect_ex((host, port)) == 0:
+            raise CommandError(f"Something already listens on {host}:{port}; use --port.")
+
+
 class Command(BaseCommand):
-    help = "Start the console with demo users and a simulated training run that gets braked."
+    help = "Start the console with demo users and a training run that diverges and gets braked."
 
     def add_arguments(self, parser):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--steps", type=int, default=None, help="Stop after N steps.")
+        parser.add_argument(
+            "--seconds", type=float, default=None, help="Stop everything after S seconds."
+        )
+        parser.add_argument(
+            "--diverge-at", type=int, default=None, help="Step where the divergence starts."
+        )
+        parser.add_argument(
+            "--simulator",
+            action="store_true",
+            help="Use the simulated run (standard library only) instead of real PyTorch.",
+        )
 
-    def handle(self, *args, host: str, port: int, steps: int | None, **options):
+    def handle(self, *args, host: str, port: int, simulator: bool, **options):
         call_command("migrate", verbosity=0)
         token = set_up_demo_data()
+        if not simulator and not torch_installed():
+            self.stdout.write(
+                self.style.WARNING(
+                    "install torch for the real training run; falling back to the simulator "
+                    "(pip install torch==2.13.0, see TESTING-NOTES)"
+                )
+            )
+            simulator = True
+        refuse_a_busy_port(host, port)
+        # Stopped from outside (kill, a supervisor's SIGTERM): end like Ctrl-C, so the console
+        # and the training run below are stopped too instead of being left running.
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
         server = subprocess.Popen(
             [
                 sys.executable,
@@ -80,21 +126,60 @@ class Command(BaseCommand):
                 "console.asgi:application",
             ]
         )
+        # --seconds ends the demo the way Ctrl-C does, whatever the run is doing (even paused).
+        # A real SIGINT, not _thread.interrupt_main: that one cannot interrupt a blocking wait.
+        timer = threading.Timer(options["seconds"] or 0, os.kill, (os.getpid(), signal.SIGINT))
         try:
             wait_for_port(host, port)
-            self.print_welcome(host, port)
-            checkpoints = settings.DATA_DIR / "checkpoints"
-            checkpoints.mkdir(parents=True, exist_ok=True)
-            SimulatedRun(url=f"http://{host}:{port}", token=token, checkpoint_dir=checkpoints).run(
-                max_steps=steps
-            )
+            self.print_welcome(host, port, simulator)
+            if options["seconds"] is not None:
+                timer.start()
+            url = f"http://{host}:{port}"
+            if simulator:
+                self.simulate(url, token, options)
+            else:
+                self.train(url, token, options)
         except KeyboardInterrupt:
             self.stdout.write("\nStopping the demo.")
         finally:
+            timer.cancel()
             server.terminate()
             server.wait(timeout=10)
 
-    def print_welcome(self, host: str, port: int) -> None:
+    def simulate(self, url: str, token: str, options: dict) -> None:
+        checkpoints = settings.DATA_DIR / "checkpoints"
+        checkpoints.mkdir(parents=True, exist_ok=True)
+        run = SimulatedRun(url=url, token=token, checkpoint_dir=checkpoints)
+        if options["diverge_at"] is not None:
+            run.diverge_at_step = options["diverge_at"]
+            run.nan_at_step = options["diverge_at"] + 200
+        run.run(max_steps=options["steps"])
+
+    def train(self, url: str, token: str, options: dict) -> None:
+        """The real training run, in its own process: it must not share this one's Django."""
+        data = Path(settings.DATA_DIR)
+        command = [
+            sys.executable, "-P", str(Path(__file__).resolve().parents[2] / "demo_training.py"),
+            "--url", url, "--token", token, "--job", DEMO_JOB,
+            "--checkpoint-dir", str(data / "checkpoints" / DEMO_JOB),
+            "--spill-dir", str(data / "spill"), "--diverge-at", str(options["diverge_at"] or 500),
+        ]  # fmt: skip
+        if options["steps"] is not None:
+            command += ["--steps", str(options["steps"])]
+        # -P keeps console/ off sys.path (its celery.py would shadow Celery); the project
+        # root goes on it instead, for brakeline when it is not installed.
+        path = [str(settings.BASE_DIR), os.environ.get("PYTHONPATH", "")]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, path)))
+        env.setdefault("OMP_NUM_THREADS", "1")  # a tiny model; leave the cores to the console
+        training = subprocess.Popen(command, env=env)
+        try:
+            training.wait()
+        finally:
+            if training.poll() is None:
+                training.terminate()  # it finishes its run (final heartbeat) and exits
+                training.wait(timeout=30)
+
+    def print_welcome(self, host: str, port: int, simulator: bool) -> None:
         mode = "embedded (SQLite, in-process worker)" if settings.EMBEDDED else "server"
         self.stdout.write(
             self.style.SUCCESS(f"\nBrakeline is running at http://{host}:{port}/ — {mode}")
@@ -102,7 +187,13 @@ class Command(BaseCommand):
         self.stdout.write(f"Log in as any of these (password {DEMO_PASSWORD!r}):")
         for username, role in DEMO_USERS.items():
             self.stdout.write(f"  {username:<8} {role.label}")
+        what = (
+            "A simulated training run"
+            if simulator
+            else "A real PyTorch training run (CPU, brakeline SDK)"
+        )
+        when = "a minute" if simulator else "half a minute"
         self.stdout.write(
-            f"A simulated training run ({DEMO_TEAM}/{DEMO_JOB}) streams metrics now; "
-            "it diverges on purpose after a minute. Ctrl-C stops everything.\n"
+            f"{what} ({DEMO_TEAM}/{DEMO_JOB}) streams metrics now; it diverges on purpose "
+            f"after about {when} and the console brakes it. Ctrl-C stops everything.\n"
         )

@@ -1,0 +1,13 @@
+"""Celery tasks of the Slurm executor: thin, by id, idempotent (see breakers.slurm_actions)."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from breakers.slurm_actions import act_on_command
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def act_through_slurm(command_id: int) -> None:
+    """A routed command (L4 terminate, isolate_node) of a Slurm-bound job, through Slurm."""
+    act_on_command(command_id)

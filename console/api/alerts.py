@@ -1,0 +1,136 @@
+"""Alerts of my teams, and acknowledging one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from console.api.person_auth import PersonView, audit_context, error_responses
+from incidents.access import scoped_get, visible_team_ids
+from incidents.alert_actions import acknowledge_alert
+from incidents.alerts import alert_payload
+from incidents.errors import InvalidInput
+from incidents.models import Alert, AlertStatus, Severity
+
+MAX_LIMIT = 500
+
+
+class AlertOut(serializers.Serializer):
+    """What SPEC "What an alert must carry" lists (``incidents.alerts.alert_payload``)."""
+
+    id = serializers.IntegerField()
+    incident_id = serializers.IntegerField(allow_null=True)
+    status = serializers.ChoiceField(choices=AlertStatus.choices)
+    severity = serializers.ChoiceField(choices=Severity.choices)
+    layer = serializers.CharField()
+    job = serializers.DictField()
+    node = serializers.CharField(allow_null=True)
+    nodes = serializers.ListField(child=serializers.CharField())
+    rule = serializers.DictField()
+    metric = serializers.CharField()
+    value = serializers.JSONField()
+    threshold = serializers.JSONField()
+    duration_seconds = serializers.FloatField()
+    duration_steps = serializers.IntegerField()
+    first_step = serializers.IntegerField()
+    first_time = serializers.DateTimeField()
+    step = serializers.IntegerField()
+    raised_at = serializers.DateTimeField()
+    description = serializers.CharField()
+    action = serializers.CharField()
+    action_params = serializers.DictField()
+    runbook = serializers.DictField()
+
+
+class AcknowledgeIn(serializers.Serializer):
+    note = serializers.CharField(required=False, allow_blank=True, max_length=2000)
+
+
+def limit_param(request: Request, default: int = 100) -> int:
+    raw = request.query_params.get("limit", str(default))
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIMIT:
+        raise InvalidInput("Bad limit.", fields={"limit": f"a whole number from 1 to {MAX_LIMIT}"})
+    return int(raw)
+
+
+def visible_alerts(user: Any) -> QuerySet[Alert]:
+    """Alerts of the user's teams, newest first."""
+    return (
+        Alert.objects.filter(job__team_id__in=visible_team_ids(user))
+        .select_related("job")
+        .order_by("-raised_at", "-id")
+    )
+
+
+class AlertListView(PersonView):
+    @extend_schema(
+        tags=["alerts"],
+        summary="Alerts of my teams, newest first",
+        parameters=[
+            OpenApiParameter(
+                "status",
+                OpenApiTypes.STR,
+                description="firing, acknowledged, resolved; comma-separated",
+            ),
+            OpenApiParameter("job", OpenApiTypes.INT),
+            OpenApiParameter("limit", OpenApiTypes.INT, description=f"1..{MAX_LIMIT}, 100"),
+        ],
+        responses={200: AlertOut(many=True), **error_responses(400, 401)},
+    )
+    def get(self, request: Request) -> Response:
+        alerts = visible_alerts(request.user)
+        statuses = [s for s in request.query_params.get("status", "").split(",") if s]
+        if set(statuses) - set(AlertStatus.values):
+            raise InvalidInput("Bad status.", fields={"status": ", ".join(AlertStatus.values)})
+        if statuses:
+            alerts = alerts.filter(status__in=statuses)
+        job = request.query_params.get("job")
+        if job is not None:
+            if not job.isdigit():
+                raise InvalidInput("Bad job.", fields={"job": "a job id"})
+            alerts = alerts.filter(job_id=int(job))
+        return Response([alert_payload(a) for a in alerts[: limit_param(request)]])
+
+
+class AlertDetailView(PersonView):
+    @extend_schema(
+        tags=["alerts"],
+        summary="One alert of my teams",
+        responses={200: AlertOut, **error_responses(401, 404)},
+    )
+    def get(self, request: Request, pk: int) -> Response:
+        alert = scoped_get(
+            Alert.objects.select_related("job"),
+            request.user,
+            pk,
+            team_path="job__team_id",
+            noun="alert",
+        )
+        return Response(alert_payload(alert))
+
+
+class AcknowledgeAlertView(PersonView):
+    @extend_schema(
+        tags=["alerts"],
+        summary="Acknowledge a firing alert (on-call and above)",
+        description="Stops the alert's escalation to the next person. 409 when it is already "
+        "acknowledged (by whom) or resolved.",
+        request=AcknowledgeIn,
+        responses={200: AlertOut, **error_responses(400, 401, 403, 404, 409)},
+    )
+    def post(self, request: Request, pk: int) -> Response:
+        body = AcknowledgeIn(data=request.data)
+        body.is_valid(raise_exception=True)
+        alert = acknowledge_alert(
+            request.user,
+            pk,
+            note=body.validated_data.get("note", ""),
+            context=audit_context(request),
+        )
+        return Response(alert_payload(alert))

@@ -1,0 +1,208 @@
+"""Notifications: a team's policy (admins change it), contacts, test messages, deliveries."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from django.conf import settings
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.parsers import FormParser
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from console.api.person_auth import PersonView, audit_context, error_responses
+from incidents.access import scoped_get
+from incidents.channels import provider_signature, receipt_url
+from incidents.models import Alert, Delivery, Team
+from incidents.notifications import (
+    last_delivered,
+    notifications_configured,
+    policy_for,
+    record_receipt,
+)
+from incidents.notify_core import CHANNELS
+from incidents.notify_services import save_policy, send_test_notification, set_contact
+
+
+class RuleDoc(serializers.Serializer):
+    layer = serializers.ChoiceField(choices=["health", "stability", "performance"])
+    min_level = serializers.ChoiceField(choices=["L1", "L2", "L3", "L4"], default="L1")
+    channels = serializers.ListField(child=serializers.CharField())
+
+
+class PolicyIn(serializers.Serializer):
+    rules = RuleDoc(
+        many=True,
+        required=False,
+        help_text="L3 and L4 health and stability alerts must reach ≥ 2 channels, one phone.",
+    )
+    chat_webhook_url = serializers.CharField(required=False, allow_blank=True)
+    chat_format = serializers.ChoiceField(choices=["generic", "slack"], required=False)
+    ack_timeout_seconds = serializers.IntegerField(required=False)
+    escalate_min_level = serializers.ChoiceField(choices=["L1", "L2", "L3", "L4"], required=False)
+
+
+class PolicyOut(PolicyIn):
+    team_id = serializers.IntegerField()
+    configured = serializers.BooleanField(help_text="False: the SPEC defaults, nobody is paged.")
+    last_delivered = serializers.DictField(
+        child=serializers.DateTimeField(allow_null=True),
+        help_text="Per channel, when the team's last delivery got through.",
+    )
+
+
+class ContactIn(serializers.Serializer):
+    phone = serializers.CharField(allow_blank=True, help_text="E.164, e.g. +15551234567")
+
+
+class TestIn(serializers.Serializer):
+    user_id = serializers.IntegerField()
+    channel = serializers.ChoiceField(choices=list(CHANNELS))
+
+
+class DeliveryOut(serializers.Serializer):
+    id = serializers.IntegerField()
+    alert_id = serializers.IntegerField(allow_null=True)
+    channel = serializers.CharField()
+    recipient = serializers.CharField(allow_null=True)
+    purpose = serializers.CharField()
+    status = serializers.CharField()
+    attempts = serializers.IntegerField()
+    first_line = serializers.CharField()
+    provider_response = serializers.CharField()
+    latency_ms = serializers.FloatField(allow_null=True)
+    created_at = serializers.DateTimeField()
+    delivered_at = serializers.DateTimeField(allow_null=True)
+
+
+def policy_out(team_id: int) -> dict[str, Any]:
+    policy = policy_for(team_id)
+    return {
+        "team_id": team_id,
+        "configured": notifications_configured(team_id),
+        "rules": policy.rules,
+        "chat_webhook_url": policy.chat_webhook_url,
+        "chat_format": policy.chat_format,
+        "ack_timeout_seconds": policy.ack_timeout_seconds,
+        "escalate_min_level": policy.escalate_min_level,
+        "last_delivered": last_delivered(team_id),
+    }
+
+
+def delivery_out(delivery: Delivery) -> dict[str, Any]:
+    recipient = delivery.recipient
+    return {
+        "id": delivery.pk,
+        "alert_id": delivery.alert_id,
+        "channel": delivery.channel,
+        "recipient": recipient.get_username() if recipient is not None else None,
+        "purpose": delivery.purpose,
+        "status": delivery.status,
+        "attempts": delivery.attempts,
+        "first_line": delivery.first_line,
+        "provider_response": delivery.provider_response,
+        "latency_ms": delivery.latency_ms,
+        "created_at": delivery.created_at.isoformat(),
+        "delivered_at": delivery.delivered_at.isoformat() if delivery.delivered_at else None,
+    }
+
+
+class PolicyView(PersonView):
+    @extend_schema(
+        tags=["notifications"],
+        summary="The team's notification policy and last delivery per channel (members)",
+        responses={200: PolicyOut, **error_responses(401, 404)},
+    )
+    def get(self, request: Request, pk: int) -> Response:
+        team = scoped_get(Team.objects, request.user, pk, team_path="id", noun="team")
+        return Response(policy_out(team.pk))
+
+    @extend_schema(
+        tags=["notifications"],
+        summary="Change the team's notification policy (admins)",
+        request=PolicyIn,
+        responses={200: PolicyOut, **error_responses(400, 401, 403, 404)},
+    )
+    def put(self, request: Request, pk: int) -> Response:
+        data = request.data if isinstance(request.data, dict) else {}
+        policy = save_policy(request.user, pk, dict(data), context=audit_context(request))
+        return Response(policy_out(policy.team_id))
+
+
+class ContactView(PersonView):
+    @extend_schema(
+        tags=["notifications"],
+        summary="Set a member's phone number for SMS and calls (admins)",
+        request=ContactIn,
+        responses={204: None, **error_responses(400, 401, 403, 404)},
+    )
+    def put(self, request: Request, pk: int, user_id: int) -> Response:
+        body = ContactIn(data=request.data)
+        body.is_valid(raise_exception=True)
+        set_contact(
+            request.user, pk, user_id, body.validated_data["phone"], context=audit_context(request)
+        )
+        return Response(status=204)
+
+
+class TestNotificationView(PersonView):
+    @extend_schema(
+        tags=["notifications"],
+        summary="Send a test message to one member on one channel (admins)",
+        request=TestIn,
+        responses={202: DeliveryOut, **error_responses(400, 401, 403, 404)},
+    )
+    def post(self, request: Request, pk: int) -> Response:
+        body = TestIn(data=request.data)
+        body.is_valid(raise_exception=True)
+        delivery = send_test_notification(
+            request.user,
+            pk,
+            body.validated_data["user_id"],
+            body.validated_data["channel"],
+            context=audit_context(request),
+        )
+        return Response(delivery_out(delivery), status=202)
+
+
+class AlertDeliveriesView(PersonView):
+    @extend_schema(
+        tags=["notifications"],
+        summary="Every delivery of the alert, oldest first (members)",
+        responses={200: DeliveryOut(many=True), **error_responses(401, 404)},
+    )
+    def get(self, request: Request, pk: int) -> Response:
+        alert = scoped_get(Alert.objects, request.user, pk, team_path="job__team_id", noun="alert")
+        deliveries = alert.deliveries.select_related("recipient").order_by("id")
+        return Response([delivery_out(d) for d in deliveries])
+
+
+class ReceiptView(APIView):
+    """The SMS/phone provider's status callback (Twilio-style form, signed with the account's
+    auth token in X-Twilio-Signature): a sent message or call becomes delivered or failed."""
+
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+    parser_classes = [FormParser]
+
+    @extend_schema(
+        tags=["notifications"],
+        summary="Provider delivery receipt (signed by the provider)",
+        request=None,
+        responses={204: None, 403: None},
+    )
+    def post(self, request: Request) -> Response:
+        form = {key: request.POST.get(key, "") for key in request.POST}
+        token = str(getattr(settings, "NOTIFY_PROVIDER_AUTH_TOKEN", ""))
+        expected = provider_signature(receipt_url(), form, token)
+        given = request.headers.get("X-Twilio-Signature", "")
+        if not token or not hmac.compare_digest(expected, given):
+            return Response({"detail": "Bad signature."}, status=403)
+        provider_id = form.get("MessageSid") or form.get("CallSid") or ""
+        state = form.get("MessageStatus") or form.get("CallStatus") or ""
+        record_receipt(provider_id, state)
+        return Response(status=204)

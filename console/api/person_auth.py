@@ -1,0 +1,99 @@
+"""How people reach the console API: a browser session (with CSRF) or a personal token.
+
+``PersonView`` is the base of every person-facing endpoint: session authentication keeps DRF's
+CSRF check on unsafe methods; a personal token (``Authorization: Token <token>``, or ``Bearer``
+with the ``bkp_`` prefix) needs none, because no browser sends it on its own.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.utils import OpenApiResponse
+from rest_framework.authentication import (
+    BaseAuthentication,
+    SessionAuthentication,
+    get_authorization_header,
+)
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.views import APIView
+
+from console.api.agent_schema import ErrorDoc
+from incidents.audit import AuditContext
+from incidents.errors import Unauthenticated
+from incidents.models import PERSONAL_TOKEN_PREFIX
+
+
+class PersonalTokenAuthentication(BaseAuthentication):
+    """``Token <token>``, or ``Bearer bkp_…``; any other header is left to the next class."""
+
+    def authenticate(self, request):
+        header = get_authorization_header(request)
+        if not header:
+            return None
+        scheme, _, raw = header.decode("latin-1").partition(" ")
+        raw = raw.strip()
+        ours = scheme.lower() == "token" or (
+            scheme.lower() == "bearer" and raw.startswith(PERSONAL_TOKEN_PREFIX)
+        )
+        if not ours:
+            return None
+        if not raw:
+            raise Unauthenticated("The Authorization header must be 'Token <token>'.")
+        from incidents.tokens import authenticate_personal_token  # models: after app loading
+
+        return authenticate_personal_token(raw), raw
+
+    def authenticate_header(self, request) -> str:
+        # Makes DRF answer 401 (with this challenge) rather than 403 when nobody is logged in.
+        return 'Token realm="brakeline"'
+
+
+class PersonalTokenScheme(OpenApiAuthenticationExtension):
+    target_class = "console.api.person_auth.PersonalTokenAuthentication"
+    name = "personalToken"
+
+    def get_security_definition(self, auto_schema):
+        return {
+            "type": "apiKey",
+            "in": "header",
+            "name": "Authorization",
+            "description": "`Token <personal token>` (or `Bearer bkp_…`). Create one with "
+            "`POST /api/v1/tokens` or `manage.py create_token --user NAME`.",
+        }
+
+
+class PersonView(APIView):
+    authentication_classes = [PersonalTokenAuthentication, SessionAuthentication]
+    permission_classes = [IsAuthenticated]
+
+
+def audit_context(request: Request) -> AuditContext:
+    """Who asked from where, for the audit row."""
+    via = (
+        "token"
+        if isinstance(request.successful_authenticator, PersonalTokenAuthentication)
+        else "session"
+    )
+    address = request.META.get("REMOTE_ADDR") or None
+    try:
+        address = str(ipaddress.ip_address(address)) if address else None
+    except ValueError:
+        address = None  # e.g. a unix socket path behind a proxy
+    return AuditContext(
+        remote_addr=address, user_agent=request.META.get("HTTP_USER_AGENT", ""), via=via
+    )
+
+
+def error_responses(*codes: int) -> dict[int, OpenApiResponse]:
+    """The SPEC's error body for each of ``codes``, for extend_schema."""
+    texts = {
+        400: "Invalid body; `fields` says which field and why.",
+        401: "Not logged in, or an unknown or revoked token.",
+        403: "Refused by the authority matrix (`detail` says why), or a missing CSRF token.",
+        404: "No such object in your teams (another team's ids look like missing ones).",
+        409: "Somebody changed it first (already decided, already paused, …).",
+    }
+    return {code: OpenApiResponse(ErrorDoc, description=texts[code]) for code in codes}

@@ -1,0 +1,140 @@
+"""Chart data of a job: downsampled metric history and the alert/command markers.
+
+GET /api/v1/jobs/<id>/series?names=loss,grad_norm&from_step=&to_step=&max_points=2000
+GET /api/v1/jobs/<id>/markers
+
+Team-scoped like every job endpoint (another team's job is a 404). The client asks for the
+whole run first, again with the zoomed step range when a person zooms in (finer buckets), and
+with ``from_step`` = its last step + 1 when the websocket says points were appended.
+"""
+
+from __future__ import annotations
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from breakers import history
+from console.api.jobs import visible_jobs
+from console.api.person_auth import PersonView
+from incidents.errors import InvalidInput
+from incidents.models import Job
+
+BAND_METRIC = "loss"
+
+
+def _int_param(request: Request, name: str, *, minimum: int | None = None) -> int | None:
+    raw = request.query_params.get(name, "")
+    if raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidInput(f"Bad {name}.", fields={name: "a whole number"}) from None
+    if minimum is not None and value < minimum:
+        raise InvalidInput(f"Bad {name}.", fields={name: f"at least {minimum}"})
+    return value
+
+
+def _names(request: Request) -> list[str]:
+    names = [n.strip() for n in request.query_params.get("names", "").split(",") if n.strip()]
+    if not names or len(names) > history.MAX_NAMES:
+        raise InvalidInput(
+            "Name the metrics.",
+            fields={"names": f"1 to {history.MAX_NAMES} metric names, comma-separated"},
+        )
+    return list(dict.fromkeys(names))
+
+
+def scoped_job(request: Request, pk: int) -> Job:
+    return get_object_or_404(visible_jobs(request.user), pk=pk)
+
+
+SeriesOut = inline_serializer(
+    "MetricSeries",
+    {
+        "job_id": serializers.IntegerField(),
+        "from_step": serializers.IntegerField(allow_null=True),
+        "to_step": serializers.IntegerField(allow_null=True),
+        "max_points": serializers.IntegerField(),
+        "series": serializers.DictField(
+            help_text="name → {bucket_steps, steps[], times[] (epoch s), values[] (numbers, or "
+            '"NaN"/"Infinity"/"-Infinity"), band: {rule, k, window, lower[], upper[]} | null}'
+        ),
+    },
+)
+
+
+class SeriesView(APIView):
+    # A browser session or a personal token, like every person-facing endpoint.
+    authentication_classes = PersonView.authentication_classes
+
+    @extend_schema(
+        tags=["charts"],
+        summary="Metric history of a job, min/max-downsampled per step bucket",
+        description="Each bucket of whole steps keeps its finite min and max at their steps, "
+        "plus its first NaN/+Inf/-Inf. `band` (loss only): the loss-deviation rule's mean ± kσ "
+        "of the preceding window, aligned with the points (null in warm-up).",
+        parameters=[
+            OpenApiParameter("names", OpenApiTypes.STR, required=True),
+            OpenApiParameter("from_step", OpenApiTypes.INT),
+            OpenApiParameter("to_step", OpenApiTypes.INT),
+            OpenApiParameter("max_points", OpenApiTypes.INT, description="2..10000, 2000"),
+        ],
+        responses={200: SeriesOut},
+    )
+    def get(self, request: Request, pk: int) -> Response:
+        job = scoped_job(request, pk)
+        names = _names(request)
+        from_step = _int_param(request, "from_step")
+        to_step = _int_param(request, "to_step")
+        max_points = _int_param(request, "max_points", minimum=2) or 2000
+        if max_points > history.MAX_POINTS_LIMIT:
+            raise InvalidInput(
+                "Bad max_points.", fields={"max_points": f"at most {history.MAX_POINTS_LIMIT}"}
+            )
+        rule = history.band_rule(job.team_id, BAND_METRIC) if BAND_METRIC in names else None
+        data = {
+            name: history.series(
+                job,
+                name,
+                from_step=from_step,
+                to_step=to_step,
+                max_points=max_points,
+                rule=rule if name == BAND_METRIC else None,
+            )
+            for name in names
+        }
+        return Response(
+            {
+                "job_id": job.pk,
+                "from_step": from_step,
+                "to_step": to_step,
+                "max_points": max_points,
+                "series": data,
+            }
+        )
+
+
+class MarkersView(APIView):
+    authentication_classes = PersonView.authentication_classes
+
+    @extend_schema(
+        tags=["charts"],
+        summary="Where the job's alerts fired and its commands acted (chart markers)",
+        responses={
+            200: inline_serializer(
+                "ChartMarkers",
+                {
+                    "alerts": serializers.ListField(child=serializers.DictField()),
+                    "commands": serializers.ListField(child=serializers.DictField()),
+                },
+            )
+        },
+    )
+    def get(self, request: Request, pk: int) -> Response:
+        return Response(history.markers(scoped_job(request, pk)))

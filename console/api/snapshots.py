@@ -1,0 +1,70 @@
+"""``POST /api/v1/agent/snapshots``: the agent's environment snapshots (SPEC, "Environment
+snapshots"). Validation and storage are ``breakers.snapshots``; this is only the HTTP shape."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from breakers import snapshots
+from console.api.agent import ERRORS, AgentView
+from incidents.errors import PayloadTooLarge
+
+
+class SnapshotCheckpointDoc(serializers.Serializer):
+    path = serializers.CharField(max_length=snapshots.MAX_PATH_LENGTH)
+    sha256 = serializers.RegexField(r"^[0-9a-f]{64}$")
+    bytes = serializers.IntegerField(required=False, min_value=0)
+
+
+class SnapshotUploadDoc(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=["start", "checkpoint"])
+    step = serializers.IntegerField(min_value=0)
+    snapshot = serializers.DictField(
+        help_text="The environment: packages, python, platform, environment (secrets "
+        "redacted as '<redacted>'; a value in clear under a name with TOKEN, SECRET, PASSWORD "
+        "or KEY is refused with 400 unredacted_secret), seeds, git, image, scheduler, "
+        "resources, data_position, taken_at (ISO 8601). At most 1 MiB (413 above)."
+    )
+    checkpoint = SnapshotCheckpointDoc(
+        required=False, help_text="Required with kind=checkpoint, refused with kind=start."
+    )
+
+
+class SnapshotStoredDoc(serializers.Serializer):
+    id = serializers.IntegerField()
+    kind = serializers.CharField()
+    step = serializers.IntegerField()
+    created = serializers.BooleanField(help_text="False: this snapshot had been stored before.")
+
+
+class SnapshotView(AgentView):
+    @extend_schema(
+        operation_id="agent_snapshot",
+        request=SnapshotUploadDoc,
+        responses={
+            201: SnapshotStoredDoc,
+            200: OpenApiResponse(SnapshotStoredDoc, description="Sent before: the same row."),
+            **ERRORS,
+        },
+        tags=["agent"],
+        summary="Store an environment snapshot (at start, at each checkpoint)",
+    )
+    def post(self, request: Request) -> Response:
+        job = request.user.job
+        snapshot, created = snapshots.record_snapshot(job.pk, self.raw_body(request))
+        body = {"id": snapshot.pk, "kind": snapshot.kind, "step": snapshot.step, "created": created}
+        return Response(body, status=201 if created else 200)
+
+    def raw_body(self, request: Request) -> bytes:
+        # The snapshot limit is far below the metrics one: refuse before reading the body.
+        limit = snapshots.MAX_SNAPSHOT_BYTES
+        declared = request.META.get("CONTENT_LENGTH") or "0"
+        if declared.isdigit() and int(declared) > limit:
+            raise PayloadTooLarge(
+                f"A snapshot holds at most {limit} bytes; this one has {declared}.",
+                fields={"snapshot": f"at most {limit} bytes"},
+            )
+        return super().raw_body(request)

@@ -1,0 +1,373 @@
+"""What the console pages show: jobs as rows that need attention, and the buttons each person
+may press. The pages only render this; the server decides everything here.
+
+Buttons come from ``incidents.authority.decide`` with the person's role in the job's team (the
+same answer the REST endpoints give, so a button is never shown for a 403), and from the
+services' own state rules (``breakers.actions.PAUSABLE`` / ``PAUSED`` / ``pause_level``), so a
+button is never shown for a 409 either. The browser gets each button as a URL, a fixed body
+and the fields to ask for; its JavaScript holds no rule.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+from django.utils import timezone
+
+from breakers.actions import PAUSABLE, PAUSED, latest_pause, pause_level
+from breakers.control import TERMINAL_JOB_STATUSES
+from breakers.control_models import Command
+from breakers.models import MetricPoint
+from console.api.jobs import JobSerializer, visible_jobs
+from incidents.access import role_in_team
+from incidents.alerts import alert_payload
+from incidents.authority import Action, decide, decide_on_escalation
+from incidents.models import (
+    ACTIVE_ALERT_STATUSES,
+    Alert,
+    AlertStatus,
+    EscalationRequest,
+    EscalationStatus,
+    Incident,
+    Job,
+    JobStatus,
+    Membership,
+    PauseConfirmation,
+)
+
+SPARK_POINTS = 120
+REASON = {"name": "reason", "label": "Reason (kept in the audit trail)", "required": True}
+NOTE = {"name": "note", "label": "Reason", "required": True}
+ESCALATE_KINDS = [
+    ["checkpoint_and_pause", "Checkpoint and pause"],
+    ["lower_lr", "Lower the learning rate ×0.5"],
+    ["pause_data", "Pause data loading"],
+]
+
+
+@dataclass
+class Button:
+    label: str
+    url: str
+    style: str = "plain"  # primary | danger | plain
+    body: dict[str, Any] = field(default_factory=dict)  # sent as is, with the asked fields
+    ask: list[dict[str, Any]] = field(default_factory=list)  # fields the dialog asks for
+    title: str = ""  # the dialog's heading
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def roles_by_team(user: Any) -> dict[int, str]:
+    return dict(Membership.objects.filter(user=user).values_list("team_id", "role"))
+
+
+def display_status(job: Job, now: datetime | None = None) -> str:
+    """The job's status, or "silent" when a live job is past its heartbeat deadline."""
+    now = now or timezone.now()
+    live = job.status in (JobStatus.RUNNING, JobStatus.PAUSING)
+    if live and job.heartbeat_deadline is not None and job.heartbeat_deadline < now:
+        return "silent"
+    return job.status
+
+
+def job_buttons(role: str | None, job: Job, pause: Command | None = None) -> list[Button]:
+    """Pause / resume / terminate / confirm buttons this person may press on this job now."""
+    base = f"/api/v1/jobs/{job.pk}"
+    buttons = []
+    if job.status in PAUSABLE and decide(role, Action.PAUSE_JOB).allowed:
+        buttons.append(
+            Button(
+                "Pause",
+                f"{base}/pause",
+                "danger",
+                ask=[REASON],
+                title=f"Checkpoint and pause {job.name}",
+            )
+        )
+    awaiting = pause is not None and job.status == JobStatus.PAUSED and not _confirmed(pause)
+    if awaiting and decide(role, Action.CONFIRM_PAUSE, pause_level(pause)).allowed:
+        buttons += _confirm_buttons(base, job)
+    if job.status in PAUSED and decide(role, Action.RESUME_JOB).allowed:
+        buttons.append(
+            Button("Resume", f"{base}/resume", "primary", ask=[REASON], title=f"Resume {job.name}")
+        )
+    if job.status not in TERMINAL_JOB_STATUSES and decide(role, Action.TERMINATE_JOB).allowed:
+        buttons.append(
+            Button(
+                "Terminate",
+                f"{base}/terminate",
+                "danger",
+                ask=[REASON],
+                title=f"Terminate {job.name} (cannot be undone)",
+            )
+        )
+    return buttons
+
+
+def _confirm_buttons(base: str, job: Job) -> list[Button]:
+    url = f"{base}/confirm-pause"
+    optional = {**REASON, "required": False}
+    checkpoint = {
+        "name": "checkpoint",
+        "label": "Checkpoint path to roll back to",
+        "required": True,
+    }
+    return [
+        Button(
+            "Keep paused",
+            url,
+            "primary",
+            {"decision": "keep_paused"},
+            [optional],
+            f"Confirm the pause of {job.name}: keep it paused",
+        ),
+        Button(
+            "Confirm & resume",
+            url,
+            "plain",
+            {"decision": "resume"},
+            [optional],
+            f"Confirm the pause of {job.name}: resume (a false alarm)",
+        ),
+        Button(
+            "Roll back…",
+            url,
+            "plain",
+            {"decision": "roll_back"},
+            [checkpoint, optional],
+            f"Roll {job.name} back to a checkpoint and resume",
+        ),
+    ]
+
+
+def _confirmed(pause: Command) -> bool:
+    return PauseConfirmation.objects.filter(pause_command_id=pause.pk).exists()
+
+
+def alert_buttons(role: str | None, alert: Alert) -> list[Button]:
+    buttons = []
+    if (
+        alert.status == AlertStatus.FIRING
+        and decide(role, Action.ACKNOWLEDGE_ALERT, alert.severity).allowed
+    ):
+        buttons.append(
+            Button(
+                "Acknowledge",
+                f"/api/v1/alerts/{alert.pk}/acknowledge",
+                "primary",
+                ask=[{**NOTE, "label": "Note", "required": False}],
+                title=f"Acknowledge {alert.severity} {alert.rule_name}",
+            )
+        )
+    open_ = alert.status in ACTIVE_ALERT_STATUSES
+    if open_ and decide(role, Action.REQUEST_ESCALATION, alert.severity).allowed:
+        kind = {
+            "name": "command.kind",
+            "label": "Action to request",
+            "required": True,
+            "choices": ESCALATE_KINDS,
+        }
+        buttons.append(
+            Button(
+                "Request escalation",
+                "/api/v1/escalations",
+                "plain",
+                {"job_id": alert.job_id, "alert_id": alert.pk},
+                [kind, REASON],
+                f"Ask a manager to approve an action on {alert.job.name}",
+            )
+        )
+    return buttons
+
+
+def escalation_buttons(user: Any, role: str | None, request: EscalationRequest) -> list[Button]:
+    if request.status != EscalationStatus.PENDING:
+        return []
+    buttons = []
+    for action, label, style in (
+        (Action.APPROVE_ESCALATION, "Approve", "primary"),
+        (Action.REJECT_ESCALATION, "Reject", "danger"),
+    ):
+        decision = decide_on_escalation(
+            role,
+            action,
+            requester_id=request.requested_by_id,
+            decider_id=user.pk,
+            level=request.level or None,
+        )
+        if decision.allowed:
+            verb = "approve" if action == Action.APPROVE_ESCALATION else "reject"
+            buttons.append(
+                Button(
+                    label,
+                    f"/api/v1/escalations/{request.pk}/{verb}",
+                    style,
+                    ask=[NOTE],
+                    title=f"{label} {request.command_kind} on {request.job.name}",
+                )
+            )
+    return buttons
+
+
+def pause_progress(pause: Command | None) -> dict[str, Any] | None:
+    """The latest pause as the job page shows it: issued → acknowledged with the checkpoint."""
+    if pause is None:
+        return None
+    result = pause.result if isinstance(pause.result, dict) else {}
+    return {
+        "id": pause.pk,
+        "status": pause.status,
+        "reason": pause.reason,
+        "severity": pause.severity or None,
+        "issued_by": "system" if pause.issued_by_kind == "system" else str(pause.issued_by),
+        "issued_at": pause.issued_at,
+        "acknowledged_at": pause.acknowledged_at,
+        "path": result.get("path"),
+        "bytes": result.get("bytes"),
+        "seconds": result.get("seconds"),
+        "error": pause.error,
+        "confirmed": _confirmed(pause),
+    }
+
+
+def job_state(user: Any, job: Job) -> dict[str, Any]:
+    """Everything the job page's status panel shows (re-rendered live on every event)."""
+    role = role_in_team(user, job.team_id)
+    pause = latest_pause(job.pk)
+    alerts = list(
+        Alert.objects.filter(job=job, status__in=ACTIVE_ALERT_STATUSES)
+        .select_related("job")
+        .order_by("-severity", "-raised_at")
+    )
+    incident = Incident.objects.filter(job=job).order_by("-opened_at").first()
+    escalations = EscalationRequest.objects.filter(
+        job=job, status=EscalationStatus.PENDING
+    ).select_related("job", "requested_by")
+    return {
+        "job": JobSerializer(job).data,
+        "status": display_status(job),
+        "role": role,
+        "buttons": job_buttons(role, job, pause),
+        "pause": pause_progress(pause),
+        "alerts": [{"alert": alert_payload(a), "buttons": alert_buttons(role, a)} for a in alerts],
+        "incident": incident,
+        "escalations": [
+            {"request": r, "buttons": escalation_buttons(user, role, r)} for r in escalations
+        ],
+    }
+
+
+# --- The dashboard -----------------------------------------------------------------------------
+
+_SPARK_SQL = f"""
+SELECT j.id, p.step, p.value FROM unnest(%s::bigint[]) AS j(id)
+CROSS JOIN LATERAL (
+  SELECT step, value FROM {MetricPoint._meta.db_table}
+  WHERE job_id = j.id AND name = 'loss' ORDER BY step DESC LIMIT {SPARK_POINTS}
+) AS p
+"""
+
+
+def recent_loss(job_ids: list[int]) -> dict[int, list[tuple[int, float]]]:
+    """The last SPARK_POINTS loss points of each job, oldest first (one indexed probe each)."""
+    found: dict[int, list[tuple[int, float]]] = {job_id: [] for job_id in job_ids}
+    if not job_ids:
+        return found
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(_SPARK_SQL, [job_ids])
+            rows = cursor.fetchall()
+    else:
+        rows = [
+            (job_id, step, value)
+            for job_id in job_ids
+            for step, value in MetricPoint.objects.filter(job_id=job_id, name="loss")
+            .order_by("-step")
+            .values_list("step", "value")[:SPARK_POINTS]
+        ]
+    for job_id, step, value in rows:
+        found[job_id].append((step, value))
+    return {job_id: sorted(points) for job_id, points in found.items()}
+
+
+def sparkline(points: list[tuple[int, float]], width: int = 120, height: int = 28) -> dict:
+    """SVG coordinates of a loss sparkline; non-finite points become red marks at the top."""
+    finite = [(s, v) for s, v in points if math.isfinite(v)]
+    if not points:
+        return {"path": "", "marks": [], "width": width, "height": height}
+    first, last = points[0][0], points[-1][0]
+    low = min((v for _, v in finite), default=0.0)
+    high = max((v for _, v in finite), default=1.0)
+    span_x, span_y = max(last - first, 1), (high - low) or 1.0
+
+    def x(step: int) -> float:
+        return round((step - first) / span_x * (width - 2) + 1, 1)
+
+    path = " ".join(
+        f"{x(s)},{round(height - 2 - (v - low) / span_y * (height - 4), 1)}" for s, v in finite
+    )
+    marks = [x(s) for s, v in points if not math.isfinite(v)]
+    return {"path": path, "marks": marks, "width": width, "height": height}
+
+
+def attention(status: str, open_alerts: list[Alert], awaiting_confirmation: bool) -> tuple:
+    """Sort key, most urgent first, with the one-line reason shown in the row."""
+    firing = sorted(
+        (a.severity for a in open_alerts if a.status == AlertStatus.FIRING), reverse=True
+    )
+    top = firing[0] if firing else None
+    if top in ("L4", "L3"):
+        return 0, f"{top} alert firing"
+    if status == JobStatus.PAUSING:
+        return 1, "pausing: waiting for the checkpoint"
+    if awaiting_confirmation:
+        return 1, "paused: confirm keep / resume / roll back"
+    if status == "silent":
+        return 2, "silent: no heartbeat"
+    if top == "L2":
+        return 3, "L2 alert firing"
+    if open_alerts:
+        return 4, f"{len(open_alerts)} open alert(s)"
+    order = {JobStatus.RUNNING: 5, JobStatus.PENDING: 6, JobStatus.PAUSED: 7}
+    return order.get(status, 8), ""
+
+
+def dashboard_rows(user: Any) -> list[dict[str, Any]]:
+    """Every job of the user's teams, what needs them on top."""
+    jobs = list(visible_jobs(user))
+    roles = roles_by_team(user)
+    ids = [job.pk for job in jobs]
+    alerts: dict[int, list[Alert]] = {job_id: [] for job_id in ids}
+    for alert in Alert.objects.filter(job_id__in=ids, status__in=ACTIVE_ALERT_STATUSES):
+        alerts[alert.job_id].append(alert)
+    losses = recent_loss(ids)
+    rows = []
+    for job in jobs:
+        status = display_status(job)
+        pause = latest_pause(job.pk) if job.status in PAUSED else None
+        waiting = job.status == JobStatus.PAUSED and pause is not None and not _confirmed(pause)
+        rank, why = attention(status, alerts[job.pk], waiting)
+        levels = {level: 0 for level in ("L4", "L3", "L2", "L1")}
+        for alert in alerts[job.pk]:
+            levels[alert.severity] += 1
+        pause_buttons = [
+            b for b in job_buttons(roles.get(job.team_id), job, pause) if b.label == "Pause"
+        ]
+        rows.append(
+            {
+                "job": JobSerializer(job).data,
+                "status": status,
+                "rank": rank,
+                "why": why,
+                "levels": levels,
+                "spark": sparkline(losses[job.pk]),
+                "buttons": pause_buttons,
+            }
+        )
+    rows.sort(key=lambda r: (r["rank"], r["job"]["team"], r["job"]["name"]))
+    return rows

@@ -1,0 +1,46 @@
+"""Notification tasks: ids in, idempotent (every step is a compare-and-swap), acks_late.
+
+In the embedded mode tasks are eager, where ``self.retry`` raises instead of retrying and an
+ETA is ignored: transient failures are then retried at once (capped by NOTIFY_MAX_ATTEMPTS),
+and rounds not yet due are left to ``fire_due_rounds`` (the periodic sweep).
+"""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from incidents import notifications, notify_services
+from incidents.models import NotificationPolicy
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def dispatch_alert_task(alert_id: int) -> None:
+    notifications.dispatch_alert(alert_id)
+
+
+@shared_task(bind=True, acks_late=True, ignore_result=True, max_retries=None)
+def fire_round_task(self, round_id: int) -> None:
+    if notifications.fire_round(round_id) is None and not self.request.is_eager:
+        # Handed out early (a broker's visibility timeout can redeliver an ETA task).
+        raise self.retry(countdown=5)
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def fire_due_rounds_task() -> None:
+    notifications.fire_due_rounds()
+
+
+@shared_task(bind=True, acks_late=True, ignore_result=True, max_retries=None)
+def send_delivery_task(self, delivery_id: int) -> None:
+    # Only transient failures come back with a delay; attempts are capped by the service.
+    retry_in = notifications.attempt_delivery(delivery_id)
+    while retry_in is not None and self.request.is_eager:
+        retry_in = notifications.attempt_delivery(delivery_id)
+    if retry_in is not None:
+        raise self.retry(countdown=retry_in)
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def daily_digest_task() -> None:
+    for team_id in NotificationPolicy.objects.values_list("team_id", flat=True):
+        notify_services.send_daily_digest(team_id)

@@ -1,0 +1,195 @@
+"""Helpers of the SDK's integration tests against the real console (Daphne, Celery, PostgreSQL,
+Redis): training subprocesses, a console that can be stopped and restarted on its port, and
+waiting for what the console stored."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import ROOT, server_environment, wait_for_port
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+
+def training_environment(url: str | None, token: str | None) -> dict[str, str]:
+    """A training job's environment: the console (or none: offline), no network for HF."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BRAKELINE_")}
+    # Kept on purpose: the snapshot must redact it, and the console checks that it did.
+    env["BRAKELINE_SECRET_KEY"] = os.environ.get("BRAKELINE_SECRET_KEY", "not-a-real-secret")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+    )
+    if url and token:
+        env.update(BRAKELINE_URL=url, BRAKELINE_TOKEN=token)
+    return env
+
+
+@dataclass
+class Training:
+    """One training subprocess; its losses file holds ``<step> <float.hex(loss)>`` lines."""
+
+    name: str
+    process: subprocess.Popen
+    losses: Path
+    work_dir: Path
+    log: Path
+
+    def steps_done(self) -> int:
+        return len(self.loss_lines())
+
+    def loss_lines(self) -> list[tuple[int, str]]:
+        if not self.losses.exists():
+            return []
+        lines = [line.split() for line in self.losses.read_text().splitlines()]
+        return [(int(step), value) for step, value in lines]
+
+    def losses_by_step(self) -> dict[int, str]:
+        return dict(self.loss_lines())
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            message = f"{self.name} still running after {timeout} s:\n{self.tail()}"
+            raise AssertionError(message) from None
+
+    def tail(self, lines: int = 40) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class TrainingLauncher:
+    """Starts training scripts; whatever is still running at the end of the test is killed."""
+
+    tmp_path: Path
+    started: list[Training] = field(default_factory=list)
+
+    def start(
+        self, script: str, name: str, *args: Any, url: str | None = None, token: str | None = None
+    ) -> Training:
+        work_dir = self.tmp_path / name
+        work_dir.mkdir(parents=True, exist_ok=True)
+        losses, log = work_dir / "losses.txt", work_dir / "output.log"
+        command = [
+            sys.executable,
+            str(SCRIPTS / script),
+            "--job",
+            name,
+            "--losses",
+            str(losses),
+            "--work-dir",
+            str(work_dir),
+            *map(str, args),
+        ]
+        with open(log, "wb") as output:
+            process = subprocess.Popen(
+                command,
+                cwd=work_dir,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                env=training_environment(url, token),
+            )
+        training = Training(name, process, losses, work_dir, log)
+        self.started.append(training)
+        return training
+
+    def stop_all(self) -> None:
+        for training in self.started:
+            if training.process.poll() is None:
+                training.process.kill()
+                training.process.wait()
+
+
+class RestartableConsole:
+    """Daphne on a port fixed for the whole test, so it can be stopped and started again there
+    (the session's ``live_console`` cannot be: other tests use it)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        command = [
+            sys.executable,
+            "-m",
+            "daphne",
+            "-b",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "--access-log",
+            os.devnull,
+            "console.asgi:application",
+        ]
+        self.process = subprocess.Popen(command, cwd=ROOT, env=server_environment())
+        wait_for_port(self.port, self.process)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+
+def wait_for(
+    predicate: Callable[[], Any], what: str, timeout: float = 30.0, training: Training | None = None
+) -> Any:
+    """Poll until predicate() is truthy; a training process that died fails at once."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = predicate()
+        if result:
+            return result
+        if training is not None and training.process.poll() is not None:
+            raise AssertionError(
+                f"{training.name} exited with {training.process.returncode} while waiting for "
+                f"{what}:\n{training.tail()}"
+            )
+        time.sleep(0.05)
+    raise AssertionError(
+        f"still waiting after {timeout:.0f} s for {what}"
+        + (f"\n{training.tail()}" if training else "")
+    )
+
+
+def sha256_of_path(path: str | Path) -> str:
+    """SHA-256 of a file, or of a folder as the SDK defines it (sorted relative names and
+    contents), computed here independently of the SDK."""
+    path = Path(path)
+    digest = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for file in files:
+        if path.is_dir():
+            digest.update(str(file.relative_to(path)).encode() + b"\0")
+        digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+def points_per_step(job_id: int, name: str) -> Counter[int]:
+    from breakers.models import MetricPoint
+
+    steps = MetricPoint.objects.filter(job_id=job_id, name=name).values_list("step", flat=True)
+    return Counter(steps)

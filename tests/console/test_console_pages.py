@@ -1,0 +1,156 @@
+"""The console pages: login, team scoping (404), what needs me on top, buttons by role."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+
+from breakers.agent_input import PointIn
+from breakers.control import acknowledge_command, issue_command
+from breakers.ingest import store_points
+from incidents.alerts import AlertSignal, raise_or_update_alert
+from incidents.models import Job, JobStatus, Membership, Role, Team
+
+pytestmark = pytest.mark.django_db
+
+PAGES = ["/", "/alerts/", "/approvals/"]
+
+
+@pytest.fixture
+def member(db):
+    def make(username: str, team: str, role: str = Role.VIEWER):
+        user = get_user_model().objects.create_user(username, password="pw-for-tests")
+        Membership.objects.create(
+            user=user, team=Team.objects.get_or_create(name=team)[0], role=role
+        )
+        return user
+
+    return make
+
+
+def signal(severity: str = "L3", step: int = 10, rule: str = "non-finite") -> AlertSignal:
+    now = timezone.now()
+    return AlertSignal(
+        rule_key=rule, rule_name=f"rule {rule}", layer="stability", severity=severity,
+        metric="loss", node="", value=float("nan"), threshold=None, description="loss is NaN",
+        step=step, time=now, first_step=step, first_time=now, action="checkpoint_and_pause",
+    )  # fmt: skip
+
+
+def buttons(html: bytes) -> list[str]:
+    return re.findall(
+        r'<button type="button" class="act [^"]*"[^>]*>([^<]+)</button>', html.decode()
+    )
+
+
+@pytest.mark.parametrize("path", [*PAGES, "/jobs/1/", "/incidents/1/"])
+def test_every_page_needs_a_login(client, path):
+    response = client.get(path)
+    assert response.status_code == 302 and response.url.startswith("/login/")
+
+
+def test_pages_of_another_teams_job_and_incident_are_404(client, member, make_agent):
+    other = make_agent(team="secret", name="hidden-run")
+    incident_id = raise_or_update_alert(other.job_id, signal()).alert.incident_id
+    client.force_login(member("ana", "vision"))
+    assert client.get(f"/jobs/{other.job_id}/").status_code == 404
+    assert client.get(f"/jobs/{other.job_id}/?partial=state").status_code == 404
+    assert client.get(f"/incidents/{incident_id}/").status_code == 404
+    for path in PAGES:
+        page = client.get(path)
+        assert page.status_code == 200 and b"hidden-run" not in page.content
+
+
+def test_what_needs_me_is_on_top(client, member, make_agent):
+    quiet = make_agent(team="vision", name="a-quiet")
+    burning = make_agent(team="vision", name="z-burning")
+    silent = make_agent(team="vision", name="m-silent")
+    Job.objects.filter(pk__in=[quiet.job_id, silent.job_id]).update(status=JobStatus.RUNNING)
+    Job.objects.filter(pk=silent.job_id).update(
+        heartbeat_deadline=timezone.now() - timedelta(seconds=30)
+    )
+    raise_or_update_alert(burning.job_id, signal("L3"))
+    client.force_login(member("ana", "vision"))
+    html = client.get("/").content.decode()
+    order = re.findall(r'class="jobname" href="/jobs/\d+/">([^<]+)<', html)
+    assert order == ["z-burning", "m-silent", "a-quiet"]
+    assert "L3 alert firing" in html and "status-silent" in html
+    assert '<span class="chip level-L3">1 L3</span>' in html
+
+
+def test_the_job_page_shows_buttons_by_role(client, member, make_agent):
+    job = make_agent(team="vision", name="vit")
+    store_points(job.job_id, [PointIn("loss", 1, 2.0, None, None)])  # now running
+    expected = {
+        Role.VIEWER: [],
+        Role.ONCALL: ["Pause"],
+        Role.MANAGER: ["Pause", "Terminate"],
+    }
+    for role, labels in expected.items():
+        client.force_login(member(f"user-{role}", "vision", role))
+        page = client.get(f"/jobs/{job.job_id}/")
+        assert page.status_code == 200
+        assert buttons(page.content) == labels, role
+
+
+def test_pausing_then_paused_with_the_checkpoint_and_confirm_buttons(client, member, make_agent):
+    job = make_agent(team="vision", name="vit")
+    store_points(job.job_id, [PointIn("loss", 1, 2.0, None, None)])
+    alert = raise_or_update_alert(job.job_id, signal("L3")).alert
+    command = issue_command(
+        job.job_id, "checkpoint_and_pause", reason="loss is NaN", severity="L3", alert_id=alert.pk
+    ).command
+    client.force_login(member("olga", "vision", Role.ONCALL))
+    state = client.get(f"/jobs/{job.job_id}/?partial=state").content.decode()
+    assert 'data-status="pausing"' in state and "Pausing…" in state
+    assert buttons(state.encode()) == ["Acknowledge"]  # nothing to pause; the alert fires
+    acknowledge_command(
+        job.job_id, command.pk, status="succeeded",
+        result={"path": "/ckpt/step-10.pt", "bytes": 2_500_000, "seconds": 1.5, "step": 10},
+    )  # fmt: skip
+    state = client.get(f"/jobs/{job.job_id}/?partial=state").content.decode()
+    assert 'data-status="paused"' in state and "/ckpt/step-10.pt" in state
+    assert "2.4\xa0MB" in state and "1.5 s" in state and "awaiting confirmation" in state
+    # On-call confirms the automatic L3 pause (resume is a manager's, terminate too).
+    assert buttons(state.encode()) == [
+        "Keep paused", "Confirm &amp; resume", "Roll back…", "Acknowledge",
+    ]  # fmt: skip
+
+
+def test_alerts_feed_lists_open_alerts_with_acknowledge_for_oncall(client, member, make_agent):
+    job = make_agent(team="vision", name="vit")
+    raise_or_update_alert(job.job_id, signal("L2", rule="loss-sustained"))
+    client.force_login(member("olga", "vision", Role.ONCALL))
+    page = client.get("/alerts/")
+    assert b"rule loss-sustained" in page.content
+    assert buttons(page.content) == ["Acknowledge", "Request escalation"]
+    client.force_login(member("vera", "vision", Role.VIEWER))
+    assert buttons(client.get("/alerts/?partial=list").content) == []
+
+
+def test_incident_page_shows_the_timeline(client, member, make_agent):
+    job = make_agent(team="vision", name="vit")
+    incident_id = raise_or_update_alert(job.job_id, signal("L3")).alert.incident_id
+    client.force_login(member("ana", "vision"))
+    page = client.get(f"/incidents/{incident_id}/").content.decode()
+    assert "First anomalous point" in page and "Alert raised" in page
+    assert 'data-live-topics="[[&quot;job&quot;,' in page
+
+
+def test_every_page_has_the_live_indicator_and_the_health_banner(client, member, make_agent):
+    job = make_agent(team="vision", name="vit")
+    client.force_login(member("ana", "vision"))
+    for path in [*PAGES, f"/jobs/{job.job_id}/"]:
+        html = client.get(path).content.decode()
+        assert 'id="live-indicator"' in html and 'id="health-banner"' in html, path
+        assert "/static/console/live.js" in html
+
+
+def test_static_files_are_served_with_uplot(client):
+    for path in ["/static/vendor/uplot/uPlot.iife.min.js", "/static/console/job.js"]:
+        response = client.get(path)
+        assert response.status_code == 200, path

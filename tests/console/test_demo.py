@@ -1,0 +1,115 @@
+"""`manage.py demo` as a newcomer runs it (embedded: SQLite, in-process worker, subprocesses).
+
+The demo's job is a real PyTorch run with the SDK (console/demo_training.py) that diverges on
+purpose: the console must brake it with a checkpoint the run really wrote. Without torch the
+demo says so and plays the simulated run instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, free_port
+
+pytestmark = pytest.mark.embedded
+
+
+class Demo:
+    """``manage.py demo`` in a subprocess, its output in a file (a pipe nobody reads while the
+    test polls the database would fill up and block the demo)."""
+
+    def __init__(self, tmp_path: Path, *args: str, pythonpath: str = "") -> None:
+        env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL"}}
+        env.pop("BRAKELINE_SECRET_KEY", None)
+        env["BRAKELINE_DATA_DIR"] = str(tmp_path)
+        if pythonpath:
+            env["PYTHONPATH"] = os.pathsep.join([pythonpath, str(ROOT)])
+        self.port = free_port()
+        self.log = tmp_path / "demo.log"
+        command = [sys.executable, "manage.py", "demo", "--port", str(self.port), *args]
+        with open(self.log, "w") as output:
+            self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=output,
+                                            stderr=subprocess.STDOUT)  # fmt: skip
+
+    def stop(self) -> str:
+        """Ctrl-C, as a person would; returns what the demo printed."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+        self.process.wait(timeout=60)
+        return self.log.read_text()
+
+    def leftovers(self) -> str:
+        """Processes it started that are still running (its Daphne, its training run)."""
+        pattern = f"daphne -b [^ ]+ -p {self.port} |{self.log.parent}"
+        found = subprocess.run(["pgrep", "-af", "--", pattern], capture_output=True, text=True)
+        assert found.returncode in (0, 1), found.stderr  # 1: nothing found
+        return found.stdout
+
+
+def query(tmp_path: Path, sql: str) -> list[tuple]:
+    database = tmp_path / "brakeline.sqlite3"
+    if not database.exists():
+        return []
+    with sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=5) as connection:
+        try:
+            return connection.execute(sql).fetchall()
+        except sqlite3.OperationalError:  # not migrated yet, or busy
+            return []
+
+
+def test_the_demo_trains_for_real_diverges_and_is_braked(tmp_path):
+    pytest.importorskip("torch")
+    demo = Demo(tmp_path, "--diverge-at", "40", "--seconds", "90")
+    try:
+        deadline = time.monotonic() + 90
+        braked: list[tuple] = []
+        while not braked and time.monotonic() < deadline and demo.process.poll() is None:
+            time.sleep(0.5)
+            braked = query(
+                tmp_path,
+                "SELECT result, reason, severity FROM breakers_command "
+                "WHERE kind = 'checkpoint_and_pause' AND status = 'succeeded'",
+            )
+    finally:
+        output = demo.stop()
+    assert braked, output
+    assert "A real PyTorch training run" in output
+    result, reason, severity = braked[0]
+    result = json.loads(result)
+    assert severity == "L3" and "NaN/Inf" in reason
+    assert hashlib.sha256(Path(result["path"]).read_bytes()).hexdigest() == result["sha256"]
+    assert query(tmp_path, "SELECT status FROM incidents_job") == [("paused",)]
+    assert result["step"] > 40  # it trained healthily first, then diverged
+    assert demo.leftovers() == ""
+
+
+def test_without_torch_the_demo_says_so_and_simulates(tmp_path):
+    blocker = tmp_path / "no-torch"
+    blocker.mkdir()
+    # A child interpreter in which torch cannot be found, as if it were not installed.
+    (blocker / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class NoTorch:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch' or name.startswith('torch.'):\n"
+        "            raise ModuleNotFoundError(name)\n"
+        "sys.meta_path.insert(0, NoTorch())\n"
+    )
+    demo = Demo(tmp_path, "--seconds", "4", pythonpath=str(blocker))
+    demo.process.wait(timeout=60)  # --seconds ends it by itself
+    output = demo.stop()
+    assert "install torch for the real training run; falling back to the simulator" in output
+    assert "A simulated training run" in output
+    points = query(tmp_path, "SELECT COUNT(*) FROM breakers_metricpoint")
+    assert points and points[0][0] > 0
+    assert demo.leftovers() == ""

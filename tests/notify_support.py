@@ -1,0 +1,105 @@
+"""Real local servers for the notification tests: an HTTP receiver and an SMTP server.
+
+Both listen on 127.0.0.1 (free ports), run in threads of the test process and are stopped by
+their fixtures; nothing of our own infrastructure is mocked.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    at: float = field(default_factory=time.monotonic)
+
+    @property
+    def form(self) -> dict[str, str]:
+        return dict(urllib.parse.parse_qsl(self.body.decode()))
+
+
+@dataclass
+class Receiver:
+    """Answers POSTs; ``plans[path]`` lists the statuses to answer in turn (then 2xx)."""
+
+    url: str = ""
+    requests: list[Received] = field(default_factory=list)
+    plans: dict[str, list[int]] = field(default_factory=dict)
+    on_request: Callable[[Received], None] | None = None
+
+    def to(self, path_end: str) -> list[Received]:
+        return [r for r in self.requests if r.path.endswith(path_end)]
+
+
+def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            length = int(self.headers.get("Content-Length") or 0)
+            received = Received(self.path, dict(self.headers), self.rfile.read(length))
+            receiver.requests.append(received)
+            if receiver.on_request is not None:
+                receiver.on_request(received)
+            plan = receiver.plans.get(self.path.rsplit("/", 1)[-1], [])
+            status = plan.pop(0) if plan else (201 if self.path.endswith(".json") else 200)
+            body = b'{"sid": "SM123", "status": "queued"}' if status < 300 else b"try later"
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    return Handler
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    state = Receiver()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+    state.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+@dataclass
+class Mailbox:
+    host: str
+    port: int
+    messages: list[tuple[list[str], bytes]] = field(default_factory=list)
+
+    async def handle_DATA(self, server, session, envelope):  # noqa: N802 (aiosmtpd's naming)
+        self.messages.append((list(envelope.rcpt_tos), envelope.original_content))
+        return "250 OK"
+
+
+@pytest.fixture
+def smtp_server() -> Iterator[Mailbox]:
+    from aiosmtpd.controller import Controller
+
+    from tests.conftest import free_port
+
+    mailbox = Mailbox("127.0.0.1", free_port())
+    controller = Controller(mailbox, hostname=mailbox.host, port=mailbox.port)
+    controller.start()
+    try:
+        yield mailbox
+    finally:
+        controller.stop()
