@@ -39,6 +39,7 @@ bench: install
 	cd bench && $(TEST_ENV) ../$(BIN)/python evaluation.py
 	cd bench && $(TEST_ENV) ../$(BIN)/python brake.py
 	cd bench && $(TEST_ENV) ../$(BIN)/python page.py
+	cd bench && $(TEST_ENV) ../$(BIN)/python sdk_overhead.py
 
 clean:
 	rm -rf $(VENV) var

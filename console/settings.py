@@ -264,6 +264,7 @@ SPECTACULAR_SETTINGS = {
 # --- Agent protocol limits (documented in the README and the OpenAPI schema) --------------
 AGENT_MAX_BATCH_POINTS = _env_int("BRAKELINE_MAX_BATCH_POINTS", 10_000)
 AGENT_MAX_BATCH_BYTES = _env_int("BRAKELINE_MAX_BATCH_BYTES", 4 * 1024 * 1024)
+AGENT_MAX_SNAPSHOT_BYTES = _env_int("BRAKELINE_MAX_SNAPSHOT_BYTES", 1024 * 1024)
 # Django refuses larger bodies itself; we check first so the answer is our 413, not a 400.
 DATA_UPLOAD_MAX_MEMORY_SIZE = AGENT_MAX_BATCH_BYTES + 1024
 

@@ -316,10 +316,18 @@ def _claim(delivery: Delivery) -> bool:
     return rows.update(attempts=F("attempts") + 1) == 1
 
 
-def attempt_delivery(delivery_id: int, *, now: datetime | None = None) -> float | None:
-    """Send the delivery once; seconds to wait before a retry, or None when it is finished."""
+def attempt_delivery(
+    delivery_id: int, *, now: datetime | None = None, expected_attempts: int | None = None
+) -> float | None:
+    """Send the delivery once; seconds to wait before a retry, or None when it is finished.
+
+    With ``expected_attempts`` (the tasks always pass it) only that attempt is sent: while one
+    worker is mid-send, the row still reads "queued", and without it a second worker would
+    claim the next attempt and page the person twice."""
     delivery = Delivery.objects.select_related("recipient").get(pk=delivery_id)
     if delivery.status != DeliveryStatus.QUEUED:
+        return None
+    if expected_attempts is not None and delivery.attempts != expected_attempts:
         return None
     if not _claim(delivery):
         alert = Alert.objects.filter(pk=delivery.alert_id).first()

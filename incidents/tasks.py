@@ -31,13 +31,15 @@ def fire_due_rounds_task() -> None:
 
 
 @shared_task(bind=True, acks_late=True, ignore_result=True, max_retries=None)
-def send_delivery_task(self, delivery_id: int) -> None:
-    # Only transient failures come back with a delay; attempts are capped by the service.
-    retry_in = notifications.attempt_delivery(delivery_id)
+def send_delivery_task(self, delivery_id: int, attempt: int = 0) -> None:
+    # Each task owns one attempt number: a duplicate message, or a second worker, finds the
+    # attempt already taken and sends nothing. Only transient failures come back with a delay.
+    retry_in = notifications.attempt_delivery(delivery_id, expected_attempts=attempt)
     while retry_in is not None and self.request.is_eager:
-        retry_in = notifications.attempt_delivery(delivery_id)
+        attempt += 1
+        retry_in = notifications.attempt_delivery(delivery_id, expected_attempts=attempt)
     if retry_in is not None:
-        raise self.retry(countdown=retry_in)
+        raise self.retry(args=(delivery_id, attempt + 1), countdown=retry_in)
 
 
 @shared_task(acks_late=True, ignore_result=True)

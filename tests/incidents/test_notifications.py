@@ -232,8 +232,32 @@ def test_health_alerts_go_to_sms_and_phone_and_email_through_smtp(
     assert "Next step: " in mail.get_content() and "Node: node-03" in mail.get_content()
 
 
+@pytest.fixture
+def fan_out_by_hand():
+    """This test plays the workers' part itself, to place the acknowledgement exactly; the
+    deliveries' tasks go to a queue no worker reads, so the session's Celery worker (running
+    once an earlier test started it) cannot race the test's own sends."""
+    import redis
+    from django.conf import settings as django_settings
+
+    from console.celery import app
+
+    parked = f"{django_settings.CELERY_TASK_DEFAULT_QUEUE}-parked"
+    previous = app.conf.task_routes
+
+    def route(routes) -> None:
+        app.conf.task_routes = routes
+        app.amqp.flush_routes()  # Celery caches its router: rebuild it on the new table
+        app.amqp.__dict__.pop("router", None)
+
+    route({**(previous or {}), "incidents.tasks.*": {"queue": parked}})
+    yield
+    route(previous)
+    redis.Redis.from_url(django_settings.REDIS_URL).delete(parked)
+
+
 @pytest.mark.django_db(transaction=True)
-def test_an_acknowledgement_during_the_fan_out_stops_the_rest(team, receiver):  # noqa: F811
+def test_an_acknowledgement_during_the_fan_out_stops_the_rest(team, receiver, fan_out_by_hand):  # noqa: F811, E501
     """The race: alice acknowledges from the chat message while her phone is about to ring."""
     _, job, alice, _ = team
     alert = raise_or_update_alert(job.pk, nan_signal(), now=T0).alert
