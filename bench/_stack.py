@@ -100,7 +100,7 @@ def start_worker(*extra: str) -> subprocess.Popen:
     queue = os.environ["BRAKELINE_CELERY_QUEUE"]
     command = [
         sys.executable, "-m", "celery", "-A", "console", "--quiet", "worker", "--pool", "solo",
-        "-Q", f"{queue}-watchdog,{queue}",
+        "-Q", f"{queue}-watchdog,{queue},{queue}-ticks",
         "--loglevel", "warning",
         "--without-gossip", "--without-mingle", "--without-heartbeat", *extra,
     ]  # fmt: skip

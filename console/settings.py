@@ -229,10 +229,16 @@ CELERY_TASK_DEFAULT_QUEUE = os.environ.get("BRAKELINE_CELERY_QUEUE", DEFAULT_CEL
 # The watchdog (heartbeats, hung jobs) has a queue of its own: a backlog of evaluations must
 # never delay the detection of a silent job. Every worker consumes both (CELERY_WORKER_QUEUES).
 CELERY_WATCHDOG_QUEUE = f"{CELERY_TASK_DEFAULT_QUEUE}-watchdog"
-CELERY_WORKER_QUEUES = [CELERY_WATCHDOG_QUEUE, CELERY_TASK_DEFAULT_QUEUE]
+# The periodic evaluation ticks (one per running job every 5 s) go last: with many jobs they
+# would otherwise queue ahead of the evaluation that brakes a NaN. Workers read the queues in
+# this order (Redis BRPOP serves the first non-empty one), so the order is the priority.
+CELERY_TICK_QUEUE = f"{CELERY_TASK_DEFAULT_QUEUE}-ticks"
+CELERY_WORKER_QUEUES = [CELERY_WATCHDOG_QUEUE, CELERY_TASK_DEFAULT_QUEUE, CELERY_TICK_QUEUE]
 CELERY_TASK_ROUTES = {
     "breakers.control_tasks.watchdog": {"queue": CELERY_WATCHDOG_QUEUE},
     "breakers.control_tasks.stop_job": {"queue": CELERY_WATCHDOG_QUEUE},
+    "breakers.tasks.tick_evaluations": {"queue": CELERY_TICK_QUEUE},
+    "breakers.tasks.tick_job": {"queue": CELERY_TICK_QUEUE},
 }
 
 # --- REST API ------------------------------------------------------------------------------

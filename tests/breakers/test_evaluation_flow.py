@@ -44,7 +44,7 @@ def worker_idle() -> bool:
 
     def idle() -> bool:
         busy = worker_state.active_requests or worker_state.reserved_requests
-        return not busy and tasks._redis().llen(settings.CELERY_TASK_DEFAULT_QUEUE) == 0
+        return not busy and all(tasks._redis().llen(q) == 0 for q in settings.CELERY_WORKER_QUEUES)
 
     return idle() and (time.sleep(0.05) or idle())
 

@@ -75,4 +75,5 @@ def test_the_worker_consumes_the_queue_tasks_are_sent_to(compose):
     # The test run overrides the queue name (BRAKELINE_CELERY_QUEUE); production uses the default.
     assert "BRAKELINE_CELERY_QUEUE" not in compose["services"]["worker"]["environment"]
     queues = command[command.index("--queues") + 1].split(",")
-    assert queues == [f"{settings.DEFAULT_CELERY_QUEUE}-watchdog", settings.DEFAULT_CELERY_QUEUE]
+    default = settings.DEFAULT_CELERY_QUEUE
+    assert queues == [f"{default}-watchdog", default, f"{default}-ticks"]
