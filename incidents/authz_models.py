@@ -14,7 +14,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
 
-from incidents.models import Alert, AppendOnlyError, Incident, Job, Severity, Team, hash_token
+from incidents.append_only import AppendOnlyModel, AppendOnlyQuerySet
+from incidents.models import Alert, Incident, Job, Severity, Team, hash_token
 
 __all__ = [
     "ACTIVE_ESCALATION_STATUSES",
@@ -177,23 +178,7 @@ class PauseConfirmation(models.Model):
         return f"{self.decision} of pause #{self.pause_command_id}"
 
 
-class AuditQuerySet(models.QuerySet):
-    def update(self, **kwargs):
-        raise AppendOnlyError("Audit entries are append-only: they cannot be updated.")
-
-    def delete(self):
-        raise AppendOnlyError("Audit entries are append-only: they cannot be deleted.")
-
-    # Refused before bulk_update opens its transaction (an error inside would doom the caller's).
-    def bulk_update(self, objs, fields, batch_size=None):
-        raise AppendOnlyError("Audit entries are append-only: they cannot be updated.")
-
-    # What Collector uses for fast deletes.
-    def _raw_delete(self, using):
-        raise AppendOnlyError("Audit entries are append-only: they cannot be deleted.")
-
-
-class AuditEntry(models.Model):
+class AuditEntry(AppendOnlyModel):
     """One attempt to act, allowed or refused: who, what, when, from where, and the outcome.
 
     Append-only, enforced three times like the timeline: here (save and delete refuse), in the
@@ -228,7 +213,8 @@ class AuditEntry(models.Model):
     user_agent = models.CharField(max_length=300, blank=True)
     via = models.CharField(max_length=16, blank=True)  # session, token, system, command
 
-    objects = AuditQuerySet.as_manager()
+    append_only_noun = "Audit entries"
+    objects = AppendOnlyQuerySet.as_manager()
 
     class Meta:
         ordering = ["-at", "-id"]
@@ -241,14 +227,6 @@ class AuditEntry(models.Model):
     def __str__(self) -> str:
         verdict = "allowed" if self.allowed else "refused"
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.user} {self.action} {verdict}: {self.outcome}"
-
-    def save(self, *args, **kwargs):
-        if not self._state.adding:
-            raise AppendOnlyError("Audit entries are append-only: they cannot be updated.")
-        super().save(*args, **kwargs)
-
-    def delete(self, *args, **kwargs):
-        raise AppendOnlyError("Audit entries are append-only: they cannot be deleted.")
 
 
 class PersonalToken(models.Model):

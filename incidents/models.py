@@ -8,6 +8,8 @@ import secrets
 from django.conf import settings
 from django.db import models
 
+# AppendOnlyError is re-exported: callers catch it from here.
+from incidents.append_only import AppendOnlyError, AppendOnlyModel, AppendOnlyQuerySet  # noqa: F401
 from incidents.fields import NonFiniteFloatField
 
 TOKEN_PREFIX = "bkl_"
@@ -340,27 +342,7 @@ class ActorKind(models.TextChoices):
     AGENT = "agent", "Agent"
 
 
-class AppendOnlyError(Exception):
-    """An attempt to change or delete a timeline row: the timeline is a record, never edited."""
-
-
-class TimelineQuerySet(models.QuerySet):
-    def update(self, **kwargs):
-        raise AppendOnlyError("Timeline entries are append-only: they cannot be updated.")
-
-    def delete(self):
-        raise AppendOnlyError("Timeline entries are append-only: they cannot be deleted.")
-
-    # Refused before bulk_update opens its transaction (an error inside would doom the caller's).
-    def bulk_update(self, objs, fields, batch_size=None):
-        raise AppendOnlyError("Timeline entries are append-only: they cannot be updated.")
-
-    # What Collector uses for fast deletes.
-    def _raw_delete(self, using):
-        raise AppendOnlyError("Timeline entries are append-only: they cannot be deleted.")
-
-
-class TimelineEntry(models.Model):
+class TimelineEntry(AppendOnlyModel):
     """One row of an incident's timeline. Append-only, enforced three times: here (save and
     delete refuse), in the queryset (update and delete refuse) and, on PostgreSQL, by a trigger
     that rejects UPDATE and DELETE from anyone (incidents migration 0003)."""
@@ -384,7 +366,8 @@ class TimelineEntry(models.Model):
     message = models.TextField()
     data = models.JSONField(default=dict, blank=True)
 
-    objects = TimelineQuerySet.as_manager()
+    append_only_noun = "Timeline entries"
+    objects = AppendOnlyQuerySet.as_manager()
 
     class Meta:
         ordering = ["at", "id"]
@@ -393,14 +376,6 @@ class TimelineEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.kind}: {self.message}"
-
-    def save(self, *args, **kwargs):
-        if not self._state.adding:
-            raise AppendOnlyError("Timeline entries are append-only: they cannot be updated.")
-        super().save(*args, **kwargs)
-
-    def delete(self, *args, **kwargs):
-        raise AppendOnlyError("Timeline entries are append-only: they cannot be deleted.")
 
 
 # The authorisation chain's models (shifts, escalations, audit, personal tokens) live in their

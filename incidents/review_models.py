@@ -10,7 +10,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from incidents.models import AppendOnlyError, Incident, Job
+from incidents.append_only import AppendOnlyModel
+from incidents.models import Incident, Job
 
 __all__ = [
     "REVIEW_TRANSITIONS",
@@ -101,9 +102,11 @@ class FollowUp(models.Model):
         return self.text
 
 
-class ReviewRevision(models.Model):
+class ReviewRevision(AppendOnlyModel):
     """Every saved state of a write-up: who, when, and the whole content as JSON. Revision 1
     is the automatic draft (no author) the first writer started from. Append-only."""
+
+    append_only_noun = "Review revisions"
 
     review = models.ForeignKey(Review, on_delete=models.PROTECT, related_name="revisions")
     number = models.PositiveIntegerField()
@@ -121,11 +124,3 @@ class ReviewRevision(models.Model):
 
     def __str__(self) -> str:
         return f"r{self.number} of {self.review}"
-
-    def save(self, *args, **kwargs):
-        if not self._state.adding:
-            raise AppendOnlyError("Review revisions are kept as written: they cannot be changed.")
-        super().save(*args, **kwargs)
-
-    def delete(self, *args, **kwargs):
-        raise AppendOnlyError("Review revisions are kept as written: they cannot be deleted.")
