@@ -8,8 +8,11 @@ STAMP := $(VENV)/.installed
 # stealing test tasks.
 TEST_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/brakeline
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/10
+# Two suites on one machine (two clones) keep apart by giving each its own of these four.
+TEST_CHANNEL_PREFIX ?= brakeline-test
+TEST_CELERY_QUEUE ?= brakeline-test
 TEST_ENV := DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) \
-	BRAKELINE_CHANNEL_PREFIX=brakeline-test BRAKELINE_CELERY_QUEUE=brakeline-test \
+	BRAKELINE_CHANNEL_PREFIX=$(TEST_CHANNEL_PREFIX) BRAKELINE_CELERY_QUEUE=$(TEST_CELERY_QUEUE) \
 	BRAKELINE_SECRET_KEY=brakeline-test-only-secret-key
 PYTEST_ARGS ?=
 

@@ -1,8 +1,9 @@
 """What the control plane writes on the incident timeline, in the transition's transaction.
 
-The pause order is fixed (SPEC): stop stepping, save, confirm, release. The agent's
-acknowledgement of ``checkpoint_and_pause`` is the confirmation; its result says where the
-checkpoint is, how large, how long it took, and whether the accelerators were released.
+The pause order is fixed (docs/design.md "The control plane"): stop stepping, save, confirm,
+release. The agent's acknowledgement of ``checkpoint_and_pause`` is the confirmation; its
+result says where the checkpoint is, how large, how long it took, and whether the accelerators
+were released.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from breakers.control_models import (
     CommandKind,
     CommandStatus,
 )
-from breakers.executors import DEFAULT_GRACE_SECONDS, ExecutorOutcome, executor_for
+from breakers.executors import ExecutorOutcome, executor_for
 from breakers.scheduler import route_to_scheduler
 from console.realtime import agent_group, job_group, publish_after_commit
 from incidents.errors import Conflict, InvalidInput, NotFound
@@ -47,7 +47,7 @@ class IssuedCommand:
 
 
 def command_payload(command: Command) -> dict[str, Any]:
-    """The command as the agent protocol shows it (SPEC: id, kind, params, severity, …)."""
+    """The command as the agent protocol shows it (docs/protocol.md "Commands": id, kind, …)."""
     return {
         "id": command.pk,
         "kind": command.kind,
@@ -59,10 +59,8 @@ def command_payload(command: Command) -> dict[str, Any]:
 
 
 def acknowledgement_deadline_seconds(kind: str) -> float:
-    # Saving a checkpoint of a large model takes minutes; a learning-rate change takes a step.
-    overrides = getattr(settings, "COMMAND_ACK_TIMEOUT_SECONDS", {})
-    defaults = {CommandKind.CHECKPOINT_AND_PAUSE: 300.0, CommandKind.TERMINATE: 120.0}
-    return float(overrides.get(kind, defaults.get(kind, 120.0)))
+    """COMMAND_ACK_TIMEOUT_SECONDS (env BRAKELINE_COMMAND_ACK_TIMEOUT_SECONDS), per kind."""
+    return float(settings.COMMAND_ACK_TIMEOUT_SECONDS[kind])
 
 
 def _job_effect_on_issue(command: Command) -> None:
@@ -245,11 +243,7 @@ def expire_overdue_commands(now: datetime | None = None) -> list[int]:
 def stop_hung_job(command_id: int, *, grace_seconds: float | None = None) -> ExecutorOutcome:
     """The job did not acknowledge ``command_id`` in time: stop it from the outside."""
     command = Command.objects.select_related("job").get(pk=command_id)
-    grace = (
-        grace_seconds
-        if grace_seconds is not None
-        else getattr(settings, "EXECUTOR_GRACE_SECONDS", DEFAULT_GRACE_SECONDS)
-    )
+    grace = grace_seconds if grace_seconds is not None else settings.EXECUTOR_GRACE_SECONDS
     outcome = executor_for(command.job).stop(command.job, grace_seconds=grace)
     with transaction.atomic():
         Command.objects.filter(pk=command_id).update(

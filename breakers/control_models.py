@@ -1,4 +1,5 @@
-"""Commands to running jobs: the control plane's stored records (SPEC, "The control plane")."""
+"""Commands to running jobs: the control plane's stored records (docs/design.md, "The control
+plane")."""
 
 from __future__ import annotations
 

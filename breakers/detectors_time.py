@@ -48,11 +48,11 @@ class SilenceConfig:
 class SilenceDetector(Detector):
     """A metric that stopped arriving. Points only refresh it; `tick(now)` judges.
 
-    With `timeout_factor` the timeout follows the series' own cadence (SPEC: heartbeat timeout
-    5–10× the measured step time). The interval is an exponential moving average (α = 0.2);
-    each sample is capped at 10× the current average so one long pause (the job was paused
-    on purpose) does not inflate the timeout for the next hundred points. Until two points
-    have been seen a factor-based timeout falls back to `min_timeout` (if set).
+    With `timeout_factor` the timeout follows the series' own cadence (docs/design.md: a
+    heartbeat timeout of several measured step times). The interval is an exponential moving
+    average (α = 0.2); each sample is capped at 10× the current average so one long pause (the
+    job was paused on purpose) does not inflate the timeout for the next hundred points. Until
+    two points have been seen a factor-based timeout falls back to `min_timeout` (if set).
     `now` must be on the same clock as the points' times. A metric never seen is never silent.
     """
 

@@ -277,7 +277,7 @@ class JobEvaluator:
 
     Feed points in step order (each once); call `tick(now)` periodically so silence and
     node-failure windows are judged when no point arrives. Not thread-safe: evaluate one job
-    in one place at a time (SPEC: evaluation of one job is serialised).
+    in one place at a time (docs/architecture.md: evaluation of one job is serialised).
     """
 
     def __init__(self, rules: Iterable[RuleSpec]) -> None:

@@ -18,8 +18,6 @@ from typing import Protocol
 
 from incidents.models import Job
 
-DEFAULT_GRACE_SECONDS = 10.0
-
 
 @dataclass(frozen=True)
 class ExecutorOutcome:
@@ -68,7 +66,7 @@ class LocalProcessExecutor:
 
     name = "local"
 
-    def stop(self, job: Job, *, grace_seconds: float = DEFAULT_GRACE_SECONDS) -> ExecutorOutcome:
+    def stop(self, job: Job, *, grace_seconds: float) -> ExecutorOutcome:
         started = time.monotonic()
         pid = job.agent_pid
         if not pid:

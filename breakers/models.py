@@ -48,7 +48,7 @@ def _choices(values) -> list[tuple[str, str]]:
 
 
 class Rule(models.Model):
-    """A breaker rule (SPEC "Metric layers"), as a row the admin edits.
+    """A breaker rule (docs/design.md "Detectors and rules"), as a row the admin edits.
 
     ``team`` NULL: a rule of the default pack (installed by migration 0004 from
     ``breakers.rulepack``). A team row with the same ``key`` replaces the default rule for that

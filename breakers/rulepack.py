@@ -1,13 +1,14 @@
 """The default breaker rule pack, as data, and per-team overrides — pure Python, no Django.
 
-The pack follows SPEC "Severity levels" and "Metric layers". Metric-name conventions it
+The pack follows docs/design.md "Severity levels" and "Metric layers". Metric-name conventions it
 assumes (the SDK's names): `loss`, `grad_norm`, `lr`; `node.failure` or `node.<id>.failure`
 (value > 0: that node failed); `gpu.<i>.xid` and `hardware.error` (value > 0: an error was
 reported); `comm.failures` (count of failed collective operations); performance metrics
 `throughput`, `gpu.<i>.util`, `dataloader.*` and anything under `perf.*`.
 
 No heartbeat rule: heartbeats are not metric points, so a silence rule on them would never be
-fed. The heartbeat timeout (SPEC: L3) is the control plane's watchdog on `Job.heartbeat_deadline`.
+fed. The heartbeat timeout (L3, docs/design.md) is the control plane's watchdog on
+`Job.heartbeat_deadline`.
 The `silence` detector stays available for team rules on metrics that do stream.
 
 Defaults are chosen so that a realistic noisy, decaying loss (a few % noise, occasional

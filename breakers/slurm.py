@@ -26,11 +26,7 @@ from django.conf import settings
 from django.db import transaction
 
 from breakers.command_timeline import active_incident
-from breakers.executors import (
-    DEFAULT_GRACE_SECONDS,
-    EXECUTORS,
-    ExecutorOutcome,
-)
+from breakers.executors import EXECUTORS, ExecutorOutcome
 from breakers.scheduler_models import ExecutorKind, SchedulerBinding
 from incidents.alerts import append_timeline
 from incidents.errors import ServiceError
@@ -47,9 +43,9 @@ log = logging.getLogger(__name__)
 
 OUTPUT_LIMIT = 4000  # characters of stdout/stderr kept on the timeline
 POLL_SECONDS = 0.2
-DEFAULT_COMMAND_TIMEOUT_SECONDS = 30.0
-# scancel sends SIGTERM, then SIGKILL after the cluster's KillWait (30 s by default).
-DEFAULT_CANCEL_WAIT_SECONDS = 40.0
+# The timeouts are settings (BRAKELINE_SLURM_COMMAND_TIMEOUT_SECONDS, 30 s, and
+# BRAKELINE_SLURM_CANCEL_WAIT_SECONDS, 40 s: scancel sends SIGTERM, then SIGKILL after the
+# cluster's KillWait, 30 s by default).
 GONE = "GONE"  # squeue no longer knows the job: it ended long enough ago to be purged
 UNKNOWN = "UNKNOWN"  # Slurm could not be asked
 ENDED_STATES = frozenset(
@@ -71,10 +67,6 @@ def slurm_bin_dir() -> str:
 
 def slurm_conf() -> str | None:
     return getattr(settings, "SLURM_CONF", None) or os.environ.get("SLURM_CONF") or None
-
-
-def _setting(name: str, default: float) -> float:
-    return float(getattr(settings, name, default))
 
 
 @dataclass(frozen=True)
@@ -122,7 +114,7 @@ def run_slurm(arguments: list[str]) -> SlurmCall:
             capture_output=True,
             text=True,
             env=env,
-            timeout=_setting("SLURM_COMMAND_TIMEOUT_SECONDS", DEFAULT_COMMAND_TIMEOUT_SECONDS),
+            timeout=float(settings.SLURM_COMMAND_TIMEOUT_SECONDS),
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as error:
@@ -280,7 +272,7 @@ class SlurmExecutor:
 
     name = ExecutorKind.SLURM
 
-    def stop(self, job: Job, *, grace_seconds: float = DEFAULT_GRACE_SECONDS) -> ExecutorOutcome:
+    def stop(self, job: Job, *, grace_seconds: float) -> ExecutorOutcome:
         started = time.monotonic()
         binding = SchedulerBinding.objects.filter(job_id=job.pk).first()
         if binding is None or not binding.slurm_job_id:
@@ -313,7 +305,7 @@ def cancel(slurm_id: str, call_log: CallLog) -> str:
     call = call_log.run(["scancel", slurm_id], "cancel the job")
     if not call.ok:
         return state
-    wait = _setting("SLURM_CANCEL_WAIT_SECONDS", DEFAULT_CANCEL_WAIT_SECONDS)
+    wait = float(settings.SLURM_CANCEL_WAIT_SECONDS)
     return wait_until_ended(slurm_id, wait, call_log, "after scancel")
 
 

@@ -1,4 +1,4 @@
-"""Environment snapshots sent by training processes (SPEC, "Environment snapshots").
+"""Environment snapshots sent by training processes (docs/design.md "Environment snapshots").
 
 A snapshot is taken by the agent at start and at each checkpoint: package versions, selected
 environment variables (secrets redacted by the agent), seeds, git commit, container image,

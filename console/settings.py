@@ -19,6 +19,7 @@ from pathlib import Path
 import dj_database_url
 from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
+from kombu import Exchange, Queue
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -42,6 +43,49 @@ def _env_int(name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise ImproperlyConfigured(f"{name}={raw!r} is not a whole number.") from None
+
+
+def _seconds(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a number of seconds above 0.")
+    return value
+
+
+def _env_seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    return _seconds(name, raw) if raw else default
+
+
+def _env_seconds_by_kind(name: str, defaults: dict[str, float]) -> dict[str, float]:
+    """``kind=seconds`` pairs, comma-separated, over ``defaults`` (whose keys are the kinds)."""
+    values = dict(defaults)
+    for pair in filter(None, (p.strip() for p in os.environ.get(name, "").split(","))):
+        kind, equals, raw = (part.strip() for part in pair.partition("="))
+        if not equals or kind not in defaults:
+            raise ImproperlyConfigured(
+                f"{name}: {pair!r} is not kind=seconds with kind one of {', '.join(defaults)} "
+                "(e.g. checkpoint_and_pause=600,terminate=180)."
+            )
+        values[kind] = _seconds(f"{name} ({kind})", raw)
+    return values
+
+
+def _env_url(name: str, default: str) -> str:
+    raw = os.environ.get(name, default).strip()
+    if raw and not raw.startswith(("http://", "https://")):
+        raise ImproperlyConfigured(f"{name}={raw!r} is not an http:// or https:// URL.")
+    return raw
+
+
+def _env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    raw = os.environ.get(name, "").strip() or default
+    if raw.upper() not in choices:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not one of {', '.join(choices)}.")
+    return raw.upper()
 
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "").strip()
@@ -110,6 +154,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "console.request_log.request_log_middleware",  # outermost: it logs every answer
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -216,29 +261,37 @@ else:
         }
     }
 
-CELERY_BROKER_URL = REDIS_URL or "memory://"
+CELERY_BROKER_URL = REDIS_URL or "memory://localhost/"  # a host: kombu warns without one
 CELERY_TASK_ALWAYS_EAGER = EMBEDDED
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 300}
 DEFAULT_CELERY_QUEUE = "brakeline"  # what docker-compose.yml's worker consumes
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("BRAKELINE_CELERY_QUEUE", DEFAULT_CELERY_QUEUE)
 # The watchdog (heartbeats, hung jobs) has a queue of its own: a backlog of evaluations must
-# never delay the detection of a silent job. Every worker consumes both (CELERY_WORKER_QUEUES).
-CELERY_WATCHDOG_QUEUE = f"{CELERY_TASK_DEFAULT_QUEUE}-watchdog"
-# The periodic evaluation ticks (one per running job every 5 s) go last: with many jobs they
-# would otherwise queue ahead of the evaluation that brakes a NaN. Workers read the queues in
-# this order (Redis BRPOP serves the first non-empty one), so the order is the priority.
-CELERY_TICK_QUEUE = f"{CELERY_TASK_DEFAULT_QUEUE}-ticks"
-CELERY_WORKER_QUEUES = [CELERY_WATCHDOG_QUEUE, CELERY_TASK_DEFAULT_QUEUE, CELERY_TICK_QUEUE]
+# never delay the detection of a silent job. The periodic evaluation ticks (one per running job
+# every 5 s) go last: with many jobs they would otherwise queue ahead of the evaluation that
+# brakes a NaN. WORKER_QUEUES lists the three in priority order (the test fixtures and the
+# health check read it; Celery does not).
+WATCHDOG_QUEUE = f"{CELERY_TASK_DEFAULT_QUEUE}-watchdog"
+TICK_QUEUE = f"{CELERY_TASK_DEFAULT_QUEUE}-ticks"
+WORKER_QUEUES = [WATCHDOG_QUEUE, CELERY_TASK_DEFAULT_QUEUE, TICK_QUEUE]
+# What a worker consumes when started without -Q: all three, in that order. Each queue is
+# bound as Celery binds a queue it creates itself (exchange and routing key = its name).
+CELERY_TASK_QUEUES = [Queue(name, Exchange(name), routing_key=name) for name in WORKER_QUEUES]
 CELERY_TASK_ROUTES = {
-    "breakers.control_tasks.watchdog": {"queue": CELERY_WATCHDOG_QUEUE},
-    "breakers.control_tasks.stop_job": {"queue": CELERY_WATCHDOG_QUEUE},
-    "breakers.tasks.tick_evaluations": {"queue": CELERY_TICK_QUEUE},
-    "breakers.tasks.tick_job": {"queue": CELERY_TICK_QUEUE},
+    "breakers.control_tasks.watchdog": {"queue": WATCHDOG_QUEUE},
+    "breakers.control_tasks.stop_job": {"queue": WATCHDOG_QUEUE},
+    "breakers.tasks.tick_evaluations": {"queue": TICK_QUEUE},
+    "breakers.tasks.tick_job": {"queue": TICK_QUEUE},
+}
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": 300,
+    # BRPOP on the queues in the order consumed, always: the default strategy (round robin)
+    # rotates the queue just served to the back, which would make the order no priority.
+    "queue_order_strategy": "priority",
 }
 
 # --- REST API ------------------------------------------------------------------------------
@@ -265,6 +318,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # One name per choice set used by several serializers (tests/console: no schema warnings).
+    "ENUM_NAME_OVERRIDES": {
+        "SeverityEnum": "incidents.models.Severity",
+        "ReviewStatusEnum": "incidents.review_models.ReviewStatus",
+    },
 }
 
 # --- Agent protocol limits (documented in the README and the OpenAPI schema) --------------
@@ -274,11 +332,28 @@ AGENT_MAX_SNAPSHOT_BYTES = _env_int("BRAKELINE_MAX_SNAPSHOT_BYTES", 1024 * 1024)
 # Django refuses larger bodies itself; we check first so the answer is our 413, not a 400.
 DATA_UPLOAD_MAX_MEMORY_SIZE = AGENT_MAX_BATCH_BYTES + 1024
 
+# Logging: warnings and errors of every part, with their level and origin; the request log
+# (console.request_log) at INFO: people's requests one line each, agent traffic summed up in
+# one line per AGENT_TRAFFIC_LOG_SECONDS. Daphne's own access log is off where we start it.
+LOG_LEVEL = _env_choice(
+    "BRAKELINE_LOG_LEVEL", "WARNING", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+)
+AGENT_TRAFFIC_LOG_SECONDS = _env_seconds("BRAKELINE_AGENT_TRAFFIC_LOG_SECONDS", 60.0)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": os.environ.get("BRAKELINE_LOG_LEVEL", "WARNING")},
+    "filters": {"not_agent_traffic": {"()": "console.request_log.NotAgentTraffic"}},
+    "formatters": {"console": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "console"}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {
+        # Django's default handlers would print its records a second time in DEBUG.
+        "django": {"handlers": [], "level": LOG_LEVEL},
+        "django.request": {"filters": ["not_agent_traffic"]},
+        # `manage.py runserver`'s access log: the request log below says it once.
+        "django.channels.server": {"level": "WARNING", "filters": ["not_agent_traffic"]},
+        "brakeline.requests": {"level": "DEBUG" if LOG_LEVEL == "DEBUG" else "INFO"},
+    },
 }
 
 # --- Breaker evaluation: the periodic tick (celery beat) ----------------------------------
@@ -307,23 +382,55 @@ CELERY_BEAT_SCHEDULE = {
 }
 
 # Jobs on Slurm: where scancel/scontrol/squeue live (empty: PATH), and an optional slurm.conf.
-# Also read, with defaults: SLURM_COMMAND_TIMEOUT_SECONDS (30), SLURM_CANCEL_WAIT_SECONDS (40).
 SLURM_BIN_DIR = os.environ.get("BRAKELINE_SLURM_BIN_DIR", "")
 SLURM_CONF = os.environ.get("SLURM_CONF") or None
+SLURM_COMMAND_TIMEOUT_SECONDS = _env_seconds("BRAKELINE_SLURM_COMMAND_TIMEOUT_SECONDS", 30.0)
+SLURM_CANCEL_WAIT_SECONDS = _env_seconds("BRAKELINE_SLURM_CANCEL_WAIT_SECONDS", 40.0)
+
+# --- The control plane: deadlines the watchdog enforces ----------------------------------
+# A command not acknowledged in time presumes the job hung. Saving a checkpoint of a large
+# model takes minutes; a learning-rate change takes a step. The keys are the command kinds.
+COMMAND_ACK_TIMEOUT_SECONDS = _env_seconds_by_kind(
+    "BRAKELINE_COMMAND_ACK_TIMEOUT_SECONDS",
+    {
+        "lower_lr": 120.0,
+        "pause_data": 120.0,
+        "checkpoint_and_pause": 300.0,
+        "resume": 120.0,
+        "terminate": 120.0,
+        "isolate_node": 120.0,
+    },
+)
+# Between the executor's polite stop (SIGTERM, Slurm's USR1) and the forced one.
+EXECUTOR_GRACE_SECONDS = _env_seconds("BRAKELINE_EXECUTOR_GRACE_SECONDS", 10.0)
+# A job's heartbeat deadline: its own timeout, else 8 measured step times but never below the
+# floor (a fast toy job must not be declared hung by one slow garbage collection), and the
+# default until a step time has been measured.
+HEARTBEAT_TIMEOUT_FLOOR_SECONDS = _env_seconds("BRAKELINE_HEARTBEAT_FLOOR_SECONDS", 10.0)
+HEARTBEAT_TIMEOUT_DEFAULT_SECONDS = _env_seconds("BRAKELINE_HEARTBEAT_DEFAULT_SECONDS", 60.0)
+# An escalation request nobody decides within this long expires (the next manager is told).
+ESCALATION_DECISION_SECONDS = _env_seconds("BRAKELINE_ESCALATION_DECISION_SECONDS", 15 * 60.0)
 
 # Notifications: the job links in messages, the SMS/phone provider (a Twilio-style form POST),
 # e-mail. Nothing is required: without a provider, SMS and phone deliveries fail visibly.
-BRAKELINE_PUBLIC_URL = os.environ.get("BRAKELINE_PUBLIC_URL", "http://127.0.0.1:8000")
-NOTIFY_PROVIDER_BASE_URL = os.environ.get("BRAKELINE_NOTIFY_PROVIDER_URL", "")
+BRAKELINE_PUBLIC_URL = _env_url("BRAKELINE_PUBLIC_URL", "http://127.0.0.1:8000")
+NOTIFY_PROVIDER_BASE_URL = _env_url("BRAKELINE_NOTIFY_PROVIDER_URL", "")
 NOTIFY_PROVIDER_ACCOUNT_SID = os.environ.get("BRAKELINE_NOTIFY_PROVIDER_SID", "")
 NOTIFY_PROVIDER_AUTH_TOKEN = os.environ.get("BRAKELINE_NOTIFY_PROVIDER_TOKEN", "")
 NOTIFY_PROVIDER_FROM_NUMBER = os.environ.get("BRAKELINE_NOTIFY_FROM_NUMBER", "")
 NOTIFY_EMAIL_FROM = os.environ.get("BRAKELINE_NOTIFY_EMAIL_FROM", "brakeline@localhost")
+# Named explicitly, so a test runner's locmem EMAIL_BACKEND never swallows a page.
+NOTIFY_EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
 EMAIL_HOST = os.environ.get("BRAKELINE_SMTP_HOST", "localhost")
 EMAIL_PORT = _env_int("BRAKELINE_SMTP_PORT", 25)
-NOTIFY_MAX_ATTEMPTS = 5
-NOTIFY_RETRY_BASE_SECONDS = 2.0
-NOTIFY_HTTP_TIMEOUT_SECONDS = 10
+EMAIL_HOST_USER = os.environ.get("BRAKELINE_SMTP_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("BRAKELINE_SMTP_PASSWORD", "")
+EMAIL_USE_TLS = _env_bool("BRAKELINE_SMTP_STARTTLS", False)
+NOTIFY_MAX_ATTEMPTS = _env_int("BRAKELINE_NOTIFY_MAX_ATTEMPTS", 5)
+if NOTIFY_MAX_ATTEMPTS < 1:
+    raise ImproperlyConfigured(f"BRAKELINE_NOTIFY_MAX_ATTEMPTS={NOTIFY_MAX_ATTEMPTS} is below 1.")
+NOTIFY_RETRY_BASE_SECONDS = _env_seconds("BRAKELINE_NOTIFY_RETRY_BASE_SECONDS", 2.0)
+NOTIFY_HTTP_TIMEOUT_SECONDS = _env_seconds("BRAKELINE_NOTIFY_HTTP_TIMEOUT_SECONDS", 10.0)
 CELERY_BEAT_SCHEDULE["notification-rounds"] = {
     "task": "incidents.tasks.fire_due_rounds_task",
     "schedule": 15.0,

@@ -133,7 +133,8 @@ def raise_or_update_alert(
     A new alert joins the job's active incident, or opens one (timeline: first anomalous point,
     then alert raised). A higher severity than the incident's level raises the level (timeline:
     severity changed); so does a higher severity on an existing alert (rule edited).
-    Performance-layer alerts are only recorded (SPEC: daily digest): no incident, no timeline.
+    Performance-layer alerts are only recorded (docs/design.md "Metric layers": daily digest): no
+    incident, no timeline.
     """
     now = now or timezone.now()
     with transaction.atomic():

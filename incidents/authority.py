@@ -8,7 +8,8 @@ Vocabulary
 - role: a person's role in the job's team, ``"viewer" < "oncall" < "manager" < "admin"``, or
   ``None`` when they have no role in that team (then they may do nothing, not even view).
 - ``"system"`` (``SYSTEM``): the automatic actor (the breakers). It is not a team role and has
-  no rank; it may only do the automatic actions of the SPEC's severity table.
+  no rank; it may only do the automatic actions of the severity table (docs/design.md
+  "Severity levels").
 - level: the severity of the alert the action concerns (``"L1"``..``"L4"``), or ``None`` when
   there is no alert (a person acting on a job on their own initiative).
 
@@ -43,7 +44,7 @@ _RANK: Mapping[Role, int] = MappingProxyType({role: rank for rank, role in enume
 
 
 class Level(enum.StrEnum):
-    """Alert severity (SPEC: "Severity levels and the authorisation chain")."""
+    """Alert severity (docs/design.md "Severity levels")."""
 
     L1 = "L1"
     L2 = "L2"
@@ -83,7 +84,8 @@ REQUEST_DECISIONS: frozenset[Action] = frozenset(
     {Action.APPROVE_ESCALATION, Action.REJECT_ESCALATION}
 )
 
-# Control-plane command kinds (SPEC: "The control plane") and the action that authorises them.
+# Control-plane command kinds (docs/design.md "The control plane") and the action that
+# authorises them.
 COMMAND_ACTIONS: Mapping[str, Action] = MappingProxyType(
     {
         "lower_lr": Action.APPLY_MITIGATION,
@@ -182,8 +184,9 @@ MATRIX: Mapping[Action, ActionPolicy] = MappingProxyType(
                     "an L4 job is terminated, not paused, so there is no pause to confirm"
                 ),
             },
-            "Keep paused, resume, or roll back to a named checkpoint. The SPEC gives on-call the "
-            "confirmation of the automatic L3 pause with all three outcomes, including resume: "
+            "Keep paused, resume, or roll back to a named checkpoint. The design (docs/design.md) "
+            "gives on-call the confirmation of the automatic L3 pause with all three outcomes, "
+            "including resume: "
             "the breaker acted without a person, so the person on "
             "duty must be able to undo a false alarm at once. Any other pause (one a person "
             "asked for, or an approved L2 escalation) ends only by a manager's decision, "
@@ -204,7 +207,7 @@ MATRIX: Mapping[Action, ActionPolicy] = MappingProxyType(
             },
             "An escalation asks for an action stronger than the rule's soft mitigation (e.g. a "
             "pause or a larger LR cut) and takes effect only once a manager approves it. "
-            "On-call and above request escalations on L2 alerts (the SPEC) and also on L1: "
+            "On-call and above request escalations on L2 alerts (docs/design.md) and also on L1: "
             "a manager still has to approve, so allowing it adds no authority. On L3 and L4 "
             "the system has already acted, so there is nothing left to escalate.",
         ),
@@ -232,13 +235,13 @@ MATRIX: Mapping[Action, ActionPolicy] = MappingProxyType(
         Action.RESUME_JOB: ActionPolicy(
             "resume a job",
             _same_everywhere(Role.MANAGER),
-            "Managers resume jobs (the SPEC). On-call resumes only by confirming an L3 pause "
+            "Managers resume jobs (docs/design.md). On-call resumes only by confirming an L3 pause "
             "(confirm_pause). The system never resumes: resuming needs a person's judgement.",
         ),
         Action.TERMINATE_JOB: ActionPolicy(
             "terminate a job",
             _same_everywhere(Role.MANAGER, system_at=(Level.L4,)),
-            "Managers terminate jobs (the SPEC). The system terminates automatically on L4, "
+            "Managers terminate jobs (docs/design.md). The system terminates automatically on L4, "
             "where no approval is ever waited for.",
         ),
         Action.ISOLATE_NODE: ActionPolicy(
@@ -268,13 +271,14 @@ MATRIX: Mapping[Action, ActionPolicy] = MappingProxyType(
         Action.EDIT_RULES: ActionPolicy(
             "edit the team's rules",
             _same_everywhere(Role.ADMIN),
-            "Rules decide when the breaker fires on its own; the SPEC gives them to admins.",
+            "Rules decide when the breaker fires on its own, so they are the admins' "
+            "(docs/design.md).",
         ),
         Action.RUN_DRILL: ActionPolicy(
             "run a drill",
             _same_everywhere(Role.ADMIN),
-            "Drills inject faults and test the rules admins own (the SPEC lists drills under "
-            "admin).",
+            "Drills inject faults and test the rules admins own, so they are the admins' too "
+            '(docs/design.md, "Drills").',
         ),
         Action.MANAGE_MEMBERS: ActionPolicy(
             "manage the team's members and roles",
@@ -284,7 +288,8 @@ MATRIX: Mapping[Action, ActionPolicy] = MappingProxyType(
         Action.MANAGE_NOTIFICATIONS: ActionPolicy(
             "manage the notification channels",
             _same_everywhere(Role.ADMIN),
-            "Channels decide whether L3/L4 reach a phone at all; the SPEC gives them to admins.",
+            "Channels decide whether L3/L4 reach a phone at all, so they are the admins' "
+            "(docs/design.md).",
         ),
     }
 )

@@ -1,5 +1,5 @@
 """The authorisation chain's records: on-call shifts, escalation requests, pause confirmations,
-the audit trail and personal API tokens (SPEC: "Severity levels and the authorisation chain").
+the audit trail and personal API tokens (docs/design.md "The authorisation chain").
 
 Imported at the end of ``incidents.models`` so Django registers them with the app; import them
 from there. Commands live in ``breakers``, which ``incidents`` never imports: a command is

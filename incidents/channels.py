@@ -3,7 +3,7 @@
 Chat: a webhook, generic JSON or a Slack-compatible payload. E-mail: Django's SMTP backend
 (named explicitly, so a test runner's locmem EMAIL_BACKEND never swallows a page). SMS and
 phone: a Twilio-style provider (form POST to ``{base}/Messages.json`` and ``{base}/Calls.json``
-with basic auth). Settings, all optional (getattr defaults):
+with basic auth). Settings (console/settings.py, from the environment; see the README):
 
     BRAKELINE_PUBLIC_URL, NOTIFY_PROVIDER_BASE_URL, NOTIFY_PROVIDER_ACCOUNT_SID,
     NOTIFY_PROVIDER_AUTH_TOKEN, NOTIFY_PROVIDER_FROM_NUMBER, NOTIFY_EMAIL_FROM,
@@ -48,12 +48,8 @@ class DeliveryResult:
     transient: bool = False  # worth retrying (5xx, 429, connection error, timeout)
 
 
-def _setting(name: str, default: Any) -> Any:
-    return getattr(settings, name, default)
-
-
 def _timeout() -> float:
-    return float(_setting("NOTIFY_HTTP_TIMEOUT_SECONDS", 10))
+    return float(settings.NOTIFY_HTTP_TIMEOUT_SECONDS)
 
 
 def _http_post(
@@ -103,8 +99,7 @@ def send_chat(outgoing: Outgoing) -> DeliveryResult:
 
 
 def send_email(outgoing: Outgoing) -> DeliveryResult:
-    backend = _setting("NOTIFY_EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
-    sender = _setting("NOTIFY_EMAIL_FROM", "brakeline@localhost")
+    backend, sender = settings.NOTIFY_EMAIL_BACKEND, settings.NOTIFY_EMAIL_FROM
     started = time.monotonic()
     connection = get_connection(backend, fail_silently=False, timeout=_timeout())
     mail = EmailMessage(
@@ -121,11 +116,10 @@ def send_email(outgoing: Outgoing) -> DeliveryResult:
 
 
 def _provider(path: str, form: dict[str, str]) -> DeliveryResult:
-    base = str(_setting("NOTIFY_PROVIDER_BASE_URL", "")).rstrip("/")
+    base = str(settings.NOTIFY_PROVIDER_BASE_URL).rstrip("/")
     if not base:
         return DeliveryResult("failed", "NOTIFY_PROVIDER_BASE_URL is not set", 0.0)
-    sid = str(_setting("NOTIFY_PROVIDER_ACCOUNT_SID", ""))
-    token = str(_setting("NOTIFY_PROVIDER_AUTH_TOKEN", ""))
+    sid, token = str(settings.NOTIFY_PROVIDER_ACCOUNT_SID), str(settings.NOTIFY_PROVIDER_AUTH_TOKEN)
     auth = base64.b64encode(f"{sid}:{token}".encode()).decode()
     data = urllib.parse.urlencode(form).encode()
     status, body, latency = _http_post(
@@ -146,7 +140,7 @@ def _provider(path: str, form: dict[str, str]) -> DeliveryResult:
 
 def receipt_url() -> str:
     """Where the provider reports delivery (``console.api.notifications.ReceiptView``)."""
-    base = str(_setting("BRAKELINE_PUBLIC_URL", "")).rstrip("/")
+    base = str(settings.BRAKELINE_PUBLIC_URL).rstrip("/")
     return f"{base}/api/v1/notifications/receipts" if base else ""
 
 
@@ -163,13 +157,13 @@ def _with_callback(form: dict[str, str]) -> dict[str, str]:
 
 
 def send_sms(outgoing: Outgoing) -> DeliveryResult:
-    sender = str(_setting("NOTIFY_PROVIDER_FROM_NUMBER", ""))
+    sender = str(settings.NOTIFY_PROVIDER_FROM_NUMBER)
     form = {"To": outgoing.address, "From": sender, "Body": outgoing.message.sms()}
     return _provider("Messages.json", _with_callback(form))
 
 
 def send_phone(outgoing: Outgoing) -> DeliveryResult:
-    sender = str(_setting("NOTIFY_PROVIDER_FROM_NUMBER", ""))
+    sender = str(settings.NOTIFY_PROVIDER_FROM_NUMBER)
     message = outgoing.message
     speech = f"Brakeline alert. {message.first_line}. Acknowledge it in the console."
     twiml = f"<Response><Say>{escape(speech)}</Say></Response>"

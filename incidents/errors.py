@@ -1,4 +1,6 @@
-"""Errors that services raise and every entry point turns into the SPEC's error format.
+"""Errors that services raise and every entry point turns into one error format.
+
+The format is described in docs/protocol.md "Errors":
 
 ``{"error": "<code>", "detail": "<human sentence>", "fields": {...}}`` with the status code
 carried by the exception, so a REST view, a websocket consumer and a management command all

@@ -40,8 +40,6 @@ from incidents.models import (
 from incidents.notify_services import notify_escalation_request
 from incidents.transitions import compare_and_swap
 
-# Undecided this long, a request expires (and notifies the next manager). Settings override.
-DEFAULT_DECISION_SECONDS = 15 * 60
 # What may be asked for: stronger than a soft mitigation, never "resume" (not an escalation).
 ESCALATION_KINDS = ("checkpoint_and_pause", "lower_lr", "pause_data", "terminate", "isolate_node")
 
@@ -52,7 +50,8 @@ _DECISION_ROWS = {
 
 
 def decision_seconds() -> float:
-    return float(getattr(settings, "ESCALATION_DECISION_SECONDS", DEFAULT_DECISION_SECONDS))
+    """Undecided this long, a request expires (and notifies the next manager)."""
+    return float(settings.ESCALATION_DECISION_SECONDS)
 
 
 # --- Hooks for the notifications issue ------------------------------------------------------

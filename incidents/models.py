@@ -169,7 +169,7 @@ class AgentToken(models.Model):
         return token, raw
 
 
-# --- Alerts, incidents and their timeline (SPEC "What an alert must carry", "Incidents") -----
+# --- Alerts, incidents and their timeline (docs/design.md "Alerts and incidents") ----------
 
 
 class Severity(models.TextChoices):
@@ -260,8 +260,9 @@ class Incident(models.Model):
 class Alert(models.Model):
     """One condition of one rule on one job (and node), from firing to resolved.
 
-    Carries everything SPEC "What an alert must carry" lists; the job's id and name come through
-    ``job``. ``fingerprint`` is (job, rule, node): at most one active alert per fingerprint.
+    Carries everything docs/design.md "What an alert must carry" lists; the job's id and name
+    come through ``job``. ``fingerprint`` is (job, rule, node): at most one active alert per
+    fingerprint.
     """
 
     job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="alerts")

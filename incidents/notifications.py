@@ -51,7 +51,8 @@ def _tasks() -> Any:
 
 
 def policy_for(team_id: int) -> NotificationPolicy:
-    """The team's policy; the SPEC defaults (unsaved) when it has none."""
+    """The team's policy; the default policy (unsaved) when it has none (docs/design.md
+    "Notifications and paging")."""
     policy = NotificationPolicy.objects.filter(team_id=team_id).first()
     return policy if policy is not None else NotificationPolicy(team_id=team_id)
 
@@ -69,7 +70,7 @@ def notify_alert(alert_id: int) -> None:
 
 
 def job_link(job_id: int) -> str:
-    base = str(getattr(settings, "BRAKELINE_PUBLIC_URL", "http://127.0.0.1:8000")).rstrip("/")
+    base = str(settings.BRAKELINE_PUBLIC_URL).rstrip("/")
     return f"{base}/jobs/{job_id}/"
 
 
@@ -101,15 +102,16 @@ def alert_message(alert: Alert) -> Message:
 def dispatch_alert(alert_id: int, *, now: datetime | None = None) -> list[int]:
     """Round 0 of the alert at its current level (once: a second call finds the round)."""
     now = now or timezone.now()
-    alert = Alert.objects.select_related("job").get(pk=alert_id)
+    alert = Alert.objects.select_related("job__team").get(pk=alert_id)
     if alert.status != AlertStatus.FIRING or alert.layer == "performance":
         return []  # acknowledged already, or a digest finding
     if not notifications_configured(alert.job.team_id):
         # A team that never set up notifications has no addresses to page: say so in the log
         # rather than fill its timeline with failed deliveries.
         log.warning(
-            "team %s has no notification policy: alert %s pages nobody", alert.job.team_id, alert_id
-        )
+            "team %r (id %s) has no notification policy: %s alert %s pages nobody",
+            alert.job.team.name, alert.job.team_id, alert.severity, alert_id,
+        )  # fmt: skip
         return []
     try:
         with transaction.atomic():
@@ -343,12 +345,12 @@ def attempt_delivery(
         policy.chat_format,
     )
     result = channels.send(outgoing)
-    max_attempts = int(getattr(settings, "NOTIFY_MAX_ATTEMPTS", 5))
+    max_attempts = int(settings.NOTIFY_MAX_ATTEMPTS)
     if result.outcome == "failed" and result.transient and delivery.attempts < max_attempts:
         Delivery.objects.filter(pk=delivery.pk).update(
             provider_response=result.provider_response, latency_ms=result.latency_ms
         )
-        base = float(getattr(settings, "NOTIFY_RETRY_BASE_SECONDS", 2.0))
+        base = float(settings.NOTIFY_RETRY_BASE_SECONDS)
         return backoff_seconds(delivery.attempts, base=base)
     with transaction.atomic():
         _finish(delivery, result.outcome, result.provider_response, result, now or timezone.now())

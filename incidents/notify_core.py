@@ -1,6 +1,6 @@
 """Notification routing and content: the pure cores (no Django), table-tested.
 
-Routing follows SPEC "Metric layers": health → phone + SMS; stability → chat, from L3 also
+Routing follows docs/design.md "Metric layers": health → phone + SMS; stability → chat, from L3 also
 phone; performance → the daily digest, never a phone. A team's policy is a list of rules
 (layer, lowest level, channels); the channels of every matching rule are joined.
 """
@@ -15,7 +15,7 @@ CHANNELS = ("chat", "email", "sms", "phone")
 DIGEST = "digest"  # not a channel that pages anyone: the daily e-mail summary
 LAYERS = ("health", "stability", "performance")
 LEVELS = ("L1", "L2", "L3", "L4")
-PAGING_LEVELS = ("L3", "L4")  # SPEC: at least two channels, one of them phone
+PAGING_LEVELS = ("L3", "L4")  # at least two channels, one of them phone (docs/design.md)
 
 DEFAULT_RULES: list[dict[str, Any]] = [
     {"layer": "health", "min_level": "L1", "channels": ["phone", "sms"]},
@@ -41,7 +41,8 @@ def channels_for(rules: list[dict[str, Any]], layer: str, level: str) -> list[st
 
 
 def validate_rules(rules: Any) -> list[dict[str, Any]]:
-    """The rules, normalised; PolicyError with a clear message when they break the SPEC."""
+    """The rules, normalised; PolicyError with a clear message when they break the paging rules
+    of docs/design.md "Notifications and paging"."""
     if not isinstance(rules, list) or not rules:
         raise PolicyError("A policy needs a non-empty list of rules.")
     clean = [_clean_rule(index, rule) for index, rule in enumerate(rules)]
@@ -71,7 +72,7 @@ def _clean_rule(index: int, rule: Any) -> dict[str, Any]:
         raise PolicyError(f"{where}: channels must be a non-empty list of {', '.join(allowed)}.")
     if layer == "performance" and set(channels) & {"phone", "sms"}:
         raise PolicyError(
-            f"{where}: performance findings go to the daily digest, never to a phone (SPEC)."
+            f"{where}: performance findings go to the daily digest, never to a phone."
         )
     return {"layer": layer, "min_level": level, "channels": list(dict.fromkeys(channels))}
 
@@ -95,7 +96,7 @@ _TAKEN = {
 
 @dataclass(frozen=True)
 class AlertFacts:
-    """What SPEC "What an alert must carry" lists, as plain values."""
+    """What docs/design.md "What an alert must carry" lists, as plain values."""
 
     level: str
     team: str

@@ -48,7 +48,7 @@ def _admin_team(user: Any, team_id: int, attempt: Any) -> Team:
 
 
 def clean_policy(data: dict[str, Any]) -> dict[str, Any]:
-    """The policy fields given, checked; InvalidInput carries the SPEC's reason (400)."""
+    """The policy fields given, checked; InvalidInput carries the paging rules' reason (400)."""
     clean: dict[str, Any] = {}
     if "rules" in data:
         try:
@@ -178,8 +178,8 @@ def notify_incident_people(incident_id: int, first_line: str, body: str) -> list
 
 
 def send_daily_digest(team_id: int, *, now: datetime | None = None) -> list[int]:
-    """E-mail the team's performance findings of the last 24 h to its members (SPEC: a daily
-    digest, never a phone). Once per team and day: the day is in the first line, and the
+    """E-mail the team's performance findings of the last 24 h to its members (docs/design.md:
+    a daily digest, never a phone). Once per team and day: the day is in the first line, and the
     policy row's lock serialises two beats asking at once."""
     now = now or timezone.now()
     with transaction.atomic():

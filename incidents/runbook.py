@@ -1,8 +1,8 @@
 """The default runbook as data, and the choice of entry for an alert.
 
-SPEC, "What an alert must carry": every alert carries a suggested next step from the runbook
-(symptom -> likely causes -> what to check -> what to do). The five entries below are the
-SPEC's appendix word for word in substance; ``GENERIC`` covers every other alert.
+docs/design.md "What an alert must carry": every alert carries a suggested next step from the
+runbook (symptom -> likely causes -> what to check -> what to do). The five entries below are
+the default runbook of docs/design.md "The runbook"; ``GENERIC`` covers every other alert.
 
 Pure Python on purpose (no Django import): the breaker engine, the notifiers and the UI all
 call ``suggestion_for`` / ``format_suggestion``, and the tests run in milliseconds.

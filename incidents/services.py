@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import F
 from django.db.models.functions import Coalesce, Greatest
@@ -21,6 +26,8 @@ from incidents.alerts import (  # noqa: F401
     raise_or_update_alert,
     resolve_alert,
 )
+from incidents.audit import AuditContext, audited
+from incidents.authority import Action
 from incidents.errors import Conflict, InvalidInput, Unauthenticated
 from incidents.models import (
     JOB_TRANSITIONS,
@@ -28,17 +35,17 @@ from incidents.models import (
     Job,
     JobKind,
     JobStatus,
+    Membership,
+    Role,
     Team,
     hash_token,
 )
 from incidents.transitions import compare_and_swap
 
 # Heartbeat timeout: the job's own setting, else this many measured step times, never below
-# the floor (a fast toy job must not be declared hung by one slow garbage collection), and a
-# fixed default until a step time has been measured.
+# the floor (settings.HEARTBEAT_TIMEOUT_FLOOR_SECONDS), and the default until a step time has
+# been measured (settings.HEARTBEAT_TIMEOUT_DEFAULT_SECONDS).
 HEARTBEAT_STEP_TIME_MULTIPLIER = 8.0
-HEARTBEAT_TIMEOUT_FLOOR_SECONDS = 10.0
-HEARTBEAT_TIMEOUT_DEFAULT_SECONDS = 60.0
 # The alert the heartbeat watchdog raises (breakers.heartbeats) and a heartbeat resolves.
 HEARTBEAT_RULE_KEY = "heartbeat-timeout"
 # Weight of the newest measurement in the step-time moving average.
@@ -73,6 +80,75 @@ def create_job(team_name: str, name: str, kind: str = JobKind.TRAINING) -> Creat
         job = Job.objects.create(team=team, name=name.strip(), kind=kind)
         _, raw_token = AgentToken.issue(job)
     return CreatedJob(job=job, raw_token=raw_token, team_created=team_created)
+
+
+@dataclass(frozen=True)
+class AddedMember:
+    membership: Membership
+    user_created: bool
+    team_created: bool
+    previous_role: str | None  # None: the user had no role in the team before
+
+
+def add_member(
+    team_name: str,
+    username: str,
+    role: str,
+    *,
+    password: str | None = None,
+    context: AuditContext | None = None,
+) -> AddedMember:
+    """Give ``username`` the ``role`` in the team, replacing any role they had there.
+
+    The team is created if new, and so is the user, which then needs a password (checked by
+    AUTH_PASSWORD_VALIDATORS); an existing user's password is left alone. An operator's act at
+    the server (``manage.py add_member``): audited as ``manage_members`` by the system.
+    """
+    team_name, username = team_name.strip(), username.strip()
+    given = {"team": team_name, "user": username}
+    errors = {key: "must not be empty" for key, value in given.items() if not value}
+    if role not in Role.values:
+        errors["role"] = f"must be one of {', '.join(Role.values)}"
+    if errors:
+        raise InvalidInput("The member cannot be added.", fields=errors)
+    context = context or AuditContext(via="command")
+    with audited(None, Action.MANAGE_MEMBERS, "team", None, context) as attempt:
+        attempt.allowed, attempt.reason = True, "An operator at the server manages members."
+        with transaction.atomic():
+            user, user_created = _member_user(username, password)  # may refuse: no team yet
+            team, team_created = Team.objects.get_or_create(name=team_name)
+            attempt.team_id = attempt.target_id = team.pk
+            previous = _role_of(user, team)
+            membership, _ = Membership.objects.update_or_create(
+                user=user, team=team, defaults={"role": role}
+            )
+            was = f" (was {previous})" if previous else ""
+            attempt.succeeded(f"{username} is {role} of {team_name}{was}")
+    return AddedMember(membership, user_created, team_created, previous)
+
+
+def _role_of(user: Any, team: Team) -> str | None:
+    return Membership.objects.filter(user=user, team=team).values_list("role", flat=True).first()
+
+
+def _member_user(username: str, password: str | None) -> tuple[Any, bool]:
+    """The user, created with ``password`` when there is none yet."""
+    User = get_user_model()
+    user = User.objects.filter(username=username).first()
+    if user is not None:
+        return user, False
+    if not password:
+        raise InvalidInput(
+            f"There is no user {username!r}: a password is needed to create it.",
+            fields={"password": "required for a new user"},
+        )
+    try:
+        validate_password(password, User(username=username))
+    except ValidationError as error:
+        raise InvalidInput(
+            "The password is refused.", fields={"password": " ".join(error.messages)}
+        ) from None
+    return User.objects.create_user(username, password=password), True
 
 
 def issue_agent_token(job: Job) -> str:
@@ -120,9 +196,10 @@ def heartbeat_timeout_seconds(job: Job) -> float:
         return job.heartbeat_timeout_seconds
     if job.step_time_seconds:
         return max(
-            HEARTBEAT_TIMEOUT_FLOOR_SECONDS, HEARTBEAT_STEP_TIME_MULTIPLIER * job.step_time_seconds
+            settings.HEARTBEAT_TIMEOUT_FLOOR_SECONDS,
+            HEARTBEAT_STEP_TIME_MULTIPLIER * job.step_time_seconds,
         )
-    return HEARTBEAT_TIMEOUT_DEFAULT_SECONDS
+    return settings.HEARTBEAT_TIMEOUT_DEFAULT_SECONDS
 
 
 def _measured_step_time(job: Job, step: int, now: datetime) -> float | None:

@@ -113,7 +113,7 @@ def live_console(django_db_setup, django_db_blocker):
     """Daphne serving console.asgi on a free port against the test database.
 
     pytest-django's live_server is WSGI (no websockets) and Channels' live server test case
-    forks badly here, so a plain subprocess it is (see TESTING-NOTES).
+    forks badly here, so a plain subprocess it is (docs/testing.md "A live ASGI server").
     """
     port = free_port()
     with django_db_blocker.unblock():
@@ -172,7 +172,7 @@ def celery_worker(django_db_setup):
         app,
         pool="solo",
         perform_ping_check=False,
-        queues=settings.CELERY_WORKER_QUEUES,
+        queues=settings.WORKER_QUEUES,
         shutdown_timeout=30,
     ) as worker:
         yield worker
@@ -190,7 +190,7 @@ def _worker_is_idle() -> bool:
         return False
     client = redis.Redis.from_url(settings.REDIS_URL)
     try:
-        return all(client.llen(queue) == 0 for queue in settings.CELERY_WORKER_QUEUES)
+        return all(client.llen(queue) == 0 for queue in settings.WORKER_QUEUES)
     finally:
         client.close()
 

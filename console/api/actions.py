@@ -2,7 +2,8 @@
 
 Thin: validate the body, call the one service of the verb (``breakers.actions``), answer. The
 services scope (404), ask the authority (403 with its reason), check the state (409) and audit
-every attempt; errors reach the SPEC's format through ``console.api.errors``.
+every attempt; errors reach the one error format (docs/protocol.md "Errors") through
+``console.api.errors``.
 """
 
 from __future__ import annotations

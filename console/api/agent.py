@@ -1,4 +1,4 @@
-"""The agent protocol's HTTP endpoints (SPEC, "The agent protocol")."""
+"""The agent protocol's HTTP endpoints (docs/protocol.md)."""
 
 from __future__ import annotations
 

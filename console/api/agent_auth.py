@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle
@@ -53,6 +54,20 @@ class AgentTokenAuthentication(BaseAuthentication):
     def authenticate_header(self, request) -> str:
         # Makes DRF answer 401 (with this challenge) rather than 403 when no token is sent.
         return 'Bearer realm="brakeline"'
+
+
+class AgentTokenScheme(OpenApiAuthenticationExtension):
+    """The agent endpoints' security scheme in the OpenAPI schema: the job's bearer token."""
+
+    target_class = "console.api.agent_auth.AgentTokenAuthentication"
+    name = "agentToken"
+
+    def get_security_definition(self, auto_schema):
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "`Bearer <agent token>`, the job's token (`manage.py create_job`).",
+        }
 
 
 class AgentRateThrottle(BaseThrottle):

@@ -22,7 +22,7 @@ MAX_LIMIT = 500
 
 
 class AlertOut(serializers.Serializer):
-    """What SPEC "What an alert must carry" lists (``incidents.alerts.alert_payload``)."""
+    """What docs/design.md "What an alert must carry" lists (``incidents.alerts.alert_payload``)."""
 
     id = serializers.IntegerField()
     incident_id = serializers.IntegerField(allow_null=True)

@@ -1,4 +1,4 @@
-"""One error format for the whole API: {"error", "detail", "fields"} (SPEC, agent protocol)."""
+"""One error format for the whole API: {"error", "detail", "fields"} (docs/protocol.md "Errors")."""
 
 from __future__ import annotations
 

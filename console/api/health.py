@@ -44,7 +44,7 @@ def health_report(workers: int | None = None) -> tuple[dict, bool]:
         "queue": {
             "name": settings.CELERY_TASK_DEFAULT_QUEUE,
             "depth": liveness.queue_depth(settings.CELERY_TASK_DEFAULT_QUEUE),
-            "watchdog_depth": liveness.queue_depth(settings.CELERY_WATCHDOG_QUEUE),
+            "watchdog_depth": liveness.queue_depth(settings.WATCHDOG_QUEUE),
         },
         "workers": {"count": workers, "stale": workers == 0},
     }

@@ -17,7 +17,7 @@ from rest_framework.views import APIView
 from console.api.person_auth import PersonView, audit_context, error_responses
 from incidents.access import scoped_get
 from incidents.channels import provider_signature, receipt_url
-from incidents.models import Alert, Delivery, Team
+from incidents.models import Alert, Delivery, Severity, Team
 from incidents.notifications import (
     last_delivered,
     notifications_configured,
@@ -30,7 +30,7 @@ from incidents.notify_services import save_policy, send_test_notification, set_c
 
 class RuleDoc(serializers.Serializer):
     layer = serializers.ChoiceField(choices=["health", "stability", "performance"])
-    min_level = serializers.ChoiceField(choices=["L1", "L2", "L3", "L4"], default="L1")
+    min_level = serializers.ChoiceField(choices=Severity.choices, default="L1")
     channels = serializers.ListField(child=serializers.CharField())
 
 
@@ -43,12 +43,12 @@ class PolicyIn(serializers.Serializer):
     chat_webhook_url = serializers.CharField(required=False, allow_blank=True)
     chat_format = serializers.ChoiceField(choices=["generic", "slack"], required=False)
     ack_timeout_seconds = serializers.IntegerField(required=False)
-    escalate_min_level = serializers.ChoiceField(choices=["L1", "L2", "L3", "L4"], required=False)
+    escalate_min_level = serializers.ChoiceField(choices=Severity.choices, required=False)
 
 
 class PolicyOut(PolicyIn):
     team_id = serializers.IntegerField()
-    configured = serializers.BooleanField(help_text="False: the SPEC defaults, nobody is paged.")
+    configured = serializers.BooleanField(help_text="False: the default policy, nobody is paged.")
     last_delivered = serializers.DictField(
         child=serializers.DateTimeField(allow_null=True),
         help_text="Per channel, when the team's last delivery got through.",
@@ -197,7 +197,7 @@ class ReceiptView(APIView):
     )
     def post(self, request: Request) -> Response:
         form = {key: request.POST.get(key, "") for key in request.POST}
-        token = str(getattr(settings, "NOTIFY_PROVIDER_AUTH_TOKEN", ""))
+        token = str(settings.NOTIFY_PROVIDER_AUTH_TOKEN)
         expected = provider_signature(receipt_url(), form, token)
         given = request.headers.get("X-Twilio-Signature", "")
         if not token or not hmac.compare_digest(expected, given):

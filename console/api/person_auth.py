@@ -88,7 +88,7 @@ def audit_context(request: Request) -> AuditContext:
 
 
 def error_responses(*codes: int) -> dict[int, OpenApiResponse]:
-    """The SPEC's error body for each of ``codes``, for extend_schema."""
+    """The error body (docs/protocol.md "Errors") for each of ``codes``, for extend_schema."""
     texts = {
         400: "Invalid body; `fields` says which field and why.",
         401: "Not logged in, or an unknown or revoked token.",

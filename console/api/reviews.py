@@ -25,6 +25,7 @@ from incidents.audit import AuditContext
 from incidents.errors import InvalidInput
 from incidents.review_content import MAX_FOLLOW_UP_TEXT, MAX_FOLLOW_UPS, MAX_TEXT
 from incidents.review_export import to_markdown
+from incidents.review_models import ReviewStatus
 from incidents.review_report import team_incident_report
 from incidents.reviews import load_review, may_edit, review_document, save_review
 
@@ -74,7 +75,7 @@ class ReviewIn(serializers.Serializer):
         "saved in between, the answer is 409 and nothing is written.",
     )
     status = serializers.ChoiceField(
-        choices=["draft", "final"],
+        choices=ReviewStatus.choices,
         default="draft",
         help_text="final: sign the review off; the incident (resolved) becomes reviewed.",
     )
@@ -115,7 +116,7 @@ class DurationsOut(serializers.Serializer):
 
 
 class WriteUpOut(serializers.Serializer):
-    status = serializers.ChoiceField(choices=["draft", "final"])
+    status = serializers.ChoiceField(choices=ReviewStatus.choices)
     summary = serializers.CharField()
     impact = serializers.CharField()
     root_cause = serializers.CharField()

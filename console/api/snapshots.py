@@ -1,5 +1,6 @@
-"""``POST /api/v1/agent/snapshots``: the agent's environment snapshots (SPEC, "Environment
-snapshots"). Validation and storage are ``breakers.snapshots``; this is only the HTTP shape."""
+"""``POST /api/v1/agent/snapshots``: the agent's environment snapshots (docs/protocol.md
+"Environment snapshots"). Validation and storage are ``breakers.snapshots``; this is only the
+HTTP shape."""
 
 from __future__ import annotations
 

@@ -72,7 +72,8 @@ class RecordingTransport:
         return [point for body in self.bodies("metrics") for point in body["points"]]
 
 
-def wait_until(condition: Callable[[], Any], timeout: float = 5.0, interval: float = 0.01) -> Any:
+def wait_until(condition: Callable[[], Any], timeout: float = 60.0, interval: float = 0.01) -> Any:
+    """Poll until ``condition`` holds; the deadline is generous (a loaded machine), not a goal."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = condition()

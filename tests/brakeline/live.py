@@ -155,7 +155,7 @@ class RestartableConsole:
 
 
 def wait_for(
-    predicate: Callable[[], Any], what: str, timeout: float = 30.0, training: Training | None = None
+    predicate: Callable[[], Any], what: str, timeout: float = 90.0, training: Training | None = None
 ) -> Any:
     """Poll until predicate() is truthy; a training process that died fails at once."""
     deadline = time.monotonic() + timeout

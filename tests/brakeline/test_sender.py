@@ -22,7 +22,7 @@ def test_points_are_batched_by_size(make_run, transport):
 def test_a_few_points_leave_after_the_flush_interval_without_flush(make_run, transport):
     run = make_run(flush_interval=0.05)
     run.log({"grad_norm": 2.0}, step=3)
-    points = wait_until(transport.points, timeout=2.0)
+    points = wait_until(transport.points)
     assert points[0]["name"] == "grad_norm" and points[0]["step"] == 3
     assert points[0]["node"] == run.settings.node
 
@@ -72,7 +72,7 @@ def test_429_waits_at_least_retry_after(make_run, transport):
     transport.responder = responder
     run = make_run(flush_interval=0.01)
     run.log({"loss": 1.0}, step=1)
-    wait_until(lambda: len(transport.bodies("metrics")) >= 2, timeout=3.0)
+    wait_until(lambda: len(transport.bodies("metrics")) >= 2)
     times = [when for when, path, _ in transport.calls if path == "metrics"]
     assert times[1] - times[0] >= 0.3
     first, second = transport.bodies("metrics")[:2]

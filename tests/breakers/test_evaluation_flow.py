@@ -29,7 +29,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 METRICS = "/api/v1/agent/metrics"
 
 
-def wait_for(predicate, what: str, timeout: float = 15.0):
+def wait_for(predicate, what: str, timeout: float = 60.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         result = predicate()
@@ -44,7 +44,7 @@ def worker_idle() -> bool:
 
     def idle() -> bool:
         busy = worker_state.active_requests or worker_state.reserved_requests
-        return not busy and all(tasks._redis().llen(q) == 0 for q in settings.CELERY_WORKER_QUEUES)
+        return not busy and all(tasks._redis().llen(q) == 0 for q in settings.WORKER_QUEUES)
 
     return idle() and (time.sleep(0.05) or idle())
 

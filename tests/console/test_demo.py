@@ -67,30 +67,60 @@ def query(tmp_path: Path, sql: str) -> list[tuple]:
             return []
 
 
-def test_the_demo_trains_for_real_diverges_and_is_braked(tmp_path):
-    pytest.importorskip("torch")
-    demo = Demo(tmp_path, "--diverge-at", "40", "--seconds", "90")
+def run_until_braked(tmp_path: Path, braked_before: int) -> tuple[list[tuple], str]:
+    """One ``make demo`` in ``tmp_path`` until its run is braked, then Ctrl-C."""
+    demo = Demo(tmp_path, "--diverge-at", "40", "--seconds", "120")
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 120
         braked: list[tuple] = []
-        while not braked and time.monotonic() < deadline and demo.process.poll() is None:
+        while len(braked) <= braked_before and time.monotonic() < deadline:
+            if demo.process.poll() is not None:
+                break
             time.sleep(0.5)
             braked = query(
                 tmp_path,
-                "SELECT result, reason, severity FROM breakers_command "
-                "WHERE kind = 'checkpoint_and_pause' AND status = 'succeeded'",
+                "SELECT c.result, c.reason, c.severity, j.name FROM breakers_command c "
+                "JOIN incidents_job j ON j.id = c.job_id "
+                "WHERE c.kind = 'checkpoint_and_pause' AND c.status = 'succeeded' ORDER BY c.id",
             )
     finally:
         output = demo.stop()
-    assert braked, output
-    assert "A real PyTorch training run" in output
-    result, reason, severity = braked[0]
+    assert demo.leftovers() == ""
+    return braked, output
+
+
+def check_braked(row: tuple, job_name: str) -> None:
+    result, reason, severity, name = row
     result = json.loads(result)
+    assert name == job_name
     assert severity == "L3" and "NaN/Inf" in reason
     assert hashlib.sha256(Path(result["path"]).read_bytes()).hexdigest() == result["sha256"]
-    assert query(tmp_path, "SELECT status FROM incidents_job") == [("paused",)]
     assert result["step"] > 40  # it trained healthily first, then diverged
-    assert demo.leftovers() == ""
+
+
+def test_the_demo_trains_for_real_diverges_and_is_braked_and_runs_again(tmp_path):
+    """Twice in one data directory, as `make demo`, Ctrl-C, `make demo` again."""
+    pytest.importorskip("torch")
+    braked, output = run_until_braked(tmp_path, braked_before=0)
+    assert len(braked) == 1, output
+    assert "A real PyTorch training run" in output
+    check_braked(braked[0], "demo-run")
+    assert query(tmp_path, "SELECT status FROM incidents_job") == [("paused",)]
+
+    braked, output = run_until_braked(tmp_path, braked_before=1)
+    assert len(braked) == 2, output
+    check_braked(braked[1], "demo-run-2")
+    # The earlier run and its incident are kept; only the new job can still report.
+    assert query(tmp_path, "SELECT name, status FROM incidents_job ORDER BY id") == [
+        ("demo-run", "paused"),
+        ("demo-run-2", "paused"),
+    ]
+    assert query(tmp_path, "SELECT COUNT(*) FROM incidents_incident") == [(2,)]
+    assert query(
+        tmp_path,
+        "SELECT COUNT(*) FROM incidents_agenttoken t JOIN incidents_job j ON j.id = t.job_id "
+        "WHERE j.name = 'demo-run' AND t.revoked_at IS NULL",
+    ) == [(0,)]
 
 
 def test_without_torch_the_demo_says_so_and_simulates(tmp_path):

@@ -54,7 +54,7 @@ def post(url: str, token: str, body: dict) -> dict:
         return json.loads(response.read())
 
 
-def wait_for_healthy(url: str, timeout: float = 10.0) -> dict:
+def wait_for_healthy(url: str, timeout: float = 60.0) -> dict:
     """The in-process watchdog ticks every second, so health turns ok shortly after start."""
     deadline = time.monotonic() + timeout
     while True:

@@ -74,11 +74,14 @@ def team(receiver, settings):  # noqa: F811
     Membership.objects.create(user=bob, team=job.team, role="manager")
     Contact.objects.create(user=alice, phone="+15551110001")
     Contact.objects.create(user=bob, phone="+15552220002")
+    # Alerts carry T0, but what is not run under time_machine (a real worker, a task body)
+    # resolves the on-call at the real clock: the shift covers both, on any date.
+    now = datetime.now(UTC)
     OnCallShift.objects.create(
         team=job.team,
         user=alice,
-        starts_at=T0 - timedelta(hours=8),
-        ends_at=T0 + timedelta(hours=8),
+        starts_at=min(T0, now) - timedelta(hours=8),
+        ends_at=max(T0, now) + timedelta(hours=8),
     )
     NotificationPolicy.objects.create(
         team=job.team, chat_webhook_url=receiver.url + "/hooks/chat", ack_timeout_seconds=300

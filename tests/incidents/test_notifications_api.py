@@ -1,6 +1,6 @@
-"""The notifications API: admins set the policy (refused with the SPEC's reason when it breaks
-it), contacts and test messages; members read the policy, deliveries and the last delivery per
-channel; escalation requests reach the managers."""
+"""The notifications API: admins set the policy (refused with the paging rules' reason when it
+breaks them), contacts and test messages; members read the policy, deliveries and the last
+delivery per channel; escalation requests reach the managers."""
 
 from __future__ import annotations
 

@@ -82,7 +82,7 @@ def test_performance_never_reaches_a_phone_even_if_a_rule_is_smuggled_in():
         ),
         (
             [*DEFAULT_RULES, {"layer": "performance", "channels": ["phone"]}],
-            "rule 5: performance findings go to the daily digest, never to a phone (SPEC).",
+            "rule 5: performance findings go to the daily digest, never to a phone.",
         ),
         ([{"layer": "gpu", "channels": ["chat"]}], "rule 1: layer must be one of"),
         ([{"layer": "health", "channels": ["pager"]}], "rule 1: channels must be a non-empty"),

@@ -1,4 +1,5 @@
-"""The default runbook: its content (SPEC appendix), the entry chosen per alert, the phone line."""
+"""The default runbook: its content (docs/design.md "The runbook"), the entry chosen per alert,
+the phone line."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def test_every_entry_is_complete(entry: RunbookEntry) -> None:
         assert all(isinstance(item, str) and item.strip() for item in items)
 
 
-# The SPEC appendix, one distinctive phrase per column, so the data cannot drift from it.
+# docs/design.md "The runbook", one distinctive phrase per column, so the data cannot drift.
 @pytest.mark.parametrize(
     ("key", "cause", "check", "step"),
     [

@@ -27,7 +27,7 @@ from django.db import transaction
 
 from console.simulator import SimulatedRun
 from incidents.models import Job, Membership, Role, Team
-from incidents.services import create_job
+from incidents.services import create_job, revoke_agent_tokens
 
 DEMO_TEAM = "demo"
 DEMO_JOB = "demo-run"
@@ -40,8 +40,13 @@ DEMO_USERS = {
 }
 
 
-def set_up_demo_data() -> str:
-    """Demo users and a fresh demo job; returns the job's agent token."""
+def set_up_demo_data() -> tuple[str, str]:
+    """Demo users and a new demo job; returns the job's name and its agent token.
+
+    Earlier demo jobs stay, with their incidents (a second run shows two incidents and a team
+    report with two rows): they are only retired, so nothing from an earlier run can still
+    report, be watched for heartbeats or be aimed at by an executor (its PID may be reused).
+    """
     User = get_user_model()
     with transaction.atomic():
         team, _ = Team.objects.get_or_create(name=DEMO_TEAM)
@@ -51,8 +56,22 @@ def set_up_demo_data() -> str:
             user.is_staff = user.is_superuser = role == Role.ADMIN
             user.save()
             Membership.objects.update_or_create(user=user, team=team, defaults={"role": role})
-        Job.objects.filter(team=team, name=DEMO_JOB).delete()
-    return create_job(DEMO_TEAM, DEMO_JOB).raw_token
+        earlier = Job.objects.filter(team=team, name__startswith=DEMO_JOB)
+        for job in earlier:
+            revoke_agent_tokens(job)
+        earlier.update(heartbeat_deadline=None, agent_pid=None)
+        name = demo_job_name(set(earlier.values_list("name", flat=True)))
+    return name, create_job(DEMO_TEAM, name).raw_token
+
+
+def demo_job_name(taken: set[str]) -> str:
+    """``demo-run`` the first time, then ``demo-run-2``, ``demo-run-3``…"""
+    if DEMO_JOB not in taken:
+        return DEMO_JOB
+    number = 2
+    while f"{DEMO_JOB}-{number}" in taken:
+        number += 1
+    return f"{DEMO_JOB}-{number}"
 
 
 def wait_for_port(host: str, port: int, timeout: float = 20.0) -> None:
@@ -101,12 +120,12 @@ class Command(BaseCommand):
 
     def handle(self, *args, host: str, port: int, simulator: bool, **options):
         call_command("migrate", verbosity=0)
-        token = set_up_demo_data()
+        job_name, token = set_up_demo_data()
         if not simulator and not torch_installed():
             self.stdout.write(
                 self.style.WARNING(
                     "install torch for the real training run; falling back to the simulator "
-                    "(pip install torch==2.13.0, see TESTING-NOTES)"
+                    "(pip install torch==2.13.0, see docs/testing.md)"
                 )
             )
             simulator = True
@@ -114,6 +133,9 @@ class Command(BaseCommand):
         # Stopped from outside (kill, a supervisor's SIGTERM): end like Ctrl-C, so the console
         # and the training run below are stopped too instead of being left running.
         signal.signal(signal.SIGTERM, signal.default_int_handler)
+        # Ctrl-C even when started from a shell that ignores SIGINT (a job started with `&`):
+        # Python keeps an inherited "ignore", and the demo could then never be stopped.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         server = subprocess.Popen(
             [
                 sys.executable,
@@ -123,6 +145,9 @@ class Command(BaseCommand):
                 host,
                 "-p",
                 str(port),
+                # No access log (a line per agent request); console.request_log sums them up.
+                "--verbosity",
+                "0",
                 "console.asgi:application",
             ]
         )
@@ -131,14 +156,14 @@ class Command(BaseCommand):
         timer = threading.Timer(options["seconds"] or 0, os.kill, (os.getpid(), signal.SIGINT))
         try:
             wait_for_port(host, port)
-            self.print_welcome(host, port, simulator)
+            self.print_welcome(host, port, simulator, job_name)
             if options["seconds"] is not None:
                 timer.start()
             url = f"http://{host}:{port}"
             if simulator:
                 self.simulate(url, token, options)
             else:
-                self.train(url, token, options)
+                self.train(url, token, job_name, options)
         except KeyboardInterrupt:
             self.stdout.write("\nStopping the demo.")
         finally:
@@ -155,13 +180,13 @@ class Command(BaseCommand):
             run.nan_at_step = options["diverge_at"] + 200
         run.run(max_steps=options["steps"])
 
-    def train(self, url: str, token: str, options: dict) -> None:
+    def train(self, url: str, token: str, job_name: str, options: dict) -> None:
         """The real training run, in its own process: it must not share this one's Django."""
         data = Path(settings.DATA_DIR)
         command = [
             sys.executable, "-P", str(Path(__file__).resolve().parents[2] / "demo_training.py"),
-            "--url", url, "--token", token, "--job", DEMO_JOB,
-            "--checkpoint-dir", str(data / "checkpoints" / DEMO_JOB),
+            "--url", url, "--token", token, "--job", job_name,
+            "--checkpoint-dir", str(data / "checkpoints" / job_name),
             "--spill-dir", str(data / "spill"), "--diverge-at", str(options["diverge_at"] or 500),
         ]  # fmt: skip
         if options["steps"] is not None:
@@ -179,7 +204,7 @@ class Command(BaseCommand):
                 training.terminate()  # it finishes its run (final heartbeat) and exits
                 training.wait(timeout=30)
 
-    def print_welcome(self, host: str, port: int, simulator: bool) -> None:
+    def print_welcome(self, host: str, port: int, simulator: bool, job_name: str) -> None:
         mode = "embedded (SQLite, in-process worker)" if settings.EMBEDDED else "server"
         self.stdout.write(
             self.style.SUCCESS(f"\nBrakeline is running at http://{host}:{port}/ — {mode}")
@@ -194,6 +219,6 @@ class Command(BaseCommand):
         )
         when = "a minute" if simulator else "half a minute"
         self.stdout.write(
-            f"{what} ({DEMO_TEAM}/{DEMO_JOB}) streams metrics now; it diverges on purpose "
+            f"{what} ({DEMO_TEAM}/{job_name}) streams metrics now; it diverges on purpose "
             f"after about {when} and the console brakes it. Ctrl-C stops everything.\n"
         )

@@ -82,7 +82,10 @@ def checkpoint_of(folder: Path) -> dict:
 def test_a_hung_job_gets_usr1_checkpoints_then_is_cancelled(
     slurm_cluster, live_console, worker, agent, settings
 ):
-    settings.COMMAND_ACK_TIMEOUT_SECONDS = {"checkpoint_and_pause": 1.0}
+    settings.COMMAND_ACK_TIMEOUT_SECONDS = {
+        **settings.COMMAND_ACK_TIMEOUT_SECONDS,
+        "checkpoint_and_pause": 1.0,
+    }
     settings.EXECUTOR_GRACE_SECONDS = 2.0
     Job.objects.filter(pk=agent.job_id).update(heartbeat_timeout_seconds=1.0)
     slurm_id, folder = submit(slurm_cluster, live_console, agent, hang_at="20")

@@ -46,6 +46,20 @@ def browser_context_args(browser_context_args):
     return {**browser_context_args, "viewport": {"width": 1400, "height": 1000}}
 
 
+# Playwright waits 5 s for an expectation by default: too short for a live update on two
+# loaded cores. A passing test never waits this long; a failing one says so after it.
+EVENT_MS = 45_000
+
+
+@pytest.fixture(autouse=True)
+def _generous_waits(request):
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=EVENT_MS)
+    if "page" in request.fixturenames:
+        request.getfixturevalue("page").set_default_timeout(EVENT_MS)
+
+
 @dataclass
 class ScriptedAgent:
     """A training process reduced to its protocol: metrics, heartbeats, acknowledgements."""
@@ -71,7 +85,7 @@ class ScriptedAgent:
     def heartbeat(self, step: int, status: str = "running") -> list[dict]:
         return self.post("/api/v1/agent/heartbeat", {"step": step, "status": status})["commands"]
 
-    def wait_for_command(self, kind: str, step: int, timeout: float = 20.0) -> dict:
+    def wait_for_command(self, kind: str, step: int, timeout: float = 60.0) -> dict:
         """Poll heartbeats (the protocol's fallback channel) until a command of ``kind``."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
