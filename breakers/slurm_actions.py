@@ -1,6 +1,6 @@
 """Commands of Slurm-bound jobs carried out through Slurm: L4 cancel, node drain, requeue.
 
-Run by ``breakers.slurm_tasks.act_through_slurm`` after the command committed. Idempotent, so a
+Run by ``slurm.act_through_slurm`` after the command committed. Idempotent, so a
 redelivered task does nothing twice: an ended job is not cancelled again, a drain already
 recorded for the command is not repeated, a requeue happens once per drain. When Slurm has done
 what the command asked, the command is acknowledged on the job's behalf (the job may be killed

@@ -65,6 +65,7 @@ def schedule_evaluation(job_id: int) -> bool:
 
 
 @shared_task(
+    name="detection.evaluate_job",
     acks_late=True,
     ignore_result=True,
     autoretry_for=TRANSIENT_ERRORS,
@@ -78,7 +79,7 @@ def evaluate_job(job_id: int) -> int:
     return evaluation.evaluate_job(job_id).points
 
 
-@shared_task(acks_late=True, ignore_result=True)
+@shared_task(name="detection.tick_evaluations", acks_late=True, ignore_result=True)
 def tick_evaluations() -> int:
     """Beat (every few seconds): enqueue a tick for each running job, coalesced per job."""
     enqueued = 0
@@ -91,6 +92,7 @@ def tick_evaluations() -> int:
 
 
 @shared_task(
+    name="detection.tick_job",
     acks_late=True,
     ignore_result=True,
     autoretry_for=TRANSIENT_ERRORS,

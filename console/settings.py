@@ -282,10 +282,10 @@ WORKER_QUEUES = [WATCHDOG_QUEUE, CELERY_TASK_DEFAULT_QUEUE, TICK_QUEUE]
 # bound as Celery binds a queue it creates itself (exchange and routing key = its name).
 CELERY_TASK_QUEUES = [Queue(name, Exchange(name), routing_key=name) for name in WORKER_QUEUES]
 CELERY_TASK_ROUTES = {
-    "breakers.control_tasks.watchdog": {"queue": WATCHDOG_QUEUE},
-    "breakers.control_tasks.stop_job": {"queue": WATCHDOG_QUEUE},
-    "breakers.tasks.tick_evaluations": {"queue": TICK_QUEUE},
-    "breakers.tasks.tick_job": {"queue": TICK_QUEUE},
+    "control.watchdog": {"queue": WATCHDOG_QUEUE},
+    "control.stop_job": {"queue": WATCHDOG_QUEUE},
+    "detection.tick_evaluations": {"queue": TICK_QUEUE},
+    "detection.tick_job": {"queue": TICK_QUEUE},
 }
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": 300,
@@ -365,17 +365,17 @@ CELERY_BEAT_SCHEDULE = {
     # The watchdog for jobs (heartbeats, unacknowledged commands) runs every second; its own
     # last run is what /api/v1/health reports as the beat's age.
     "watchdog": {
-        "task": "breakers.control_tasks.watchdog",
+        "task": "control.watchdog",
         "schedule": 1.0,
         "options": {"expires": 5},
     },
     "expire-escalations": {
-        "task": "console.tasks.expire_escalations",
+        "task": "escalations.expire",
         "schedule": 30.0,
         "options": {"expires": 25},
     },
     "breakers-tick-evaluations": {
-        "task": "breakers.tasks.tick_evaluations",
+        "task": "detection.tick_evaluations",
         "schedule": float(_env_int("BRAKELINE_TICK_SECONDS", 5)),
         "options": {"expires": 10},
     },
@@ -432,11 +432,11 @@ if NOTIFY_MAX_ATTEMPTS < 1:
 NOTIFY_RETRY_BASE_SECONDS = _env_seconds("BRAKELINE_NOTIFY_RETRY_BASE_SECONDS", 2.0)
 NOTIFY_HTTP_TIMEOUT_SECONDS = _env_seconds("BRAKELINE_NOTIFY_HTTP_TIMEOUT_SECONDS", 10.0)
 CELERY_BEAT_SCHEDULE["notification-rounds"] = {
-    "task": "incidents.tasks.fire_due_rounds_task",
+    "task": "notifications.fire_due_rounds",
     "schedule": 15.0,
     "options": {"expires": 14},
 }
 CELERY_BEAT_SCHEDULE["notification-digest"] = {
-    "task": "incidents.tasks.daily_digest_task",
+    "task": "notifications.daily_digest",
     "schedule": crontab(hour=8, minute=0),
 }

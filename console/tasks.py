@@ -11,7 +11,7 @@ from celery import shared_task
 from breakers.escalation_actions import expire_escalations as expire_due_escalations
 
 
-@shared_task(acks_late=True, ignore_result=True, expires=25)
+@shared_task(name="escalations.expire", acks_late=True, ignore_result=True, expires=25)
 def expire_escalations() -> int:
     """Beat, every 30 s: expire undecided escalation requests. Idempotent (compare-and-swap
     per request), so an overlapping or redelivered run does nothing twice."""

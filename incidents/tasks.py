@@ -13,24 +13,24 @@ from incidents import notifications, notify_services
 from incidents.models import NotificationPolicy
 
 
-@shared_task(acks_late=True, ignore_result=True)
+@shared_task(name="notifications.dispatch_alert", acks_late=True, ignore_result=True)
 def dispatch_alert_task(alert_id: int) -> None:
     notifications.dispatch_alert(alert_id)
 
 
-@shared_task(bind=True, acks_late=True, ignore_result=True, max_retries=None)
+@shared_task(name="notifications.fire_round", bind=True, acks_late=True, ignore_result=True, max_retries=None)
 def fire_round_task(self, round_id: int) -> None:
     if notifications.fire_round(round_id) is None and not self.request.is_eager:
         # Handed out early (a broker's visibility timeout can redeliver an ETA task).
         raise self.retry(countdown=5)
 
 
-@shared_task(acks_late=True, ignore_result=True)
+@shared_task(name="notifications.fire_due_rounds", acks_late=True, ignore_result=True)
 def fire_due_rounds_task() -> None:
     notifications.fire_due_rounds()
 
 
-@shared_task(bind=True, acks_late=True, ignore_result=True, max_retries=None)
+@shared_task(name="notifications.send_delivery", bind=True, acks_late=True, ignore_result=True, max_retries=None)
 def send_delivery_task(self, delivery_id: int, attempt: int = 0) -> None:
     # Each task owns one attempt number: a duplicate message, or a second worker, finds the
     # attempt already taken and sends nothing. Only transient failures come back with a delay.
@@ -42,7 +42,7 @@ def send_delivery_task(self, delivery_id: int, attempt: int = 0) -> None:
         raise self.retry(args=(delivery_id, attempt + 1), countdown=retry_in)
 
 
-@shared_task(acks_late=True, ignore_result=True)
+@shared_task(name="notifications.daily_digest", acks_late=True, ignore_result=True)
 def daily_digest_task() -> None:
     for team_id in NotificationPolicy.objects.values_list("team_id", flat=True):
         notify_services.send_daily_digest(team_id)

@@ -33,7 +33,7 @@ def test_without_q_a_worker_consumes_the_three_queues_in_priority_order():
     assert settings.WORKER_QUEUES == [settings.WATCHDOG_QUEUE, settings.CELERY_TASK_DEFAULT_QUEUE,
                                       settings.TICK_QUEUE]  # fmt: skip
     assert app.conf.broker_transport_options["queue_order_strategy"] == "priority"
-    route = app.amqp.router.route({}, "breakers.control_tasks.watchdog")
+    route = app.amqp.router.route({}, "control.watchdog")
     assert route["queue"].name == settings.WATCHDOG_QUEUE
 
 

@@ -273,7 +273,7 @@ def test_a_worker_finds_the_expiry_task_by_autodiscovery():
     code = (
         "import django; django.setup(); from console.celery import app; "
         "app.loader.import_default_modules(); "
-        "print('console.tasks.expire_escalations' in app.tasks)"
+        "print('escalations.expire' in app.tasks)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],

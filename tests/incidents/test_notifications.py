@@ -253,7 +253,7 @@ def fan_out_by_hand():
         app.amqp.flush_routes()  # Celery caches its router: rebuild it on the new table
         app.amqp.__dict__.pop("router", None)
 
-    route({**(previous or {}), "incidents.tasks.*": {"queue": parked}})
+    route({**(previous or {}), "notifications.*": {"queue": parked}})
     yield
     route(previous)
     redis.Redis.from_url(django_settings.REDIS_URL).delete(parked)
