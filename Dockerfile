@@ -10,4 +10,4 @@ COPY templates ./templates
 COPY manage.py ./
 RUN pip install --no-cache-dir . && BRAKELINE_DATA_DIR=/tmp/build python manage.py collectstatic --noinput
 EXPOSE 8000
-CMD ["python", "-m", "daphne", "-b", "0.0.0.0", "-p", "8000", "--verbosity", "0", "console.asgi:application"]
+CMD ["python", "-m", "daphne", "-b", "0.0.0.0", "-p", "8000", "--verbosity", "0", "config.asgi:application"]

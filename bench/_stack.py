@@ -38,7 +38,7 @@ def set_up_django() -> None:
         if not admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
             admin.execute(f'CREATE DATABASE "{name}"')
     os.environ["DATABASE_URL"] = url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     os.environ.setdefault("BRAKELINE_SECRET_KEY", "bench-only-secret-key")
     import django
     from django.core.management import call_command
@@ -68,7 +68,7 @@ def daphne(extra_env: dict[str, str] | None = None):
             str(port),
             "--access-log",
             os.devnull,
-            "console.asgi:application",
+            "config.asgi:application",
         ],
         cwd=ROOT,
         env=env,
@@ -99,7 +99,7 @@ def start_worker(*extra: str) -> subprocess.Popen:
     """A real Celery worker subprocess on this run's queue (BRAKELINE_CELERY_QUEUE)."""
     queue = os.environ["BRAKELINE_CELERY_QUEUE"]
     command = [
-        sys.executable, "-m", "celery", "-A", "console", "--quiet", "worker", "--pool", "solo",
+        sys.executable, "-m", "celery", "-A", "config", "--quiet", "worker", "--pool", "solo",
         "-Q", f"{queue}-watchdog,{queue},{queue}-ticks",
         "--loglevel", "warning",
         "--without-gossip", "--without-mingle", "--without-heartbeat", *extra,

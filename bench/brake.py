@@ -49,7 +49,7 @@ def brake_once(base_url: str, index: int) -> float | str:
     """Seconds from POSTing a NaN to the checkpoint_and_pause frame on the websocket."""
     from websockets.sync.client import connect
 
-    from incidents.services import create_job
+    from incidents.jobs import create_job
 
     created = create_job("bench", f"brake-{time.time_ns()}-{index}")
     token = created.raw_token
@@ -69,7 +69,7 @@ def brake_once(base_url: str, index: int) -> float | str:
 
 def missed_push(job_id: int) -> float | str:
     """No frame in 10 s: say whether the brake was issued (push lost) or not (worker late)."""
-    from breakers.control_models import Command
+    from breakers.models import Command
 
     issued = Command.objects.filter(job_id=job_id).exists()
     return "push lost (command issued; heartbeat reply delivers it)" if issued else "not issued"
@@ -77,8 +77,8 @@ def missed_push(job_id: int) -> float | str:
 
 def heartbeat_detection_once(base_url: str, index: int, timeout: float) -> float:
     """Seconds between a silent job's heartbeat deadline and its alert being raised."""
+    from incidents.jobs import HEARTBEAT_RULE_KEY, create_job
     from incidents.models import Alert, Job
-    from incidents.services import HEARTBEAT_RULE_KEY, create_job
 
     created = create_job("bench", f"silent-{time.time_ns()}-{index}")
     Job.objects.filter(pk=created.job.pk).update(heartbeat_timeout_seconds=timeout)
@@ -101,7 +101,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1.0, help="heartbeat timeout, s")
     args = parser.parse_args()
     set_up_django()
-    from console.celery import app
+    from config.celery import app
 
     app.control.purge()
     from incidents.models import Job

@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from breakers.engine import JobEvaluator, Point  # noqa: E402
-from breakers.rulepack import default_rules  # noqa: E402
+from breakers.detection.engine import JobEvaluator, Point  # noqa: E402
+from breakers.detection.rulepack import default_rules  # noqa: E402
 
 T0 = 1_767_225_600.0
 POINTS_PER_STEP = 6
@@ -37,13 +37,22 @@ def make_series(steps: int, seed: int = 1) -> list[tuple[float, ...]]:
     rows = []
     for step in range(steps):
         loss = (2.0 + 8.0 * math.exp(-step / 20_000)) * (1.0 + 0.03 * rng.gauss(0, 1))
-        rows.append((loss, abs(rng.gauss(1.0, 0.2)), 3e-4, 1000 + rng.gauss(0, 10),
-                     0.93 + rng.gauss(0, 0.01), 0.05 + abs(rng.gauss(0, 0.005))))
+        rows.append(
+            (
+                loss,
+                abs(rng.gauss(1.0, 0.2)),
+                3e-4,
+                1000 + rng.gauss(0, 10),
+                0.93 + rng.gauss(0, 0.01),
+                0.05 + abs(rng.gauss(0, 0.005)),
+            )
+        )
     return rows
 
 
-def run_loop(rows: list[tuple[float, ...]], sink: Callable[[Point], object],
-             tick: Callable[[float], object]) -> int:
+def run_loop(
+    rows: list[tuple[float, ...]], sink: Callable[[Point], object], tick: Callable[[float], object]
+) -> int:
     """The measured loop: build every point and hand it to `sink`; returns points built."""
     count = 0
     for step, (loss, grad, lr, throughput, util, wait) in enumerate(rows):
@@ -65,11 +74,13 @@ def time_once(rows: list[tuple[float, ...]], evaluate: bool) -> tuple[float, int
         evaluator = JobEvaluator(default_rules())
         sink, tick = evaluator.feed, evaluator.tick
     else:
+
         def sink(point: Point) -> None:
             return None
 
         def tick(now: float) -> None:
             return None
+
     start = time.perf_counter()
     count = run_loop(rows, sink, tick)
     return time.perf_counter() - start, count
@@ -105,16 +116,22 @@ def main() -> None:
     engine = median_rate(rows, evaluate=True, repeat=args.repeat)
     size, saved, restored = state_figures(rows)
     rules = [rule for rule in default_rules() if rule.enabled]
-    print(f"Python {platform.python_version()} on {platform.machine()}, "
-          f"{os.cpu_count()} logical CPUs; single thread")
-    print(f"default pack: {len(rules)} enabled rules; {args.steps} steps × "
-          f"{POINTS_PER_STEP} points; median of {args.repeat}")
+    print(
+        f"Python {platform.python_version()} on {platform.machine()}, "
+        f"{os.cpu_count()} logical CPUs; single thread"
+    )
+    print(
+        f"default pack: {len(rules)} enabled rules; {args.steps} steps × "
+        f"{POINTS_PER_STEP} points; median of {args.repeat}"
+    )
     print(f"  baseline (build points only): {baseline:>12,.0f} points/s")
     print(f"  JobEvaluator.feed:            {engine:>12,.0f} points/s per core")
     print(f"  ratio baseline / evaluator:   {baseline / engine:>12.1f} ×")
     print(f"  evaluation cost:              {1e6 / engine - 1e6 / baseline:>12.2f} µs/point")
-    print(f"  state: {size / 1024:,.0f} KiB JSON; save {saved * 1e3:.1f} ms, "
-          f"restore {restored * 1e3:.1f} ms")
+    print(
+        f"  state: {size / 1024:,.0f} KiB JSON; save {saved * 1e3:.1f} ms, "
+        f"restore {restored * 1e3:.1f} ms"
+    )
 
 
 if __name__ == "__main__":

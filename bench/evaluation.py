@@ -2,8 +2,8 @@
 
     make bench-style env (DATABASE_URL, REDIS_URL), then:  python bench/evaluation.py
 
-A real Celery worker (``celery -A console worker --pool solo``, a subprocess on a queue of its
-own) evaluates one job while this process ingests through ``breakers.services.ingest_metrics``
+A real Celery worker (``celery -A config worker --pool solo``, a subprocess on a queue of its
+own) evaluates one job while this process ingests through ``breakers.agent.service.ingest_metrics``
 (parse, COPY, schedule after commit: the agent endpoint minus HTTP) at a steady rate in batches.
 Every ``--nan-every`` seconds a batch ends with a NaN loss; the default pack's L3 rule raises
 an alert for it. Two delays per injected NaN, from the moment that batch committed:
@@ -90,7 +90,7 @@ def ingest(job, args) -> dict[int, float]:
     """Ingest at the target rate; returns {NaN step: commit time of its batch}."""
     from django.db import transaction
 
-    from breakers.services import ingest_metrics
+    from breakers.agent.service import ingest_metrics
 
     interval = args.batch / args.rate
     batches = int(args.seconds / interval)
@@ -128,14 +128,14 @@ def main() -> None:
     args = parser.parse_args()
     set_up_django()
     from breakers.models import MetricPoint
+    from incidents.jobs import create_job
     from incidents.models import Job
-    from incidents.services import create_job
 
     job = Job.objects.get(pk=create_job("bench", f"evaluation-{int(time.time())}").job.pk)
     worker = start_worker()
     watcher = AlertWatcher(job.pk)
     try:
-        from breakers.services import ingest_metrics
+        from breakers.agent.service import ingest_metrics
 
         ingest_metrics(job, batch_body(0, 1000, nan=False))  # warm-up: the worker is up
         wait_until_evaluated(job.pk, timeout=60)

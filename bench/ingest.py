@@ -74,7 +74,7 @@ def copy_rate(job_id: int, points: list, size: int, clients: int, seconds: float
     from django.conf import settings
     from django.utils import timezone
 
-    from breakers.ingest import copy_rows
+    from breakers.agent.store import copy_rows
 
     db = settings.DATABASES["default"]
     dsn = f"host={db['HOST']} port={db['PORT'] or 5432} user={db['USER']} dbname={db['NAME']}"
@@ -103,7 +103,7 @@ def main() -> None:
     args = parser.parse_args()
     set_up_django()
     from breakers.models import MetricPoint
-    from incidents.services import create_job
+    from incidents.jobs import create_job
 
     created = create_job("bench", f"ingest-{int(time.time())}")
     job_id, token = created.job.pk, created.raw_token

@@ -4,7 +4,7 @@
 
 1. Server time (Django's test client in this process: the view and its queries, no network)
    to render the job page and to serve its chart series, for a job with 1,000,000 points per
-   metric (loss, grad_norm, lr), written with COPY (``breakers.ingest.copy_rows``) into the
+   metric (loss, grad_norm, lr), written with COPY (``breakers.agent.store.copy_rows``) into the
    bench database once and reused. Goal: the page under a second. Median of several runs.
 2. The browser twin of "a point ingested shows in the browser within 200 ms p95": Daphne
    serving the console, Chromium (Playwright) on the job page, a point POSTed over HTTP; the
@@ -37,9 +37,9 @@ def big_job():
     """The 1M-points-per-metric job (created once; COPY takes a few seconds per metric)."""
     from django.db import connection, transaction
 
-    from breakers.ingest import copy_rows
+    from breakers.agent.store import copy_rows
+    from incidents.jobs import create_job
     from incidents.models import Job
-    from incidents.services import create_job
 
     job = Job.objects.filter(team__name="bench", name="page-1m").first()
     if job is not None:
@@ -91,8 +91,8 @@ def browser_latency(samples: int) -> None:
     from django.contrib.auth import get_user_model
     from playwright.sync_api import sync_playwright
 
+    from incidents.jobs import create_job
     from incidents.models import Membership, Role
-    from incidents.services import create_job
 
     created = create_job("bench", f"page-live-{int(time.time())}")
     user = get_user_model().objects.get(username="bench-page")

@@ -113,7 +113,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     set_up_django()
-    from incidents.services import create_job
+    from incidents.jobs import create_job
 
     spill = tempfile.mkdtemp(prefix="brakeline-bench-spill-")
     common = {"spill_dir": spill, "checkpoint_dir": spill, "send_snapshots": False,

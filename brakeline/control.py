@@ -84,8 +84,9 @@ class ControlLoop:
     def start(self) -> None:
         self._thread.start()
 
-    def enqueue(self, key: str, path: str, make_body: Callable[[], Any],
-                urgent: bool = False) -> None:
+    def enqueue(
+        self, key: str, path: str, make_body: Callable[[], Any], urgent: bool = False
+    ) -> None:
         queue = self._urgent if urgent else self._outbox
         queue.append(OutboxItem(key=key, path=path, make_body=make_body))
         self._wake.set()
@@ -162,13 +163,19 @@ class ControlLoop:
             if _settled(outcome):
                 queue.popleft()
                 if not outcome.ok:  # type: ignore[union-attr]
-                    logger.warning("brakeline: console refused %s (HTTP %s: %.120s)", item.key,
-                                   outcome.status, outcome.body.get("detail") or outcome.body)
+                    logger.warning(
+                        "brakeline: console refused %s (HTTP %s: %.120s)",
+                        item.key,
+                        outcome.status,
+                        outcome.body.get("detail") or outcome.body,
+                    )
                 self._mark_delivered(item.key)
                 continue
             if final:
-                logger.warning("brakeline: %d acknowledgements/snapshots not delivered",
-                               len(self._urgent) + len(self._outbox))
+                logger.warning(
+                    "brakeline: %d acknowledgements/snapshots not delivered",
+                    len(self._urgent) + len(self._outbox),
+                )
                 return False
             retry_after = outcome.retry_after if outcome is not None else None
             self._next_outbox_attempt = time.monotonic() + self._backoff.next_delay(retry_after)

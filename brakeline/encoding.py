@@ -118,8 +118,11 @@ class RecordExpander:
         except (TypeError, ValueError):
             step = -1
         if step < 0:
-            self._warn_once(f"step:{record.step!r}", "brakeline: step %r is not a whole number "
-                            ">= 0; its metrics are skipped", record.step)
+            self._warn_once(
+                f"step:{record.step!r}",
+                "brakeline: step %r is not a whole number >= 0; its metrics are skipped",
+                record.step,
+            )
             return []
         values = self._convert(record.metrics)
         self._add_nonfinite_counts(record, values)
@@ -144,14 +147,19 @@ class RecordExpander:
         for name, raw in metrics.items():
             name = str(name)
             if not name.strip() or len(name) > MAX_NAME_LENGTH:
-                self._warn_once(name, "brakeline: metric name %r is empty or longer than %d "
-                                "characters; skipped", name[:60], MAX_NAME_LENGTH)
+                self._warn_once(
+                    name,
+                    "brakeline: metric name %r is empty or longer than %d characters; skipped",
+                    name[:60],
+                    MAX_NAME_LENGTH,
+                )
                 continue
             try:
                 values[name] = to_float(raw)
             except (TypeError, ValueError, RuntimeError) as error:
-                self._warn_once(name, "brakeline: metric %r is not a number, skipped (%s)",
-                                name, error)
+                self._warn_once(
+                    name, "brakeline: metric %r is not a number, skipped (%s)", name, error
+                )
         return values
 
     def _warn_once(self, key: str, message: str, *arguments: Any) -> None:

@@ -62,8 +62,12 @@ def _scale_scheduler(scheduler: Any, factor: float) -> None:
 
 def lower_lr(run: Run, command: Command, step: int) -> dict[str, Any]:
     factor = command.params.get("factor", 0.5)
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) \
-            or not math.isfinite(factor) or not 0 < factor <= 1:
+    if (
+        isinstance(factor, bool)
+        or not isinstance(factor, (int, float))
+        or not math.isfinite(factor)
+        or not 0 < factor <= 1
+    ):
         raise CommandFailed(f"lower_lr needs a factor in (0, 1], got {factor!r}")
     optimizers = run.training.optimizers
     if not optimizers:
@@ -110,9 +114,13 @@ def checkpoint_and_pause(run: Run, command: Command, step: int) -> Any:
     try:
         checkpoint = run.checkpoint(step)
     except Exception as error:  # a failed save must still pause and be reported
-        run.ack(command.id, "failed", {"step": step, "paused": True},
-                f"checkpoint failed ({type(error).__name__}: {error}); training is paused "
-                "without a new checkpoint and accelerators are kept")
+        run.ack(
+            command.id,
+            "failed",
+            {"step": step, "paused": True},
+            f"checkpoint failed ({type(error).__name__}: {error}); training is paused "
+            "without a new checkpoint and accelerators are kept",
+        )
     else:
         info.checkpoint = checkpoint
         run.ack(command.id, "succeeded", checkpoint.as_dict())
@@ -147,9 +155,7 @@ assert set(BUILTIN_HANDLERS) == set(KINDS)
 
 
 def unknown_kind(run: Run, command: Command, step: int) -> Any:
-    raise CommandFailed(
-        f"unknown command kind {command.kind!r}; this SDK knows {', '.join(KINDS)}"
-    )
+    raise CommandFailed(f"unknown command kind {command.kind!r}; this SDK knows {', '.join(KINDS)}")
 
 
 __all__ = ["ACK_LATER", "BUILTIN_HANDLERS", "CommandFailed", "PauseInfo"]

@@ -120,8 +120,9 @@ class PausableLoader:
         state.pop("epoch_start_rng")
         return state
 
-    def load_state_dict(self, state: dict[str, Any],
-                        rng_after: dict[str, Any] | None = None) -> None:
+    def load_state_dict(
+        self, state: dict[str, Any], rng_after: dict[str, Any] | None = None
+    ) -> None:
         """Make the next ``for`` loop continue where the saved run stopped.
 
         ``rng_after`` (the generators at checkpoint time) is restored after the fast-forward,

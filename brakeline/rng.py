@@ -45,13 +45,15 @@ def restore_rng_state(state: dict[str, Any]) -> None:
         import numpy
 
         saved = state["numpy"]
-        numpy.random.set_state((
-            saved["name"],
-            numpy.asarray(saved["keys"], dtype=numpy.uint32),
-            saved["position"],
-            saved["has_gauss"],
-            saved["cached_gaussian"],
-        ))
+        numpy.random.set_state(
+            (
+                saved["name"],
+                numpy.asarray(saved["keys"], dtype=numpy.uint32),
+                saved["position"],
+                saved["has_gauss"],
+                saved["cached_gaussian"],
+            )
+        )
     if "torch_cpu" in state:
         import torch
 

@@ -130,26 +130,38 @@ class Run:
         if transport is None and settings.enabled:
             transport = HttpTransport(settings.url, settings.token, settings.http_timeout)
         if transport is None:
-            logger.warning("brakeline: no console configured (BRAKELINE_URL, BRAKELINE_TOKEN); "
-                           "running offline: metrics are not sent, no commands arrive")
+            logger.warning(
+                "brakeline: no console configured (BRAKELINE_URL, BRAKELINE_TOKEN); "
+                "running offline: metrics are not sent, no commands arrive"
+            )
             return
         self.sender = MetricsSender(
-            transport, self._open_spool(), settings.node, self.inbox.offer_all,
+            transport,
+            self._open_spool(),
+            settings.node,
+            self.inbox.offer_all,
             flush_interval=settings.flush_interval,
             max_queue_records=settings.max_queue_records,
             backoff=Backoff(settings.backoff_base, settings.backoff_cap),
             max_retry_after=settings.max_retry_after,
         )
         self.control = ControlLoop(
-            transport, self.inbox, self._heartbeat_body, settings.heartbeat_interval,
+            transport,
+            self.inbox,
+            self._heartbeat_body,
+            settings.heartbeat_interval,
             backoff=Backoff(settings.backoff_base, settings.backoff_cap),
         )
         if settings.use_websocket and settings.enabled:
             # The run's backoff cap, not a fixed minute: after a console restart the push
             # channel is back as soon as metrics and heartbeats are.
-            self.push = PushListener(settings.websocket_url, settings.token, self.inbox,
-                                     open_timeout=settings.http_timeout,
-                                     backoff=Backoff(settings.backoff_base, settings.backoff_cap))
+            self.push = PushListener(
+                settings.websocket_url,
+                settings.token,
+                self.inbox,
+                open_timeout=settings.http_timeout,
+                backoff=Backoff(settings.backoff_base, settings.backoff_cap),
+            )
         self.sender.start()
         self.control.start()
         if self.push is not None:
@@ -160,34 +172,59 @@ class Run:
         settings = self.settings
         try:
             directory, self._spill_lock = open_spill_directory(
-                settings.spill_dir, settings.job, settings.rank)
+                settings.spill_dir, settings.job, settings.rank
+            )
         except OSError as error:
             directory = Path(tempfile.mkdtemp(prefix="brakeline-spill-"))
             logger.warning("brakeline: spill folder unusable (%s); using %s", error, directory)
-        return PointSpool(directory, settings.batch_points, settings.batch_bytes,
-                          settings.max_memory_points, settings.max_spill_bytes)
+        return PointSpool(
+            directory,
+            settings.batch_points,
+            settings.batch_bytes,
+            settings.max_memory_points,
+            settings.max_spill_bytes,
+        )
 
     def _heartbeat_body(self) -> dict[str, Any] | None:
         # Runs in the control thread. After the first step a "running" heartbeat needs training
         # progress since the previous one, so a hung loop turns into a heartbeat timeout.
         progress = self._progress
-        if (self.settings.heartbeat_requires_progress and self._stepping
-                and self.status == "running" and progress == self._progress_at_heartbeat):
+        if (
+            self.settings.heartbeat_requires_progress
+            and self._stepping
+            and self.status == "running"
+            and progress == self._progress_at_heartbeat
+        ):
             return None
         self._progress_at_heartbeat = progress
-        return {"step": self.step, "status": self.status, "pid": os.getpid(),
-                "hostname": self.hostname, "rank": self.settings.rank, **self.scheduler_fields}
+        return {
+            "step": self.step,
+            "status": self.status,
+            "pid": os.getpid(),
+            "hostname": self.hostname,
+            "rank": self.settings.rank,
+            **self.scheduler_fields,
+        }
 
     # -- registration ----------------------------------------------------------------------------
-    def watch(self, model: Any = None, optimizer: Any = None, scheduler: Any = None,
-              stateful: Mapping[str, Any] | None = None, count_nonfinite: bool = True) -> Run:
+    def watch(
+        self,
+        model: Any = None,
+        optimizer: Any = None,
+        scheduler: Any = None,
+        stateful: Mapping[str, Any] | None = None,
+        count_nonfinite: bool = True,
+    ) -> Run:
         """Register what commands act on and checkpoints hold (each argument: one or a list).
 
         With a model and ``count_nonfinite``, a :class:`brakeline.torch.NonFiniteCounter` is
         attached so every ``log`` carries ``nonfinite.loss`` / ``nonfinite.grad``.
         """
-        for name, value in (("models", model), ("optimizers", optimizer),
-                            ("schedulers", scheduler)):
+        for name, value in (
+            ("models", model),
+            ("optimizers", optimizer),
+            ("schedulers", scheduler),
+        ):
             registered = getattr(self.training, name)
             values = value if isinstance(value, (list, tuple)) else [value]
             registered.extend(v for v in values if v is not None and v not in registered)
@@ -255,8 +292,11 @@ class Run:
                 step = self.step
             elif not self._stepping:
                 self.step = step
-            record = LogRecord(step=step, time=time.time(),
-                               metrics={name: _capture(v) for name, v in metrics.items()})
+            record = LogRecord(
+                step=step,
+                time=time.time(),
+                metrics={name: _capture(v) for name, v in metrics.items()},
+            )
             self._attach_nonfinite_counts(record)
             self.sender.submit(record)
         except Exception:  # logging must never break training
@@ -266,12 +306,16 @@ class Run:
         for counter in self._counters:
             losses, observed, gradients = counter.take()
             # Counts may be device tensors: add them without reading (no sync here).
-            record.loss_nonfinite = losses if record.loss_nonfinite is None \
-                else record.loss_nonfinite + losses
+            record.loss_nonfinite = (
+                losses if record.loss_nonfinite is None else record.loss_nonfinite + losses
+            )
             record.loss_observed += observed
             if gradients is not None:
-                record.grad_nonfinite = gradients if record.grad_nonfinite is None \
+                record.grad_nonfinite = (
+                    gradients
+                    if record.grad_nonfinite is None
                     else record.grad_nonfinite + gradients
+                )
 
     def step_boundary(self, step: int | None = None) -> None:
         """Call once per step, after optimizer.step(): commands are applied here, and only here
@@ -301,9 +345,16 @@ class Run:
 
     def _apply(self, command: Command, step: int) -> None:
         handler = self._handlers.get(command.kind) or handlers.BUILTIN_HANDLERS.get(
-            command.kind, handlers.unknown_kind)
-        logger.warning("brakeline: applying %s (command %s, %s) at step %d: %s",
-                       command.kind, command.id, command.severity or "-", step, command.reason)
+            command.kind, handlers.unknown_kind
+        )
+        logger.warning(
+            "brakeline: applying %s (command %s, %s) at step %d: %s",
+            command.kind,
+            command.id,
+            command.severity or "-",
+            step,
+            command.reason,
+        )
         try:
             result = handler(self, command, step)
         except handlers.CommandFailed as failure:
@@ -338,8 +389,11 @@ class Run:
                     self.inbox.wait(HOLD_POLL_SECONDS)
                 elif command.kind == "resume" and "resume" not in self._handlers:
                     self.data_paused = False
-                    self.ack(command.id, "succeeded", {
-                        "step": step, "paused_seconds": round(time.monotonic() - started, 3)})
+                    self.ack(
+                        command.id,
+                        "succeeded",
+                        {"step": step, "paused_seconds": round(time.monotonic() - started, 3)},
+                    )
                     resumed = True
                 else:
                     self._apply(command, step)
@@ -358,10 +412,13 @@ class Run:
         if saver is None and not self.training.empty:
             saver = self.training.torch_saver
         if saver is None:
-            raise RuntimeError("nothing to checkpoint: call run.watch(model=..., optimizer=...) "
-                               "or run.set_saver(...)")
-        path = checkpoint_path(self.settings.checkpoint_dir, step, self.settings.rank,
-                               self._saver_suffix)
+            raise RuntimeError(
+                "nothing to checkpoint: call run.watch(model=..., optimizer=...) "
+                "or run.set_saver(...)"
+            )
+        path = checkpoint_path(
+            self.settings.checkpoint_dir, step, self.settings.rank, self._saver_suffix
+        )
         previous_status = self.status
         # Heartbeats say "checkpointing" during a long save, so it is not taken for a hang.
         self.set_status("checkpointing")
@@ -400,8 +457,13 @@ class Run:
                 logger.exception("brakeline: %s callback failed", name)
 
     # -- console traffic -------------------------------------------------------------------------
-    def ack(self, command_id: int | str, status: str, result: Mapping[str, Any] | None = None,
-            error: str | None = None) -> None:
+    def ack(
+        self,
+        command_id: int | str,
+        status: str,
+        result: Mapping[str, Any] | None = None,
+        error: str | None = None,
+    ) -> None:
         """Acknowledge a command (queued; delivered by the control thread with retries)."""
         body: dict[str, Any] = {"status": status, "result": to_jsonable(dict(result or {}))}
         if error:
@@ -411,18 +473,25 @@ class Run:
         log = logger.info if status == "succeeded" else logger.warning
         log("brakeline: command %s %s %s", command_id, status, error or "")
         if self.control is not None:
-            self.control.enqueue(f"ack:{command_id}", f"commands/{command_id}/ack",
-                                 lambda: payload, urgent=True)
+            self.control.enqueue(
+                f"ack:{command_id}", f"commands/{command_id}/ack", lambda: payload, urgent=True
+            )
 
     def wait_for_ack(self, command_id: int | str) -> bool:
         """Wait (bounded) until the console has the acknowledgement; True if it does."""
         if self.control is None:
             return False
-        return self.control.wait_delivered(f"ack:{command_id}",
-                                           self.settings.ack_wait_before_release)
+        return self.control.wait_delivered(
+            f"ack:{command_id}", self.settings.ack_wait_before_release
+        )
 
-    def send_snapshot(self, kind: str, step: int, data_position: Any = None,
-                      checkpoint: CheckpointResult | str | Path | None = None) -> None:
+    def send_snapshot(
+        self,
+        kind: str,
+        step: int,
+        data_position: Any = None,
+        checkpoint: CheckpointResult | str | Path | None = None,
+    ) -> None:
         """Queue an environment snapshot, taken in the background: ``"start"``, or
         ``"checkpoint"`` with the checkpoint it belongs to (a CheckpointResult, or a path that
         is then hashed in the background thread, never in the training thread)."""
@@ -440,9 +509,13 @@ class Run:
             # A thread of its own: scanning packages takes a tenth of a second or more, which
             # must delay neither training nor heartbeats and acknowledgements.
             try:
-                snapshot = take_snapshot(rank=settings.rank, node=settings.node, seeds=seeds,
-                                         data_position=data_position,
-                                         scratch_dir=settings.checkpoint_dir)
+                snapshot = take_snapshot(
+                    rank=settings.rank,
+                    node=settings.node,
+                    seeds=seeds,
+                    data_position=data_position,
+                    scratch_dir=settings.checkpoint_dir,
+                )
                 body: dict[str, Any] = {"kind": kind, "step": step, "snapshot": snapshot}
                 if checkpoint is not None:
                     body["checkpoint"] = checkpoint_reference(checkpoint)
@@ -513,6 +586,7 @@ def init(
     """Start a run. Unset arguments come from BRAKELINE_* variables; other keyword arguments
     are :class:`~brakeline.settings.Settings` fields (heartbeat_interval, flush_interval,
     spill_dir, checkpoint_dir, rank, node, use_websocket...)."""
-    resolved = resolve_settings({"job": job, "url": url, "token": token, "ws_url": ws_url,
-                                 **settings})
+    resolved = resolve_settings(
+        {"job": job, "url": url, "token": token, "ws_url": ws_url, **settings}
+    )
     return Run(resolved, transport=transport, exit_function=exit_function, seeds=seeds)

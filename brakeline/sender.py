@@ -111,12 +111,15 @@ class MetricsSender:
         # The thread spills what is left itself (it owns the spool); allow for one HTTP call.
         self._thread.join(timeout=self.transport_timeout() + 5.0)
         if self._thread.is_alive():
-            logger.warning("brakeline: metrics thread still busy at finish; %d log calls may be "
-                           "lost", len(self._queue))
+            logger.warning(
+                "brakeline: metrics thread still busy at finish; %d log calls may be lost",
+                len(self._queue),
+            )
         elif self.spool.pending_points:
             logger.warning(
                 "brakeline: %d metric points not delivered; kept in %s for the next start",
-                self.spool.pending_points, self.spool.directory,
+                self.spool.pending_points,
+                self.spool.directory,
             )
         return delivered
 
@@ -190,8 +193,11 @@ class MetricsSender:
                 return
             if not self._send_batch(batch):
                 return
-            if not flushing and self.spool.memory_points < self.spool.batch_points \
-                    and not self.spool.spilled_points:
+            if (
+                not flushing
+                and self.spool.memory_points < self.spool.batch_points
+                and not self.spool.spilled_points
+            ):
                 return
 
     def _send_batch(self, batch: Batch) -> bool:
@@ -211,8 +217,9 @@ class MetricsSender:
             self.sent_points += len(batch.lines)
             self._backoff.reset()
             # Grow back towards the configured size after a 413 made batches smaller.
-            self.spool.batch_points = min(self._configured_batch_points,
-                                          self.spool.batch_points * 2)
+            self.spool.batch_points = min(
+                self._configured_batch_points, self.spool.batch_points * 2
+            )
             if response.commands:
                 self._on_commands(response.commands)
             return True
@@ -250,5 +257,6 @@ class MetricsSender:
             self._unreachable_since = None
             logger.warning(
                 "brakeline: console reachable again after %.1f s; replaying %d buffered points",
-                outage, self.spool.pending_points,
+                outage,
+                self.spool.pending_points,
             )

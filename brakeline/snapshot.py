@@ -22,32 +22,87 @@ from typing import Any
 
 REDACTED = "<redacted>"
 SECRET_NAME_PARTS = (
-    "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "KEY", "CREDENTIAL", "AUTH",
-    "PRIVATE", "COOKIE", "SESSION", "SIGNATURE", "CERT", "DSN",
+    "TOKEN",
+    "SECRET",
+    "PASSWORD",
+    "PASSWD",
+    "PASSPHRASE",
+    "KEY",
+    "CREDENTIAL",
+    "AUTH",
+    "PRIVATE",
+    "COOKIE",
+    "SESSION",
+    "SIGNATURE",
+    "CERT",
+    "DSN",
 )
 # Variables worth recording: they change numerics, data order, parallelism or placement.
 SELECTED_ENV_PREFIXES = (
-    "BRAKELINE_", "CUDA", "NCCL_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "OPENBLAS_", "SLURM_",
-    "HF_", "TRANSFORMERS_", "TOKENIZERS_", "ACCELERATE_", "DEEPSPEED_", "XLA_", "JAX_", "TF_",
-    "NVIDIA_", "CUBLAS_", "CUDNN_", "PYTHON", "KUBERNETES_", "WANDB_", "LD_LIBRARY_PATH",
-    "VIRTUAL_ENV", "CONDA_", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "IMAGE_DIGEST", "CONTAINER_IMAGE", "LANG",
-    "LC_ALL", "TZ",
+    "BRAKELINE_",
+    "CUDA",
+    "NCCL_",
+    "TORCH",
+    "PYTORCH_",
+    "OMP_",
+    "MKL_",
+    "OPENBLAS_",
+    "SLURM_",
+    "HF_",
+    "TRANSFORMERS_",
+    "TOKENIZERS_",
+    "ACCELERATE_",
+    "DEEPSPEED_",
+    "XLA_",
+    "JAX_",
+    "TF_",
+    "NVIDIA_",
+    "CUBLAS_",
+    "CUDNN_",
+    "PYTHON",
+    "KUBERNETES_",
+    "WANDB_",
+    "LD_LIBRARY_PATH",
+    "VIRTUAL_ENV",
+    "CONDA_",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "IMAGE_DIGEST",
+    "CONTAINER_IMAGE",
+    "LANG",
+    "LC_ALL",
+    "TZ",
 )
 IMAGE_VARIABLES = ("BRAKELINE_IMAGE", "IMAGE_DIGEST", "CONTAINER_IMAGE", "DOCKER_IMAGE")
 SCHEDULER_VARIABLES = (
-    "SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_ARRAY_TASK_ID",
-    "SLURM_NNODES", "WORLD_SIZE", "LOCAL_RANK", "KUBERNETES_SERVICE_HOST",
+    "SLURM_JOB_ID",
+    "SLURM_JOB_NODELIST",
+    "SLURM_STEP_ID",
+    "SLURM_PROCID",
+    "SLURM_ARRAY_TASK_ID",
+    "SLURM_NNODES",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "KUBERNETES_SERVICE_HOST",
 )
 _SECRET_VALUE_PATTERNS = [
     re.compile(r"^(bearer|basic|token)\s+\S+", re.IGNORECASE),
     re.compile(r"eyJ[\w-]{8,}\.[\w-]{8,}\.[\w-]+"),  # JSON Web Token
-    re.compile(r"\b(ghp|gho|ghu|ghs|github_pat|glpat|xox[abpr]|sk|sk-ant|hf|AKIA|AIza)[-_]?"
-               r"[A-Za-z0-9_\-]{16,}"),
+    re.compile(
+        r"\b(ghp|gho|ghu|ghs|github_pat|glpat|xox[abpr]|sk|sk-ant|hf|AKIA|AIza)[-_]?"
+        r"[A-Za-z0-9_\-]{16,}"
+    ),
     re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"),
 ]
-_URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.\-]*://)(?P<user>[^:/@\s]+):[^@/\s]+@",
-                              re.IGNORECASE)
+_URL_CREDENTIALS = re.compile(
+    r"(?P<scheme>[a-z][a-z0-9+.\-]*://)(?P<user>[^:/@\s]+):[^@/\s]+@", re.IGNORECASE
+)
 _LONG_WORD = re.compile(r"^[A-Za-z0-9_\-+=.]{32,}$")
 
 
@@ -57,7 +112,9 @@ def is_secret_name(name: str) -> bool:
     words = re.split(r"[_\-.]", name.upper())
     return any(
         word.endswith(secret) or word.rstrip("S").endswith(secret)
-        for word in words if word for secret in SECRET_NAME_PARTS
+        for word in words
+        if word
+        for secret in SECRET_NAME_PARTS
     )
 
 
@@ -67,8 +124,9 @@ def looks_like_secret(value: str) -> bool:
         return True
     if _LONG_WORD.match(value) and not value.lower().startswith("sha256"):
         # Random keys mix upper, lower and digits; hashes (hex) and paths do not.
-        return bool(re.search(r"[A-Z]", value) and re.search(r"[a-z]", value)
-                    and re.search(r"\d", value))
+        return bool(
+            re.search(r"[A-Z]", value) and re.search(r"[a-z]", value) and re.search(r"\d", value)
+        )
     return False
 
 
@@ -102,7 +160,11 @@ def installed_packages() -> dict[str, str]:
 def _git(arguments: list[str], cwd: str, timeout: float) -> str | None:
     try:
         completed = subprocess.run(
-            ["git", *arguments], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+            ["git", *arguments],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
             check=False,
         )
     except (OSError, subprocess.SubprocessError):
@@ -124,27 +186,34 @@ def image_reference(environ: Mapping[str, str]) -> dict[str, Any]:
     for name in IMAGE_VARIABLES:
         if environ.get(name):
             value = environ[name]
-            return {"reference": value, "variable": name, "pinned_by_digest": "@sha256:" in value
-                    or value.startswith("sha256:")}
+            return {
+                "reference": value,
+                "variable": name,
+                "pinned_by_digest": "@sha256:" in value or value.startswith("sha256:"),
+            }
     return {"reference": None}
 
 
 # Heartbeat field -> Slurm variable: what the console needs to act through the scheduler.
 HEARTBEAT_SCHEDULER_FIELDS = (
-    ("slurm_job_id", "SLURM_JOB_ID"), ("slurm_nodelist", "SLURM_JOB_NODELIST"),
+    ("slurm_job_id", "SLURM_JOB_ID"),
+    ("slurm_nodelist", "SLURM_JOB_NODELIST"),
     ("slurm_step_id", "SLURM_STEP_ID"),
 )
 
 
 def heartbeat_scheduler_fields(environ: Mapping[str, str]) -> dict[str, str]:
     """The Slurm context a heartbeat carries; empty outside Slurm (the body stays as it was)."""
-    return {field: environ[name] for field, name in HEARTBEAT_SCHEDULER_FIELDS
-            if environ.get(name)}
+    return {field: environ[name] for field, name in HEARTBEAT_SCHEDULER_FIELDS if environ.get(name)}
 
 
 def scheduler_context(environ: Mapping[str, str], rank: int, node: str) -> dict[str, Any]:
-    context: dict[str, Any] = {"hostname": socket.gethostname(), "node": node, "rank": rank,
-                               "pid": os.getpid()}
+    context: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "node": node,
+        "rank": rank,
+        "pid": os.getpid(),
+    }
     context.update({name: environ[name] for name in SCHEDULER_VARIABLES if name in environ})
     return context
 
@@ -173,15 +242,18 @@ def resource_limits(scratch_dir: str | None = None) -> dict[str, Any]:
         "cpus": cpus,
         "cgroup_cpu_max": _read_text("/sys/fs/cgroup/cpu.max"),
         "cgroup_memory_max": _read_text("/sys/fs/cgroup/memory.max"),
-        "shm_total_bytes": shutil.disk_usage("/dev/shm").total if Path("/dev/shm").exists()
+        "shm_total_bytes": shutil.disk_usage("/dev/shm").total
+        if Path("/dev/shm").exists()
         else None,
         "scratch_free_bytes": _free_bytes(scratch_dir or os.getcwd()),
     }
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
         limits["accelerators"] = [
-            {"name": torch.cuda.get_device_name(i),
-             "memory_bytes": torch.cuda.get_device_properties(i).total_memory}
+            {
+                "name": torch.cuda.get_device_name(i),
+                "memory_bytes": torch.cuda.get_device_properties(i).total_memory,
+            }
             for i in range(torch.cuda.device_count())
         ]
     return limits
@@ -205,11 +277,16 @@ def take_snapshot(
         "schema": 1,
         "taken_at": datetime.datetime.now(datetime.UTC).isoformat(),
         "sdk": {"name": "brakeline", "version": __version__},
-        "python": {"version": platform.python_version(),
-                   "implementation": platform.python_implementation(),
-                   "executable": sys.executable},
-        "platform": {"system": platform.system(), "release": platform.release(),
-                     "machine": platform.machine()},
+        "python": {
+            "version": platform.python_version(),
+            "implementation": platform.python_implementation(),
+            "executable": sys.executable,
+        },
+        "platform": {
+            "system": platform.system(),
+            "release": platform.release(),
+            "machine": platform.machine(),
+        },
         "packages": installed_packages(),
         "environment": selected_environment(environ, extra_env_prefixes),
         "seeds": dict(seeds or {}),

@@ -224,7 +224,9 @@ class PointSpool:
     def _count_dropped(self, points: int, why: str) -> None:
         self.dropped += points
         logger.warning(
-            "brakeline: dropped %d metric points (%s); %d dropped in total", points, why,
+            "brakeline: dropped %d metric points (%s); %d dropped in total",
+            points,
+            why,
             self.dropped,
         )
 
@@ -240,5 +242,6 @@ class PointSpool:
         if existing:
             logger.info(
                 "brakeline: replaying %d points left in %s by an earlier process",
-                self.spilled_points, self.directory,
+                self.spilled_points,
+                self.directory,
             )

@@ -37,8 +37,9 @@ class NonFiniteCounter:
     guarded by a lock; :meth:`take` swaps them out atomically.
     """
 
-    def __init__(self, model: torch.nn.Module | None = None, *, gradients: bool = True,
-                 losses: bool = True) -> None:
+    def __init__(
+        self, model: torch.nn.Module | None = None, *, gradients: bool = True, losses: bool = True
+    ) -> None:
         self._lock = threading.Lock()
         self._handles: list[Any] = []
         self._grad_counts: dict[torch.device, torch.Tensor] = {}
@@ -48,8 +49,9 @@ class NonFiniteCounter:
         if model is not None:
             self.attach(model, gradients=gradients, losses=losses)
 
-    def attach(self, model: torch.nn.Module, *, gradients: bool = True,
-               losses: bool = True) -> NonFiniteCounter:
+    def attach(
+        self, model: torch.nn.Module, *, gradients: bool = True, losses: bool = True
+    ) -> NonFiniteCounter:
         """Install the hooks on ``model`` (call :meth:`detach` to remove them)."""
         if gradients:
             for parameter in model.parameters():

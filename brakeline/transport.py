@@ -91,7 +91,9 @@ class HttpTransport:
     def post(self, path: str, body: bytes) -> Response:
         try:
             request = urllib.request.Request(
-                f"{self.base_url}/{path.lstrip('/')}", data=body, headers=self._headers,
+                f"{self.base_url}/{path.lstrip('/')}",
+                data=body,
+                headers=self._headers,
                 method="POST",
             )
             with self._opener.open(request, timeout=self.timeout) as answer:

@@ -45,7 +45,7 @@ class EvaluationStateAdmin(admin.ModelAdmin):
 
 # --- Jobs on Slurm (issue 10) ---------------------------------------------------------------
 
-from breakers.scheduler_models import NodeDrain, SchedulerBinding  # noqa: E402
+from breakers.models import NodeDrain, SchedulerBinding  # noqa: E402
 
 
 @admin.register(SchedulerBinding)

@@ -1,9 +1,10 @@
 """What the console pages show: jobs as rows that need attention, and the buttons each person
 may press. The pages only render this; the server decides everything here.
 
-Buttons come from ``incidents.authority.decide`` with the person's role in the job's team (the
+Buttons come from ``incidents.teams.authority.decide`` with the person's role in the job's team (the
 same answer the REST endpoints give, so a button is never shown for a 403), and from the
-services' own state rules (``breakers.actions.PAUSABLE`` / ``PAUSED`` / ``pause_level``), so a
+services' own state rules (``breakers.control.job_actions.PAUSABLE`` / ``PAUSED`` /
+``pause_level``), so a
 button is never shown for a 409 either. The browser gets each button as a URL, a fixed body
 and the fields to ask for; its JavaScript holds no rule.
 """
@@ -18,14 +19,11 @@ from typing import Any
 from django.db import connection
 from django.utils import timezone
 
-from breakers.actions import PAUSABLE, PAUSED, latest_pause, pause_level
-from breakers.control import TERMINAL_JOB_STATUSES
-from breakers.control_models import Command
-from breakers.models import MetricPoint
+from breakers.control.commands import TERMINAL_JOB_STATUSES
+from breakers.control.job_actions import PAUSABLE, PAUSED, latest_pause, pause_level
+from breakers.models import Command, MetricPoint
 from console.api.jobs import JobSerializer, visible_jobs
-from incidents.access import role_in_team
-from incidents.alerts import alert_payload
-from incidents.authority import Action, decide, decide_on_escalation
+from incidents.alerts.lifecycle import alert_payload
 from incidents.models import (
     ACTIVE_ALERT_STATUSES,
     Alert,
@@ -38,6 +36,8 @@ from incidents.models import (
     Membership,
     PauseConfirmation,
 )
+from incidents.teams.access import role_in_team
+from incidents.teams.authority import Action, decide, decide_on_escalation
 
 SPARK_POINTS = 120
 REASON = {"name": "reason", "label": "Reason (kept in the audit trail)", "required": True}

@@ -8,12 +8,12 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from breakers import services as breaker_services
-from breakers.control import deliverable_commands, mark_delivered
+from breakers.agent import service as breaker_services
+from breakers.control.commands import deliverable_commands, mark_delivered
 from console.api.agent_auth import bearer_token
-from console.realtime import agent_group
-from incidents.errors import ServiceError
-from incidents.services import authenticate_agent
+from core.errors import ServiceError
+from core.realtime import agent_group
+from incidents.jobs import authenticate_agent
 
 CLOSE_UNAUTHENTICATED = 4401
 

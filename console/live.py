@@ -14,8 +14,9 @@ Protocol (JSON both ways):
   ``metrics.appended`` (``{job_id, count, first_step, last_step, latest: {name: {step,
   value}}}``), the latter coalesced here to at most one per ``METRICS_INTERVAL`` per job.
 
-Session-authenticated (``AuthMiddlewareStack`` in ``console.asgi``): no session, close 4401.
-Subscriptions are judged by ``incidents.authority.decide(role, "view")`` with the person's role
+Session-authenticated (``AuthMiddlewareStack`` in ``config.asgi``): no session, close 4401.
+Subscriptions are judged by ``incidents.teams.authority.decide(role, "view")`` with the person's
+role
 in the job's team, the same answer the pages and the REST API get.
 
 Why coalesce at the consumer and not the publisher: the publisher (ingest, in the request's
@@ -34,9 +35,9 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from console.realtime import job_group, team_group
-from incidents.authority import Action, decide
+from core.realtime import job_group, team_group
 from incidents.models import Job, Membership
+from incidents.teams.authority import Action, decide
 
 CLOSE_UNAUTHENTICATED = 4401
 METRICS_INTERVAL = 0.1  # seconds: at most ~10 chart updates per second per job

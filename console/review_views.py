@@ -1,6 +1,6 @@
 """The review page (``/incidents/<id>/review/``) and a team's incident report page
 (``/teams/<id>/report/``). Server-rendered and print-friendly; the write-up form posts to the
-page itself and goes through the same service as the REST API (``incidents.reviews``).
+page itself and goes through the same service as the REST API (``incidents.reviews.writeup``).
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from django.shortcuts import redirect, render
 from breakers.models import MetricPoint
 from console.api.reviews import audit_context, report_period
 from console.review_chart import Chart, chart
-from incidents.durations import LINK_KEYS, Durations, Row, format_seconds
-from incidents.errors import Forbidden, NotFound, ServiceError
+from core.errors import Forbidden, NotFound, ServiceError
 from incidents.models import Membership
-from incidents.review_content import TEXT_FIELDS
-from incidents.review_draft import actor_name
-from incidents.review_export import SECTION_TITLES, parse_iso
-from incidents.review_report import team_incident_report
-from incidents.reviews import ReviewData, load_review, may_edit, save_review
+from incidents.reviews.content import TEXT_FIELDS
+from incidents.reviews.draft import actor_name
+from incidents.reviews.durations import LINK_KEYS, Durations, Row, format_seconds
+from incidents.reviews.export import SECTION_TITLES, parse_iso
+from incidents.reviews.report import team_incident_report
+from incidents.reviews.writeup import ReviewData, load_review, may_edit, save_review
 
 EMPTY_FOLLOW_UP_ROWS = 2
 CURVE_MAX_ROWS = 20_000

@@ -12,11 +12,10 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 
-from breakers import history
+from breakers import metrics as history
 from console import board
 from console.api.jobs import visible_jobs
-from incidents.access import visible_team_ids
-from incidents.alerts import alert_payload
+from incidents.alerts.lifecycle import alert_payload
 from incidents.models import (
     ACTIVE_ALERT_STATUSES,
     Alert,
@@ -25,6 +24,7 @@ from incidents.models import (
     EscalationStatus,
     Incident,
 )
+from incidents.teams.access import visible_team_ids
 
 RECENT = 50
 # Charts every training job has, shown (empty) before its first point so they can grow live.

@@ -90,7 +90,7 @@ class TimelineEntryAdmin(ReadOnlyAdmin):
 
 
 # The authorisation chain's pages (audit trail, escalations, shifts, tokens).
-import incidents.authz_admin  # noqa: E402, F401
+import incidents.teams.admin  # noqa: E402, F401
 
 # The post-incident review's pages (job sizes, reviews).
-from incidents import review_admin  # noqa: E402, F401
+from incidents.reviews import admin as review_admin  # noqa: E402, F401

@@ -1,13 +1,13 @@
 """L2 escalation requests: on-call asks for a stronger action, a manager decides.
 
-pending → approved (the command is issued at once, ``breakers.escalation_actions``) / rejected
+pending → approved (the command is issued at once, ``breakers.control.escalations``) / rejected
 / expired (nobody decided within the policy time). One status column, ESCALATION_TRANSITIONS,
 every change a compare-and-swap with its timeline row in the same transaction: two managers
 deciding at the same moment, exactly one wins and the other gets 409.
 
 Approving issues a command, and commands belong to ``breakers`` (which ``incidents`` never
 imports): ``approve_escalation`` and ``expire_escalations`` live in
-``breakers.escalation_actions`` and use ``record_decision`` / ``expire_escalation`` from here.
+``breakers.control.escalations`` and use ``record_decision`` / ``expire_escalation`` from here.
 """
 
 from __future__ import annotations
@@ -20,12 +20,10 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from console.realtime import job_group, publish_after_commit, team_group
-from incidents.access import role_in_team, scoped_get
-from incidents.alerts import append_timeline
-from incidents.audit import AuditContext, audited
-from incidents.authority import Action, decide, decide_on_escalation
-from incidents.errors import Conflict, InvalidInput, NotFound
+from core.errors import Conflict, InvalidInput, NotFound
+from core.realtime import job_group, publish_after_commit, team_group
+from core.transitions import compare_and_swap
+from incidents.alerts.lifecycle import append_timeline
 from incidents.models import (
     ESCALATION_TRANSITIONS,
     ActorKind,
@@ -37,8 +35,10 @@ from incidents.models import (
     OnExpiry,
     TimelineKind,
 )
-from incidents.notify_services import notify_escalation_request
-from incidents.transitions import compare_and_swap
+from incidents.notifications.policy import notify_escalation_request
+from incidents.teams.access import role_in_team, scoped_get
+from incidents.teams.audit import AuditContext, audited
+from incidents.teams.authority import Action, decide, decide_on_escalation
 
 # What may be asked for: stronger than a soft mitigation, never "resume" (not an escalation).
 ESCALATION_KINDS = ("checkpoint_and_pause", "lower_lr", "pause_data", "terminate", "isolate_node")

@@ -16,9 +16,9 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from incidents.alerts import AlertSignal, raise_or_update_alert
+from incidents.alerts.lifecycle import AlertSignal, raise_or_update_alert
+from incidents.jobs import create_job
 from incidents.models import Alert, Membership, PersonalToken, Team
-from incidents.services import create_job
 
 ROLES = ("viewer", "oncall", "manager", "admin")
 LEVELS = (None, "L1", "L2", "L3", "L4")

@@ -48,7 +48,7 @@ class Agent:
 
 @pytest.fixture
 def make_agent(db):
-    from incidents.services import create_job
+    from incidents.jobs import create_job
 
     counter = iter(range(1, 10_000))
 
@@ -110,7 +110,7 @@ def server_environment(**extra: str) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def live_console(django_db_setup, django_db_blocker):
-    """Daphne serving console.asgi on a free port against the test database.
+    """Daphne serving config.asgi on a free port against the test database.
 
     pytest-django's live_server is WSGI (no websockets) and Channels' live server test case
     forks badly here, so a plain subprocess it is (docs/testing.md "A live ASGI server").
@@ -129,7 +129,7 @@ def live_console(django_db_setup, django_db_blocker):
             str(port),
             "--access-log",
             os.devnull,
-            "console.asgi:application",
+            "config.asgi:application",
         ],
         cwd=ROOT,
         env=env,
@@ -159,7 +159,7 @@ def celery_worker(django_db_setup):
     from celery.contrib.testing.worker import start_worker
     from django.conf import settings
 
-    from console.celery import app
+    from config.celery import app
 
     app.control.purge()
     client = redis.Redis.from_url(settings.REDIS_URL)

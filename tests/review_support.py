@@ -53,7 +53,7 @@ class Team:
 
 @pytest.fixture
 def team(db) -> Team:
-    from incidents.services import create_job
+    from incidents.jobs import create_job
 
     created = create_job("research", f"llm-{next(_names)}")
     return Team(team=created.job.team, job_id=created.job.pk)
@@ -70,7 +70,7 @@ class Flow:
 
 def healthy(steps: range) -> list:
     """A loss settling from 2.6 towards 2.0 with a little noise: no rule of the pack fires."""
-    from breakers.agent_input import PointIn
+    from breakers.agent.protocol import PointIn
 
     return [
         PointIn("loss", step, 2.0 + 0.6 * math.exp(-step / 30) + 0.004 * (step * 7 % 5), None, None)
@@ -80,15 +80,15 @@ def healthy(steps: range) -> list:
 
 def run_flow(team: Team) -> Flow:
     """The complete loop through the real services, each step at its fixed instant."""
-    from breakers.agent_input import PointIn
-    from breakers.control import acknowledge_command, issue_command
-    from breakers.control_models import Command
-    from breakers.evaluation import evaluate_job
-    from breakers.ingest import store_points
-    from breakers.rules import install_default_pack
-    from incidents.alert_actions import acknowledge_alert
+    from breakers.agent.protocol import PointIn
+    from breakers.agent.store import store_points
+    from breakers.control.commands import acknowledge_command, issue_command
+    from breakers.detection.evaluation import evaluate_job
+    from breakers.detection.rules import install_default_pack
+    from breakers.models import Command
+    from incidents.alerts.acknowledge import acknowledge_alert
     from incidents.models import Alert
-    from incidents.reviews import declare_job_size
+    from incidents.reviews.writeup import declare_job_size
 
     job_id = team.job_id
     install_default_pack()
@@ -135,7 +135,7 @@ def flow(team) -> Flow:
 
 def raise_alert(job_id: int, severity: str, *, at: datetime = T0, rule_key: str = "test-rule"):
     """A stability alert on the job, opening (or joining) its incident at ``at``."""
-    from incidents.alerts import AlertSignal, raise_or_update_alert
+    from incidents.alerts.lifecycle import AlertSignal, raise_or_update_alert
 
     signal = AlertSignal(
         rule_key=rule_key,

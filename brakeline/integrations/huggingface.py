@@ -39,8 +39,16 @@ class BrakelineCallback(TrainerCallback):
         self.terminate_requested = False
         self._pending_pause: _PendingPause | None = None
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
-                       optimizer: Any = None, lr_scheduler: Any = None, **kwargs: Any) -> None:
+    def on_train_begin(
+        self,
+        args: Any,
+        state: Any,
+        control: Any,
+        model: Any = None,
+        optimizer: Any = None,
+        lr_scheduler: Any = None,
+        **kwargs: Any,
+    ) -> None:
         self.run.watch(model=model, optimizer=optimizer, scheduler=lr_scheduler)
         self.run.on_command("checkpoint_and_pause", self._request_checkpoint_and_pause)
         self.run.set_terminate_handler(self._stop_gracefully)
@@ -56,10 +64,14 @@ class BrakelineCallback(TrainerCallback):
             control.should_training_stop = True
         return control
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None,
-               **kwargs: Any) -> None:
-        numbers = {k: v for k, v in (logs or {}).items()
-                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any
+    ) -> None:
+        numbers = {
+            k: v
+            for k, v in (logs or {}).items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
         if numbers:
             self.run.log(numbers, step=state.global_step)
 
@@ -74,9 +86,11 @@ class BrakelineCallback(TrainerCallback):
             self.run.send_snapshot("checkpoint", state.global_step, None, os.path.abspath(folder))
             return
         result = CheckpointResult(
-            path=os.path.abspath(folder), bytes=size_of(folder),
+            path=os.path.abspath(folder),
+            bytes=size_of(folder),
             seconds=round(time.monotonic() - pending.requested_at, 6),
-            sha256=sha256_of(folder), step=state.global_step,
+            sha256=sha256_of(folder),
+            step=state.global_step,
         )
         self.run.last_checkpoint = result
         self.run.send_snapshot("checkpoint", state.global_step, None, result)
@@ -104,10 +118,15 @@ class BrakelineCallback(TrainerCallback):
         """The Trainer skipped the save we asked for (e.g. save disabled on this rank): still
         pause, report the failure, keep the accelerators."""
         self._pending_pause = None
-        self.run.ack(pending.command.id, "failed", {"step": step, "paused": True},
-                     "the Trainer did not save a checkpoint; training is paused without one")
-        self.run.hold_paused(step, PauseInfo(step, pending.command.id, pending.command.reason,
-                                             None))
+        self.run.ack(
+            pending.command.id,
+            "failed",
+            {"step": step, "paused": True},
+            "the Trainer did not save a checkpoint; training is paused without one",
+        )
+        self.run.hold_paused(
+            step, PauseInfo(step, pending.command.id, pending.command.reason, None)
+        )
 
     def _stop_gracefully(self, step: int) -> None:
         self.terminate_requested = True

@@ -49,8 +49,9 @@ class BrakelineCallback(Callback):
         self.run.set_saver(self._save_with_trainer, suffix=".ckpt")
         self.run.set_terminate_handler(self._stop_gracefully)
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         step = trainer.global_step
         if step % self.log_every_n_steps == 0:
             metrics: dict[str, Any] = {}

@@ -1,6 +1,6 @@
-"""Install the default rule pack (breakers.rulepack) as rows with team = NULL.
+"""Install the default rule pack (breakers.detection.rulepack) as rows with team = NULL.
 
-Create-only (``breakers.rules.install_default_pack``): a default rule an admin has edited is
+Create-only (``breakers.detection.rules.install_default_pack``): a default rule an admin has edited is
 left as it is; a later migration calling it again only adds the keys that are missing.
 """
 
@@ -8,7 +8,7 @@ from django.db import migrations
 
 
 def install_default_pack(apps, schema_editor):
-    from breakers.rules import install_default_pack
+    from breakers.detection.rules import install_default_pack
 
     install_default_pack(apps.get_model("breakers", "Rule"))
 

@@ -1,6 +1,7 @@
 """A person's actions on a job: pause, resume, terminate, confirm a pause, mitigate, isolate.
 
-Thin: validate the body, call the one service of the verb (``breakers.actions``), answer. The
+Thin: validate the body, call the one service of the verb (``breakers.control.job_actions``),
+answer. The
 services scope (404), ask the authority (403 with its reason), check the state (409) and audit
 every attempt; errors reach the one error format (docs/protocol.md "Errors") through
 ``console.api.errors``.
@@ -15,9 +16,9 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from breakers import actions
-from breakers.control import command_payload
-from breakers.control_models import Command, CommandKind
+from breakers.control import job_actions as actions
+from breakers.control.commands import command_payload
+from breakers.models import Command, CommandKind
 from console.api.person_auth import PersonView, audit_context, error_responses
 from incidents.models import PauseConfirmation, PauseDecision
 

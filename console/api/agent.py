@@ -12,7 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from breakers import services as breaker_services
+from breakers.agent import service as breaker_services
 from console.api.agent_auth import AgentRateThrottle, AgentTokenAuthentication
 from console.api.agent_schema import (
     AckDoc,
@@ -23,7 +23,7 @@ from console.api.agent_schema import (
     MetricsAcceptedDoc,
     MetricsBatchDoc,
 )
-from incidents.errors import PayloadTooLarge
+from core.errors import PayloadTooLarge
 
 ERRORS = {
     code: OpenApiResponse(ErrorDoc, description=text)

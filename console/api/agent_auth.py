@@ -10,9 +10,9 @@ from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle
 
 from console.ratelimit import parse_rate, rate_counter
-from incidents.errors import Unauthenticated
+from core.errors import Unauthenticated
+from incidents.jobs import authenticate_agent
 from incidents.models import Job
-from incidents.services import authenticate_agent
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Serializers that *document* the agent protocol in OpenAPI.
 
-The endpoints validate with ``breakers.agent_input`` (a fast loop, all-or-nothing); these
+The endpoints validate with ``breakers.agent.protocol`` (a fast loop, all-or-nothing); these
 classes only describe the same shapes for /api/schema/ and are not used on the hot path.
 """
 

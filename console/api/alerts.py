@@ -12,17 +12,18 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from console.api.person_auth import PersonView, audit_context, error_responses
-from incidents.access import scoped_get, visible_team_ids
-from incidents.alert_actions import acknowledge_alert
-from incidents.alerts import alert_payload
-from incidents.errors import InvalidInput
+from core.errors import InvalidInput
+from incidents.alerts.acknowledge import acknowledge_alert
+from incidents.alerts.lifecycle import alert_payload
 from incidents.models import Alert, AlertStatus, Severity
+from incidents.teams.access import scoped_get, visible_team_ids
 
 MAX_LIMIT = 500
 
 
 class AlertOut(serializers.Serializer):
-    """What docs/design.md "What an alert must carry" lists (``incidents.alerts.alert_payload``)."""
+    """What docs/design.md "What an alert must carry" lists
+    (``incidents.alerts.lifecycle.alert_payload``)."""
 
     id = serializers.IntegerField()
     incident_id = serializers.IntegerField(allow_null=True)

@@ -12,10 +12,10 @@ from rest_framework.response import Response
 
 from console.api.alerts import limit_param
 from console.api.person_auth import PersonView, audit_context, error_responses
-from incidents.access import role_in_team, scoped_get
-from incidents.audit import READ_AUDIT, audit_read_refusal, audited
-from incidents.errors import Forbidden, InvalidInput
+from core.errors import Forbidden, InvalidInput
 from incidents.models import AuditEntry, Membership, Team
+from incidents.teams.access import role_in_team, scoped_get
+from incidents.teams.audit import READ_AUDIT, audit_read_refusal, audited
 
 
 class AuditEntryOut(serializers.Serializer):

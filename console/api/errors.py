@@ -9,7 +9,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from incidents.errors import ServiceError
+from core.errors import ServiceError
 
 _DRF_CODES = {
     status.HTTP_400_BAD_REQUEST: "invalid",

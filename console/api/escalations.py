@@ -8,11 +8,10 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from breakers.escalation_actions import approve_escalation
+from breakers.control.escalations import approve_escalation
 from console.api.alerts import limit_param
 from console.api.person_auth import PersonView, audit_context, error_responses
-from incidents.access import visible_team_ids
-from incidents.errors import InvalidInput
+from core.errors import InvalidInput
 from incidents.escalations import (
     ESCALATION_KINDS,
     escalation_payload,
@@ -21,6 +20,7 @@ from incidents.escalations import (
     scoped_request,
 )
 from incidents.models import EscalationRequest, EscalationStatus, OnExpiry
+from incidents.teams.access import visible_team_ids
 
 
 class RequestedCommandIn(serializers.Serializer):

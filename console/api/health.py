@@ -12,8 +12,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from breakers import liveness
-from breakers.watchdog import BEAT
+from breakers.control import liveness
+from breakers.control.watchdog import BEAT
 
 BEAT_STALE_SECONDS = 5.0
 _worker_cache: dict[str, float] = {}
@@ -25,7 +25,7 @@ def worker_count() -> int:
         return 1  # tasks run in-process
     now = time.monotonic()
     if now - _worker_cache.get("at", 0.0) > 5.0:
-        from console.celery import app
+        from config.celery import app
 
         replies = app.control.ping(timeout=0.5) or []
         _worker_cache.update(at=now, count=float(len(replies)))

@@ -1,5 +1,6 @@
 """A node of my teams' jobs: its state (healthy / drained by which alert / returned), and
-returning a drained node to service (a manager; ``breakers.nodes.return_node_to_service``)."""
+returning a drained node to service (a manager;
+``breakers.control.nodes.return_node_to_service``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from breakers.nodes import node_payload, return_node_to_service, visible_node
+from breakers.control.nodes import node_payload, return_node_to_service, visible_node
 from console.api.agent_schema import ErrorDoc
 from console.api.person_auth import PersonView, audit_context, error_responses
 

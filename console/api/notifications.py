@@ -15,17 +15,17 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console.api.person_auth import PersonView, audit_context, error_responses
-from incidents.access import scoped_get
-from incidents.channels import provider_signature, receipt_url
 from incidents.models import Alert, Delivery, Severity, Team
-from incidents.notifications import (
+from incidents.notifications.delivery import (
     last_delivered,
     notifications_configured,
     policy_for,
     record_receipt,
 )
-from incidents.notify_core import CHANNELS
-from incidents.notify_services import save_policy, send_test_notification, set_contact
+from incidents.notifications.policy import save_policy, send_test_notification, set_contact
+from incidents.notifications.routing import CHANNELS
+from incidents.notifications.senders import provider_signature, receipt_url
+from incidents.teams.access import scoped_get
 
 
 class RuleDoc(serializers.Serializer):

@@ -21,9 +21,9 @@ from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from console.api.agent_schema import ErrorDoc
-from incidents.audit import AuditContext
-from incidents.errors import Unauthenticated
+from core.errors import Unauthenticated
 from incidents.models import PERSONAL_TOKEN_PREFIX
+from incidents.teams.audit import AuditContext
 
 
 class PersonalTokenAuthentication(BaseAuthentication):
@@ -42,7 +42,7 @@ class PersonalTokenAuthentication(BaseAuthentication):
             return None
         if not raw:
             raise Unauthenticated("The Authorization header must be 'Token <token>'.")
-        from incidents.tokens import authenticate_personal_token  # models: after app loading
+        from incidents.teams.tokens import authenticate_personal_token  # models: after app loading
 
         return authenticate_personal_token(raw), raw
 

@@ -21,13 +21,13 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console.api.agent_schema import ErrorDoc
-from incidents.audit import AuditContext
-from incidents.errors import InvalidInput
-from incidents.review_content import MAX_FOLLOW_UP_TEXT, MAX_FOLLOW_UPS, MAX_TEXT
-from incidents.review_export import to_markdown
-from incidents.review_models import ReviewStatus
-from incidents.review_report import team_incident_report
-from incidents.reviews import load_review, may_edit, review_document, save_review
+from core.errors import InvalidInput
+from incidents.models import ReviewStatus
+from incidents.reviews.content import MAX_FOLLOW_UP_TEXT, MAX_FOLLOW_UPS, MAX_TEXT
+from incidents.reviews.export import to_markdown
+from incidents.reviews.report import team_incident_report
+from incidents.reviews.writeup import load_review, may_edit, review_document, save_review
+from incidents.teams.audit import AuditContext
 
 REPORT_DEFAULT_DAYS = 30
 _ERRORS = {
@@ -160,7 +160,7 @@ class ReviewView(APIView):
         responses={200: ReviewDocumentOut, **error_responses(400, 401, 403, 404, 409)},
     )
     def put(self, request: Request, pk: int) -> Response:
-        # ReviewIn documents the body; the service validates it (incidents.review_content),
+        # ReviewIn documents the body; the service validates it (incidents.reviews.content),
         # so the API and the page's form name the same fields in their refusals.
         body = request.data
         revision = body.get("revision") if isinstance(body, dict) else None

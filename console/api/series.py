@@ -18,10 +18,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from breakers import history
+from breakers import metrics as history
 from console.api.jobs import visible_jobs
 from console.api.person_auth import PersonView
-from incidents.errors import InvalidInput
+from core.errors import InvalidInput
 from incidents.models import Job
 
 BAND_METRIC = "loss"

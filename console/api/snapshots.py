@@ -1,5 +1,5 @@
 """``POST /api/v1/agent/snapshots``: the agent's environment snapshots (docs/protocol.md
-"Environment snapshots"). Validation and storage are ``breakers.snapshots``; this is only the
+"Environment snapshots"). Validation and storage are ``breakers.snapshots.intake``; this is only the
 HTTP shape."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from breakers import snapshots
+from breakers.snapshots import intake as snapshots
 from console.api.agent import ERRORS, AgentView
-from incidents.errors import PayloadTooLarge
+from core.errors import PayloadTooLarge
 
 
 class SnapshotCheckpointDoc(serializers.Serializer):

@@ -12,10 +12,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from console.api.person_auth import PersonView, audit_context, error_responses
-from incidents.access import scoped_get
-from incidents.errors import InvalidInput
+from core.errors import InvalidInput
 from incidents.models import OnCallShift, Team
-from incidents.oncall import create_shift, delete_shift, team_shifts, who_is_on_call
+from incidents.teams.access import scoped_get
+from incidents.teams.oncall import create_shift, delete_shift, team_shifts, who_is_on_call
 
 
 class ShiftIn(serializers.Serializer):

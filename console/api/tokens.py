@@ -15,9 +15,9 @@ from console.api.person_auth import (
     audit_context,
     error_responses,
 )
-from incidents.errors import Forbidden
+from core.errors import Forbidden
 from incidents.models import PersonalToken
-from incidents.tokens import issue_personal_token, revoke_personal_token
+from incidents.teams.tokens import issue_personal_token, revoke_personal_token
 
 
 class TokenIn(serializers.Serializer):

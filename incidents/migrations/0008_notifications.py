@@ -4,7 +4,7 @@ import django.db.models.deletion
 from django.conf import settings
 from django.db import migrations, models
 
-import incidents.notify_models
+import incidents.models
 
 
 class Migration(migrations.Migration):
@@ -48,7 +48,7 @@ class Migration(migrations.Migration):
                         auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
                     ),
                 ),
-                ("rules", models.JSONField(default=incidents.notify_models.default_rules)),
+                ("rules", models.JSONField(default=incidents.models.default_rules)),
                 ("chat_webhook_url", models.URLField(blank=True, max_length=500)),
                 (
                     "chat_format",

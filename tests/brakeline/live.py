@@ -138,7 +138,7 @@ class RestartableConsole:
             str(self.port),
             "--access-log",
             os.devnull,
-            "console.asgi:application",
+            "config.asgi:application",
         ]
         self.process = subprocess.Popen(command, cwd=ROOT, env=server_environment())
         wait_for_port(self.port, self.process)

@@ -10,8 +10,9 @@ from brakeline.checkpoint import checkpoint_path, save_atomically
 
 
 def test_atomic_save_reports_size_time_and_sha256(tmp_path):
-    result = save_atomically(tmp_path / "ck" / "a.bin", 3,
-                             lambda path, step: path.write_bytes(b"x" * 1000))
+    result = save_atomically(
+        tmp_path / "ck" / "a.bin", 3, lambda path, step: path.write_bytes(b"x" * 1000)
+    )
     data = (tmp_path / "ck" / "a.bin").read_bytes()
     assert result.sha256 == hashlib.sha256(data).hexdigest()
     assert result.bytes == 1000 and result.step == 3 and result.seconds >= 0
@@ -34,8 +35,9 @@ def test_a_save_that_dies_midway_leaves_the_previous_checkpoint_intact(tmp_path)
 
 def test_the_temporary_file_lives_in_the_destination_folder(tmp_path):
     seen = []
-    save_atomically(tmp_path / "d" / "x.pt", 1,
-                    lambda path, step: seen.append(path) or path.write_bytes(b"1"))
+    save_atomically(
+        tmp_path / "d" / "x.pt", 1, lambda path, step: seen.append(path) or path.write_bytes(b"1")
+    )
     assert seen[0].parent == tmp_path / "d" and seen[0].name != "x.pt"
 
 

@@ -12,8 +12,14 @@ from tests.brakeline.conftest import wait_until
 
 
 def command(command_id, kind, **params):
-    return {"id": command_id, "kind": kind, "params": params, "severity": "L3",
-            "reason": "loss is NaN at step 4512", "issued_at": "2026-01-01T00:00:00Z"}
+    return {
+        "id": command_id,
+        "kind": kind,
+        "params": params,
+        "severity": "L3",
+        "reason": "loss is NaN at step 4512",
+        "issued_at": "2026-01-01T00:00:00Z",
+    }
 
 
 def acks_by_id(run):
@@ -42,10 +48,15 @@ def test_a_command_repeated_by_every_path_is_queued_once(make_run):
 def test_commands_wait_for_the_step_boundary_and_run_in_the_training_thread(make_run):
     run = make_run()
     seen = []
-    run.on_command("isolate_node", lambda r, c, step: seen.append(
-        (threading.current_thread(), step)) or {"isolated": c.params["node"]})
-    delivered = threading.Thread(target=run.inbox.offer,
-                                 args=(command(5, "isolate_node", node="node-07"),))
+    run.on_command(
+        "isolate_node",
+        lambda r, c, step: (
+            seen.append((threading.current_thread(), step)) or {"isolated": c.params["node"]}
+        ),
+    )
+    delivered = threading.Thread(
+        target=run.inbox.offer, args=(command(5, "isolate_node", node="node-07"),)
+    )
     delivered.start()
     delivered.join()
     assert seen == []  # a background delivery applies nothing
@@ -59,9 +70,10 @@ def test_acks_reach_the_console(make_run, transport):
     run.inbox.offer(command(8, "resume"))
     run.step_boundary(3)
     assert run.wait_for_ack(8)
-    assert ("commands/8/ack", {"status": "succeeded",
-                               "result": {"step": 3, "was_paused": False}}) in [
-        (path, body) for _, path, body in transport.calls]
+    assert (
+        "commands/8/ack",
+        {"status": "succeeded", "result": {"step": 3, "was_paused": False}},
+    ) in [(path, body) for _, path, body in transport.calls]
 
 
 def test_unknown_kind_is_acked_failed_with_a_clear_error(make_run):
@@ -141,8 +153,11 @@ def test_checkpoint_and_pause_saves_confirms_releases_then_holds(make_run, trans
     run = make_run(send_snapshots=True)
     run.set_saver(_slow_file_saver, suffix=".bin")
     events = []
-    run.on_release(lambda info: events.append(
-        ("release", info.step, info.checkpoint.sha256, len(transport.bodies("commands/30/ack")))))
+    run.on_release(
+        lambda info: events.append(
+            ("release", info.step, info.checkpoint.sha256, len(transport.bodies("commands/30/ack")))
+        )
+    )
     run.on_resume(lambda info: events.append(("resume", info.step)))
     run.inbox.offer(command(30, "checkpoint_and_pause"))
     timer = inject_later(run, command(31, "resume"), 0.5)
@@ -161,11 +176,14 @@ def test_checkpoint_and_pause_saves_confirms_releases_then_holds(make_run, trans
     statuses = [body["status"] for body in transport.bodies("heartbeat")]
     assert "checkpointing" in statuses and "paused" in statuses
     snapshot = wait_until(
-        lambda: [b for b in transport.bodies("snapshots") if b["kind"] == "checkpoint"])[0]
+        lambda: [b for b in transport.bodies("snapshots") if b["kind"] == "checkpoint"]
+    )[0]
     # The snapshot names the checkpoint it belongs to, with the hash the ack reported.
-    assert snapshot["checkpoint"] == {"path": ack["result"]["path"],
-                                      "sha256": ack["result"]["sha256"],
-                                      "bytes": ack["result"]["bytes"]}
+    assert snapshot["checkpoint"] == {
+        "path": ack["result"]["path"],
+        "sha256": ack["result"]["sha256"],
+        "bytes": ack["result"]["bytes"],
+    }
     assert snapshot["step"] == 4512
 
 
@@ -193,8 +211,12 @@ def test_commands_received_while_paused_are_applied_in_the_pause(make_run):
     run.set_saver(_file_saver)
     handled = []
     run.on_command("isolate_node", lambda r, c, s: handled.append(s) or {})
-    for payload in (command(50, "checkpoint_and_pause"), command(51, "isolate_node"),
-                    command(52, "checkpoint_and_pause"), command(53, "resume")):
+    for payload in (
+        command(50, "checkpoint_and_pause"),
+        command(51, "isolate_node"),
+        command(52, "checkpoint_and_pause"),
+        command(53, "resume"),
+    ):
         run.inbox.offer(payload)
     run.step_boundary(7)
     acks = acks_by_id(run)
@@ -204,7 +226,8 @@ def test_commands_received_while_paused_are_applied_in_the_pause(make_run):
 
 
 def test_terminate_flushes_acks_finishes_and_exits_with_the_documented_code(
-        make_run, transport, exits):
+    make_run, transport, exits
+):
     run = make_run(flush_interval=10.0)
     run.log({"loss": 3.0}, step=99)
     run.inbox.offer(command(60, "terminate"))
@@ -212,9 +235,10 @@ def test_terminate_flushes_acks_finishes_and_exits_with_the_documented_code(
     assert exits.codes == [brakeline.EXIT_TERMINATED] == [75]
     assert run.finished and run.status == "finished"
     assert [p["step"] for p in transport.points() if p["name"] == "loss"] == [99]
-    assert ("commands/60/ack", {"status": "succeeded",
-                                "result": {"step": 99, "exit_code": 75}}) in [
-        (path, body) for _, path, body in transport.calls]
+    assert (
+        "commands/60/ack",
+        {"status": "succeeded", "result": {"step": 99, "exit_code": 75}},
+    ) in [(path, body) for _, path, body in transport.calls]
     assert transport.bodies("heartbeat")[-1]["status"] == "finished"
 
 

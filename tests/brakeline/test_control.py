@@ -12,8 +12,13 @@ def test_heartbeat_carries_step_status_pid_hostname_rank(make_run, transport):
     run = make_run(rank=3)
     run.step_boundary(120)
     heartbeat = wait_until(lambda: [b for b in transport.bodies("heartbeat") if b["step"] == 120])
-    assert heartbeat[0] == {"step": 120, "status": "running", "pid": os.getpid(),
-                            "hostname": socket.gethostname(), "rank": 3}
+    assert heartbeat[0] == {
+        "step": 120,
+        "status": "running",
+        "pid": os.getpid(),
+        "hostname": socket.gethostname(),
+        "rank": 3,
+    }
 
 
 def test_heartbeats_stop_when_training_stops_making_progress(make_run, transport):
@@ -58,7 +63,8 @@ def test_acks_are_retried_until_the_console_takes_them(make_run, transport):
 
 def test_an_ack_the_console_refuses_for_good_is_not_retried(make_run, transport):
     transport.responder = lambda path, body: (
-        Response(404, {"error": "not_found"}) if path.startswith("commands/") else None)
+        Response(404, {"error": "not_found"}) if path.startswith("commands/") else None
+    )
     run = make_run()
     run.ack(99, "failed", {}, "no such thing")
     run.wait_for_ack(99)

@@ -13,7 +13,11 @@ def _modules_after(statement: str) -> set[str]:
         "print('\\n'.join(sorted({name.split('.')[0] for name in sys.modules})))"
     )
     completed = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
         check=True,
     )
     return set(completed.stdout.split())

@@ -34,12 +34,20 @@ def _train(run, tmp_path, model, max_steps=6):
     inputs, targets = torch.randn(32, 4), torch.randn(32, 1)
     dataset = [{"x": inputs[i], "labels": targets[i]} for i in range(32)]
     arguments = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "hf"), max_steps=max_steps, per_device_train_batch_size=4,
-        logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True,
-        learning_rate=0.01, max_grad_norm=0.0,
+        output_dir=str(tmp_path / "hf"),
+        max_steps=max_steps,
+        per_device_train_batch_size=4,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+        learning_rate=0.01,
+        max_grad_norm=0.0,
     )
-    trainer = transformers.Trainer(model=model, args=arguments, train_dataset=dataset,
-                                   callbacks=[BrakelineCallback(run)])
+    trainer = transformers.Trainer(
+        model=model, args=arguments, train_dataset=dataset, callbacks=[BrakelineCallback(run)]
+    )
     trainer.train()
     return trainer
 

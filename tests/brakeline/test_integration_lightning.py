@@ -28,8 +28,13 @@ def _fit(run, tmp_path, max_steps=6):
     data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
     callback = BrakelineCallback(run)
     trainer = pl.Trainer(
-        max_steps=max_steps, accelerator="cpu", logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+        max_steps=max_steps,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
         callbacks=[callback],
     )
     trainer.fit(TinyModule(), torch.utils.data.DataLoader(data, batch_size=4))
@@ -37,12 +42,16 @@ def _fit(run, tmp_path, max_steps=6):
 
 
 def test_commands_apply_at_batch_end_and_the_pause_saves_a_lightning_checkpoint(
-        make_run, transport, tmp_path):
+    make_run, transport, tmp_path
+):
     run = make_run()
     released = []
     run.on_release(released.append)
-    for payload in ({"id": 1, "kind": "lower_lr", "params": {"factor": 0.5}},
-                    {"id": 2, "kind": "checkpoint_and_pause"}, {"id": 3, "kind": "resume"}):
+    for payload in (
+        {"id": 1, "kind": "lower_lr", "params": {"factor": 0.5}},
+        {"id": 2, "kind": "checkpoint_and_pause"},
+        {"id": 3, "kind": "resume"},
+    ):
         run.inbox.offer(payload)
     trainer = _fit(run, tmp_path)
     acks = {ack["id"]: ack for ack in run.acknowledgements}

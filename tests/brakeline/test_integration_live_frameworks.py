@@ -14,9 +14,8 @@ import time
 
 import pytest
 
-from breakers.control import issue_command
-from breakers.control_models import Command, CommandKind, CommandStatus
-from breakers.models import MetricPoint
+from breakers.control.commands import issue_command
+from breakers.models import Command, CommandKind, CommandStatus, MetricPoint
 from incidents.models import Job, JobStatus
 from tests.brakeline.live import sha256_of_path, wait_for
 from tests.breakers.test_evaluation_flow import worker  # noqa: F401  (fixture)

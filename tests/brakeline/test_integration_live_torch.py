@@ -13,9 +13,8 @@ import time
 
 import pytest
 
-from breakers.control import issue_command
-from breakers.control_models import Command, CommandKind, CommandStatus
-from breakers.snapshot_models import EnvironmentSnapshot
+from breakers.control.commands import issue_command
+from breakers.models import Command, CommandKind, CommandStatus, EnvironmentSnapshot
 from incidents.models import Alert, Job, JobStatus
 from tests.brakeline.live import points_per_step, sha256_of_path, wait_for
 from tests.breakers.test_evaluation_flow import worker  # noqa: F401  (fixture)

@@ -16,7 +16,8 @@ class TinyNet(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.layers = torch.nn.Sequential(
-            torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(16, 1))
+            torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(16, 1)
+        )
 
     def forward(self, x):
         return self.layers(x)
@@ -86,8 +87,14 @@ def test_resume_reproduces_the_uninterrupted_run_bit_for_bit(make_run):
     resumed = make_run(job="resumed")
     model, optimizer, scheduler, loader = _build(123)
     wrapped = resumed.wrap_loader(loader)
-    state = brakeline.restore(saved.path, model=model, optimizer=optimizer, scheduler=scheduler,
-                              loader=wrapped, expected_sha256=saved.sha256)
+    state = brakeline.restore(
+        saved.path,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        loader=wrapped,
+        expected_sha256=saved.sha256,
+    )
     assert state.step == 20 and state.epoch == 2
     assert state.data_position["batch_in_epoch"] == 6
     resumed_losses: list[float] = []

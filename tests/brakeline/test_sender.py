@@ -81,7 +81,8 @@ def test_429_waits_at_least_retry_after(make_run, transport):
 
 def test_400_drops_the_batch_with_a_counted_warning(make_run, transport, caplog):
     transport.responder = lambda path, body: (
-        Response(400, {"error": "invalid", "detail": "bad point"}) if path == "metrics" else None)
+        Response(400, {"error": "invalid", "detail": "bad point"}) if path == "metrics" else None
+    )
     run = make_run()
     with caplog.at_level(logging.WARNING, logger="brakeline"):
         run.log({"loss": 1.0, "acc": 0.5}, step=1)
@@ -115,8 +116,13 @@ def test_401_is_logged_loudly_once_and_points_are_kept(make_run, transport, capl
             run.log({"loss": 1.0}, step=step)
             time.sleep(0.03)
         wait_until(lambda: len(transport.bodies("metrics")) >= 3)
-    loud = [r for r in caplog.records if "REJECTED THE AGENT TOKEN" in r.getMessage()
-            and r.name == "brakeline" and "metrics" in r.getMessage()]
+    loud = [
+        r
+        for r in caplog.records
+        if "REJECTED THE AGENT TOKEN" in r.getMessage()
+        and r.name == "brakeline"
+        and "metrics" in r.getMessage()
+    ]
     assert len(loud) == 1
     assert run.sender.spool.pending_points == 10
 
@@ -147,8 +153,9 @@ def test_finish_with_the_console_down_keeps_points_for_the_next_start(make_run, 
     assert [p["step"] for p in transport.points() if p["name"] == "loss"] == list(range(10))
 
 
-def test_an_unexpected_transport_error_is_logged_and_the_thread_goes_on(make_run, transport,
-                                                                       caplog):
+def test_an_unexpected_transport_error_is_logged_and_the_thread_goes_on(
+    make_run, transport, caplog
+):
     failures = [RuntimeError("bug in a proxy library")] * 2
 
     def responder(path, body):

@@ -51,8 +51,14 @@ def test_secret_names_are_redacted_and_useful_values_kept():
 def test_secret_words_inside_names():
     from brakeline.snapshot import is_secret_name
 
-    for name in ("MYAPP_APIKEY", "SSH_KEYS", "OAUTH_CLIENT", "AWS_SECRET_ACCESS_KEY",
-                 "PGPASSWORD", "SENTRY_DSN"):
+    for name in (
+        "MYAPP_APIKEY",
+        "SSH_KEYS",
+        "OAUTH_CLIENT",
+        "AWS_SECRET_ACCESS_KEY",
+        "PGPASSWORD",
+        "SENTRY_DSN",
+    ):
         assert is_secret_name(name), name
     for name in ("TOKENIZERS_PARALLELISM", "CUDA_VISIBLE_DEVICES", "NCCL_DEBUG"):
         assert not is_secret_name(name), name
@@ -63,15 +69,21 @@ def test_values_that_look_like_credentials_are_redacted_whatever_their_name():
     assert redact_value("PYTHON_X", "ghp_" + "a1B2" * 9) == REDACTED
     assert redact_value("CUDA_X", "AKIAIOSFODNN7EXAMPLE") == REDACTED
     assert redact_value("HF_ENDPOINT", ENVIRONMENT["HF_ENDPOINT"]) == (
-        "https://user:<redacted>@mirror.internal/hf")
+        "https://user:<redacted>@mirror.internal/hf"
+    )
     assert redact_value("CONDA_X", "Zk3vQ9pL2mX8rT5wY7bN4cJ6hG1dF0sA") == REDACTED
 
 
-@pytest.mark.parametrize("value", [
-    "/usr/local/cuda-12.4/lib64", "eth0", "0,1,2,3",
-    "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",  # a hash, not a key
-    "sha256:9b2a3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d3e4f5a6b7c8d9e0f1a2b",
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "/usr/local/cuda-12.4/lib64",
+        "eth0",
+        "0,1,2,3",
+        "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",  # a hash, not a key
+        "sha256:9b2a3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d3e4f5a6b7c8d9e0f1a2b",
+    ],
+)
 def test_ordinary_values_are_not_mistaken_for_secrets(value):
     assert not looks_like_secret(value)
 
@@ -86,12 +98,26 @@ def test_image_reference_and_whether_it_is_pinned():
 def test_git_commit_of_a_repository_and_none_outside(tmp_path, monkeypatch):
     repo = tmp_path / "repo"
     repo.mkdir()
-    commands = [["git", "init", "-q"], ["git", "-c", "user.email=a@b", "-c", "user.name=a",
-                                        "commit", "-q", "--allow-empty", "-m", "x"]]
+    commands = [
+        ["git", "init", "-q"],
+        [
+            "git",
+            "-c",
+            "user.email=a@b",
+            "-c",
+            "user.name=a",
+            "commit",
+            "-q",
+            "--allow-empty",
+            "-m",
+            "x",
+        ],
+    ]
     for command in commands:
         subprocess.run(command, cwd=repo, check=True)
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True,
-                          text=True, check=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert git_state(str(repo)) == {"commit": head, "dirty": False}
     outside = tmp_path / "plain"
     outside.mkdir()
@@ -105,9 +131,13 @@ def test_full_snapshot_is_json_and_has_every_section(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     monkeypatch.setenv("SLURM_STEP_ID", "0")
     monkeypatch.setenv("MY_SERVICE_TOKEN", "should-not-leak")
-    snapshot = take_snapshot(rank=2, node="node-07", seeds={"global": 7},
-                             data_position={"epoch": 1, "batch_in_epoch": 5},
-                             extra_env_prefixes=("MY_",))
+    snapshot = take_snapshot(
+        rank=2,
+        node="node-07",
+        seeds={"global": 7},
+        data_position={"epoch": 1, "batch_in_epoch": 5},
+        extra_env_prefixes=("MY_",),
+    )
     text = json.dumps(snapshot, allow_nan=False)
     assert "should-not-leak" not in text
     assert snapshot["environment"]["MY_SERVICE_TOKEN"] == REDACTED

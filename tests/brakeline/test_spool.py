@@ -6,8 +6,10 @@ from brakeline.spool import PointSpool, open_spill_directory
 
 
 def _lines(start, count):
-    return [json.dumps({"name": "loss", "step": i, "value": float(i)}) for i in
-            range(start, start + count)]
+    return [
+        json.dumps({"name": "loss", "step": i, "value": float(i)})
+        for i in range(start, start + count)
+    ]
 
 
 def _drain(spool):

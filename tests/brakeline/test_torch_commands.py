@@ -16,10 +16,13 @@ def lower_lr(command_id, factor):
 def _model_and_optimizer(lr=0.1):
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 1)
-    optimizer = torch.optim.SGD([
-        {"params": [model.weight], "lr": lr},
-        {"params": [model.bias], "lr": lr * 10},
-    ], momentum=0.9)
+    optimizer = torch.optim.SGD(
+        [
+            {"params": [model.weight], "lr": lr},
+            {"params": [model.bias], "lr": lr * 10},
+        ],
+        momentum=0.9,
+    )
     return model, optimizer
 
 
@@ -42,12 +45,16 @@ def test_lower_lr_scales_every_param_group_and_acks_the_new_lrs(make_run):
     assert ack["result"]["step"] == 10 and ack["result"]["effective_from_step"] == 11
 
 
-@pytest.mark.parametrize("make_scheduler", [
-    lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda epoch: 1.0 / (1 + epoch)),
-    lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5),
-    lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10),
-    lambda opt: torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1.0, total_steps=20),
-], ids=["lambda", "step", "cosine", "onecycle"])
+@pytest.mark.parametrize(
+    "make_scheduler",
+    [
+        lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda epoch: 1.0 / (1 + epoch)),
+        lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5),
+        lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10),
+        lambda opt: torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1.0, total_steps=20),
+    ],
+    ids=["lambda", "step", "cosine", "onecycle"],
+)
 def test_a_scheduler_does_not_undo_the_lowered_lr(make_run, make_scheduler):
     model, optimizer = _model_and_optimizer()
     twin_model, twin_optimizer = _model_and_optimizer()

@@ -28,12 +28,20 @@ def test_non_finite_values_become_the_protocol_strings():
 
 def test_expanded_points_are_strict_json_and_keep_nan():
     expander = RecordExpander(node="node-07")
-    record = LogRecord(step=120, time=1767225600.0,
-                       metrics={"loss": float("nan"), "grad_norm": 3, "lr": float("inf")})
+    record = LogRecord(
+        step=120,
+        time=1767225600.0,
+        metrics={"loss": float("nan"), "grad_norm": 3, "lr": float("inf")},
+    )
     points = [json.loads(line) for line in expander.expand(record)]
     by_name = {point["name"]: point for point in points}
-    assert by_name["loss"] == {"name": "loss", "step": 120, "value": "NaN",
-                               "time": "2026-01-01T00:00:00.000000Z", "node": "node-07"}
+    assert by_name["loss"] == {
+        "name": "loss",
+        "step": 120,
+        "value": "NaN",
+        "time": "2026-01-01T00:00:00.000000Z",
+        "node": "node-07",
+    }
     assert by_name["grad_norm"]["value"] == 3.0
     assert by_name["lr"]["value"] == "Infinity"
     # A logged loss always carries its non-finite count, even without a torch counter.
@@ -42,12 +50,26 @@ def test_expanded_points_are_strict_json_and_keep_nan():
 
 def test_the_fast_encoder_writes_exactly_what_json_dumps_writes():
     names = ["loss", 'quote"d', "back\\slash", "ünïcode/λ", "tab\tname", "x" * 200]
-    values = [0.0, -0.0, 1.0, -2.5, 1e-300, 1.7976931348623157e308, 5e-324, 0.1, 123456789.0,
-              float("nan"), float("inf"), float("-inf"), 3]
+    values = [
+        0.0,
+        -0.0,
+        1.0,
+        -2.5,
+        1e-300,
+        1.7976931348623157e308,
+        5e-324,
+        0.1,
+        123456789.0,
+        float("nan"),
+        float("inf"),
+        float("-inf"),
+        3,
+    ]
     expander = RecordExpander(node='node "7"')
     for step, value in enumerate(values):
-        record = LogRecord(step=step, time=1767225600.25 + step,
-                           metrics={name: value for name in names})
+        record = LogRecord(
+            step=step, time=1767225600.25 + step, metrics={name: value for name in names}
+        )
         lines = expander.expand(record)
         time = format_time(record.time)
         expected = [encode_point(name, step, float(value), time, 'node "7"') for name in names]
@@ -64,10 +86,17 @@ def test_finite_losses_report_zero_and_unknown_values_are_skipped():
 
 def test_observed_loss_counts_win_over_the_logged_value():
     # The HF Trainer logs a finite average in place of a NaN loss; the forward hook saw the NaN.
-    record = LogRecord(step=5, time=0.0, metrics={"loss": 1.25}, loss_nonfinite=2,
-                       loss_observed=4, grad_nonfinite=7)
-    values = {json.loads(p)["name"]: json.loads(p)["value"]
-              for p in RecordExpander("n").expand(record)}
+    record = LogRecord(
+        step=5,
+        time=0.0,
+        metrics={"loss": 1.25},
+        loss_nonfinite=2,
+        loss_observed=4,
+        grad_nonfinite=7,
+    )
+    values = {
+        json.loads(p)["name"]: json.loads(p)["value"] for p in RecordExpander("n").expand(record)
+    }
     assert values["nonfinite.loss"] == 2.0
     assert values["nonfinite.grad"] == 7.0
 
@@ -76,7 +105,9 @@ def test_encode_json_refuses_bare_nan_and_to_jsonable_fixes_it():
     with pytest.raises(ValueError):
         encode_json({"value": math.nan})
     assert json.loads(encode_json(to_jsonable({"value": math.nan, "t": (1, 2.0)}))) == {
-        "value": "NaN", "t": [1, 2.0]}
+        "value": "NaN",
+        "t": [1, 2.0],
+    }
 
 
 def test_format_time_is_utc_with_z():

@@ -8,8 +8,8 @@ import pytest
 
 from breakers.models import MetricPoint
 from console.ratelimit import rate_counter
+from incidents.jobs import revoke_agent_tokens
 from incidents.models import Job, JobStatus, Node
-from incidents.services import revoke_agent_tokens
 
 URL = "/api/v1/agent/metrics"
 pytestmark = pytest.mark.django_db

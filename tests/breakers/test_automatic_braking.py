@@ -15,11 +15,11 @@ import urllib.request
 import pytest
 from websockets.sync.client import connect
 
-from breakers.agent_input import PointIn
-from breakers.control_models import Command, CommandKind
-from breakers.evaluation import evaluate_job
-from breakers.ingest import store_points
-from breakers.rules import install_default_pack
+from breakers.agent.protocol import PointIn
+from breakers.agent.store import store_points
+from breakers.detection.evaluation import evaluate_job
+from breakers.detection.rules import install_default_pack
+from breakers.models import Command, CommandKind
 from incidents.models import Alert, Incident, Job, JobStatus, TimelineEntry
 from tests.breakers.test_evaluation_flow import wait_for, worker  # noqa: F401  (fixture)
 
@@ -146,7 +146,7 @@ def test_without_a_websocket_the_brake_arrives_in_the_heartbeat_reply(live_conso
 
 @pytest.mark.django_db(transaction=True)
 def test_an_agent_that_stops_heartbeating_gets_the_alert(live_console, worker, agent):  # noqa: F811
-    from breakers.control_tasks import watchdog
+    from breakers.control.tasks import watchdog
 
     Job.objects.filter(pk=agent.job_id).update(heartbeat_timeout_seconds=0.3)
     beat = {"step": 5, "status": "running"}

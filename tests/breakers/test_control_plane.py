@@ -7,9 +7,9 @@ import threading
 import pytest
 from django.db import connection
 
-from breakers.control import issue_command
-from breakers.control_models import Command, CommandStatus
-from incidents.errors import Conflict, InvalidInput
+from breakers.control.commands import issue_command
+from breakers.models import Command, CommandStatus
+from core.errors import Conflict, InvalidInput
 from incidents.models import Job, JobStatus
 
 pytestmark = pytest.mark.django_db

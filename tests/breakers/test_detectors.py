@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from breakers.detectors import (
+from breakers.detection.detectors import (
     ANOMALOUS,
     HEALTHY,
     PENDING,
@@ -19,7 +19,7 @@ from breakers.detectors import (
     RollingStats,
     build_detector,
 )
-from breakers.engine import Point
+from breakers.detection.engine import Point
 
 NAN, INF = math.nan, math.inf
 
@@ -91,9 +91,11 @@ def test_step_window_keeps_the_last_w_points():
 
 def test_sigma_is_exact_after_a_huge_outlier_leaves_the_window():
     stats = RollingStats(window=50)
-    values = [1.0 + 1e-9 * (i % 7) for i in range(50)] + [1e12] + [
-        1.0 + 1e-9 * (i % 5) for i in range(60)
-    ]
+    values = (
+        [1.0 + 1e-9 * (i % 7) for i in range(50)]
+        + [1e12]
+        + [1.0 + 1e-9 * (i % 5) for i in range(60)]
+    )
     for i, v in enumerate(values):
         stats.add(float(i), v)
     window = values[-50:]
@@ -173,25 +175,60 @@ FLAT_THEN = [2.0] * 20
 @pytest.mark.parametrize(
     ("case", "params", "values", "expected_first_anomalous"),
     [
-        ("warm-up: an outlier before the window is full raises nothing",
-         {"k": 3, "window": 10}, [1.0, 1.1, 0.9, 1.0, 1.05, 0.95, 1.0, 1.02, 0.98, 50.0], None),
-        ("the first judged point is the one after a full window",
-         {"k": 3, "window": 10}, [1.0, 1.1, 0.9, 1.0, 1.05, 0.95, 1.0, 1.02, 0.98, 1.0, 50.0], 10),
-        ("min_points shortens the warm-up",
-         {"k": 3, "window": 100, "min_points": 5}, [1.0, 1.1, 0.9, 1.0, 1.05, 50.0], 5),
-        ("flat series, change within the relative σ floor: healthy",
-         {"k": 3, "window": 20}, FLAT_THEN + [2.0000001, 2.0 - 1e-7], None),
-        ("flat series, a real change: no division by zero, it fires",
-         {"k": 3, "window": 20}, FLAT_THEN + [2.5], 20),
-        ("flat zero series, change below the absolute floor: healthy",
-         {"k": 3, "window": 20}, [0.0] * 20 + [1e-13], None),
-        ("direction above ignores a drop",
-         {"k": 3, "window": 20, "direction": "above"}, noisy(20) + [5.0, 5.0, 20.0], 22),
-        ("direction below ignores a rise",
-         {"k": 3, "window": 20, "direction": "below"}, noisy(20) + [20.0, 0.0], 21),
-        ("sustain_points needs consecutive deviating points",
-         {"k": 3, "window": 20, "sustain_points": 3, "baseline": "freeze"},
-         noisy(20) + [20.0, 20.0, 10.0, 20.0, 20.0, 20.0], 25),
+        (
+            "warm-up: an outlier before the window is full raises nothing",
+            {"k": 3, "window": 10},
+            [1.0, 1.1, 0.9, 1.0, 1.05, 0.95, 1.0, 1.02, 0.98, 50.0],
+            None,
+        ),
+        (
+            "the first judged point is the one after a full window",
+            {"k": 3, "window": 10},
+            [1.0, 1.1, 0.9, 1.0, 1.05, 0.95, 1.0, 1.02, 0.98, 1.0, 50.0],
+            10,
+        ),
+        (
+            "min_points shortens the warm-up",
+            {"k": 3, "window": 100, "min_points": 5},
+            [1.0, 1.1, 0.9, 1.0, 1.05, 50.0],
+            5,
+        ),
+        (
+            "flat series, change within the relative σ floor: healthy",
+            {"k": 3, "window": 20},
+            FLAT_THEN + [2.0000001, 2.0 - 1e-7],
+            None,
+        ),
+        (
+            "flat series, a real change: no division by zero, it fires",
+            {"k": 3, "window": 20},
+            FLAT_THEN + [2.5],
+            20,
+        ),
+        (
+            "flat zero series, change below the absolute floor: healthy",
+            {"k": 3, "window": 20},
+            [0.0] * 20 + [1e-13],
+            None,
+        ),
+        (
+            "direction above ignores a drop",
+            {"k": 3, "window": 20, "direction": "above"},
+            noisy(20) + [5.0, 5.0, 20.0],
+            22,
+        ),
+        (
+            "direction below ignores a rise",
+            {"k": 3, "window": 20, "direction": "below"},
+            noisy(20) + [20.0, 0.0],
+            21,
+        ),
+        (
+            "sustain_points needs consecutive deviating points",
+            {"k": 3, "window": 20, "sustain_points": 3, "baseline": "freeze"},
+            noisy(20) + [20.0, 20.0, 10.0, 20.0, 20.0, 20.0],
+            25,
+        ),
     ],
 )
 def test_deviation_cases(case, params, values, expected_first_anomalous):
@@ -280,8 +317,13 @@ def test_max_freeze_relearns_the_baseline_after_a_permanent_level_change():
     values = noisy(100, level=2.0, sigma=0.05) + noisy(400, level=3.0, sigma=0.05, seed=4)
     detector = build_detector(
         "sustained",
-        {"k": 4, "window": 100, "sustain_seconds": 60.0, "max_freeze_seconds": 120.0,
-         "min_points": 20},
+        {
+            "k": 4,
+            "window": 100,
+            "sustain_seconds": 60.0,
+            "max_freeze_seconds": 120.0,
+            "min_points": 20,
+        },
     )
     result = states(detector, series(values))
     assert ANOMALOUS in result[100:230]
@@ -457,8 +499,16 @@ def mixed_stream(n=1500, seed=13):
 DETECTOR_CASES = [
     ("deviation", {"k": 2.0, "window": 50, "sustain_points": 2}),
     ("deviation", {"k": 3.0, "window_seconds": 40.0, "min_points": 10}),
-    ("sustained", {"k": 4.0, "window": 100, "sustain_seconds": 60.0, "grace_points": 2,
-                   "max_freeze_points": 150}),
+    (
+        "sustained",
+        {
+            "k": 4.0,
+            "window": 100,
+            "sustain_seconds": 60.0,
+            "grace_points": 2,
+            "max_freeze_points": 150,
+        },
+    ),
     ("non_finite", {}),
     ("threshold", {"above": 2.3, "below": 1.8}),
     ("rising", {"window": 20, "windows": 3, "min_rise_se": 1.0}),

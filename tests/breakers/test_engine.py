@@ -9,15 +9,22 @@ from dataclasses import replace
 
 import pytest
 
-from breakers.engine import Finding, JobEvaluator, Point, RuleSpec, parse_value
-from breakers.rulepack import default_rules
+from breakers.detection.engine import Finding, JobEvaluator, Point, RuleSpec, parse_value
+from breakers.detection.rulepack import default_rules
 
 
 def threshold_rule(**changes):
     base = dict(
-        key="xid", name="GPU XID", layer="health", metric="gpu.*.xid", detector="threshold",
-        params={"above": 0.0}, severity="L4", action="terminate_and_isolate",
-        action_params={"isolate": True}, runbook="hardware-error",
+        key="xid",
+        name="GPU XID",
+        layer="health",
+        metric="gpu.*.xid",
+        detector="threshold",
+        params={"above": 0.0},
+        severity="L4",
+        action="terminate_and_isolate",
+        action_params={"isolate": True},
+        runbook="hardware-error",
     )
     base.update(changes)
     return RuleSpec(**base)
@@ -131,14 +138,20 @@ def test_nan_has_no_opinion_for_a_threshold_and_does_not_clear():
 
 def test_pending_resets_the_healthy_streak():
     rule = RuleSpec(
-        key="dev", name="dev", layer="stability", metric="loss", detector="deviation",
+        key="dev",
+        name="dev",
+        layer="stability",
+        metric="loss",
+        detector="deviation",
         params={"k": 3.0, "window": 20, "sustain_points": 3, "baseline": "freeze"},
-        severity="L1", clear_after=3,
+        severity="L1",
+        clear_after=3,
     )
     evaluator = JobEvaluator([rule])
     base = [10.0 + 0.1 * ((i * 7) % 5 - 2) for i in range(20)]
-    findings = feed_values(evaluator, base + [20.0] * 3 + [10.0, 10.0, 20.0, 10.0, 10.0, 10.0],
-                           name="loss")
+    findings = feed_values(
+        evaluator, base + [20.0] * 3 + [10.0, 10.0, 20.0, 10.0, 10.0, 10.0], name="loss"
+    )
     # Fires on the 3rd deviating point; the deviating point at step 25 (pending) restarts
     # the count of healthy points, so the clear comes at 28, not 26.
     assert [(f.kind, f.step) for f in findings] == [("fire", 22), ("clear", 28)]
@@ -149,8 +162,9 @@ def test_state_is_kept_per_node_only_when_the_rule_says_so():
     per_node = JobEvaluator([threshold_rule(per_node=True)])
     pooled = JobEvaluator([threshold_rule(per_node=False)])
     for evaluator, expected in ((per_node, 2), (pooled, 1)):
-        findings = feed_values(evaluator, [1.0], node="a") + feed_values(evaluator, [1.0],
-                                                                          node="b", start=1)
+        findings = feed_values(evaluator, [1.0], node="a") + feed_values(
+            evaluator, [1.0], node="b", start=1
+        )
         assert len(findings) == expected
 
 
@@ -173,8 +187,14 @@ def test_disabled_rules_are_not_evaluated():
 
 def test_silence_fires_on_tick_and_clears_when_points_return():
     rule = RuleSpec(
-        key="hb", name="Heartbeat timeout", layer="health", metric="heartbeat",
-        detector="silence", params={"timeout": 30.0}, per_node=True, severity="L3",
+        key="hb",
+        name="Heartbeat timeout",
+        layer="health",
+        metric="heartbeat",
+        detector="silence",
+        params={"timeout": 30.0},
+        per_node=True,
+        severity="L3",
         action="checkpoint_and_pause",
     )
     evaluator = JobEvaluator([rule])
@@ -225,8 +245,11 @@ def varied_points(n=3000, seed=4):
             points.append(Point("heartbeat", step, time, 1.0, f"node-{step % 20 // 10}"))
         if step in (1000, 1030):
             points.append(Point("node.failure", step, time, 1.0, f"node-{step % 7}"))
-        points.append(Point("throughput", step, time, 900.0 - (300.0 if step > 2500 else 0.0)
-                            + rng.gauss(0, 5)))
+        points.append(
+            Point(
+                "throughput", step, time, 900.0 - (300.0 if step > 2500 else 0.0) + rng.gauss(0, 5)
+            )
+        )
     return points
 
 
@@ -253,9 +276,14 @@ def test_evaluator_round_trip_mid_stream_equals_uninterrupted_run(split):
 def test_the_varied_stream_fires_several_rules():
     findings = drive(JobEvaluator(default_rules()), varied_points())
     fired = {f["rule_key"] for f in findings if f["kind"] == "fire"}
-    assert {"loss-deviation", "loss-sustained-deviation", "loss-rising",
-            "non-finite-loss-or-gradients", "nodes-failing",
-            "throughput-drop"} <= fired
+    assert {
+        "loss-deviation",
+        "loss-sustained-deviation",
+        "loss-rising",
+        "non-finite-loss-or-gradients",
+        "nodes-failing",
+        "throughput-drop",
+    } <= fired
 
 
 def test_restore_with_a_changed_rule_keeps_the_episode_and_restarts_the_detector():
@@ -265,8 +293,7 @@ def test_restore_with_a_changed_rule_keeps_the_episode_and_restarts_the_detector
     changed = threshold_rule(params={"above": 10.0})
     resumed = JobEvaluator.from_state([changed], state)
     assert resumed.open_episodes() == [
-        {"rule": "xid", "metric": "gpu.0.xid", "node": None, "first_step": 0,
-         "first_time": 1000.0}
+        {"rule": "xid", "metric": "gpu.0.xid", "node": None, "first_step": 0, "first_time": 1000.0}
     ]
     # The detector restarted under the new threshold: 7 is healthy now and clears the episode.
     (clear,) = feed_values(resumed, [7.0], start=1)
@@ -279,8 +306,7 @@ def test_restore_without_the_rule_reports_orphaned_episodes():
     feed_values(evaluator, [5.0])
     resumed = JobEvaluator.from_state([], evaluator.to_state())
     assert resumed.orphaned == [
-        {"rule": "xid", "metric": "gpu.0.xid", "node": None, "first_step": 0,
-         "first_time": 1000.0}
+        {"rule": "xid", "metric": "gpu.0.xid", "node": None, "first_step": 0, "first_time": 1000.0}
     ]
     regrouped = JobEvaluator.from_state([threshold_rule(per_metric=False)], evaluator.to_state())
     assert len(regrouped.orphaned) == 1 and regrouped.open_episodes() == []
@@ -296,8 +322,13 @@ def test_unknown_state_version_is_refused():
 
 def test_finding_to_dict_is_strict_json_and_round_trips():
     rule = RuleSpec(
-        key="nan", name="NaN", layer="stability", metric="loss", detector="non_finite",
-        severity="L3", action="checkpoint_and_pause",
+        key="nan",
+        name="NaN",
+        layer="stability",
+        metric="loss",
+        detector="non_finite",
+        severity="L3",
+        action="checkpoint_and_pause",
     )
     (fire,) = JobEvaluator([rule]).feed(Point("loss", 4512, 5.0, math.nan, "node-2"))
     assert fire.description == "loss is NaN at step 4512"
@@ -324,11 +355,20 @@ def test_parse_value_refuses(raw):
 
 def test_point_from_agent_protocol_dict():
     point = Point.from_dict(
-        {"name": "loss", "step": 120, "value": "NaN", "time": "2026-01-01T00:00:00Z",
-         "node": "node-07"},
+        {
+            "name": "loss",
+            "step": 120,
+            "value": "NaN",
+            "time": "2026-01-01T00:00:00Z",
+            "node": "node-07",
+        },
         default_time=0.0,
     )
     assert (point.name, point.step, point.time, point.node) == (
-        "loss", 120, 1767225600.0, "node-07")
+        "loss",
+        120,
+        1767225600.0,
+        "node-07",
+    )
     assert math.isnan(point.value)
     assert Point.from_dict({"name": "lr", "step": 1, "value": 1e-4}, 42.0).time == 42.0

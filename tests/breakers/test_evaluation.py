@@ -9,10 +9,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import transaction
 
-from breakers import evaluation
-from breakers.agent_input import PointIn
-from breakers.evaluation import evaluate_job
-from breakers.ingest import store_points
+from breakers.agent.protocol import PointIn
+from breakers.agent.store import store_points
+from breakers.detection import evaluation
+from breakers.detection.evaluation import evaluate_job
 from breakers.models import EvaluationState, MetricPoint, Rule
 from incidents.models import Alert, Incident, Job, TimelineEntry
 from tests.breakers.test_rulepack_scenarios import DIVERGE_AT, NAN_AT, RAMP_AT, diverging_loss

@@ -19,9 +19,9 @@ from celery.worker import state as worker_state
 from django.conf import settings
 from django.db import connection, transaction
 
-from breakers import evaluation, tasks
+from breakers.detection import evaluation, tasks
+from breakers.detection.rules import install_default_pack
 from breakers.models import EvaluationState, MetricPoint
-from breakers.rules import install_default_pack
 from incidents.models import Alert, Incident, TimelineEntry
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -8,10 +8,10 @@ import pytest
 import time_machine
 from django.utils import timezone
 
-from breakers.control_models import Command
-from breakers.heartbeats import check_heartbeats
+from breakers.control.heartbeats import check_heartbeats
+from breakers.models import Command
+from incidents.jobs import record_heartbeat
 from incidents.models import Alert, Job, JobStatus, TimelineEntry
-from incidents.services import record_heartbeat
 
 pytestmark = pytest.mark.django_db
 

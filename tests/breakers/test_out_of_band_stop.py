@@ -10,11 +10,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from breakers.control import expire_overdue_commands, issue_command, stop_hung_job
-from breakers.control_models import Command, CommandStatus
-from breakers.executors import process_is_running
+from breakers.control.commands import expire_overdue_commands, issue_command, stop_hung_job
+from breakers.executors.local import process_is_running
+from breakers.models import Command, CommandStatus
+from incidents.jobs import record_heartbeat
 from incidents.models import Job, JobStatus
-from incidents.services import record_heartbeat
 
 pytestmark = pytest.mark.django_db
 

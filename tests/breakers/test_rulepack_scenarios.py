@@ -8,8 +8,8 @@ from collections import Counter
 
 import pytest
 
-from breakers.engine import ACTIONS, JobEvaluator, Point
-from breakers.rulepack import (
+from breakers.detection.engine import ACTIONS, JobEvaluator, Point
+from breakers.detection.rulepack import (
     DEFAULT_RULES,
     apply_overrides,
     default_rules,
@@ -55,8 +55,9 @@ def test_the_false_positive_curve_is_not_trivially_quiet():
     """The same curve *does* trip a 2σ single-point notice thousands of times, so the quiet
     run above is due to the pack's choices, not to a curve without noise."""
     rng = random.Random(20260101)
-    eager = apply_overrides(default_rules(), {"loss-deviation": {"params": {"sustain_points": 1},
-                                                                "clear_after": 1}})
+    eager = apply_overrides(
+        default_rules(), {"loss-deviation": {"params": {"sustain_points": 1}, "clear_after": 1}}
+    )
     findings = run_job(JobEvaluator(eager), 20_000, lambda s: healthy_loss(s, rng))
     assert sum(f.kind == "fire" and f.rule_key == "loss-deviation" for f in findings) > 500
 
@@ -116,11 +117,13 @@ def evaluate(points, now=None, rules=None):
 
 
 def test_two_nodes_failing_within_a_minute_terminate_and_isolate_both():
-    findings = evaluate([
-        Point("node.failure", 500, T0, 1.0, "node-3"),
-        Point("node.failure", 505, T0 + 5, 1.0, "node-3"),
-        Point("node.failure", 530, T0 + 40, 1.0, "node-9"),
-    ])
+    findings = evaluate(
+        [
+            Point("node.failure", 500, T0, 1.0, "node-3"),
+            Point("node.failure", 505, T0 + 5, 1.0, "node-3"),
+            Point("node.failure", 530, T0 + 40, 1.0, "node-9"),
+        ]
+    )
     (fire,) = findings
     assert (fire.severity, fire.layer, fire.action) == ("L4", "health", "terminate_and_isolate")
     assert fire.nodes == ("node-3", "node-9")
@@ -160,11 +163,20 @@ def test_the_pack_has_no_heartbeat_rule_it_could_never_feed():
 
 
 def test_a_team_silence_rule_on_a_streamed_metric_fires_from_its_measured_cadence():
-    team = apply_overrides(default_rules(), {
-        "loss-silent": {"name": "Loss stopped arriving", "layer": "health", "metric": "loss",
-                        "detector": "silence", "params": {"timeout_factor": 8.0},
-                        "severity": "L3", "action": "checkpoint_and_pause"},
-    })
+    team = apply_overrides(
+        default_rules(),
+        {
+            "loss-silent": {
+                "name": "Loss stopped arriving",
+                "layer": "health",
+                "metric": "loss",
+                "detector": "silence",
+                "params": {"timeout_factor": 8.0},
+                "severity": "L3",
+                "action": "checkpoint_and_pause",
+            },
+        },
+    )
     points = [Point("loss", step, T0 + 10 * step, 2.0) for step in range(30)]
     last = T0 + 290
     assert evaluate(points, now=last + 79, rules=team) == []  # 8 × 10 s = 80 s
@@ -202,15 +214,24 @@ def test_the_default_pack_is_valid_and_consistent():
 
 def test_overrides_disable_merge_and_add_without_touching_the_input():
     pack = default_rules()
-    team = apply_overrides(pack, {
-        "loss-deviation": {"params": {"k": 3.0, "sustain_points": None}, "severity": "L2"},
-        "loss-sustained-deviation": False,
-        "loss-sustained-pause-data": True,
-        "loss-rising": {"params": {"windows": 6}},
-        "team-lr-cap": {"name": "LR above cap", "layer": "stability", "metric": "lr",
-                        "detector": "threshold", "params": {"above": 0.01},
-                        "severity": "L2", "action": "lower_lr"},
-    })
+    team = apply_overrides(
+        pack,
+        {
+            "loss-deviation": {"params": {"k": 3.0, "sustain_points": None}, "severity": "L2"},
+            "loss-sustained-deviation": False,
+            "loss-sustained-pause-data": True,
+            "loss-rising": {"params": {"windows": 6}},
+            "team-lr-cap": {
+                "name": "LR above cap",
+                "layer": "stability",
+                "metric": "lr",
+                "detector": "threshold",
+                "params": {"above": 0.01},
+                "severity": "L2",
+                "action": "lower_lr",
+            },
+        },
+    )
     assert pack == default_rules()
     by_key = {rule.key: rule for rule in team}
     changed = by_key["loss-deviation"]
@@ -226,9 +247,16 @@ def test_overrides_disable_merge_and_add_without_touching_the_input():
 
 
 def test_an_override_that_changes_the_detector_kind_replaces_its_params():
-    (rule,) = [r for r in apply_overrides(default_rules(), {
-        "loss-rising": {"detector": "threshold", "params": {"above": 50.0}},
-    }) if r.key == "loss-rising"]
+    (rule,) = [
+        r
+        for r in apply_overrides(
+            default_rules(),
+            {
+                "loss-rising": {"detector": "threshold", "params": {"above": 50.0}},
+            },
+        )
+        if r.key == "loss-rising"
+    ]
     assert (rule.detector, rule.params) == ("threshold", {"above": 50.0})
 
 

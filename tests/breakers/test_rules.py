@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from django.core.exceptions import ValidationError
 
+from breakers.detection.rulepack import DEFAULT_RULES, default_rules
+from breakers.detection.rules import effective_rules
 from breakers.models import Rule
-from breakers.rulepack import DEFAULT_RULES, default_rules
-from breakers.rules import effective_rules
 from incidents.models import Team
 
 pytestmark = pytest.mark.django_db

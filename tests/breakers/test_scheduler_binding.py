@@ -10,15 +10,15 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from breakers.agent_input import parse_heartbeat
-from breakers.control import expire_overdue_commands, issue_command, stop_hung_job
-from breakers.executors import executor_for
-from breakers.scheduler_models import NodeDrain, SchedulerBinding
-from breakers.slurm import SlurmExecutor
-from breakers.slurm_actions import act_on_command
-from incidents.errors import InvalidInput
+from breakers.agent.protocol import parse_heartbeat
+from breakers.control.commands import expire_overdue_commands, issue_command, stop_hung_job
+from breakers.executors.local import executor_for
+from breakers.executors.slurm.actions import act_on_command
+from breakers.executors.slurm.executor import SlurmExecutor
+from breakers.models import NodeDrain, SchedulerBinding
+from core.errors import InvalidInput
+from incidents.jobs import create_job, record_heartbeat
 from incidents.models import Incident, Job, JobStatus, Node, TimelineEntry
-from incidents.services import create_job, record_heartbeat
 from tests.authz_support import Api, make_member, raise_alert
 
 HEARTBEAT = "/api/v1/agent/heartbeat"
@@ -139,7 +139,7 @@ def test_a_drain_slurm_cannot_run_raises_the_incident_to_l4_and_notifies(
         agent.job_id, "isolate_node", reason="NVLink", params={"node": "gpu01"}, alert_id=alert.pk
     ).command
     with (
-        caplog.at_level(logging.ERROR, logger="breakers.slurm"),
+        caplog.at_level(logging.ERROR, logger="breakers.executors.slurm.executor"),
         django_capture_on_commit_callbacks(execute=True),
     ):
         act_on_command(command.pk)

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from brakeline.snapshot import take_snapshot
-from breakers.snapshot_models import EnvironmentSnapshot
-from breakers.snapshots import MAX_SNAPSHOT_BYTES, record_snapshot
-from incidents.errors import PayloadTooLarge
+from breakers.models import EnvironmentSnapshot
+from breakers.snapshots.intake import MAX_SNAPSHOT_BYTES, record_snapshot
+from core.errors import PayloadTooLarge
 
 pytestmark = pytest.mark.django_db
 

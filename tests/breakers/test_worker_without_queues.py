@@ -1,4 +1,4 @@
-"""A plain ``celery -A console worker`` (no ``-Q``) consumes every queue, the watchdog's first.
+"""A plain ``celery -A config worker`` (no ``-Q``) consumes every queue, the watchdog's first.
 
 The queues are Celery's own setting (``CELERY_TASK_QUEUES``), so a worker started the way the
 Celery documentation starts one runs the heartbeat watchdog too, not only docker-compose.yml's
@@ -20,9 +20,9 @@ import pytest
 import redis
 from django.conf import settings
 
-from console.celery import app
+from config.celery import app
+from incidents.jobs import HEARTBEAT_RULE_KEY
 from incidents.models import Alert, Job
-from incidents.services import HEARTBEAT_RULE_KEY
 from tests.conftest import ROOT, server_environment
 
 HEARTBEAT = "/api/v1/agent/heartbeat"
@@ -54,10 +54,10 @@ def _stop(process: subprocess.Popen) -> None:
 
 @pytest.fixture
 def plain_worker_and_beat(transactional_db, tmp_path) -> Iterator[Path]:
-    """``celery -A console worker`` without -Q, and ``celery beat``; stopped before the flush."""
+    """``celery -A config worker`` without -Q, and ``celery beat``; stopped before the flush."""
     name = f"brakeline-test-plain-{uuid.uuid4().hex[:8]}"
     env = server_environment(BRAKELINE_CELERY_QUEUE=name, BRAKELINE_CHANNEL_PREFIX=name)
-    celery = [sys.executable, "-m", "celery", "-A", "console"]
+    celery = [sys.executable, "-m", "celery", "-A", "config"]
     worker = _start(
         [*celery, "worker", "--loglevel", "INFO", "--concurrency", "1", "--hostname", f"{name}@%h"],
         tmp_path / "worker.log",

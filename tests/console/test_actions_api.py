@@ -11,8 +11,8 @@ from django.core.management import call_command
 from django.test import Client
 from django.utils import timezone
 
-from breakers.control import acknowledge_command, issue_command
-from breakers.control_models import Command
+from breakers.control.commands import acknowledge_command, issue_command
+from breakers.models import Command
 from incidents.models import (
     AuditEntry,
     EscalationRequest,

@@ -1,6 +1,7 @@
 """The whole authority matrix through the HTTP API: role × action × level, every cell.
 
-Expectations come from ``incidents.authority.decide`` itself, so a pass proves that the API and
+Expectations come from ``incidents.teams.authority.decide`` itself, so a pass proves that the API
+and
 the policy module agree cell by cell (the module's own table is tested independently in
 tests/incidents/test_authority.py). The state is set up so that only the authority can refuse:
 an allowed cell answers 2xx, a refused one 403 with the module's reason, and a person of
@@ -16,9 +17,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from breakers.control import issue_command
-from incidents.authority import Action, decide
+from breakers.control.commands import issue_command
 from incidents.models import AuditEntry, EscalationRequest, Job, JobStatus
+from incidents.teams.authority import Action, decide
 from tests.authz_support import LEVELS, ROLES, Scene, raise_alert
 
 pytestmark = pytest.mark.django_db

@@ -8,8 +8,8 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from breakers.control import issue_command
-from breakers.control_models import Command, CommandStatus
+from breakers.control.commands import issue_command
+from breakers.models import Command, CommandStatus
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

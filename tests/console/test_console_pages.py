@@ -9,10 +9,10 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from breakers.agent_input import PointIn
-from breakers.control import acknowledge_command, issue_command
-from breakers.ingest import store_points
-from incidents.alerts import AlertSignal, raise_or_update_alert
+from breakers.agent.protocol import PointIn
+from breakers.agent.store import store_points
+from breakers.control.commands import acknowledge_command, issue_command
+from incidents.alerts.lifecycle import AlertSignal, raise_or_update_alert
 from incidents.models import Job, JobStatus, Membership, Role, Team
 
 pytestmark = pytest.mark.django_db

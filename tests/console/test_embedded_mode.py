@@ -82,7 +82,7 @@ def test_embedded_console_takes_metrics_including_nan_on_sqlite(embedded_env, tm
             str(port),
             "--access-log",
             os.devnull,
-            "console.asgi:application",
+            "config.asgi:application",
         ],
         cwd=ROOT,
         env=embedded_env,
@@ -124,9 +124,9 @@ def test_embedded_console_takes_metrics_including_nan_on_sqlite(embedded_env, tm
 def test_embedded_orm_reads_nan_back_as_a_float(embedded_env):
     manage(embedded_env, "migrate", "--verbosity", "0")
     script = (
-        "import math, django, os; os.environ['DJANGO_SETTINGS_MODULE']='console.settings';"
+        "import math, django, os; os.environ['DJANGO_SETTINGS_MODULE']='config.settings';"
         "django.setup();"
-        "from incidents.services import create_job; from breakers.models import MetricPoint;"
+        "from incidents.jobs import create_job; from breakers.models import MetricPoint;"
         "from django.utils import timezone; job = create_job('t', 'j').job;"
         "MetricPoint.objects.create(job=job, name='loss', step=1, time=timezone.now(), "
         "value=float('nan'));"

@@ -8,10 +8,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from breakers import liveness
-from breakers.control import issue_command
-from breakers.control_models import CommandStatus
-from breakers.watchdog import BEAT, watchdog_tick
+from breakers.control import liveness
+from breakers.control.commands import issue_command
+from breakers.control.watchdog import BEAT, watchdog_tick
+from breakers.models import CommandStatus
 from console.api import health
 
 pytestmark = pytest.mark.django_db

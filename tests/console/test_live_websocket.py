@@ -16,8 +16,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from console.live import METRICS_INTERVAL, ConsoleConsumer
-from console.realtime import job_group
-from incidents.alerts import alert_payload
+from core.realtime import job_group
+from incidents.alerts.lifecycle import alert_payload
 from incidents.models import Alert, Membership, Role, Team
 from tests.console.test_console_pages import signal
 
@@ -101,7 +101,7 @@ async def test_alerts_are_forwarded_with_the_rest_payload(make_agent):
     socket = await open_socket(user)
     await socket.send_json_to({"subscribe": "job", "id": job.job_id})
     assert (await socket.receive_json_from(timeout=EVENT))["type"] == "subscribed"
-    from incidents.alerts import raise_or_update_alert
+    from incidents.alerts.lifecycle import raise_or_update_alert
 
     outcome = await sync_to_async(raise_or_update_alert)(job.job_id, signal("L3"))
     message = await socket.receive_json_from(timeout=EVENT)

@@ -145,7 +145,7 @@ def test_the_demos_console_prints_the_summary_and_the_warning(tmp_path):
     with open(log, "w") as output:
         server = subprocess.Popen(
             [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-             "--verbosity", "0", "console.asgi:application"],
+             "--verbosity", "0", "config.asgi:application"],
             cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
@@ -168,5 +168,5 @@ def test_the_demos_console_prints_the_summary_and_the_warning(tmp_path):
     assert any("INFO brakeline.requests: agent traffic: " in line for line in lines), output
     warnings = [line for line in lines if " WARNING " in line]
     assert len(warnings) == 1, output  # the one that matters, and no noise around it
-    assert "WARNING incidents.notifications: team 'quiet' (id " in warnings[0], output
+    assert "WARNING incidents.notifications.delivery: team 'quiet' (id " in warnings[0], output
     assert "has no notification policy: L3 alert " in warnings[0] and "pages nobody" in warnings[0]

@@ -12,11 +12,11 @@ from datetime import timedelta
 import pytest
 from django.test import Client
 
-from incidents.alerts import append_timeline
+from incidents.alerts.lifecycle import append_timeline
+from incidents.jobs import create_job
 from incidents.models import AuditEntry, Incident, TimelineEntry
-from incidents.review_export import durations_from_document, rows_from_document
-from incidents.reviews import declare_job_size
-from incidents.services import create_job
+from incidents.reviews.export import durations_from_document, rows_from_document
+from incidents.reviews.writeup import declare_job_size
 from tests.review_support import T0, Team, flow, team
 
 pytestmark = pytest.mark.django_db

@@ -14,8 +14,7 @@ import pytest
 from django.test import Client
 
 from console.review_chart import chart, downsample
-from incidents.models import Incident
-from incidents.review_models import Review, ReviewRevision
+from incidents.models import Incident, Review, ReviewRevision
 from tests.review_support import flow, team
 
 ROOT = Path(__file__).resolve().parents[2]

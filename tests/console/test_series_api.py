@@ -8,11 +8,11 @@ import statistics
 import pytest
 from django.contrib.auth import get_user_model
 
-from breakers.agent_input import PointIn
-from breakers.control import issue_command
-from breakers.history import metric_groups
-from breakers.ingest import store_points
-from breakers.rules import install_default_pack
+from breakers.agent.protocol import PointIn
+from breakers.agent.store import store_points
+from breakers.control.commands import issue_command
+from breakers.detection.rules import install_default_pack
+from breakers.metrics import metric_groups
 from incidents.models import Membership, Role, Team
 
 pytestmark = pytest.mark.django_db

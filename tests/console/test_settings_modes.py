@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import ROOT
 
 PROBE = (
-    "import django, os; os.environ['DJANGO_SETTINGS_MODULE'] = 'console.settings'; django.setup();"
+    "import django, os; os.environ['DJANGO_SETTINGS_MODULE'] = 'config.settings'; django.setup();"
     "from django.conf import settings as s;"
     "print(s.EMBEDDED, s.DATABASES['default']['ENGINE'], s.CHANNEL_LAYERS['default']['BACKEND'],"
     " s.CELERY_TASK_ALWAYS_EAGER)"
@@ -124,7 +124,7 @@ def test_misconfiguration_fails_at_start_saying_what_to_set(tmp_path, env, sente
 
 
 OPERATOR_PROBE = (
-    "import django, os; os.environ['DJANGO_SETTINGS_MODULE'] = 'console.settings'; django.setup();"
+    "import django, os; os.environ['DJANGO_SETTINGS_MODULE'] = 'config.settings'; django.setup();"
     "from django.conf import settings as s;"
     "print(s.COMMAND_ACK_TIMEOUT_SECONDS['checkpoint_and_pause'],"
     " s.COMMAND_ACK_TIMEOUT_SECONDS['terminate'], s.COMMAND_ACK_TIMEOUT_SECONDS['lower_lr'],"
@@ -155,7 +155,7 @@ def test_what_an_operator_sets_reaches_the_settings(tmp_path):
 def test_every_command_kind_has_an_acknowledgement_deadline():
     from django.conf import settings
 
-    from breakers.control_models import CommandKind
+    from breakers.models import CommandKind
 
     assert set(settings.COMMAND_ACK_TIMEOUT_SECONDS) == set(CommandKind.values)
 
@@ -163,7 +163,7 @@ def test_every_command_kind_has_an_acknowledgement_deadline():
 def test_every_variable_the_settings_read_is_in_the_readmes_table():
     import re
 
-    read = set(re.findall(r'"(BRAKELINE_[A-Z_]+)"', (ROOT / "console" / "settings.py").read_text()))
+    read = set(re.findall(r'"(BRAKELINE_[A-Z_]+)"', (ROOT / "config" / "settings.py").read_text()))
     readme = (ROOT / "README.md").read_text()
     table = readme[readme.index("## Configuration") :].split("\n## ", 1)[0]
     assert len(read) > 30

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from breakers.control import issue_command
-from breakers.control_models import Command, CommandStatus
-from breakers.models import MetricPoint
+from breakers.control.commands import issue_command
+from breakers.models import Command, CommandStatus, MetricPoint
 from console.simulator import SimulatedRun
 from incidents.models import Job, JobStatus
 

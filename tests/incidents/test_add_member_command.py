@@ -9,8 +9,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 
-from incidents.authority import Action
 from incidents.models import AuditEntry, Membership, Team
+from incidents.teams.authority import Action
 
 pytestmark = pytest.mark.django_db
 

@@ -10,7 +10,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import IntegrityError, connection, transaction
 
-from incidents.alerts import (
+from core.transitions import InvalidTransition, compare_and_swap
+from incidents.alerts.lifecycle import (
     AlertSignal,
     alert_payload,
     raise_or_update_alert,
@@ -24,7 +25,6 @@ from incidents.models import (
     IncidentStatus,
     TimelineEntry,
 )
-from incidents.transitions import InvalidTransition, compare_and_swap
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

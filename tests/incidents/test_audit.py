@@ -8,10 +8,11 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.test import Client
 
-from breakers.actions import pause_job
-from incidents.audit import AuditContext, audited
-from incidents.errors import Conflict, Forbidden
-from incidents.models import AppendOnlyError, AuditEntry, Job, JobStatus
+from breakers.control.job_actions import pause_job
+from core.append_only import AppendOnlyError
+from core.errors import Conflict, Forbidden
+from incidents.models import AuditEntry, Job, JobStatus
+from incidents.teams.audit import AuditContext, audited
 from tests.authz_support import raise_alert
 
 pytestmark = pytest.mark.django_db

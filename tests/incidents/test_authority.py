@@ -1,4 +1,5 @@
-"""The authority matrix, cell by cell, written out independently of incidents.authority.MATRIX.
+"""The authority matrix, cell by cell, written out independently of
+incidents.teams.authority.MATRIX.
 
 The expected table below is the specification; if the module's MATRIX drifts from it, the
 cell's test fails. It is deliberately not derived from MATRIX (that would test nothing).
@@ -11,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from incidents import authority
-from incidents.authority import (
+from incidents.teams import authority
+from incidents.teams.authority import (
     SYSTEM,
     Action,
     Role,
@@ -341,7 +342,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "authority-matrix.md"
 def test_markdown_file_is_in_sync_with_the_matrix() -> None:
     assert DOC.read_text(encoding="utf-8") == matrix_markdown(), (
         "docs/authority-matrix.md is stale: run "
-        "`python -m incidents.authority > docs/authority-matrix.md`"
+        "`python -m incidents.teams.authority > docs/authority-matrix.md`"
     )
 
 

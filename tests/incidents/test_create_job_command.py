@@ -7,8 +7,8 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
+from incidents.jobs import authenticate_agent
 from incidents.models import AgentToken, Job, Team, hash_token
-from incidents.services import authenticate_agent
 
 pytestmark = pytest.mark.django_db
 

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from incidents.durations import (
+from incidents.reviews.durations import (
     LINK_KEYS,
     DeclaredSize,
     Row,

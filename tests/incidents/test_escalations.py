@@ -12,10 +12,10 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from breakers.control_models import Command
-from breakers.escalation_actions import approve_escalation, expire_escalations
+from breakers.control.escalations import approve_escalation, expire_escalations
+from breakers.models import Command
+from core.errors import Conflict, Forbidden
 from incidents import escalations
-from incidents.errors import Conflict, Forbidden
 from incidents.models import (
     AuditEntry,
     EscalationRequest,
@@ -154,7 +154,7 @@ def test_resume_is_not_an_escalation(scene):
 
 
 def test_no_escalation_on_a_resolved_alert(scene):
-    from incidents.alerts import resolve_alert
+    from incidents.alerts.lifecycle import resolve_alert
 
     alert = raise_alert(scene.job_id, "L2")
     resolve_alert(alert.pk, reason="cleared")
@@ -260,7 +260,7 @@ def test_services_refuse_like_the_api(scene):
 
 
 def test_the_expiry_task_runs_the_service(scene):
-    from console.tasks import expire_escalations as task
+    from breakers.control.tasks import expire_escalations as task
 
     ask(scene, scene.api("oncall"))
     EscalationRequest.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
@@ -271,7 +271,7 @@ def test_the_expiry_task_runs_the_service(scene):
 def test_a_worker_finds_the_expiry_task_by_autodiscovery():
     """Beat sends it by name: a worker must know the name without anybody importing it."""
     code = (
-        "import django; django.setup(); from console.celery import app; "
+        "import django; django.setup(); from config.celery import app; "
         "app.loader.import_default_modules(); "
         "print('escalations.expire' in app.tasks)"
     )
@@ -280,6 +280,6 @@ def test_a_worker_finds_the_expiry_task_by_autodiscovery():
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, "DJANGO_SETTINGS_MODULE": "console.settings"},
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings"},
     )
     assert out.stdout.strip().splitlines()[-1] == "True", out.stderr

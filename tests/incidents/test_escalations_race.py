@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from breakers.control_models import Command
+from breakers.models import Command
 from incidents.models import AuditEntry, EscalationRequest, TimelineEntry
 from tests.authz_support import Api, raise_alert
 

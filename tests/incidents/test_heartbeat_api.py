@@ -9,8 +9,8 @@ import time_machine
 from django.conf import settings
 from django.utils import timezone
 
+from incidents.jobs import record_heartbeat
 from incidents.models import Job, JobStatus
-from incidents.services import record_heartbeat
 
 URL = "/api/v1/agent/heartbeat"
 pytestmark = pytest.mark.django_db

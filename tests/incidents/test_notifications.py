@@ -19,8 +19,9 @@ import time_machine
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 
-from incidents.alert_actions import acknowledge_alert
-from incidents.alerts import AlertSignal, raise_or_update_alert
+from incidents.alerts.acknowledge import acknowledge_alert
+from incidents.alerts.lifecycle import AlertSignal, raise_or_update_alert
+from incidents.jobs import create_job
 from incidents.models import (
     Alert,
     Contact,
@@ -31,8 +32,7 @@ from incidents.models import (
     OnCallShift,
     TimelineEntry,
 )
-from incidents.notifications import attempt_delivery, dispatch_alert, fire_due_rounds
-from incidents.services import create_job
+from incidents.notifications.delivery import attempt_delivery, dispatch_alert, fire_due_rounds
 from tests.notify_support import receiver, smtp_server  # noqa: F401  (fixtures)
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -243,7 +243,7 @@ def fan_out_by_hand():
     import redis
     from django.conf import settings as django_settings
 
-    from console.celery import app
+    from config.celery import app
 
     parked = f"{django_settings.CELERY_TASK_DEFAULT_QUEUE}-parked"
     previous = app.conf.task_routes
@@ -295,7 +295,7 @@ def test_an_acknowledgement_during_the_fan_out_stops_the_rest(team, receiver, fa
 def test_raised_alerts_fan_out_through_a_real_worker(team, receiver, celery_worker, settings):  # noqa: F811, E501
     """The trigger path: notify_alert after commit → dispatch task → one task per delivery.
     The phone provider fails twice (retried with backoff) while the chat is already delivered."""
-    from incidents.notifications import notify_alert
+    from incidents.notifications.delivery import notify_alert
 
     settings.NOTIFY_RETRY_BASE_SECONDS = 0.2
     receiver.plans["Calls.json"] = [500, 500]
@@ -328,8 +328,8 @@ def test_the_embedded_mode_sends_in_process(
 ):
     """Eager tasks: the raise → dispatch → deliveries chain runs after commit, in process;
     a transient failure is retried at once, and the next round waits for the sweep."""
-    from console.celery import app
-    from incidents.notifications import notify_alert
+    from config.celery import app
+    from incidents.notifications.delivery import notify_alert
 
     was_eager = app.conf.task_always_eager
     app.conf.task_always_eager = True
@@ -352,7 +352,7 @@ def test_performance_findings_reach_nobody_now_and_the_daily_digest_once(
     smtp_server,  # noqa: F811
     settings,
 ):
-    from incidents.notify_services import send_daily_digest
+    from incidents.notifications.policy import send_daily_digest
 
     settings.EMAIL_HOST, settings.EMAIL_PORT = smtp_server.host, smtp_server.port
     team_, job, _, _ = team
@@ -382,7 +382,7 @@ def test_performance_findings_reach_nobody_now_and_the_daily_digest_once(
 
 @pytest.mark.django_db
 def test_a_signed_provider_receipt_marks_the_call_delivered(team, receiver, client):  # noqa: F811
-    from incidents.channels import provider_signature
+    from incidents.notifications.senders import provider_signature
 
     _, job, _, _ = team
     alert = raise_or_update_alert(job.pk, nan_signal(), now=T0).alert
@@ -414,7 +414,7 @@ def test_a_signed_provider_receipt_marks_the_call_delivered(team, receiver, clie
 
 @pytest.mark.django_db
 def test_a_failed_slurm_call_pages_on_call_and_managers_by_phone_and_chat(team, receiver):  # noqa: F811
-    from breakers.slurm import notify_scheduler_failure
+    from breakers.executors.slurm.executor import notify_scheduler_failure
 
     _, job, _, _ = team
     alert = raise_or_update_alert(job.pk, nan_signal(), now=T0).alert

@@ -10,8 +10,8 @@ import pytest
 
 from incidents.escalations import notify_managers_of_request, request_escalation
 from incidents.models import AuditEntry, Contact, Delivery, NotificationPolicy
-from incidents.notifications import attempt_delivery, dispatch_alert
-from incidents.notify_core import DEFAULT_RULES
+from incidents.notifications.delivery import attempt_delivery, dispatch_alert
+from incidents.notifications.routing import DEFAULT_RULES
 from tests.authz_support import raise_alert
 from tests.notify_support import receiver  # noqa: F401  (fixture)
 

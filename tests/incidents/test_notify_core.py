@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from incidents.notify_core import (
+from incidents.notifications.routing import (
     DEFAULT_RULES,
     AlertFacts,
     PolicyError,

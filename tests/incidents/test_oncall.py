@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 
 from incidents.models import Membership, OnCallShift
-from incidents.oncall import who_is_on_call
+from incidents.teams.oncall import who_is_on_call
 
 pytestmark = pytest.mark.django_db
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from incidents.authority import matrix_markdown
+from incidents.teams.authority import matrix_markdown
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

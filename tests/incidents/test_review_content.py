@@ -7,10 +7,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from incidents.durations import DeclaredSize, Row, measure
-from incidents.review_content import frozen_part, validate_content
-from incidents.review_draft import IncidentFacts, chronology, draft
-from incidents.review_export import (
+from incidents.reviews.content import frozen_part, validate_content
+from incidents.reviews.draft import IncidentFacts, chronology, draft
+from incidents.reviews.durations import DeclaredSize, Row, measure
+from incidents.reviews.export import (
     durations_from_document,
     row_as_dict,
     rows_from_document,

@@ -11,11 +11,18 @@ from __future__ import annotations
 import pytest
 from django.db import IntegrityError, connection, transaction
 
-from incidents.audit import AuditContext
-from incidents.errors import Conflict, Forbidden, InvalidInput, NotFound
-from incidents.models import AppendOnlyError, AuditEntry, Incident, TimelineEntry
-from incidents.review_models import FollowUp, Review, ReviewRevision
-from incidents.reviews import load_review, save_review
+from core.append_only import AppendOnlyError
+from core.errors import Conflict, Forbidden, InvalidInput, NotFound
+from incidents.models import (
+    AuditEntry,
+    FollowUp,
+    Incident,
+    Review,
+    ReviewRevision,
+    TimelineEntry,
+)
+from incidents.reviews.writeup import load_review, save_review
+from incidents.teams.audit import AuditContext
 from tests.review_support import (
     AT_ACK_ALERT,
     AT_ALERT,
@@ -215,7 +222,7 @@ def test_an_unresolved_incident_cannot_be_signed_off(team):
     ],
 )
 def test_an_acknowledged_soft_mitigation_mitigates_the_incident(team, kind, status, expected):
-    from breakers.control import acknowledge_command, issue_command
+    from breakers.control.commands import acknowledge_command, issue_command
 
     alert = raise_alert(team.job_id, "L2")
     command = issue_command(

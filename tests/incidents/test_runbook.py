@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from incidents.runbook import (
+from incidents.alerts.runbook import (
     GENERIC,
     PHONE_LINE_MAX_CHARS,
     RUNBOOK,

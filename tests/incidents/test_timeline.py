@@ -7,8 +7,9 @@ from datetime import UTC, datetime
 import pytest
 from django.db import IntegrityError, connection, transaction
 
-from incidents.alerts import append_timeline
-from incidents.models import AppendOnlyError, Incident, TimelineEntry, TimelineKind
+from core.append_only import AppendOnlyError
+from incidents.alerts.lifecycle import append_timeline
+from incidents.models import Incident, TimelineEntry, TimelineKind
 
 pytestmark = pytest.mark.django_db
 

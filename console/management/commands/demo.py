@@ -26,8 +26,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from console.simulator import SimulatedRun
+from incidents.jobs import create_job, revoke_agent_tokens
 from incidents.models import Job, Membership, Role, Team
-from incidents.services import create_job, revoke_agent_tokens
 
 DEMO_TEAM = "demo"
 DEMO_JOB = "demo-run"
@@ -72,6 +72,18 @@ def demo_job_name(taken: set[str]) -> str:
     while f"{DEMO_JOB}-{number}" in taken:
         number += 1
     return f"{DEMO_JOB}-{number}"
+
+
+def stop_process(process: subprocess.Popen, grace: float = 20.0) -> None:
+    """SIGTERM, then SIGKILL if it is still there after ``grace`` seconds (a loaded machine can
+    make a clean shutdown slow; the demo must never leave a console running behind it)."""
+    if process.poll() is None:
+        process.terminate()
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def wait_for_port(host: str, port: int, timeout: float = 20.0) -> None:
@@ -148,7 +160,7 @@ class Command(BaseCommand):
                 # No access log (a line per agent request); console.request_log sums them up.
                 "--verbosity",
                 "0",
-                "console.asgi:application",
+                "config.asgi:application",
             ]
         )
         # --seconds ends the demo the way Ctrl-C does, whatever the run is doing (even paused).
@@ -168,8 +180,7 @@ class Command(BaseCommand):
             self.stdout.write("\nStopping the demo.")
         finally:
             timer.cancel()
-            server.terminate()
-            server.wait(timeout=10)
+            stop_process(server)
 
     def simulate(self, url: str, token: str, options: dict) -> None:
         checkpoints = settings.DATA_DIR / "checkpoints"
@@ -200,9 +211,7 @@ class Command(BaseCommand):
         try:
             training.wait()
         finally:
-            if training.poll() is None:
-                training.terminate()  # it finishes its run (final heartbeat) and exits
-                training.wait(timeout=30)
+            stop_process(training, grace=30)  # it finishes its run (final heartbeat), exits
 
     def print_welcome(self, host: str, port: int, simulator: bool, job_name: str) -> None:
         mode = "embedded (SQLite, in-process worker)" if settings.EMBEDDED else "server"

@@ -6,9 +6,9 @@ line of its output, so scripts can take it with ``| tail -n 1``.
 
 from django.core.management.base import BaseCommand, CommandError
 
-from incidents.errors import ServiceError
+from core.errors import ServiceError
+from incidents.jobs import create_job
 from incidents.models import JobKind
-from incidents.services import create_job
 
 
 class Command(BaseCommand):

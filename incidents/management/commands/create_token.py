@@ -7,9 +7,9 @@ Creates a personal API token for an existing user and prints it on the last line
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from incidents.audit import AuditContext
-from incidents.errors import ServiceError
-from incidents.tokens import issue_personal_token
+from core.errors import ServiceError
+from incidents.teams.audit import AuditContext
+from incidents.teams.tokens import issue_personal_token
 
 
 class Command(BaseCommand):

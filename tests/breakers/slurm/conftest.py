@@ -225,7 +225,7 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
 def worker(celery_worker):
     """The session's Celery worker with the default rule pack (a transactional test's flush
     empties every table, the migrated rules included); idle again before the test ends."""
-    from breakers.rules import install_default_pack
+    from breakers.detection.rules import install_default_pack
     from tests.breakers.test_evaluation_flow import wait_for, worker_idle
 
     install_default_pack()

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from breakers.control_models import Command, CommandKind, CommandStatus
-from breakers.control_tasks import watchdog
-from breakers.scheduler_models import NodeDrain, SchedulerBinding
+from breakers.control.tasks import watchdog
+from breakers.models import Command, CommandKind, CommandStatus, NodeDrain, SchedulerBinding
 from incidents.models import Alert, Incident, Job, JobStatus, Node, TimelineEntry
 from tests.authz_support import Api, make_member, raise_alert
 from tests.breakers.slurm.conftest import SlurmCluster, requires_slurm
@@ -246,7 +245,7 @@ def test_slurm_refusing_to_return_a_node_is_a_502_on_the_timeline_and_notified(
     # A cluster administrator resumes the node by hand, outside the console.
     slurm_cluster.run("scontrol", "update", f"nodename={slurm_cluster.node}", "state=resume")
 
-    with caplog.at_level(logging.ERROR, logger="breakers.slurm"):
+    with caplog.at_level(logging.ERROR, logger="breakers.executors.slurm.executor"):
         response = manager.post(f"/api/v1/nodes/{drain.node_id}/resume")
     assert response.status_code == 502
     assert response.json()["error"] == "scheduler_failed"

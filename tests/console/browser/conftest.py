@@ -146,7 +146,7 @@ def beat(celery_worker):
 
     with tempfile.TemporaryDirectory() as folder:
         process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "console", "--quiet", "beat", "--loglevel",
+            [sys.executable, "-m", "celery", "-A", "config", "--quiet", "beat", "--loglevel",
              "warning", "--schedule", str(Path(folder) / "schedule")],
             cwd=ROOT, env=server_environment(),
         )  # fmt: skip

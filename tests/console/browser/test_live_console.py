@@ -12,8 +12,8 @@ import threading
 import pytest
 from playwright.sync_api import expect
 
-from breakers.rules import install_default_pack
-from incidents.alerts import raise_or_update_alert
+from breakers.detection.rules import install_default_pack
+from incidents.alerts.lifecycle import raise_or_update_alert
 from incidents.models import Role
 from tests.console.browser.conftest import SCREENSHOTS, keep_posting
 from tests.console.test_console_pages import signal

@@ -1,0 +1,81 @@
+"""Breaker services: one function per verb, called by every entry point."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from django.conf import settings
+from django.db import transaction
+
+from breakers.agent.protocol import PointIn, parse_ack, parse_heartbeat, parse_metrics
+from breakers.agent.store import store_points
+from breakers.control.commands import acknowledge_command, deliverable_commands
+from breakers.detection.tasks import schedule_evaluation
+from breakers.executors.scheduler import record_scheduler_context
+from breakers.models import Command
+from core.realtime import job_group, publish_after_commit
+from incidents.jobs import record_heartbeat
+from incidents.models import Job, JobStatus
+
+
+def ingest_metrics(job: Job, raw_body: bytes) -> int:
+    """Validate and store one metrics batch of ``job``: all of it or nothing."""
+    points = parse_metrics(raw_body, max_points=settings.AGENT_MAX_BATCH_POINTS)
+    stored = store_points(job.pk, points, job_is_pending=job.status == JobStatus.PENDING)
+    if stored:
+        # After commit, so the worker always finds the batch it was woken for (store_points
+        # has committed, or will with an outer transaction). robust: a broker hiccup must not
+        # turn a stored batch into an error the agent would answer by resending it; the
+        # periodic tick evaluates whatever is pending anyway.
+        job_id = job.pk
+        transaction.on_commit(lambda: schedule_evaluation(job_id), robust=True)
+        # Live charts: a summary only (the console fetches the new points from the series
+        # API); its websocket consumer coalesces these to at most ~10 per second per job.
+        publish_after_commit(job_group(job_id), metrics_appended(job_id, points), robust=True)
+    return stored
+
+
+def metrics_appended(job_id: int, points: Sequence[PointIn]) -> dict:
+    """The "metrics.appended" message of a stored batch: its step span and latest values."""
+    latest: dict[str, dict] = {}
+    for point in points:
+        seen = latest.get(point.name)
+        if seen is None or point.step >= seen["step"]:
+            value = point.value
+            if not math.isfinite(value):  # strict JSON, as the agent protocol spells them
+                value = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+            latest[point.name] = {"step": point.step, "value": value}
+    return {
+        "type": "metrics.appended",
+        "job_id": job_id,
+        "count": len(points),
+        "first_step": min(p.step for p in points),
+        "last_step": max(p.step for p in points),
+        "latest": latest,
+    }
+
+
+def receive_heartbeat(job_id: int, raw_body: bytes) -> Job:
+    heartbeat = parse_heartbeat(raw_body)
+    job = record_heartbeat(
+        job_id,
+        step=heartbeat.step,
+        status=heartbeat.status,
+        pid=heartbeat.pid,
+        hostname=heartbeat.hostname,
+    )
+    record_scheduler_context(job_id, heartbeat)
+    return job
+
+
+def pending_commands(job_id: int) -> list[dict]:
+    """Commands waiting for the job's acknowledgement, delivered in this reply."""
+    return deliverable_commands(job_id)
+
+
+def receive_acknowledgement(job_id: int, command_id: int, raw_body: bytes) -> Command:
+    ack = parse_ack(raw_body)
+    return acknowledge_command(
+        job_id, command_id, status=ack.status, result=ack.result, error=ack.error
+    )

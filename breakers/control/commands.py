@@ -1,0 +1,274 @@
+"""The control plane: issuing commands to jobs, delivering them, recording acknowledgements.
+
+Every command — an automatic L3 brake, an on-call engineer's pause button, an approved L2
+escalation, a drill — goes through ``issue_command``. A command is a stored record with an
+idempotency key; it is pushed to the job's websocket after commit and also returned in every
+heartbeat and metrics reply until it is acknowledged, so a job with no websocket still gets it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from breakers.control.timeline import (
+    record_acknowledged,
+    record_executor_outcome,
+    record_issued,
+)
+from breakers.executors.local import ExecutorOutcome, executor_for
+from breakers.executors.scheduler import route_to_scheduler
+from breakers.models import (
+    COMMAND_TRANSITIONS,
+    OPEN_COMMAND_STATUSES,
+    Command,
+    CommandKind,
+    CommandStatus,
+)
+from core.errors import Conflict, InvalidInput, NotFound
+from core.realtime import agent_group, job_group, publish_after_commit
+from core.transitions import compare_and_swap
+from incidents.models import JOB_TRANSITIONS, ActorKind, Job, JobStatus, Node, NodeStatus
+
+TERMINAL_JOB_STATUSES = (JobStatus.TERMINATED, JobStatus.FINISHED)
+DONE_COMMAND_STATUSES = (CommandStatus.SUCCEEDED, CommandStatus.FAILED)
+
+
+@dataclass(frozen=True)
+class IssuedCommand:
+    command: Command
+    created: bool  # False: the idempotency key named a command issued before
+
+
+def command_payload(command: Command) -> dict[str, Any]:
+    """The command as the agent protocol shows it (docs/protocol.md "Commands": id, kind, …)."""
+    return {
+        "id": command.pk,
+        "kind": command.kind,
+        "params": command.params,
+        "severity": command.severity or None,
+        "reason": command.reason,
+        "issued_at": command.issued_at.isoformat().replace("+00:00", "Z"),
+    }
+
+
+def acknowledgement_deadline_seconds(kind: str) -> float:
+    """COMMAND_ACK_TIMEOUT_SECONDS (env BRAKELINE_COMMAND_ACK_TIMEOUT_SECONDS), per kind."""
+    return float(settings.COMMAND_ACK_TIMEOUT_SECONDS[kind])
+
+
+def _job_effect_on_issue(command: Command) -> None:
+    if command.kind == CommandKind.CHECKPOINT_AND_PAUSE:
+        compare_and_swap(
+            Job,
+            command.job_id,
+            table=JOB_TRANSITIONS,
+            expected=[JobStatus.PENDING, JobStatus.RUNNING],
+            new=JobStatus.PAUSING,
+        )
+
+
+def issue_command(
+    job_id: int,
+    kind: str,
+    *,
+    reason: str,
+    actor_kind: str = ActorKind.SYSTEM,
+    actor: Any = None,
+    params: dict | None = None,
+    severity: str = "",
+    idempotency_key: str | None = None,
+    alert_id: int | None = None,
+) -> IssuedCommand:
+    """Store a command for the job (once per idempotency key) and push it after commit."""
+    if kind not in CommandKind.values:
+        raise InvalidInput(
+            f"Unknown command {kind!r}.",
+            fields={"kind": f"must be one of {', '.join(CommandKind.values)}"},
+        )
+    if not reason.strip():
+        raise InvalidInput("A command needs a reason.", fields={"reason": "must not be empty"})
+    now = timezone.now()
+    key = idempotency_key or f"{actor_kind}:{kind}:{now.timestamp()}"
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job_id)
+        existing = Command.objects.filter(job_id=job_id, idempotency_key=key).first()
+        if existing is not None:
+            return IssuedCommand(existing, created=False)
+        if job.status in TERMINAL_JOB_STATUSES:
+            raise Conflict(f"Job {job.name!r} is {job.status}; it takes no more commands.")
+        try:
+            with transaction.atomic():
+                command = Command.objects.create(
+                    job_id=job_id,
+                    kind=kind,
+                    params=params or {},
+                    severity=severity,
+                    reason=reason.strip(),
+                    issued_by_kind=actor_kind,
+                    issued_by=actor,
+                    idempotency_key=key,
+                    issued_at=now,
+                    alert_id=alert_id,
+                    deliver_by=now + timedelta(seconds=acknowledgement_deadline_seconds(kind)),
+                )
+        except IntegrityError:
+            # Another worker issued the same key between our check and our insert.
+            return IssuedCommand(Command.objects.get(job_id=job_id, idempotency_key=key), False)
+        _job_effect_on_issue(command)
+        record_issued(command)
+        route_to_scheduler(command)  # Slurm-bound jobs: drains and L4 cancels go there too
+        payload = command_payload(command)
+        publish_after_commit(agent_group(job_id), {"type": "agent.command", "command": payload})
+        publish_after_commit(job_group(job_id), {"type": "command.issued", "command": payload})
+    return IssuedCommand(command, created=True)
+
+
+def mark_delivered(command_ids: list[int]) -> int:
+    """pending → delivered for these commands (no-op for any already further along)."""
+    if not command_ids:
+        return 0
+    return Command.objects.filter(pk__in=command_ids, status=CommandStatus.PENDING).update(
+        status=CommandStatus.DELIVERED, delivered_at=timezone.now()
+    )
+
+
+def deliverable_commands(job_id: int) -> list[dict[str, Any]]:
+    """Open commands of the job, oldest first, marked delivered (they are being sent now)."""
+    commands = list(
+        Command.objects.filter(job_id=job_id, status__in=OPEN_COMMAND_STATUSES).order_by("pk")
+    )
+    mark_delivered([c.pk for c in commands if c.status == CommandStatus.PENDING])
+    return [command_payload(c) for c in commands]
+
+
+def _job_effect_on_success(command: Command) -> None:
+    """Job status follows acknowledgements: paused only once the checkpoint is confirmed."""
+    effects = {
+        CommandKind.CHECKPOINT_AND_PAUSE: (
+            [JobStatus.RUNNING, JobStatus.PAUSING],
+            JobStatus.PAUSED,
+        ),
+        CommandKind.RESUME: ([JobStatus.PAUSED, JobStatus.PAUSING], JobStatus.RUNNING),
+        CommandKind.TERMINATE: (
+            [JobStatus.PENDING, JobStatus.RUNNING, JobStatus.PAUSING, JobStatus.PAUSED],
+            JobStatus.TERMINATED,
+        ),
+    }
+    if command.kind == CommandKind.ISOLATE_NODE and command.params.get("node"):
+        # The node is out of the job only once the job (or its scheduler) says it is.
+        Node.objects.filter(job_id=command.job_id, hostname=command.params["node"]).update(
+            status=NodeStatus.ISOLATED
+        )
+    if command.kind in effects:
+        expected, new = effects[command.kind]
+        extra = {"heartbeat_deadline": None} if new == JobStatus.TERMINATED else {}
+        compare_and_swap(
+            Job, command.job_id, table=JOB_TRANSITIONS, expected=expected, new=new, **extra
+        )
+
+
+def acknowledge_command(
+    job_id: int, command_id: int, *, status: str, result: dict | None = None, error: str = ""
+) -> Command:
+    """Record the job's answer to a command. Acknowledging twice is harmless."""
+    with transaction.atomic():
+        command = Command.objects.filter(pk=command_id, job_id=job_id).first()
+        if command is None:
+            # Another job's command is as invisible as a missing one: 404, never 403.
+            raise NotFound(f"The job has no command {command_id}.")
+        if command.status in DONE_COMMAND_STATUSES:
+            return command
+        won = compare_and_swap(
+            Command,
+            command.pk,
+            table=COMMAND_TRANSITIONS,
+            expected=[CommandStatus.PENDING, CommandStatus.DELIVERED, CommandStatus.EXPIRED],
+            new=status,
+            acknowledged_at=timezone.now(),
+            result=result or {},
+            error=error,
+        )
+        command.refresh_from_db()
+        if won and status == CommandStatus.SUCCEEDED:
+            _job_effect_on_success(command)
+        if won:
+            record_acknowledged(command)
+            publish_after_commit(
+                job_group(job_id),
+                {
+                    "type": "command.acknowledged",
+                    "command": command_payload(command),
+                    "status": command.status,
+                    "result": command.result,
+                    "error": command.error,
+                },
+            )
+    return command
+
+
+STOP_ON_EXPIRY = (CommandKind.CHECKPOINT_AND_PAUSE, CommandKind.TERMINATE)
+
+
+def expire_overdue_commands(now: datetime | None = None) -> list[int]:
+    """Open commands past their deadline → expired; returns the ones whose job must be stopped.
+
+    One indexed query finds them; each expiry is a compare-and-swap, so two watchdog runs
+    racing each other expire (and stop) a command once.
+    """
+    now = now or timezone.now()
+    overdue = Command.objects.filter(
+        status__in=OPEN_COMMAND_STATUSES, deliver_by__lt=now
+    ).values_list("pk", "kind")
+    to_stop = []
+    for command_id, kind in overdue:
+        won = compare_and_swap(
+            Command,
+            command_id,
+            table=COMMAND_TRANSITIONS,
+            expected=OPEN_COMMAND_STATUSES,
+            new=CommandStatus.EXPIRED,
+        )
+        if won and kind in STOP_ON_EXPIRY:
+            to_stop.append(command_id)
+    return to_stop
+
+
+def stop_hung_job(command_id: int, *, grace_seconds: float | None = None) -> ExecutorOutcome:
+    """The job did not acknowledge ``command_id`` in time: stop it from the outside."""
+    command = Command.objects.select_related("job").get(pk=command_id)
+    grace = grace_seconds if grace_seconds is not None else settings.EXECUTOR_GRACE_SECONDS
+    outcome = executor_for(command.job).stop(command.job, grace_seconds=grace)
+    with transaction.atomic():
+        Command.objects.filter(pk=command_id).update(
+            result={**command.result, "executor": outcome.as_dict()}
+        )
+        record_executor_outcome(command, outcome)
+        if outcome.stopped:
+            compare_and_swap(
+                Job,
+                command.job_id,
+                table=JOB_TRANSITIONS,
+                expected=[
+                    JobStatus.PENDING,
+                    JobStatus.RUNNING,
+                    JobStatus.PAUSING,
+                    JobStatus.PAUSED,
+                ],
+                new=JobStatus.TERMINATED,
+                heartbeat_deadline=None,
+            )
+        publish_after_commit(
+            job_group(command.job_id),
+            {
+                "type": "executor.finished",
+                "command_id": command_id,
+                "outcome": outcome.as_dict(),
+            },
+        )
+    return outcome

@@ -1,0 +1,147 @@
+"""Escalation decisions that send a command: approving, and expiring into an automatic L3 pause.
+
+The request's life is ``incidents.escalations`` (request, reject, the compare-and-swaps and
+their timeline rows); this module adds the command, in the same transaction, because commands
+are ``breakers``' and ``incidents`` never imports ``breakers``.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from breakers.control.commands import issue_command
+from breakers.models import CommandKind
+from incidents.alerts.lifecycle import append_timeline
+from incidents.escalations import (
+    due_escalation_ids,
+    expire_escalation,
+    publish_escalation,
+    record_decision,
+    scoped_request,
+)
+from incidents.models import (
+    ActorKind,
+    EscalationRequest,
+    EscalationStatus,
+    Job,
+    JobStatus,
+    OnExpiry,
+    TimelineKind,
+)
+from incidents.teams.access import role_in_team
+from incidents.teams.audit import SYSTEM_CONTEXT, AuditContext, audited
+from incidents.teams.authority import (
+    SYSTEM,
+    Action,
+    action_for_command,
+    decide,
+    decide_on_escalation,
+)
+
+logger = logging.getLogger(__name__)
+
+AUTO_L3_LEVEL = "L3"
+
+
+def approve_escalation(
+    user: Any, request_id: int, *, note: str = "", context: AuditContext | None = None
+) -> EscalationRequest:
+    """pending → approved, and the requested command is issued at once in the approver's name
+    (idempotency key ``escalation:<id>``). Never the requester's own request; the loser of two
+    simultaneous decisions gets 409 and no command is sent twice."""
+    with audited(user, Action.APPROVE_ESCALATION, "escalation", request_id, context) as attempt:
+        request = scoped_request(user, request_id, attempt)
+        role, level = role_in_team(user, request.job.team_id), request.level or None
+        approval = decide_on_escalation(
+            role,
+            Action.APPROVE_ESCALATION,
+            requester_id=request.requested_by_id,
+            decider_id=user.pk,
+            level=level,
+        )
+        if approval.allowed:
+            # The command goes out in the approver's name: they must be allowed to issue it too.
+            attempt.check(decide(role, action_for_command(request.command_kind), level))
+        attempt.check(approval)  # last, so the audit row carries the approval's reason
+        with transaction.atomic():
+            request = record_decision(request, user, EscalationStatus.APPROVED, note)
+            command = issue_command(
+                request.job_id,
+                request.command_kind,
+                reason=f"Escalation #{request.pk} approved by {user}: {request.reason}",
+                actor_kind=ActorKind.PERSON,
+                actor=user,
+                params=request.command_params,
+                severity=request.level,
+                idempotency_key=f"escalation:{request.pk}",
+                alert_id=request.alert_id,
+            ).command
+            EscalationRequest.objects.filter(pk=request.pk).update(command_id=command.pk)
+            request.command_id = command.pk
+            attempt.succeeded(f"escalation #{request.pk} approved: {command.kind} #{command.pk}")
+            publish_escalation(request, "escalation.approved")
+    return request
+
+
+def expire_escalations(now: datetime | None = None) -> list[int]:
+    """Expire every pending request past its decision time; returns the ids expired.
+
+    Each in its own transaction (a compare-and-swap: a manager deciding at the same moment
+    wins or loses cleanly); ``on_expiry="auto_l3"`` adds the system's checkpoint_and_pause in
+    that same transaction. One failing request does not hold up the others.
+    """
+    now = now or timezone.now()
+    expired = []
+    for request_id in due_escalation_ids(now):
+        try:
+            with transaction.atomic():
+                request = expire_escalation(request_id, now)
+                if request is None:
+                    continue  # decided meanwhile
+                if request.on_expiry == OnExpiry.AUTO_L3:
+                    _automatic_pause(request)
+        except Exception:
+            logger.exception("escalation request %s could not be expired", request_id)
+            continue
+        expired.append(request_id)
+    return expired
+
+
+def _automatic_pause(request: EscalationRequest) -> None:
+    """The system's L3 action on an undecided request: checkpoint and pause, audited."""
+    job_id = request.job_id
+    with audited(None, Action.PAUSE_JOB, "job", job_id, SYSTEM_CONTEXT) as attempt:
+        job = Job.objects.select_for_update().get(pk=job_id)
+        attempt.team_id = job.team_id
+        attempt.check(decide(SYSTEM, Action.PAUSE_JOB, AUTO_L3_LEVEL))
+        if job.status not in (JobStatus.PENDING, JobStatus.RUNNING):
+            _note(request, f"No automatic pause: job {job.name!r} is already {job.status}.")
+            attempt.succeeded(f"nothing sent: job is {job.status}")
+            return
+        command = issue_command(
+            job_id,
+            CommandKind.CHECKPOINT_AND_PAUSE,
+            reason=f"Escalation #{request.pk} expired undecided; automatic L3 pause "
+            f"({request.reason})",
+            severity=AUTO_L3_LEVEL,
+            idempotency_key=f"escalation:{request.pk}:expired",
+            alert_id=request.alert_id,
+        ).command
+        EscalationRequest.objects.filter(pk=request.pk).update(command_id=command.pk)
+        attempt.succeeded(f"escalation #{request.pk} expired: {command.kind} #{command.pk}")
+
+
+def _note(request: EscalationRequest, message: str) -> None:
+    if request.incident_id is not None:
+        append_timeline(
+            request.incident_id,
+            TimelineKind.NOTE,
+            message,
+            alert_id=request.alert_id,
+            data={"escalation_id": request.pk},
+        )

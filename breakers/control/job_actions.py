@@ -1,0 +1,414 @@
+"""A person's commands to a job: pause (one click), confirm a pause, resume, terminate, apply a
+soft mitigation, isolate a node. Used by the REST API, and later by the web UI and websocket
+consumers alike.
+
+Every verb: scoping (another team's job is 404), then the authority (403 with its reason), then
+the state, checked under the job's row lock (409 when somebody else got there first), then the
+command through ``breakers.control.commands.issue_command`` with the person as actor — which writes
+the
+incident timeline's ``command_issued`` row in the same transaction. Every attempt is audited.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+from uuid import uuid4
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from breakers.control.commands import TERMINAL_JOB_STATUSES, issue_command
+from breakers.control.timeline import active_incident
+from breakers.models import OPEN_COMMAND_STATUSES, Command, CommandKind
+from core.errors import Conflict, InvalidInput, NotFound
+from incidents.alerts.lifecycle import append_timeline
+from incidents.escalations import clean_requested_action
+from incidents.models import (
+    ActorKind,
+    Alert,
+    Job,
+    JobStatus,
+    PauseConfirmation,
+    PauseDecision,
+    TimelineKind,
+)
+from incidents.teams.access import role_in_team, scoped_get
+from incidents.teams.audit import Attempt, AuditContext, audited
+from incidents.teams.authority import Action, action_for_command, decide
+
+PAUSABLE = (JobStatus.PENDING, JobStatus.RUNNING)
+PAUSED = (JobStatus.PAUSING, JobStatus.PAUSED)
+MITIGATIONS = (CommandKind.LOWER_LR, CommandKind.PAUSE_DATA)
+
+
+def _job_and_alert(
+    user: Any, job_id: int, alert_id: int | None, attempt: Attempt
+) -> tuple[Job, Alert | None]:
+    """The job (404 unless the user's team's) and the alert the action concerns, if any."""
+    job = scoped_get(Job.objects, user, job_id, team_path="team_id", noun="job", attempt=attempt)
+    if alert_id is None:
+        return job, None
+    alert = Alert.objects.filter(pk=alert_id, job_id=job.pk).first()
+    if alert is None:
+        raise NotFound(f"Job {job.name!r} has no alert {alert_id}.")
+    return job, alert
+
+
+def _issue(
+    user: Any,
+    job: Job,
+    kind: str,
+    *,
+    reason: str,
+    alert: Alert | None = None,
+    params: dict[str, Any] | None = None,
+    key: str | None = None,
+) -> Command:
+    return issue_command(
+        job.pk,
+        kind,
+        reason=reason,
+        actor_kind=ActorKind.PERSON,
+        actor=user,
+        params=params,
+        severity=alert.severity if alert is not None else "",
+        # A person's clicks are each a new command; the job lock and state checks refuse the
+        # double click (409), so the key only has to be unique.
+        idempotency_key=key or f"person:{user.pk}:{kind}:{uuid4().hex}",
+        alert_id=alert.pk if alert is not None else None,
+    ).command
+
+
+def _locked_job(job_id: int) -> Job:
+    return Job.objects.select_for_update().get(pk=job_id)
+
+
+def _refuse_if_open(job: Job, kinds: Iterable[str], what: str) -> None:
+    """409 when a command of ``kinds`` is still on its way to the job."""
+    open_command = (
+        Command.objects.filter(
+            job_id=job.pk, kind__in=list(kinds), status__in=OPEN_COMMAND_STATUSES
+        )
+        .order_by("-pk")
+        .first()
+    )
+    if open_command is not None:
+        raise Conflict(
+            f"Job {job.name!r} already has {what} on its way "
+            f"({open_command.kind} #{open_command.pk}, {open_command.status})."
+        )
+
+
+def _command_verb(
+    user: Any,
+    job_id: int,
+    kind: str,
+    *,
+    reason: str,
+    alert_id: int | None,
+    context: AuditContext | None,
+    check_state: Callable[[Job], None],
+    params: Callable[[], dict[str, Any]] | None = None,
+) -> Command:
+    """The shared shape of every verb that issues one command (see the module doc).
+
+    ``params`` is called after the authority answered, so a refused person learns nothing
+    from validation errors."""
+    action = action_for_command(kind)
+    with audited(user, action, "job", job_id, context) as attempt:
+        job, alert = _job_and_alert(user, job_id, alert_id, attempt)
+        level = alert.severity if alert is not None else None
+        attempt.check(decide(role_in_team(user, job.team_id), action, level))
+        cleaned = params() if params is not None else None
+        with transaction.atomic():
+            job = _locked_job(job.pk)
+            check_state(job)
+            command = _issue(user, job, kind, reason=reason, alert=alert, params=cleaned)
+            attempt.succeeded(f"{command.kind} #{command.pk} issued")
+    return command
+
+
+def pause_job(
+    user: Any,
+    job_id: int,
+    *,
+    reason: str,
+    alert_id: int | None = None,
+    context: AuditContext | None = None,
+) -> Command:
+    """One click: checkpoint and pause the job, with the person as actor and their reason."""
+
+    def check_state(job: Job) -> None:
+        if job.status not in PAUSABLE:
+            raise Conflict(f"Job {job.name!r} is {job.status}: there is nothing to pause.")
+
+    return _command_verb(
+        user,
+        job_id,
+        CommandKind.CHECKPOINT_AND_PAUSE,
+        reason=reason,
+        alert_id=alert_id,
+        context=context,
+        check_state=check_state,
+    )
+
+
+def resume_job(
+    user: Any,
+    job_id: int,
+    *,
+    reason: str,
+    alert_id: int | None = None,
+    context: AuditContext | None = None,
+) -> Command:
+    """Resume a paused (or pausing) job."""
+
+    def check_state(job: Job) -> None:
+        if job.status not in PAUSED:
+            raise Conflict(f"Job {job.name!r} is {job.status}, not paused: nothing to resume.")
+        _refuse_if_open(job, [CommandKind.RESUME], "a resume")
+
+    return _command_verb(
+        user,
+        job_id,
+        CommandKind.RESUME,
+        reason=reason,
+        alert_id=alert_id,
+        context=context,
+        check_state=check_state,
+    )
+
+
+def terminate_job(
+    user: Any,
+    job_id: int,
+    *,
+    reason: str,
+    alert_id: int | None = None,
+    context: AuditContext | None = None,
+) -> Command:
+    """Terminate the job (the control plane stops it from outside if it does not answer)."""
+
+    def check_state(job: Job) -> None:
+        if job.status in TERMINAL_JOB_STATUSES:
+            raise Conflict(f"Job {job.name!r} is already {job.status}.")
+        _refuse_if_open(job, [CommandKind.TERMINATE], "a terminate")
+
+    return _command_verb(
+        user,
+        job_id,
+        CommandKind.TERMINATE,
+        reason=reason,
+        alert_id=alert_id,
+        context=context,
+        check_state=check_state,
+    )
+
+
+def apply_mitigation(
+    user: Any,
+    job_id: int,
+    *,
+    kind: str,
+    reason: str,
+    params: dict[str, Any] | None = None,
+    alert_id: int | None = None,
+    context: AuditContext | None = None,
+) -> Command:
+    """A soft mitigation issued directly: lower the learning rate or pause data loading."""
+    if kind not in MITIGATIONS:
+        raise InvalidInput(
+            f"{kind!r} is not a soft mitigation.",
+            fields={"kind": f"must be one of {', '.join(MITIGATIONS)}"},
+        )
+
+    def check_state(job: Job) -> None:
+        if job.status not in PAUSABLE:
+            raise Conflict(f"Job {job.name!r} is {job.status}: it is not training.")
+
+    return _command_verb(
+        user,
+        job_id,
+        kind,
+        reason=reason,
+        alert_id=alert_id,
+        context=context,
+        params=lambda: clean_requested_action(kind, params),
+        check_state=check_state,
+    )
+
+
+def isolate_node(
+    user: Any,
+    job_id: int,
+    *,
+    node: str,
+    reason: str,
+    alert_id: int | None = None,
+    context: AuditContext | None = None,
+) -> Command:
+    """Take one node of the job out (by hand it weighs as much as terminating)."""
+
+    def check_state(job: Job) -> None:
+        if job.status in TERMINAL_JOB_STATUSES:
+            raise Conflict(f"Job {job.name!r} is {job.status}.")
+
+    return _command_verb(
+        user,
+        job_id,
+        CommandKind.ISOLATE_NODE,
+        reason=reason,
+        alert_id=alert_id,
+        context=context,
+        check_state=check_state,
+        params=lambda: clean_requested_action(CommandKind.ISOLATE_NODE, {"node": node}),
+    )
+
+
+# --- Confirming a pause ---------------------------------------------------------------------
+
+
+def latest_pause(job_id: int) -> Command | None:
+    return (
+        Command.objects.filter(job_id=job_id, kind=CommandKind.CHECKPOINT_AND_PAUSE)
+        .order_by("-pk")
+        .first()
+    )
+
+
+def pause_level(pause: Command) -> str | None:
+    """The level a confirmation is judged at: the automatic pause's severity (L3: on-call may
+    confirm it). A pause a person asked for (directly or by an approved escalation) counts as
+    "no alert": only a manager ends it (incidents.teams.authority, confirm_pause)."""
+    if pause.issued_by_kind == ActorKind.SYSTEM and pause.severity:
+        return pause.severity
+    return None
+
+
+def confirm_pause(
+    user: Any,
+    job_id: int,
+    *,
+    decision: str,
+    reason: str = "",
+    checkpoint: str = "",
+    context: AuditContext | None = None,
+) -> PauseConfirmation:
+    """Keep paused, resume, or roll back to a named checkpoint (resume with
+    ``{"checkpoint": path}``). Once per pause: a second confirmation is 409."""
+    with audited(user, Action.CONFIRM_PAUSE, "job", job_id, context) as attempt:
+        job = scoped_get(
+            Job.objects, user, job_id, team_path="team_id", noun="job", attempt=attempt
+        )
+        pause = latest_pause(job.pk)
+        if pause is None or job.status not in PAUSED:
+            raise Conflict(f"Job {job.name!r} is {job.status}: there is no pause to confirm.")
+        level = pause_level(pause)
+        attempt.check(decide(role_in_team(user, job.team_id), Action.CONFIRM_PAUSE, level))
+        checkpoint = _clean_confirmation(decision, checkpoint)
+        with transaction.atomic():
+            job = _locked_job(job.pk)
+            if job.status not in PAUSED or latest_pause(job.pk).pk != pause.pk:
+                raise Conflict(f"Job {job.name!r} changed meanwhile ({job.status}); look again.")
+            confirmation = _record_confirmation(job, pause, user, decision, checkpoint, reason)
+            if decision != PauseDecision.KEEP_PAUSED:
+                confirmation.command_id = _resume_after_confirmation(
+                    user, job, pause, checkpoint, reason
+                ).pk
+                PauseConfirmation.objects.filter(pk=confirmation.pk).update(
+                    command_id=confirmation.command_id
+                )
+            _confirmation_timeline(job, pause, confirmation, user)
+            attempt.succeeded(f"pause #{pause.pk} confirmed: {decision}")
+    return confirmation
+
+
+def _clean_confirmation(decision: str, checkpoint: str) -> str:
+    if decision not in PauseDecision.values:
+        raise InvalidInput(
+            f"Unknown decision {decision!r}.",
+            fields={"decision": f"must be one of {', '.join(PauseDecision.values)}"},
+        )
+    checkpoint = (checkpoint or "").strip()
+    if decision == PauseDecision.ROLL_BACK and not checkpoint:
+        raise InvalidInput(
+            "Rolling back needs the checkpoint to roll back to.",
+            fields={"checkpoint": "required to roll back"},
+        )
+    if decision != PauseDecision.ROLL_BACK and checkpoint:
+        raise InvalidInput(
+            "A checkpoint is named only to roll back.",
+            fields={"checkpoint": "only with decision roll_back"},
+        )
+    return checkpoint
+
+
+def _record_confirmation(
+    job: Job, pause: Command, user: Any, decision: str, checkpoint: str, reason: str
+) -> PauseConfirmation:
+    try:
+        with transaction.atomic():
+            return PauseConfirmation.objects.create(
+                job=job,
+                pause_command_id=pause.pk,
+                level=pause_level(pause) or "",
+                decision=decision,
+                checkpoint=checkpoint,
+                reason=reason.strip(),
+                decided_by=user,
+                decided_at=timezone.now(),
+            )
+    except IntegrityError:
+        first = PauseConfirmation.objects.select_related("decided_by").get(
+            pause_command_id=pause.pk
+        )
+        raise Conflict(
+            f"Pause #{pause.pk} was already confirmed by {first.decided_by}: {first.decision}."
+        ) from None
+
+
+def _resume_after_confirmation(
+    user: Any, job: Job, pause: Command, checkpoint: str, reason: str
+) -> Command:
+    _refuse_if_open(job, [CommandKind.RESUME], "a resume")
+    why = reason.strip() or "pause confirmed"
+    if checkpoint:
+        why = f"roll back to {checkpoint}: {why}"
+    return _issue(
+        user,
+        job,
+        CommandKind.RESUME,
+        reason=f"Pause #{pause.pk} confirmed by {user}, {why}",
+        alert=pause.alert,
+        params={"checkpoint": checkpoint} if checkpoint else {},
+        key=f"confirm-pause:{pause.pk}",
+    )
+
+
+def _confirmation_timeline(
+    job: Job, pause: Command, confirmation: PauseConfirmation, user: Any
+) -> None:
+    incident = active_incident(job.pk)
+    if incident is None:
+        return
+    what = PauseDecision(confirmation.decision).label.lower()
+    if confirmation.checkpoint:
+        what += f" ({confirmation.checkpoint})"
+    append_timeline(
+        incident.pk,
+        TimelineKind.NOTE,
+        f"Pause #{pause.pk} confirmed by {user}: {what}"
+        + (f" — {confirmation.reason}" if confirmation.reason else ""),
+        at=confirmation.decided_at,
+        alert_id=pause.alert_id,
+        actor_kind=ActorKind.PERSON,
+        actor=user,
+        data={
+            "event": "pause_confirmed",
+            "pause_command_id": pause.pk,
+            "decision": confirmation.decision,
+            "checkpoint": confirmation.checkpoint,
+            "command_id": confirmation.command_id,
+        },
+    )

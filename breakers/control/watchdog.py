@@ -1,0 +1,26 @@
+"""The watchdog tick: run every second (config/schedule.py), by beat or in-process when embedded."""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+
+from breakers.control import liveness
+from breakers.control.commands import expire_overdue_commands
+from breakers.control.heartbeats import check_heartbeats
+
+log = logging.getLogger(__name__)
+BEAT = "beat"
+
+
+def watchdog_tick(stop_job) -> list[int]:
+    """Record the beat, brake silent jobs, expire overdue commands, hand hung jobs to
+    ``stop_job(command_id)``."""
+    liveness.record(BEAT)
+    check_heartbeats()
+    with transaction.atomic():
+        to_stop = expire_overdue_commands()
+        for command_id in to_stop:
+            transaction.on_commit(lambda command_id=command_id: stop_job(command_id))
+    return to_stop

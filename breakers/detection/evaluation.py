@@ -1,0 +1,226 @@
+"""Evaluating a job's metric points against its rules: serialised per job, exactly once.
+
+``evaluate_job(job_id)`` runs in transactions that each
+1. lock the job's ``EvaluationState`` row (``SELECT … FOR UPDATE``, blocking: a second worker
+   for the same job waits, then continues from the cursor the first one advanced);
+2. read up to ``CHUNK_POINTS`` MetricPoints with ``id > cursor`` in id order;
+3. feed them to the pure engine, restored from the stored state;
+4. apply the findings (alerts, incident, timeline rows — ``incidents.alerts.lifecycle``);
+5. save the new cursor and engine state.
+Alerts, cursor and state commit together or not at all, so a worker killed mid-task (the task
+is redelivered: ``acks_late``) or a task delivered twice neither loses nor doubles an alert.
+
+Order of points: ingest serialises each job's batches with a row lock on the job, so the ids
+of one job grow in commit order and the id cursor never skips a point committed later with a
+lower id. Across chunks, points are evaluated in that (arrival) order; within a chunk they are
+sorted by (step, id), so a batch whose points are not in step order (several metrics, several
+nodes) is still evaluated in step order. A point that arrives late with a step lower than
+points already evaluated is evaluated once, when it arrives — it is never re-evaluated.
+
+Different jobs lock different rows, so they evaluate in parallel on several workers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import transaction
+
+from breakers.control.braking import brake_for_alert
+from breakers.detection.engine import Finding, JobEvaluator, Point, RuleSpec
+from breakers.detection.rulepack import ruleset_fingerprint
+from breakers.detection.rules import rules_for_job
+from breakers.models import EvaluationState, MetricPoint
+from incidents.alerts.lifecycle import (
+    AlertOutcome,
+    AlertSignal,
+    active_alert,
+    raise_or_update_alert,
+    resolve_alert,
+)
+from incidents.models import Job
+from incidents.notifications.delivery import notify_alert
+
+log = logging.getLogger(__name__)
+
+# Points per transaction: bounds the lock time and the memory of one evaluation step, while
+# amortising the state load/save (tens of kB of JSON) over many points.
+CHUNK_POINTS = 5_000
+
+
+@dataclass
+class EvaluationReport:
+    job_id: int
+    points: int = 0
+    cursor: int = 0
+    raised: int = 0
+    escalated: int = 0
+    resolved: int = 0
+
+
+def on_alert_raised(outcome: AlertOutcome) -> None:
+    """Automatic braking: the control plane issues the rule's action, at once, as the system.
+
+    Called once per new alert and once per escalation of an existing one (``outcome.created``
+    / ``outcome.escalated``), inside the evaluation transaction that raised it: the command
+    commits with the alert and the cursor, exactly once (its idempotency key names the alert
+    and level), and is pushed to the agent after commit. "none" and "record" ask for nothing.
+    """
+    brake_for_alert(outcome.alert)
+    notify_alert(
+        outcome.alert.pk
+    )  # pages the on-call after commit (incidents.notifications.delivery)
+
+
+def evaluate_job(
+    job_id: int, *, tick_at: float | None = None, chunk_size: int = CHUNK_POINTS
+) -> EvaluationReport:
+    """Evaluate every point of the job not evaluated yet; with ``tick_at`` (epoch seconds),
+    then also judge the time-based detectors at that moment (silence, node-failure windows)."""
+    report = EvaluationReport(job_id)
+    if not EvaluationState.objects.filter(job_id=job_id).exists():
+        if not Job.objects.filter(pk=job_id).exists():
+            return report  # the job is gone (a task enqueued before it was deleted)
+        EvaluationState.objects.get_or_create(job_id=job_id)
+    while True:
+        with transaction.atomic():
+            state = EvaluationState.objects.select_for_update().get(job_id=job_id)
+            rows = list(
+                MetricPoint.objects.filter(job_id=job_id, id__gt=state.cursor)
+                .order_by("id")
+                .values_list("id", "name", "step", "time", "value", "node")[:chunk_size]
+            )
+            last_chunk = len(rows) < chunk_size
+            if not rows and tick_at is None:
+                report.cursor = state.cursor
+                return report
+            run = _Run(job_id, state, rules_for_job(job_id), report)
+            run.feed(rows)
+            if last_chunk and tick_at is not None:
+                run.tick(tick_at)
+            run.save(rows)
+        if last_chunk:
+            return report
+
+
+def _restore(rules: list[RuleSpec], stored: dict[str, Any], job_id: int) -> JobEvaluator:
+    if not stored:
+        return JobEvaluator(rules)
+    try:
+        return JobEvaluator.from_state(rules, stored)
+    except (ValueError, KeyError, TypeError) as error:
+        # A state this code cannot read (an older format): start afresh rather than never
+        # evaluating the job again. Open alerts stay open until their condition fires again.
+        log.error("evaluation state of job %s unreadable, restarting it: %s", job_id, error)
+        return JobEvaluator(rules)
+
+
+def _to_datetime(epoch_seconds: float) -> datetime:
+    return datetime.fromtimestamp(epoch_seconds, tz=UTC)
+
+
+class _Run:
+    """One transaction's evaluation of one job: the restored engine, and its findings applied.
+
+    An alert's fingerprint is (job, rule, node) but the engine keeps a series per metric too
+    (``loss|grad_norm`` is two series of one rule): ``open`` tracks which series of each
+    fingerprint are firing, so the alert resolves only when the last of them clears.
+    """
+
+    def __init__(
+        self, job_id: int, state: EvaluationState, rules: list[RuleSpec], report: EvaluationReport
+    ) -> None:
+        self.job_id, self.state, self.report = job_id, state, report
+        self.rules = {rule.key: rule for rule in rules}
+        self.fingerprint = ruleset_fingerprint(rules)
+        self.evaluator = _restore(rules, state.state, job_id)
+        self.open: dict[tuple[str, str], set[str]] = defaultdict(set)
+        for episode in self.evaluator.open_episodes():
+            self.open[(episode["rule"], episode["node"] or "")].add(episode["metric"])
+        for orphan in self.evaluator.orphaned:
+            # Its rule was removed or disabled, or now keys its series differently.
+            self._series_cleared(
+                orphan["rule"],
+                orphan["node"] or "",
+                orphan["metric"],
+                reason="its rule was removed or disabled",
+                step=None,
+            )
+
+    def feed(self, rows: list[tuple]) -> None:
+        rows.sort(key=lambda row: (row[2], row[0]))  # step order within the chunk (see above)
+        feed, apply = self.evaluator.feed, self._apply
+        for _, name, step, time, value, node in rows:
+            findings = feed(Point(name, step, time.timestamp(), value, node))
+            if findings:  # rare: only episode edges produce findings
+                for finding in findings:
+                    apply(finding)
+        self.report.points += len(rows)
+
+    def tick(self, now: float) -> None:
+        for finding in self.evaluator.tick(now):
+            self._apply(finding)
+        self.state.last_tick = now
+
+    def save(self, rows: list[tuple]) -> None:
+        state = self.state
+        if rows:
+            state.cursor = max(row[0] for row in rows)
+            state.points_evaluated += len(rows)
+        state.state = self.evaluator.to_state()
+        state.rules_fingerprint = self.fingerprint
+        state.save()
+        self.report.cursor = state.cursor
+
+    def _apply(self, finding: Finding) -> None:
+        rule = self.rules[finding.rule_key]
+        node = (finding.node or "") if rule.per_node else ""
+        series = finding.metric if rule.per_metric else "*"
+        if finding.kind == "clear":
+            self._series_cleared(rule.key, node, series, finding.description, finding.step)
+            return
+        self.open[(rule.key, node)].add(series)
+        outcome = raise_or_update_alert(self.job_id, _signal(finding, node))
+        self.report.raised += outcome.created
+        self.report.escalated += outcome.escalated
+        if outcome.action_due and outcome.alert.incident_id is not None:
+            on_alert_raised(outcome)
+
+    def _series_cleared(
+        self, rule_key: str, node: str, series: str, reason: str, step: int | None
+    ) -> None:
+        firing = self.open[(rule_key, node)]
+        firing.discard(series)
+        if firing:
+            return  # another series of the same alert still fires
+        alert = active_alert(self.job_id, rule_key, node)
+        if alert is not None and resolve_alert(alert.pk, reason=reason, step=step):
+            self.report.resolved += 1
+
+
+def _signal(finding: Finding, node: str) -> AlertSignal:
+    return AlertSignal(
+        rule_key=finding.rule_key,
+        rule_name=finding.rule_name,
+        layer=finding.layer,
+        severity=finding.severity,
+        metric=finding.metric,
+        node=node,
+        value=finding.value,
+        threshold=finding.threshold,
+        description=finding.description,
+        step=finding.step,
+        time=_to_datetime(finding.time),
+        first_step=finding.first_step,
+        first_time=_to_datetime(finding.first_time),
+        duration_seconds=finding.duration_seconds,
+        duration_steps=finding.duration_steps,
+        action=finding.action,
+        action_params=dict(finding.action_params),
+        nodes=tuple(finding.nodes),
+        runbook_hint=finding.runbook,
+    )

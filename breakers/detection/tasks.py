@@ -1,0 +1,105 @@
+"""Celery tasks of the breaker engine: thin, by job id, idempotent (the service makes them so).
+
+Coalescing: ``schedule_evaluation`` enqueues ``evaluate_job`` only when none is queued for the
+job yet — a Redis ``SET NX EX`` flag per job. The task clears the flag *before* it reads any
+point, so points committed while it runs enqueue exactly one follow-up, and a burst of 100
+batches queues a handful of tasks, not 100. The flag expires on its own (``QUEUED_TTL``), so a
+lost message cannot block a job for good; the periodic tick also evaluates whatever is pending.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import cache
+
+from celery import shared_task
+from django.conf import settings
+from django.db import InterfaceError, OperationalError
+
+from breakers.detection import evaluation
+from incidents.models import Job, JobStatus
+
+QUEUED_TTL_SECONDS = 60
+# Jobs that get periodic ticks: node-failure windows and silences are judged even when no
+# point arrives. A paused job's open alerts stay open: nothing has shown them to clear.
+TICKED_JOB_STATUSES = (JobStatus.RUNNING, JobStatus.PAUSING)
+# Connection loss, deadlock, serialisation failure: retrying the whole evaluation is safe
+# because it commits all or nothing.
+TRANSIENT_ERRORS = (OperationalError, InterfaceError)
+
+
+@cache
+def _redis():
+    """One client per process, so its connection pool is shared (as console.ratelimit does)."""
+    import redis
+
+    return redis.Redis.from_url(settings.REDIS_URL)
+
+
+def _flag(kind: str, job_id: int) -> str:
+    return f"{settings.CHANNEL_PREFIX}:breakers:{kind}-queued:{job_id}"
+
+
+def _claim(kind: str, job_id: int) -> bool:
+    """True when no task of ``kind`` was queued for the job (and now one is to be)."""
+    if settings.CELERY_TASK_ALWAYS_EAGER:
+        return True  # embedded mode: tasks run in-process at once, nothing is ever queued
+    return bool(_redis().set(_flag(kind, job_id), 1, nx=True, ex=QUEUED_TTL_SECONDS))
+
+
+def _release(kind: str, job_id: int) -> None:
+    if not settings.CELERY_TASK_ALWAYS_EAGER:
+        _redis().delete(_flag(kind, job_id))
+
+
+def schedule_evaluation(job_id: int) -> bool:
+    """Enqueue ``evaluate_job`` unless one is already queued; call it after commit."""
+    if not _claim("evaluate", job_id):
+        return False
+    try:
+        evaluate_job.delay(job_id)
+    except Exception:
+        _release("evaluate", job_id)  # not queued after all: let the next batch try again
+        raise
+    return True
+
+
+@shared_task(
+    name="detection.evaluate_job",
+    acks_late=True,
+    ignore_result=True,
+    autoretry_for=TRANSIENT_ERRORS,
+    retry_backoff=True,
+    max_retries=5,
+)
+def evaluate_job(job_id: int) -> int:
+    """Evaluate the job's new points; returns how many."""
+    # Before reading: a batch committed from now on must schedule a follow-up, not be lost.
+    _release("evaluate", job_id)
+    return evaluation.evaluate_job(job_id).points
+
+
+@shared_task(name="detection.tick_evaluations", acks_late=True, ignore_result=True)
+def tick_evaluations() -> int:
+    """Beat (every few seconds): enqueue a tick for each running job, coalesced per job."""
+    enqueued = 0
+    job_ids = Job.objects.filter(status__in=TICKED_JOB_STATUSES).values_list("pk", flat=True)
+    for job_id in job_ids:
+        if _claim("tick", job_id):
+            tick_job.delay(job_id)
+            enqueued += 1
+    return enqueued
+
+
+@shared_task(
+    name="detection.tick_job",
+    acks_late=True,
+    ignore_result=True,
+    autoretry_for=TRANSIENT_ERRORS,
+    retry_backoff=True,
+    max_retries=3,
+)
+def tick_job(job_id: int) -> int:
+    """Evaluate pending points, then judge the time-based detectors now."""
+    _release("tick", job_id)
+    return evaluation.evaluate_job(job_id, tick_at=time.time()).points

@@ -1,0 +1,14 @@
+"""Celery tasks of the Slurm executor: thin, by id, idempotent (see
+breakers.executors.slurm.actions)."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from breakers.executors.slurm.actions import act_on_command
+
+
+@shared_task(name="slurm.act_through_slurm", acks_late=True, ignore_result=True)
+def act_through_slurm(command_id: int) -> None:
+    """A routed command (L4 terminate, isolate_node) of a Slurm-bound job, through Slurm."""
+    act_on_command(command_id)

@@ -1,0 +1,42 @@
+"""The breakers app's models, one module per domain; Django finds them all through here."""
+
+# isort: off  (the order is the order of their foreign keys)
+from breakers.models.control import (  # noqa: F401
+    COMMAND_TRANSITIONS,
+    OPEN_COMMAND_STATUSES,
+    Command,
+    CommandKind,
+    CommandStatus,
+)
+from breakers.models.metrics import (  # noqa: F401
+    EvaluationState,
+    MetricPoint,
+    Rule,
+)
+from breakers.models.scheduler import (  # noqa: F401
+    ExecutorKind,
+    NodeDrain,
+    SchedulerBinding,
+)
+from breakers.models.snapshots import (  # noqa: F401
+    EnvironmentSnapshot,
+    SnapshotKind,
+)
+
+# isort: on
+
+__all__ = [
+    "MetricPoint",
+    "Rule",
+    "EvaluationState",
+    "CommandKind",
+    "CommandStatus",
+    "COMMAND_TRANSITIONS",
+    "OPEN_COMMAND_STATUSES",
+    "Command",
+    "ExecutorKind",
+    "SchedulerBinding",
+    "NodeDrain",
+    "SnapshotKind",
+    "EnvironmentSnapshot",
+]

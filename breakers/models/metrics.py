@@ -1,0 +1,143 @@
+"""Metric points streamed by training processes, breaker rules, and evaluation state."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.db import models
+
+from breakers.detection.engine import ACTIONS, DETECTOR_KINDS, LAYERS, SEVERITIES, RuleSpec
+from core.fields import NonFiniteFloatField
+from incidents.models import Job, Team
+
+
+class MetricPoint(models.Model):
+    """One value of one metric at one training step.
+
+    Written in bulk by ``breakers.agent.store`` (one ``COPY`` per batch on PostgreSQL), never one
+    ORM save per point. ``id`` grows in commit order within a job because ingest of one job is
+    serialised by a row lock on the job, so the evaluator can use it as its cursor.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="+", db_index=False)
+    name = models.CharField(max_length=200)
+    step = models.BigIntegerField()
+    time = models.DateTimeField()
+    value = NonFiniteFloatField()
+    node = models.CharField(max_length=200, null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            # "the last W points of metric M of job J" and step ranges of one series
+            models.Index(fields=["job", "name", "step"], name="metric_series_step"),
+            # time ranges of one series (charts by time, silence checks)
+            models.Index(fields=["job", "name", "time"], name="metric_series_time"),
+            # the evaluator's cursor walk: "points of job J with id > C, in id order"
+            models.Index(fields=["job", "id"], name="metric_job_cursor"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.step}={self.value}"
+
+
+# --- Rules as data, and the evaluator's per-job state ---------------------------------------
+
+
+def _choices(values) -> list[tuple[str, str]]:
+    return [(value, value) for value in values]
+
+
+class Rule(models.Model):
+    """A breaker rule (docs/design.md "Detectors and rules"), as a row the admin edits.
+
+    ``team`` NULL: a rule of the default pack (installed by migration 0004 from
+    ``breakers.detection.rulepack``). A team row with the same ``key`` replaces the default rule
+    for that
+    team's jobs (to disable it, or to change any field); a team row with a new key adds a rule.
+    The columns are ``breakers.detection.engine.RuleSpec``'s fields; ``clean()`` validates a row by
+    building its RuleSpec, so the admin refuses what the engine would refuse.
+    """
+
+    team = models.ForeignKey(
+        Team,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="rules",
+        help_text="Empty: the default pack (every team). Set: this team's override or addition.",
+    )
+    key = models.SlugField(max_length=100)
+    name = models.CharField(max_length=200)
+    layer = models.CharField(max_length=16, choices=_choices(LAYERS))
+    metric = models.CharField(
+        max_length=300,
+        help_text="Exact name or glob (gpu.*.temp); several joined with | (loss|grad_norm).",
+    )
+    detector = models.CharField(max_length=32, choices=_choices(sorted(DETECTOR_KINDS)))
+    params = models.JSONField(default=dict, blank=True)
+    severity = models.CharField(max_length=2, choices=_choices(SEVERITIES))
+    action = models.CharField(max_length=32, choices=_choices(ACTIONS), default="none")
+    action_params = models.JSONField(default=dict, blank=True)
+    per_node = models.BooleanField(default=False)
+    per_metric = models.BooleanField(default=True)
+    enabled = models.BooleanField(default=True)
+    clear_after = models.PositiveIntegerField(
+        default=1, help_text="Healthy observations in a row before the alert resolves."
+    )
+    clear_after_seconds = models.FloatField(
+        default=0.0, help_text="... spanning at least this many seconds (hysteresis)."
+    )
+    runbook = models.CharField(max_length=64, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    SPEC_FIELDS = (
+        "key", "name", "layer", "metric", "detector", "params", "severity", "action",
+        "action_params", "per_node", "per_metric", "enabled", "clear_after",
+        "clear_after_seconds", "runbook",
+    )  # fmt: skip
+
+    class Meta:
+        constraints = [
+            # NULL teams are distinct in a unique index, so the default pack needs its own.
+            models.UniqueConstraint(
+                fields=["key"], condition=models.Q(team__isnull=True), name="default_rule_key"
+            ),
+            models.UniqueConstraint(fields=["team", "key"], name="team_rule_key"),
+        ]
+        ordering = ["team_id", "key"]
+
+    def __str__(self) -> str:
+        owner = self.team.name if self.team_id else "default pack"
+        return f"{self.key} ({owner})"
+
+    def to_spec(self) -> RuleSpec:
+        """The engine's rule; ValueError when the row is not a valid rule."""
+        return RuleSpec.from_dict({name: getattr(self, name) for name in self.SPEC_FIELDS})
+
+    def clean(self) -> None:
+        try:
+            self.to_spec()
+        except (ValueError, TypeError) as error:
+            raise ValidationError(str(error)) from None
+
+
+class EvaluationState(models.Model):
+    """The evaluator's progress on one job: the point cursor and the engine state, saved in the
+    same transaction as the alerts they produced (that is what makes evaluation exactly-once).
+
+    The row is also the job's evaluation lock: an evaluation holds it ``FOR UPDATE``, so a
+    second worker for the same job waits and then continues from the advanced cursor.
+    """
+
+    job = models.OneToOneField(
+        Job, on_delete=models.CASCADE, primary_key=True, related_name="evaluation"
+    )
+    cursor = models.BigIntegerField(default=0, help_text="Last MetricPoint id evaluated.")
+    state = models.JSONField(default=dict, blank=True)  # JobEvaluator.to_state(), strict JSON
+    rules_fingerprint = models.CharField(max_length=64, blank=True)
+    points_evaluated = models.BigIntegerField(default=0)
+    last_tick = models.FloatField(null=True, blank=True, help_text="Epoch seconds.")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"evaluation of job {self.job_id} at point {self.cursor}"

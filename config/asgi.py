@@ -1,0 +1,27 @@
+"""ASGI entry point: HTTP through Django, websockets through Channels (Daphne serves both)."""
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+django_asgi_application = get_asgi_application()
+
+from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up first)
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.conf import settings  # noqa: E402
+
+from console.routing import websocket_urlpatterns  # noqa: E402
+
+if settings.EMBEDDED:
+    # No beat process in the embedded mode: the periodic tasks tick in this process instead.
+    from config.schedule import start_embedded_ticker
+
+    start_embedded_ticker()
+
+application = ProtocolTypeRouter(
+    {
+        "http": django_asgi_application,
+        "websocket": AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
+    }
+)

@@ -1,0 +1,411 @@
+"""Brakeline settings: one module, driven by the environment.
+
+Two modes, chosen by what is set:
+
+* **embedded** (neither ``DATABASE_URL`` nor ``REDIS_URL``): a SQLite file, the in-memory
+  channel layer and Celery tasks executed in-process. One command, no services: the demo.
+* **server** (both set): PostgreSQL for data, Redis for the Celery broker, the channel layer
+  and the cache. This is what production and the test suite run.
+
+Setting only one of the two is a mistake we refuse at start-up with a sentence that says what
+to set, rather than silently running half-embedded.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+from kombu import Exchange, Queue
+
+from config.schedule import beat_schedule
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in {"1", "true", "yes", "on"}:
+        return True
+    if raw.lower() in {"0", "false", "no", "off"}:
+        return False
+    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean: set it to true or false.")
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a whole number.") from None
+
+
+def _seconds(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a number of seconds above 0.")
+    return value
+
+
+def _env_seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    return _seconds(name, raw) if raw else default
+
+
+def _env_seconds_by_kind(name: str, defaults: dict[str, float]) -> dict[str, float]:
+    """``kind=seconds`` pairs, comma-separated, over ``defaults`` (whose keys are the kinds)."""
+    values = dict(defaults)
+    for pair in filter(None, (p.strip() for p in os.environ.get(name, "").split(","))):
+        kind, equals, raw = (part.strip() for part in pair.partition("="))
+        if not equals or kind not in defaults:
+            raise ImproperlyConfigured(
+                f"{name}: {pair!r} is not kind=seconds with kind one of {', '.join(defaults)} "
+                "(e.g. checkpoint_and_pause=600,terminate=180)."
+            )
+        values[kind] = _seconds(f"{name} ({kind})", raw)
+    return values
+
+
+def _env_url(name: str, default: str) -> str:
+    raw = os.environ.get(name, default).strip()
+    if raw and not raw.startswith(("http://", "https://")):
+        raise ImproperlyConfigured(f"{name}={raw!r} is not an http:// or https:// URL.")
+    return raw
+
+
+def _env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    raw = os.environ.get(name, "").strip() or default
+    if raw.upper() not in choices:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not one of {', '.join(choices)}.")
+    return raw.upper()
+
+
+DATABASE_URL = os.environ.get("DATABASE_URL", "").strip()
+REDIS_URL = os.environ.get("REDIS_URL", "").strip()
+
+if bool(DATABASE_URL) != bool(REDIS_URL):
+    missing, present = (
+        ("REDIS_URL", "DATABASE_URL") if DATABASE_URL else ("DATABASE_URL", "REDIS_URL")
+    )
+    raise ImproperlyConfigured(
+        f"{present} is set but {missing} is not. The server mode needs both "
+        "(DATABASE_URL=postgresql://user@host:5432/brakeline and REDIS_URL=redis://host:6379/0); "
+        "unset both to run the embedded mode (SQLite, in-process worker)."
+    )
+
+EMBEDDED = not DATABASE_URL
+
+if not EMBEDDED and not DATABASE_URL.startswith(("postgres://", "postgresql://")):
+    raise ImproperlyConfigured(
+        f"DATABASE_URL must be a PostgreSQL URL (postgresql://user@host:5432/name), "
+        f"got scheme {DATABASE_URL.split(':', 1)[0]!r}."
+    )
+if not EMBEDDED and not REDIS_URL.startswith(("redis://", "rediss://")):
+    raise ImproperlyConfigured(
+        f"REDIS_URL must be a Redis URL (redis://host:6379/0), "
+        f"got scheme {REDIS_URL.split(':', 1)[0]!r}."
+    )
+
+DEBUG = _env_bool("BRAKELINE_DEBUG", EMBEDDED)
+SECRET_KEY = os.environ.get("BRAKELINE_SECRET_KEY", "")
+if not SECRET_KEY:
+    if not (EMBEDDED or DEBUG or _env_bool("BRAKELINE_INSECURE_DEV_KEY", False)):
+        raise ImproperlyConfigured(
+            "BRAKELINE_SECRET_KEY is not set: set it to a long random string "
+            "(python -c 'import secrets; print(secrets.token_urlsafe(50))')."
+        )
+    SECRET_KEY = "brakeline-embedded-development-key-not-for-production"
+
+ALLOWED_HOSTS = [
+    host.strip()
+    for host in os.environ.get("BRAKELINE_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]").split(",")
+    if host.strip()
+]
+CSRF_TRUSTED_ORIGINS = [
+    origin.strip()
+    for origin in os.environ.get("BRAKELINE_CSRF_TRUSTED_ORIGINS", "").split(",")
+    if origin.strip()
+]
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "channels",
+    "incidents",
+    "breakers",
+    "console",
+]
+
+MIDDLEWARE = [
+    "console.request_log.request_log_middleware",  # outermost: it logs every answer
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "console.urls"
+ASGI_APPLICATION = "config.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATA_DIR = Path(os.environ.get("BRAKELINE_DATA_DIR", BASE_DIR / "var"))
+
+if EMBEDDED:
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": DATA_DIR / "brakeline.sqlite3",
+            # The demo's server and simulator write at the same time; wait instead of failing.
+            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
+        }
+    }
+else:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL)}
+    # Under ASGI, Django runs each request's sync code in a thread of its own, so "persistent"
+    # connections are reconnected per request (≈10 ms each here). psycopg's pool keeps them.
+    DATABASES["default"]["OPTIONS"] = {
+        "pool": {
+            "min_size": _env_int("BRAKELINE_DB_POOL_MIN", 2),
+            "max_size": _env_int("BRAKELINE_DB_POOL_MAX", 20),
+            "timeout": 10,
+        }
+    }
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATIC_ROOT = Path(os.environ.get("BRAKELINE_STATIC_ROOT", DATA_DIR / "static"))
+# collectstatic fills it in production; whitenoise warns about a missing folder otherwise.
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+STATICFILES_DIRS = [BASE_DIR / "console" / "static"]
+# Daphne serves no static files; whitenoise does, from the finders when no collectstatic ran.
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/login/"
+
+# --- Redis-backed pieces: channel layer, cache, Celery -------------------------------------
+CHANNEL_PREFIX = os.environ.get("BRAKELINE_CHANNEL_PREFIX", "brakeline")
+if EMBEDDED:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+else:
+    CHANNEL_LAYERS = {
+        "default": {
+            # Pub/sub, not the list-based core layer: the core layer's receive() cancels and
+            # restarts a blocking BZPOPMIN, and an event arriving in that gap is dropped
+            # (channels_redis#366) — a pushed command lost. Pushes are at-most-once either
+            # way; commands also ride on every heartbeat reply until acknowledged.
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            "CONFIG": {
+                # redis-py 8 times socket reads out after 5 s by default (channels_redis#422);
+                # a quiet subscription must not count as a dead connection.
+                "hosts": [{"address": REDIS_URL, "socket_timeout": 30, "socket_keepalive": True}],
+                "prefix": CHANNEL_PREFIX,
+            },
+        }
+    }
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": CHANNEL_PREFIX,
+        }
+    }
+
+CELERY_BROKER_URL = REDIS_URL or "memory://localhost/"  # a host: kombu warns without one
+CELERY_TASK_ALWAYS_EAGER = EMBEDDED
+CELERY_TASK_EAGER_PROPAGATES = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+DEFAULT_CELERY_QUEUE = "brakeline"  # what docker-compose.yml's worker consumes
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("BRAKELINE_CELERY_QUEUE", DEFAULT_CELERY_QUEUE)
+# The watchdog (heartbeats, hung jobs) has a queue of its own: a backlog of evaluations must
+# never delay the detection of a silent job. The periodic evaluation ticks (one per running job
+# every 5 s) go last: with many jobs they would otherwise queue ahead of the evaluation that
+# brakes a NaN. WORKER_QUEUES lists the three in priority order (the test fixtures and the
+# health check read it; Celery does not).
+WATCHDOG_QUEUE = f"{CELERY_TASK_DEFAULT_QUEUE}-watchdog"
+TICK_QUEUE = f"{CELERY_TASK_DEFAULT_QUEUE}-ticks"
+WORKER_QUEUES = [WATCHDOG_QUEUE, CELERY_TASK_DEFAULT_QUEUE, TICK_QUEUE]
+# What a worker consumes when started without -Q: all three, in that order. Each queue is
+# bound as Celery binds a queue it creates itself (exchange and routing key = its name).
+CELERY_TASK_QUEUES = [Queue(name, Exchange(name), routing_key=name) for name in WORKER_QUEUES]
+CELERY_TASK_ROUTES = {
+    "control.watchdog": {"queue": WATCHDOG_QUEUE},
+    "control.stop_job": {"queue": WATCHDOG_QUEUE},
+    "detection.tick_evaluations": {"queue": TICK_QUEUE},
+    "detection.tick_job": {"queue": TICK_QUEUE},
+}
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": 300,
+    # BRPOP on the queues in the order consumed, always: the default strategy (round robin)
+    # rotates the queue just served to the back, which would make the order no priority.
+    "queue_order_strategy": "priority",
+}
+
+# --- REST API ------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "console.api.errors.exception_handler",
+    "DEFAULT_THROTTLE_RATES": {
+        "agent": os.environ.get("BRAKELINE_AGENT_RATE", "6000/min"),
+    },
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Brakeline API",
+    "DESCRIPTION": (
+        "The agent protocol (training processes: metrics, heartbeats, commands) and the console "
+        "API. Agent endpoints take `Authorization: Bearer <agent token>`."
+    ),
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    # One name per choice set used by several serializers (tests/console: no schema warnings).
+    "ENUM_NAME_OVERRIDES": {
+        "SeverityEnum": "incidents.models.Severity",
+        "ReviewStatusEnum": "incidents.models.ReviewStatus",
+    },
+}
+
+# --- Agent protocol limits (documented in the README and the OpenAPI schema) --------------
+AGENT_MAX_BATCH_POINTS = _env_int("BRAKELINE_MAX_BATCH_POINTS", 10_000)
+AGENT_MAX_BATCH_BYTES = _env_int("BRAKELINE_MAX_BATCH_BYTES", 4 * 1024 * 1024)
+AGENT_MAX_SNAPSHOT_BYTES = _env_int("BRAKELINE_MAX_SNAPSHOT_BYTES", 1024 * 1024)
+# Django refuses larger bodies itself; we check first so the answer is our 413, not a 400.
+DATA_UPLOAD_MAX_MEMORY_SIZE = AGENT_MAX_BATCH_BYTES + 1024
+
+# Logging: warnings and errors of every part, with their level and origin; the request log
+# (console.request_log) at INFO: people's requests one line each, agent traffic summed up in
+# one line per AGENT_TRAFFIC_LOG_SECONDS. Daphne's own access log is off where we start it.
+LOG_LEVEL = _env_choice(
+    "BRAKELINE_LOG_LEVEL", "WARNING", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+)
+AGENT_TRAFFIC_LOG_SECONDS = _env_seconds("BRAKELINE_AGENT_TRAFFIC_LOG_SECONDS", 60.0)
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "filters": {"not_agent_traffic": {"()": "console.request_log.NotAgentTraffic"}},
+    "formatters": {"console": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "console"}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {
+        # Django's default handlers would print its records a second time in DEBUG.
+        "django": {"handlers": [], "level": LOG_LEVEL},
+        "django.request": {"filters": ["not_agent_traffic"]},
+        # `manage.py runserver`'s access log: the request log below says it once.
+        "django.channels.server": {"level": "WARNING", "filters": ["not_agent_traffic"]},
+        "brakeline.requests": {"level": "DEBUG" if LOG_LEVEL == "DEBUG" else "INFO"},
+    },
+}
+
+CELERY_BEAT_SCHEDULE = beat_schedule()  # config/schedule.py: every periodic task, once
+
+# Jobs on Slurm: where scancel/scontrol/squeue live (empty: PATH), and an optional slurm.conf.
+SLURM_BIN_DIR = os.environ.get("BRAKELINE_SLURM_BIN_DIR", "")
+SLURM_CONF = os.environ.get("SLURM_CONF") or None
+SLURM_COMMAND_TIMEOUT_SECONDS = _env_seconds("BRAKELINE_SLURM_COMMAND_TIMEOUT_SECONDS", 30.0)
+SLURM_CANCEL_WAIT_SECONDS = _env_seconds("BRAKELINE_SLURM_CANCEL_WAIT_SECONDS", 40.0)
+
+# --- The control plane: deadlines the watchdog enforces ----------------------------------
+# A command not acknowledged in time presumes the job hung. Saving a checkpoint of a large
+# model takes minutes; a learning-rate change takes a step. The keys are the command kinds.
+COMMAND_ACK_TIMEOUT_SECONDS = _env_seconds_by_kind(
+    "BRAKELINE_COMMAND_ACK_TIMEOUT_SECONDS",
+    {
+        "lower_lr": 120.0,
+        "pause_data": 120.0,
+        "checkpoint_and_pause": 300.0,
+        "resume": 120.0,
+        "terminate": 120.0,
+        "isolate_node": 120.0,
+    },
+)
+# Between the executor's polite stop (SIGTERM, Slurm's USR1) and the forced one.
+EXECUTOR_GRACE_SECONDS = _env_seconds("BRAKELINE_EXECUTOR_GRACE_SECONDS", 10.0)
+# A job's heartbeat deadline: its own timeout, else 8 measured step times but never below the
+# floor (a fast toy job must not be declared hung by one slow garbage collection), and the
+# default until a step time has been measured.
+HEARTBEAT_TIMEOUT_FLOOR_SECONDS = _env_seconds("BRAKELINE_HEARTBEAT_FLOOR_SECONDS", 10.0)
+HEARTBEAT_TIMEOUT_DEFAULT_SECONDS = _env_seconds("BRAKELINE_HEARTBEAT_DEFAULT_SECONDS", 60.0)
+# An escalation request nobody decides within this long expires (the next manager is told).
+ESCALATION_DECISION_SECONDS = _env_seconds("BRAKELINE_ESCALATION_DECISION_SECONDS", 15 * 60.0)
+
+# Notifications: the job links in messages, the SMS/phone provider (a Twilio-style form POST),
+# e-mail. Nothing is required: without a provider, SMS and phone deliveries fail visibly.
+BRAKELINE_PUBLIC_URL = _env_url("BRAKELINE_PUBLIC_URL", "http://127.0.0.1:8000")
+NOTIFY_PROVIDER_BASE_URL = _env_url("BRAKELINE_NOTIFY_PROVIDER_URL", "")
+NOTIFY_PROVIDER_ACCOUNT_SID = os.environ.get("BRAKELINE_NOTIFY_PROVIDER_SID", "")
+NOTIFY_PROVIDER_AUTH_TOKEN = os.environ.get("BRAKELINE_NOTIFY_PROVIDER_TOKEN", "")
+NOTIFY_PROVIDER_FROM_NUMBER = os.environ.get("BRAKELINE_NOTIFY_FROM_NUMBER", "")
+NOTIFY_EMAIL_FROM = os.environ.get("BRAKELINE_NOTIFY_EMAIL_FROM", "brakeline@localhost")
+# Named explicitly, so a test runner's locmem EMAIL_BACKEND never swallows a page.
+NOTIFY_EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+EMAIL_HOST = os.environ.get("BRAKELINE_SMTP_HOST", "localhost")
+EMAIL_PORT = _env_int("BRAKELINE_SMTP_PORT", 25)
+EMAIL_HOST_USER = os.environ.get("BRAKELINE_SMTP_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("BRAKELINE_SMTP_PASSWORD", "")
+EMAIL_USE_TLS = _env_bool("BRAKELINE_SMTP_STARTTLS", False)
+NOTIFY_MAX_ATTEMPTS = _env_int("BRAKELINE_NOTIFY_MAX_ATTEMPTS", 5)
+if NOTIFY_MAX_ATTEMPTS < 1:
+    raise ImproperlyConfigured(f"BRAKELINE_NOTIFY_MAX_ATTEMPTS={NOTIFY_MAX_ATTEMPTS} is below 1.")
+NOTIFY_RETRY_BASE_SECONDS = _env_seconds("BRAKELINE_NOTIFY_RETRY_BASE_SECONDS", 2.0)
+NOTIFY_HTTP_TIMEOUT_SECONDS = _env_seconds("BRAKELINE_NOTIFY_HTTP_TIMEOUT_SECONDS", 10.0)

@@ -1,0 +1,280 @@
+"""Services for teams, jobs and agents: one function per verb, used by every entry point."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import F
+from django.db.models.functions import Coalesce, Greatest
+from django.utils import timezone
+
+from core.errors import Conflict, InvalidInput, Unauthenticated
+from core.transitions import compare_and_swap
+
+# Alert and incident services live in incidents.alerts.lifecycle; re-exported so every verb of the
+# app is
+# reachable from here.
+from incidents.alerts.lifecycle import (  # noqa: F401
+    AlertOutcome,
+    AlertSignal,
+    active_alert,
+    alert_payload,
+    append_timeline,
+    raise_or_update_alert,
+    resolve_alert,
+)
+from incidents.models import (
+    JOB_TRANSITIONS,
+    AgentToken,
+    Job,
+    JobKind,
+    JobStatus,
+    Membership,
+    Role,
+    Team,
+    hash_token,
+)
+from incidents.teams.audit import AuditContext, audited
+from incidents.teams.authority import Action
+
+# Heartbeat timeout: the job's own setting, else this many measured step times, never below
+# the floor (settings.HEARTBEAT_TIMEOUT_FLOOR_SECONDS), and the default until a step time has
+# been measured (settings.HEARTBEAT_TIMEOUT_DEFAULT_SECONDS).
+HEARTBEAT_STEP_TIME_MULTIPLIER = 8.0
+# The alert the heartbeat watchdog raises (breakers.control.heartbeats) and a heartbeat resolves.
+HEARTBEAT_RULE_KEY = "heartbeat-timeout"
+# Weight of the newest measurement in the step-time moving average.
+STEP_TIME_SMOOTHING = 0.2
+
+
+@dataclass(frozen=True)
+class CreatedJob:
+    job: Job
+    raw_token: str
+    team_created: bool
+
+
+def create_job(team_name: str, name: str, kind: str = JobKind.TRAINING) -> CreatedJob:
+    """Create a job (and its team if new) and issue its agent token, shown once."""
+    errors = {}
+    if not team_name.strip():
+        errors["team"] = "must not be empty"
+    if not name.strip():
+        errors["name"] = "must not be empty"
+    if kind not in JobKind.values:
+        errors["kind"] = f"must be one of {', '.join(JobKind.values)}"
+    if errors:
+        raise InvalidInput("The job cannot be created.", fields=errors)
+    with transaction.atomic():
+        team, team_created = Team.objects.get_or_create(name=team_name.strip())
+        if Job.objects.filter(team=team, name=name.strip()).exists():
+            raise Conflict(
+                f"Team {team.name!r} already has a job named {name.strip()!r}.",
+                fields={"name": "already exists in this team"},
+            )
+        job = Job.objects.create(team=team, name=name.strip(), kind=kind)
+        _, raw_token = AgentToken.issue(job)
+    return CreatedJob(job=job, raw_token=raw_token, team_created=team_created)
+
+
+@dataclass(frozen=True)
+class AddedMember:
+    membership: Membership
+    user_created: bool
+    team_created: bool
+    previous_role: str | None  # None: the user had no role in the team before
+
+
+def add_member(
+    team_name: str,
+    username: str,
+    role: str,
+    *,
+    password: str | None = None,
+    context: AuditContext | None = None,
+) -> AddedMember:
+    """Give ``username`` the ``role`` in the team, replacing any role they had there.
+
+    The team is created if new, and so is the user, which then needs a password (checked by
+    AUTH_PASSWORD_VALIDATORS); an existing user's password is left alone. An operator's act at
+    the server (``manage.py add_member``): audited as ``manage_members`` by the system.
+    """
+    team_name, username = team_name.strip(), username.strip()
+    given = {"team": team_name, "user": username}
+    errors = {key: "must not be empty" for key, value in given.items() if not value}
+    if role not in Role.values:
+        errors["role"] = f"must be one of {', '.join(Role.values)}"
+    if errors:
+        raise InvalidInput("The member cannot be added.", fields=errors)
+    context = context or AuditContext(via="command")
+    with audited(None, Action.MANAGE_MEMBERS, "team", None, context) as attempt:
+        attempt.allowed, attempt.reason = True, "An operator at the server manages members."
+        with transaction.atomic():
+            user, user_created = _member_user(username, password)  # may refuse: no team yet
+            team, team_created = Team.objects.get_or_create(name=team_name)
+            attempt.team_id = attempt.target_id = team.pk
+            previous = _role_of(user, team)
+            membership, _ = Membership.objects.update_or_create(
+                user=user, team=team, defaults={"role": role}
+            )
+            was = f" (was {previous})" if previous else ""
+            attempt.succeeded(f"{username} is {role} of {team_name}{was}")
+    return AddedMember(membership, user_created, team_created, previous)
+
+
+def _role_of(user: Any, team: Team) -> str | None:
+    return Membership.objects.filter(user=user, team=team).values_list("role", flat=True).first()
+
+
+def _member_user(username: str, password: str | None) -> tuple[Any, bool]:
+    """The user, created with ``password`` when there is none yet."""
+    User = get_user_model()
+    user = User.objects.filter(username=username).first()
+    if user is not None:
+        return user, False
+    if not password:
+        raise InvalidInput(
+            f"There is no user {username!r}: a password is needed to create it.",
+            fields={"password": "required for a new user"},
+        )
+    try:
+        validate_password(password, User(username=username))
+    except ValidationError as error:
+        raise InvalidInput(
+            "The password is refused.", fields={"password": " ".join(error.messages)}
+        ) from None
+    return User.objects.create_user(username, password=password), True
+
+
+def issue_agent_token(job: Job) -> str:
+    """A new token for ``job`` (the old ones stay valid until revoked)."""
+    return AgentToken.issue(job)[1]
+
+
+def revoke_agent_tokens(job: Job) -> int:
+    return AgentToken.objects.filter(job=job, revoked_at__isnull=True).update(
+        revoked_at=timezone.now()
+    )
+
+
+def authenticate_agent(raw_token: str) -> Job:
+    """The job a raw agent token belongs to; Unauthenticated if unknown or revoked."""
+    token = (
+        AgentToken.objects.select_related("job", "job__team")
+        .filter(token_hash=hash_token(raw_token))
+        .first()
+    )
+    if token is None:
+        raise Unauthenticated("The agent token is unknown.", code="unknown_token")
+    if token.revoked_at is not None:
+        raise Unauthenticated("The agent token has been revoked.", code="revoked_token")
+    return token.job
+
+
+def mark_job_running(job_id: int) -> bool:
+    """First sign of life from the agent: pending → running (no-op in any other state)."""
+    return compare_and_swap(
+        Job, job_id, table=JOB_TRANSITIONS, expected=[JobStatus.PENDING], new=JobStatus.RUNNING
+    )
+
+
+def advance_current_step(job_id: int, step: int | None, **other_fields: object) -> None:
+    """current_step only moves forward (a late batch of old points must not rewind it)."""
+    if step is not None:
+        # Coalesce: SQLite's MAX() of NULL and a number is NULL, PostgreSQL's GREATEST is not.
+        other_fields["current_step"] = Greatest(Coalesce(F("current_step"), step), step)
+    Job.objects.filter(pk=job_id).update(**other_fields)
+
+
+def heartbeat_timeout_seconds(job: Job) -> float:
+    if job.heartbeat_timeout_seconds:
+        return job.heartbeat_timeout_seconds
+    if job.step_time_seconds:
+        return max(
+            settings.HEARTBEAT_TIMEOUT_FLOOR_SECONDS,
+            HEARTBEAT_STEP_TIME_MULTIPLIER * job.step_time_seconds,
+        )
+    return settings.HEARTBEAT_TIMEOUT_DEFAULT_SECONDS
+
+
+def _measured_step_time(job: Job, step: int, now: datetime) -> float | None:
+    previous_step, previous_time = job.last_heartbeat_step, job.last_heartbeat_at
+    if previous_step is None or previous_time is None or step <= previous_step:
+        return job.step_time_seconds
+    sample = (now - previous_time).total_seconds() / (step - previous_step)
+    if job.step_time_seconds is None:
+        return sample
+    return (1 - STEP_TIME_SMOOTHING) * job.step_time_seconds + STEP_TIME_SMOOTHING * sample
+
+
+def record_heartbeat(
+    job_id: int,
+    *,
+    step: int,
+    status: str,
+    pid: int | None = None,
+    hostname: str = "",
+    now: datetime | None = None,
+) -> Job:
+    """Store a heartbeat: last seen, step, measured step time and the next deadline."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        # The row lock keeps two heartbeats of one job from measuring against the same previous.
+        job = Job.objects.select_for_update().get(pk=job_id)
+        job.step_time_seconds = _measured_step_time(job, step, now)
+        job.last_heartbeat_at = now
+        job.last_heartbeat_step = step
+        job.agent_status = status
+        if pid is not None:
+            job.agent_pid = pid
+        if hostname:
+            job.agent_hostname = hostname
+        job.heartbeat_deadline = now + timedelta(seconds=heartbeat_timeout_seconds(job))
+        job.save(
+            update_fields=[
+                "step_time_seconds",
+                "last_heartbeat_at",
+                "last_heartbeat_step",
+                "agent_status",
+                "agent_pid",
+                "agent_hostname",
+                "heartbeat_deadline",
+            ]
+        )
+        advance_current_step(job_id, step)
+        if status == "finished":
+            compare_and_swap(
+                Job,
+                job_id,
+                table=JOB_TRANSITIONS,
+                expected=[JobStatus.PENDING, JobStatus.RUNNING],
+                new=JobStatus.FINISHED,
+                heartbeat_deadline=None,
+            )
+        else:
+            mark_job_running(job_id)
+        if job.heartbeat_overdue_since is not None:
+            _end_heartbeat_silence(job, now)
+    job.refresh_from_db()
+    return job
+
+
+def _end_heartbeat_silence(job: Job, now: datetime) -> None:
+    """Heartbeats are back: clear the edge trigger and resolve the watchdog's alert."""
+    Job.objects.filter(pk=job.pk).update(heartbeat_overdue_since=None)
+    alert = active_alert(job.pk, HEARTBEAT_RULE_KEY, "")
+    if alert is not None:
+        silent = (now - job.heartbeat_overdue_since).total_seconds()
+        resolve_alert(
+            alert.pk,
+            reason=f"heartbeats are back ({silent:.1f} s after the alert)",
+            step=job.last_heartbeat_step,
+            now=now,
+        )

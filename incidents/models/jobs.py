@@ -1,0 +1,168 @@
+"""Teams, roles, jobs, nodes and agent tokens."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+from django.conf import settings
+from django.db import models
+
+# AppendOnlyError is re-exported: callers catch it from here.
+from core.append_only import AppendOnlyError, AppendOnlyModel, AppendOnlyQuerySet  # noqa: F401
+
+TOKEN_PREFIX = "bkl_"
+
+
+class Role(models.TextChoices):
+    # Ordered: each role may do everything the one before it may (see incidents.teams.authority).
+    VIEWER = "viewer", "Viewer"
+    ONCALL = "oncall", "On-call"
+    MANAGER = "manager", "Manager"
+    ADMIN = "admin", "Admin"
+
+
+class Team(models.Model):
+    name = models.CharField(max_length=100, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Membership(models.Model):
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "team"], name="one_role_per_team")]
+
+    def __str__(self) -> str:
+        return f"{self.user} is {self.role} of {self.team}"
+
+
+class JobKind(models.TextChoices):
+    TRAINING = "training", "Training"
+    INFERENCE = "inference", "Inference"
+
+
+class JobStatus(models.TextChoices):
+    PENDING = "pending", "Pending"  # created, the agent has not spoken yet
+    RUNNING = "running", "Running"
+    PAUSING = "pausing", "Pausing"  # checkpoint_and_pause issued, not yet confirmed saved
+    PAUSED = "paused", "Paused"
+    TERMINATED = "terminated", "Terminated"
+    FINISHED = "finished", "Finished"
+
+
+JOB_TRANSITIONS: dict[str, set[str]] = {
+    JobStatus.PENDING: {
+        JobStatus.RUNNING,
+        JobStatus.PAUSING,
+        JobStatus.TERMINATED,
+        JobStatus.FINISHED,
+    },
+    JobStatus.RUNNING: {
+        JobStatus.PAUSING,
+        JobStatus.PAUSED,
+        JobStatus.TERMINATED,
+        JobStatus.FINISHED,
+    },
+    JobStatus.PAUSING: {JobStatus.PAUSED, JobStatus.RUNNING, JobStatus.TERMINATED},
+    JobStatus.PAUSED: {JobStatus.RUNNING, JobStatus.TERMINATED},
+    JobStatus.TERMINATED: set(),
+    JobStatus.FINISHED: set(),
+}
+
+
+class AgentStatus(models.TextChoices):
+    """What the training process last said of itself in a heartbeat."""
+
+    RUNNING = "running", "Running"
+    PAUSED = "paused", "Paused"
+    CHECKPOINTING = "checkpointing", "Checkpointing"
+    FINISHED = "finished", "Finished"
+
+
+class Job(models.Model):
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="jobs")
+    name = models.CharField(max_length=200)
+    kind = models.CharField(max_length=16, choices=JobKind.choices, default=JobKind.TRAINING)
+    status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.PENDING)
+    agent_status = models.CharField(max_length=16, choices=AgentStatus.choices, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    last_metric_at = models.DateTimeField(null=True, blank=True)
+    current_step = models.BigIntegerField(null=True, blank=True)
+    # Step and time of the last heartbeat, kept apart from current_step (which metrics move
+    # too) so the step time is measured between two heartbeats only.
+    last_heartbeat_step = models.BigIntegerField(null=True, blank=True)
+    # Seconds per training step, measured from successive heartbeats (moving average).
+    step_time_seconds = models.FloatField(null=True, blank=True)
+    # When the next heartbeat is due at the latest; the watchdog's one indexed query reads it.
+    heartbeat_deadline = models.DateTimeField(null=True, blank=True, db_index=True)
+    # Set when the watchdog raised the heartbeat alert of this silence (edge trigger: once per
+    # episode); cleared by the next heartbeat, which also resolves that alert.
+    heartbeat_overdue_since = models.DateTimeField(null=True, blank=True)
+    heartbeat_timeout_seconds = models.FloatField(
+        null=True, blank=True, help_text="Leave empty for the default: 8x the measured step time."
+    )
+    agent_pid = models.IntegerField(null=True, blank=True)
+    agent_hostname = models.CharField(max_length=255, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["team", "name"], name="job_name_unique_in_team")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.team.name}/{self.name}"
+
+
+class NodeStatus(models.TextChoices):
+    HEALTHY = "healthy", "Healthy"
+    FAILED = "failed", "Failed"
+    ISOLATED = "isolated", "Isolated"
+
+
+class Node(models.Model):
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="nodes")
+    hostname = models.CharField(max_length=200)
+    rank = models.IntegerField(null=True, blank=True)
+    status = models.CharField(max_length=16, choices=NodeStatus.choices, default=NodeStatus.HEALTHY)
+    first_seen_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "hostname"], name="node_unique_in_job")
+        ]
+
+    def __str__(self) -> str:
+        return self.hostname
+
+
+def hash_token(raw_token: str) -> str:
+    # Agent tokens are 256-bit random strings, so a fast unsalted hash is safe here (no
+    # dictionary to attack), and it keeps per-request authentication to one index lookup.
+    return hashlib.sha256(raw_token.encode()).hexdigest()
+
+
+class AgentToken(models.Model):
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="tokens")
+    token_hash = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=12, help_text="The first characters, to recognise it.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… for {self.job}"
+
+    @classmethod
+    def issue(cls, job: Job) -> tuple[AgentToken, str]:
+        """Create a token for ``job``; the raw token is returned once and never stored."""
+        raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        token = cls.objects.create(job=job, token_hash=hash_token(raw), prefix=raw[:12])
+        return token, raw

@@ -1,0 +1,465 @@
+"""Notifications: who is paged, on which channels, what they read, and every delivery recorded.
+
+An alert raised (or escalated) calls ``notify_alert`` inside its transaction; after commit a
+task runs ``dispatch_alert``: round 0 pages the person on call on the channels the team's
+policy routes the alert's layer and level to, one delivery (one task) per channel and person,
+so a failing channel never delays the others. Unacknowledged after the policy's time, round 1
+pages the managers, and so on until someone acknowledges. Acknowledging stops everything: each
+delivery and each round re-checks, in the same UPDATE that claims it, that the alert is still
+firing, and cancels itself (and the alert's other pending rows) when it is not.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from core.transitions import compare_and_swap
+from incidents.alerts.lifecycle import append_timeline
+from incidents.models import (
+    DELIVERY_TRANSITIONS,
+    ROUND_TRANSITIONS,
+    Alert,
+    AlertStatus,
+    Contact,
+    Delivery,
+    DeliveryStatus,
+    Membership,
+    NotificationPolicy,
+    NotificationRound,
+    Role,
+    RoundStatus,
+    TimelineKind,
+)
+from incidents.notifications import senders as channels
+from incidents.notifications.routing import (
+    DIGEST,
+    AlertFacts,
+    Message,
+    backoff_seconds,
+    channels_for,
+    render,
+)
+from incidents.teams.oncall import who_is_on_call
+
+log = logging.getLogger(__name__)
+
+
+def _tasks() -> Any:
+    from incidents.notifications import tasks  # the tasks import this module
+
+    return tasks
+
+
+def policy_for(team_id: int) -> NotificationPolicy:
+    """The team's policy; the default policy (unsaved) when it has none (docs/design.md
+    "Notifications and paging")."""
+    policy = NotificationPolicy.objects.filter(team_id=team_id).first()
+    return policy if policy is not None else NotificationPolicy(team_id=team_id)
+
+
+def notifications_configured(team_id: int) -> bool:
+    return NotificationPolicy.objects.filter(team_id=team_id).exists()
+
+
+def notify_alert(alert_id: int) -> None:
+    """Call inside the transaction that raised or escalated the alert: notifies after commit."""
+    transaction.on_commit(lambda: _tasks().dispatch_alert_task.delay(alert_id))
+
+
+# --- Content ---------------------------------------------------------------------------------
+
+
+def job_link(job_id: int) -> str:
+    base = str(settings.BRAKELINE_PUBLIC_URL).rstrip("/")
+    return f"{base}/jobs/{job_id}/"
+
+
+def alert_message(alert: Alert) -> Message:
+    job = alert.job
+    return render(
+        AlertFacts(
+            level=alert.severity,
+            team=job.team.name,
+            job_id=job.pk,
+            job_name=job.name,
+            metric=alert.metric,
+            value=alert.value,
+            threshold=alert.threshold,
+            step=alert.step,
+            duration_seconds=alert.duration_seconds,
+            duration_steps=alert.duration_steps,
+            node=alert.node,
+            action=alert.action,
+            runbook_suggestion=alert.runbook_suggestion,
+            link=job_link(job.pk),
+        )
+    )
+
+
+# --- Rounds ----------------------------------------------------------------------------------
+
+
+def dispatch_alert(alert_id: int, *, now: datetime | None = None) -> list[int]:
+    """Round 0 of the alert at its current level (once: a second call finds the round)."""
+    now = now or timezone.now()
+    alert = Alert.objects.select_related("job__team").get(pk=alert_id)
+    if alert.status != AlertStatus.FIRING or alert.layer == "performance":
+        return []  # acknowledged already, or a digest finding
+    if not notifications_configured(alert.job.team_id):
+        # A team that never set up notifications has no addresses to page: say so in the log
+        # rather than fill its timeline with failed deliveries.
+        log.warning(
+            "team %r (id %s) has no notification policy: %s alert %s pages nobody",
+            alert.job.team.name, alert.job.team_id, alert.severity, alert_id,
+        )  # fmt: skip
+        return []
+    try:
+        with transaction.atomic():
+            round_ = NotificationRound.objects.create(
+                alert=alert, severity=alert.severity, number=0, due_at=now
+            )
+    except IntegrityError:
+        return []
+    return fire_round(round_.pk, now=now) or []
+
+
+def fire_round(round_id: int, *, now: datetime | None = None) -> list[int] | None:
+    """Page the round's people; None when it is not due yet (the task comes back later)."""
+    now = now or timezone.now()
+    alert_id = (
+        NotificationRound.objects.filter(pk=round_id).values_list("alert_id", flat=True).first()
+    )
+    if alert_id is None:
+        return []  # the alert (and its rounds) is gone; an ETA task outlived it
+    with transaction.atomic():
+        # The alert's row lock orders this round against an acknowledgement (its UPDATE
+        # waits) and against a second copy of this task (which then finds the round fired).
+        alert = Alert.objects.select_for_update().select_related("job__team").get(pk=alert_id)
+        round_ = NotificationRound.objects.get(pk=round_id)
+        if round_.status != RoundStatus.SCHEDULED:
+            return []
+        if round_.due_at > now:
+            return None
+        if alert.status != AlertStatus.FIRING or alert.severity != round_.severity:
+            _cancel_round(round_.pk)
+            return []
+        if not compare_and_swap(
+            NotificationRound,
+            round_.pk,
+            table=ROUND_TRANSITIONS,
+            expected=[RoundStatus.SCHEDULED],
+            new=RoundStatus.FIRED,
+            fired_at=now,
+        ):
+            return []
+        policy = policy_for(alert.job.team_id)
+        people = _people_for_round(alert.job.team_id, round_.number, now)
+        ids = _plan_deliveries(alert, round_, policy, people, now)
+        _schedule_next_round(alert, round_, policy, now)
+        transaction.on_commit(lambda: fan_out(ids))
+    return ids
+
+
+def _people_for_round(team_id: int, number: int, now: datetime) -> list[Any]:
+    """Round 0: the person on call (the managers when nobody is); later rounds: the managers."""
+    on_call = who_is_on_call(team_id, now)[:1]
+    if number == 0 and on_call:
+        return on_call
+    return managers_of(team_id)
+
+
+def managers_of(team_id: int) -> list[Any]:
+    """The team's managers; its admins when it has none (someone must be reachable)."""
+    for role in (Role.MANAGER, Role.ADMIN):
+        members = Membership.objects.filter(team_id=team_id, role=role).select_related("user")
+        people = [m.user for m in members.order_by("id")]
+        if people:
+            return people
+    return []
+
+
+def _schedule_next_round(
+    alert: Alert, round_: NotificationRound, policy: NotificationPolicy, now: datetime
+) -> None:
+    if alert.severity < policy.escalate_min_level or round_.number >= policy.max_rounds:
+        return
+    due = now + timedelta(seconds=policy.ack_timeout_seconds)
+    following, created = NotificationRound.objects.get_or_create(
+        alert=alert, severity=round_.severity, number=round_.number + 1, defaults={"due_at": due}
+    )
+    if created:
+        transaction.on_commit(
+            lambda: _tasks().fire_round_task.apply_async((following.pk,), eta=due)
+        )
+
+
+def fire_due_rounds(*, now: datetime | None = None) -> list[int]:
+    """Fire every scheduled round that is due (beat's safety net for lost ETA tasks)."""
+    now = now or timezone.now()
+    due = NotificationRound.objects.filter(status=RoundStatus.SCHEDULED, due_at__lte=now)
+    fired: list[int] = []
+    for round_id in due.values_list("pk", flat=True):
+        fired.extend(fire_round(round_id, now=now) or [])
+    return fired
+
+
+def _cancel_round(round_id: int) -> None:
+    compare_and_swap(
+        NotificationRound,
+        round_id,
+        table=ROUND_TRANSITIONS,
+        expected=[RoundStatus.SCHEDULED],
+        new=RoundStatus.CANCELLED,
+    )
+
+
+def stop_notifications(alert_id: int) -> int:
+    """Cancel the alert's scheduled rounds and queued deliveries; how many rows stopped."""
+    stopped = 0
+    with transaction.atomic():
+        for round_id in NotificationRound.objects.filter(
+            alert_id=alert_id, status=RoundStatus.SCHEDULED
+        ).values_list("pk", flat=True):
+            _cancel_round(round_id)
+            stopped += 1
+        stopped += Delivery.objects.filter(alert_id=alert_id, status=DeliveryStatus.QUEUED).update(
+            status=DeliveryStatus.CANCELLED
+        )
+    return stopped
+
+
+# --- Deliveries ------------------------------------------------------------------------------
+
+
+def _address(channel: str, person: Any, policy: NotificationPolicy) -> str:
+    if channel == "chat":
+        return policy.chat_webhook_url
+    if channel == "email":
+        return person.email or ""
+    contact = Contact.objects.filter(user=person).first()
+    return contact.phone if contact is not None else ""
+
+
+def _plan_deliveries(
+    alert: Alert,
+    round_: NotificationRound,
+    policy: NotificationPolicy,
+    people: list[Any],
+    now: datetime,
+) -> list[int]:
+    """One queued delivery per channel and person (one chat message per round names them all);
+    a missing address is a failed delivery at once, so the gap shows on the timeline."""
+    message = alert_message(alert)
+    names = ", ".join(p.get_username() for p in people) or "nobody (no on-call, no managers)"
+    body = f"{message.body}\nPaging: {names} (round {round_.number})"
+    ids = []
+    for channel in channels_for(policy.rules, alert.layer, alert.severity):
+        if channel == DIGEST:
+            continue
+        targets = people[:1] if channel == "chat" else people
+        for person in targets or [None]:
+            address = _address(channel, person, policy) if person or channel == "chat" else ""
+            delivery = Delivery.objects.create(
+                team_id=alert.job.team_id,
+                alert=alert,
+                round=round_,
+                incident_id=alert.incident_id,
+                recipient=person,
+                channel=channel,
+                address=address,
+                purpose="alert" if round_.number == 0 else "escalation",
+                first_line=message.first_line,
+                body=body,
+            )
+            if not address:
+                _finish(delivery, "failed", f"no {channel} address for {person}", None, now)
+            else:
+                ids.append(delivery.pk)
+    return ids
+
+
+def queue_message(
+    team_id: int, person: Any, channel: str, message: Message, *, purpose: str, incident_id=None
+) -> Delivery:
+    """A delivery that is no alert's (a test, an escalation request), queued after commit."""
+    policy = policy_for(team_id)
+    address = _address(channel, person, policy)
+    with transaction.atomic():
+        delivery = Delivery.objects.create(
+            team_id=team_id,
+            incident_id=incident_id,
+            recipient=person,
+            channel=channel,
+            address=address,
+            purpose=purpose,
+            first_line=message.first_line,
+            body=message.body,
+        )
+        if not address:
+            _finish(delivery, "failed", f"no {channel} address for {person}", None, timezone.now())
+        else:
+            transaction.on_commit(lambda: fan_out([delivery.pk]))
+    return delivery
+
+
+def fan_out(delivery_ids: list[int]) -> None:
+    for delivery_id in delivery_ids:
+        _tasks().send_delivery_task.delay(delivery_id)
+
+
+def _claim(delivery: Delivery) -> bool:
+    """Take the next attempt (attempts is the compare-and-swap counter), and only while the
+    alert still fires: the acknowledgement check and the claim are one UPDATE."""
+    rows = Delivery.objects.filter(
+        pk=delivery.pk, status=DeliveryStatus.QUEUED, attempts=delivery.attempts
+    )
+    if delivery.alert_id is not None:
+        rows = rows.filter(alert__status=AlertStatus.FIRING)
+    return rows.update(attempts=F("attempts") + 1) == 1
+
+
+def attempt_delivery(
+    delivery_id: int, *, now: datetime | None = None, expected_attempts: int | None = None
+) -> float | None:
+    """Send the delivery once; seconds to wait before a retry, or None when it is finished.
+
+    With ``expected_attempts`` (the tasks always pass it) only that attempt is sent: while one
+    worker is mid-send, the row still reads "queued", and without it a second worker would
+    claim the next attempt and page the person twice."""
+    delivery = Delivery.objects.select_related("recipient").get(pk=delivery_id)
+    if delivery.status != DeliveryStatus.QUEUED:
+        return None
+    if expected_attempts is not None and delivery.attempts != expected_attempts:
+        return None
+    if not _claim(delivery):
+        alert = Alert.objects.filter(pk=delivery.alert_id).first()
+        if alert is not None and alert.status != AlertStatus.FIRING:
+            stop_notifications(alert.pk)  # acknowledged or resolved: nothing more goes out
+        return None
+    delivery.attempts += 1
+    policy = policy_for(delivery.team_id)
+    outgoing = channels.Outgoing(
+        delivery.channel,
+        delivery.address,
+        Message(delivery.first_line, delivery.body),
+        policy.chat_format,
+    )
+    result = channels.send(outgoing)
+    max_attempts = int(settings.NOTIFY_MAX_ATTEMPTS)
+    if result.outcome == "failed" and result.transient and delivery.attempts < max_attempts:
+        Delivery.objects.filter(pk=delivery.pk).update(
+            provider_response=result.provider_response, latency_ms=result.latency_ms
+        )
+        base = float(settings.NOTIFY_RETRY_BASE_SECONDS)
+        return backoff_seconds(delivery.attempts, base=base)
+    with transaction.atomic():
+        _finish(delivery, result.outcome, result.provider_response, result, now or timezone.now())
+    return None
+
+
+def _finish(
+    delivery: Delivery,
+    outcome: str,
+    response: str,
+    result: channels.DeliveryResult | None,
+    now: datetime,
+) -> None:
+    """queued → sent / delivered / failed, with its timeline row (call inside a transaction)."""
+    stamp = {"sent": "sent_at", "delivered": "delivered_at", "failed": "failed_at"}[outcome]
+    extra: dict[str, Any] = {stamp: now, "provider_response": response[:4000]}
+    if outcome == "delivered":
+        extra["sent_at"] = now
+    if result is not None:
+        extra.update(latency_ms=result.latency_ms, provider_id=result.provider_id)
+    won = compare_and_swap(
+        Delivery,
+        delivery.pk,
+        table=DELIVERY_TRANSITIONS,
+        expected=[DeliveryStatus.QUEUED],
+        new=outcome,
+        **extra,
+    )
+    if won and delivery.incident_id is not None:
+        _timeline(delivery, outcome, extra.get("latency_ms"), now)
+
+
+def _timeline(delivery: Delivery, outcome: str, latency: float | None, now: datetime) -> None:
+    who = delivery.recipient.get_username() if delivery.recipient else "the team"
+    kind = (
+        TimelineKind.NOTIFICATION_DELIVERED
+        if outcome == "delivered"
+        else TimelineKind.NOTIFICATION_SENT
+    )
+    append_timeline(
+        delivery.incident_id,
+        kind,
+        f"{delivery.channel} to {who} {outcome} after {delivery.attempts} attempt(s): "
+        f"{delivery.first_line}",
+        at=now,
+        alert_id=delivery.alert_id,
+        data={
+            "delivery_id": delivery.pk,
+            "channel": delivery.channel,
+            "status": outcome,
+            "attempts": delivery.attempts,
+            "latency_ms": latency,
+            "purpose": delivery.purpose,
+        },
+    )
+
+
+RECEIPT_OUTCOMES = {
+    "delivered": DeliveryStatus.DELIVERED,
+    "completed": DeliveryStatus.DELIVERED,  # a call that was answered
+    "failed": DeliveryStatus.FAILED,
+    "undelivered": DeliveryStatus.FAILED,
+    "busy": DeliveryStatus.FAILED,
+    "no-answer": DeliveryStatus.FAILED,
+    "canceled": DeliveryStatus.FAILED,
+}
+
+
+def record_receipt(provider_id: str, provider_status: str, *, now: datetime | None = None) -> bool:
+    """The provider's status callback: sent → delivered / failed, with its timeline row.
+    False for an unknown id, an interim state (ringing, queued …) or a row already final."""
+    outcome = RECEIPT_OUTCOMES.get(provider_status.lower())
+    delivery = Delivery.objects.filter(provider_id=provider_id).exclude(provider_id="").first()
+    if outcome is None or delivery is None:
+        return False
+    now = now or timezone.now()
+    stamp = "delivered_at" if outcome == DeliveryStatus.DELIVERED else "failed_at"
+    with transaction.atomic():
+        won = compare_and_swap(
+            Delivery,
+            delivery.pk,
+            table=DELIVERY_TRANSITIONS,
+            expected=[DeliveryStatus.SENT],
+            new=outcome,
+            **{stamp: now},
+        )
+        if won and delivery.incident_id is not None:
+            _timeline(delivery, outcome, delivery.latency_ms, now)
+    return won
+
+
+def last_delivered(team_id: int) -> dict[str, str | None]:
+    """Per channel, when the team's last delivery got through (the team page's status)."""
+    result: dict[str, str | None] = {}
+    for channel in channels.ADAPTERS:
+        last = (
+            Delivery.objects.filter(
+                team_id=team_id, channel=channel, status=DeliveryStatus.DELIVERED
+            )
+            .order_by("-delivered_at")
+            .values_list("delivered_at", flat=True)
+            .first()
+        )
+        result[channel] = last.isoformat() if last else None
+    return result

@@ -1,0 +1,225 @@
+"""What people do to notifications: set the team's policy, their contact, send a test; and the
+pages that are no alert's (escalation requests waiting for a manager, a failed Slurm call).
+
+Policy changes belong to admins (``Action.MANAGE_NOTIFICATIONS``): the channels decide whether
+an L3 reaches a phone at all.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.utils import timezone
+
+from core.errors import InvalidInput
+from incidents.models import (
+    Alert,
+    ChatFormat,
+    Contact,
+    Delivery,
+    EscalationRequest,
+    Incident,
+    Membership,
+    NotificationPolicy,
+    Team,
+)
+from incidents.notifications.delivery import (
+    job_link,
+    managers_of,
+    notifications_configured,
+    queue_message,
+)
+from incidents.notifications.routing import (
+    CHANNELS,
+    LEVELS,
+    Message,
+    PolicyError,
+    number,
+    validate_rules,
+)
+from incidents.teams.access import role_in_team, scoped_get
+from incidents.teams.audit import AuditContext, audited
+from incidents.teams.authority import Action, decide
+from incidents.teams.oncall import who_is_on_call
+
+POLICY_FIELDS = ("rules", "chat_webhook_url", "chat_format", "ack_timeout_seconds")
+
+
+def _admin_team(user: Any, team_id: int, attempt: Any) -> Team:
+    team = scoped_get(Team.objects, user, team_id, team_path="id", noun="team", attempt=attempt)
+    attempt.check(decide(role_in_team(user, team.pk), Action.MANAGE_NOTIFICATIONS))
+    return team
+
+
+def clean_policy(data: dict[str, Any]) -> dict[str, Any]:
+    """The policy fields given, checked; InvalidInput carries the paging rules' reason (400)."""
+    clean: dict[str, Any] = {}
+    if "rules" in data:
+        try:
+            clean["rules"] = validate_rules(data["rules"])
+        except PolicyError as error:
+            raise InvalidInput(str(error), fields={"rules": str(error)}) from None
+    if "chat_format" in data and data["chat_format"] not in ChatFormat.values:
+        raise InvalidInput("Unknown chat format.", fields={"chat_format": "generic or slack"})
+    timeout = data.get("ack_timeout_seconds", 300)
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or not 30 <= timeout <= 86400:
+        raise InvalidInput(
+            "ack_timeout_seconds must be a whole number of seconds from 30 to 86400.",
+            fields={"ack_timeout_seconds": "30 ≤ seconds ≤ 86400"},
+        )
+    if data.get("escalate_min_level", "L2") not in LEVELS:
+        raise InvalidInput("Unknown level.", fields={"escalate_min_level": "L1 … L4"})
+    for name in (*POLICY_FIELDS, "escalate_min_level"):
+        if name in data and name not in clean:
+            clean[name] = data[name]
+    return clean
+
+
+def save_policy(
+    user: Any, team_id: int, data: dict[str, Any], *, context: AuditContext | None = None
+) -> NotificationPolicy:
+    """Create or change the team's notification policy (admins)."""
+    with audited(user, Action.MANAGE_NOTIFICATIONS, "team", team_id, context) as attempt:
+        team = _admin_team(user, team_id, attempt)
+        fields = clean_policy(data)
+        with transaction.atomic():
+            policy, _ = NotificationPolicy.objects.select_for_update().get_or_create(team=team)
+            for name, value in fields.items():
+                setattr(policy, name, value)
+            policy.save()
+            attempt.succeeded(f"notification policy of {team.name}: {sorted(fields)}")
+    return policy
+
+
+def set_contact(
+    user: Any, team_id: int, person_id: int, phone: str, *, context: AuditContext | None = None
+) -> Contact:
+    """Set a member's phone number (admins)."""
+    with audited(user, Action.MANAGE_NOTIFICATIONS, "user", person_id, context) as attempt:
+        team = _admin_team(user, team_id, attempt)
+        person = _member(team, person_id)
+        phone = phone.strip()
+        if phone and not (phone.startswith("+") and phone[1:].isdigit() and len(phone) <= 16):
+            raise InvalidInput(
+                "A phone number in E.164 form (+15551234567).", fields={"phone": phone}
+            )
+        contact, _ = Contact.objects.update_or_create(user=person, defaults={"phone": phone})
+        attempt.succeeded(f"contact of {person}: {phone or 'none'}")
+    return contact
+
+
+def _member(team: Team, person_id: int) -> Any:
+    person = get_user_model().objects.filter(pk=person_id).first()
+    if person is None or role_in_team(person, team.pk) is None:
+        raise InvalidInput(
+            f"User {person_id} is not a member of team {team.name!r}.",
+            fields={"user_id": "must be a member of the team"},
+        )
+    return person
+
+
+def send_test_notification(
+    user: Any, team_id: int, person_id: int, channel: str, *, context: AuditContext | None = None
+) -> Delivery:
+    """A test message to one person on one channel (admins); the delivery says how it went."""
+    with audited(user, Action.MANAGE_NOTIFICATIONS, "team", team_id, context) as attempt:
+        team = _admin_team(user, team_id, attempt)
+        if channel not in CHANNELS:
+            raise InvalidInput("Unknown channel.", fields={"channel": ", ".join(CHANNELS)})
+        person = _member(team, person_id)
+        message = Message(
+            f"TEST {team.name}: a test notification to {person} by {channel}",
+            f"Sent by {user} from the Brakeline console. Nothing is wrong.",
+        )
+        delivery = queue_message(team.pk, person, channel, message, purpose="test")
+        attempt.succeeded(f"test {channel} to {person}: delivery #{delivery.pk}")
+    return delivery
+
+
+def notify_escalation_request(request_id: int, *, expired: bool) -> list[int]:
+    """Chat and e-mail the team's managers: a request waits for a decision (or expired)."""
+    request = EscalationRequest.objects.select_related("job__team").get(pk=request_id)
+    job = request.job
+    if not notifications_configured(job.team_id):
+        return []
+    what = "expired undecided" if expired else "awaits a manager's decision"
+    message = Message(
+        f"{request.level or 'L?'} {job.team.name}/{job.name}: escalation #{request.pk} "
+        f"({request.command_kind}) {what}",
+        f"Reason: {request.reason}\nOpen: {job_link(job.pk)}",
+    )
+    ids = []
+    for person in managers_of(job.team_id):
+        for channel in ("chat", "email"):
+            ids.append(
+                queue_message(
+                    job.team_id,
+                    person,
+                    channel,
+                    message,
+                    purpose="escalation",
+                    incident_id=request.incident_id,
+                ).pk
+            )
+    return ids
+
+
+def notify_incident_people(incident_id: int, first_line: str, body: str) -> list[int]:
+    """Page the on-call person and the managers by phone and chat (a brake that failed)."""
+    incident = Incident.objects.select_related("job__team").get(pk=incident_id)
+    team_id = incident.job.team_id
+    if not notifications_configured(team_id):
+        return []
+    people = list(dict.fromkeys([*who_is_on_call(team_id)[:1], *managers_of(team_id)]))
+    message = Message(first_line, body + f"\nOpen: {job_link(incident.job_id)}")
+    return [
+        queue_message(
+            team_id, person, channel, message, purpose="scheduler", incident_id=incident_id
+        ).pk
+        for person in people
+        for channel in ("phone", "chat")
+    ]
+
+
+def send_daily_digest(team_id: int, *, now: datetime | None = None) -> list[int]:
+    """E-mail the team's performance findings of the last 24 h to its members (docs/design.md:
+    a daily digest, never a phone). Once per team and day: the day is in the first line, and the
+    policy row's lock serialises two beats asking at once."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        policy = NotificationPolicy.objects.select_for_update().filter(team_id=team_id).first()
+        if policy is None:
+            return []
+        team = policy.team
+        findings = list(
+            Alert.objects.filter(
+                job__team_id=team_id,
+                layer="performance",
+                raised_at__gte=now - timedelta(days=1),
+                raised_at__lt=now,
+            )
+            .select_related("job")
+            .order_by("raised_at")
+        )
+        day = f"Daily digest {team.name} {now:%Y-%m-%d}:"
+        sent = Delivery.objects.filter(
+            team_id=team_id, purpose="digest", first_line__startswith=day
+        )
+        if not findings or sent.exists():
+            return []
+        first_line = f"{day} {len(findings)} performance finding(s)"
+        lines = [
+            f"{a.raised_at:%H:%M} {a.job.name}: {a.metric} = {number(a.value)} (threshold "
+            f"{number(a.threshold)}) — {a.runbook_suggestion} {job_link(a.job_id)}"
+            for a in findings
+        ]
+        message = Message(first_line, "\n".join(lines))
+        members = Membership.objects.filter(team_id=team_id).select_related("user").order_by("id")
+        return [
+            queue_message(team_id, m.user, "email", message, purpose="digest").pk
+            for m in members
+            if m.user.email
+        ]

@@ -1,0 +1,57 @@
+"""Notification tasks: ids in, idempotent (every step is a compare-and-swap), acks_late.
+
+In the embedded mode tasks are eager, where ``self.retry`` raises instead of retrying and an
+ETA is ignored: transient failures are then retried at once (capped by NOTIFY_MAX_ATTEMPTS),
+and rounds not yet due are left to ``fire_due_rounds`` (the periodic sweep).
+"""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from incidents.models import NotificationPolicy
+from incidents.notifications import delivery as notifications
+from incidents.notifications import policy as notify_services
+
+
+@shared_task(name="notifications.dispatch_alert", acks_late=True, ignore_result=True)
+def dispatch_alert_task(alert_id: int) -> None:
+    notifications.dispatch_alert(alert_id)
+
+
+@shared_task(
+    name="notifications.fire_round", bind=True, acks_late=True, ignore_result=True, max_retries=None
+)
+def fire_round_task(self, round_id: int) -> None:
+    if notifications.fire_round(round_id) is None and not self.request.is_eager:
+        # Handed out early (a broker's visibility timeout can redeliver an ETA task).
+        raise self.retry(countdown=5)
+
+
+@shared_task(name="notifications.fire_due_rounds", acks_late=True, ignore_result=True)
+def fire_due_rounds_task() -> None:
+    notifications.fire_due_rounds()
+
+
+@shared_task(
+    name="notifications.send_delivery",
+    bind=True,
+    acks_late=True,
+    ignore_result=True,
+    max_retries=None,
+)
+def send_delivery_task(self, delivery_id: int, attempt: int = 0) -> None:
+    # Each task owns one attempt number: a duplicate message, or a second worker, finds the
+    # attempt already taken and sends nothing. Only transient failures come back with a delay.
+    retry_in = notifications.attempt_delivery(delivery_id, expected_attempts=attempt)
+    while retry_in is not None and self.request.is_eager:
+        attempt += 1
+        retry_in = notifications.attempt_delivery(delivery_id, expected_attempts=attempt)
+    if retry_in is not None:
+        raise self.retry(args=(delivery_id, attempt + 1), countdown=retry_in)
+
+
+@shared_task(name="notifications.daily_digest", acks_late=True, ignore_result=True)
+def daily_digest_task() -> None:
+    for team_id in NotificationPolicy.objects.values_list("team_id", flat=True):
+        notify_services.send_daily_digest(team_id)
