@@ -18,9 +18,11 @@ PYTEST_ARGS ?=
 
 .PHONY: install demo test lint bench clean
 
-$(STAMP): pyproject.toml
+# Two distributions, both editable: the SDK (sdk/, `brakeline`) and the console with its test
+# dependencies (`brakeline-console[dev]`).
+$(STAMP): pyproject.toml sdk/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e './sdk[ws]' -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -34,6 +36,9 @@ test: install
 
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 # Benchmarks print their figures (medians, ratios to a baseline measured in the same run).
 bench: install

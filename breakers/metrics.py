@@ -29,6 +29,7 @@ from django.db import connection, transaction
 from breakers.detection.engine import RuleSpec
 from breakers.detection.rules import effective_rules
 from breakers.models import Command, MetricPoint
+from core.nonfinite import encode
 from incidents.models import Alert, Job, TimelineEntry, TimelineKind
 
 TABLE = MetricPoint._meta.db_table
@@ -101,13 +102,6 @@ def step_range(job_id: int, name: str) -> tuple[int, int] | None:
         )
         low, high = cursor.fetchone()
     return None if low is None else (int(low), int(high))
-
-
-def _strict(value: float) -> float | str:
-    """Strict JSON: non-finite values travel as the strings the agent protocol uses."""
-    if math.isfinite(value):
-        return value
-    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
 
 
 def _bucket_from_row(row: tuple) -> Bucket:
@@ -265,7 +259,7 @@ def series(
         for step, epoch, value in bucket.points:
             steps.append(step)
             times.append(round(epoch, 3))
-            values.append(_strict(value) if isinstance(value, float) else value)
+            values.append(encode(value) if isinstance(value, float) else value)
             finite = isinstance(value, float) and math.isfinite(value)
             lower.append(edge[0] if edge and finite else None)
             upper.append(edge[1] if edge and finite else None)
@@ -325,7 +319,8 @@ def markers(job: Job, limit: int = 200) -> dict[str, list[dict[str, Any]]]:
     for command in commands:
         step = command.result.get("step") if isinstance(command.result, dict) else None
         if not isinstance(step, int):
-            step = alert_steps.get(command.alert_id) or _step_at(job.pk, command.issued_at)
+            mark = alert_steps.get(command.alert_id) if command.alert_id is not None else None
+            step = mark or _step_at(job.pk, command.issued_at)
         label = COMMAND_LABELS.get(command.kind, command.kind)
         if command.kind == "lower_lr" and command.params.get("factor"):
             label = f"LR ×{command.params['factor']}"

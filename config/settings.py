@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -166,7 +167,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
-ROOT_URLCONF = "console.urls"
+ROOT_URLCONF = "config.urls"
 ASGI_APPLICATION = "config.asgi.application"
 WSGI_APPLICATION = None
 
@@ -189,7 +190,7 @@ DATA_DIR = Path(os.environ.get("BRAKELINE_DATA_DIR", BASE_DIR / "var"))
 
 if EMBEDDED:
     DATA_DIR.mkdir(parents=True, exist_ok=True)
-    DATABASES = {
+    DATABASES: dict[str, Any] = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": DATA_DIR / "brakeline.sqlite3",
@@ -236,7 +237,9 @@ LOGOUT_REDIRECT_URL = "/login/"
 # --- Redis-backed pieces: channel layer, cache, Celery -------------------------------------
 CHANNEL_PREFIX = os.environ.get("BRAKELINE_CHANNEL_PREFIX", "brakeline")
 if EMBEDDED:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CHANNEL_LAYERS: dict[str, dict[str, Any]] = {
+        "default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}
+    }
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 else:
     CHANNEL_LAYERS = {

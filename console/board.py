@@ -1,10 +1,9 @@
 """What the console pages show: jobs as rows that need attention, and the buttons each person
 may press. The pages only render this; the server decides everything here.
 
-Buttons come from ``incidents.teams.authority.decide`` with the person's role in the job's team (the
-same answer the REST endpoints give, so a button is never shown for a 403), and from the
-services' own state rules (``breakers.control.job_actions.PAUSABLE`` / ``PAUSED`` /
-``pause_level``), so a
+Buttons come from ``incidents.teams.authority.decide`` with the person's role in the job's
+team (the same answer the REST endpoints give, so a button is never shown for a 403), and from
+the job's state machine (``breakers.control.job_state.ACCEPTED_IN``, ``pause_level``), so a
 button is never shown for a 409 either. The browser gets each button as a URL, a fixed body
 and the fields to ask for; its JavaScript holds no rule.
 """
@@ -19,9 +18,9 @@ from typing import Any
 from django.db import connection
 from django.utils import timezone
 
-from breakers.control.commands import TERMINAL_JOB_STATUSES
-from breakers.control.job_actions import PAUSABLE, PAUSED, latest_pause, pause_level
-from breakers.models import Command, MetricPoint
+from breakers.control.job_actions import CONFIRMABLE, latest_pause, pause_level
+from breakers.control.job_state import ACCEPTED_IN
+from breakers.models import Command, CommandKind, MetricPoint
 from console.api.jobs import JobSerializer, visible_jobs
 from incidents.alerts.lifecycle import alert_payload
 from incidents.models import (
@@ -79,7 +78,10 @@ def job_buttons(role: str | None, job: Job, pause: Command | None = None) -> lis
     """Pause / resume / terminate / confirm buttons this person may press on this job now."""
     base = f"/api/v1/jobs/{job.pk}"
     buttons = []
-    if job.status in PAUSABLE and decide(role, Action.PAUSE_JOB).allowed:
+    if (
+        job.status in ACCEPTED_IN[CommandKind.CHECKPOINT_AND_PAUSE]
+        and decide(role, Action.PAUSE_JOB).allowed
+    ):
         buttons.append(
             Button(
                 "Pause",
@@ -92,11 +94,14 @@ def job_buttons(role: str | None, job: Job, pause: Command | None = None) -> lis
     awaiting = pause is not None and job.status == JobStatus.PAUSED and not _confirmed(pause)
     if awaiting and decide(role, Action.CONFIRM_PAUSE, pause_level(pause)).allowed:
         buttons += _confirm_buttons(base, job)
-    if job.status in PAUSED and decide(role, Action.RESUME_JOB).allowed:
+    if job.status in ACCEPTED_IN[CommandKind.RESUME] and decide(role, Action.RESUME_JOB).allowed:
         buttons.append(
             Button("Resume", f"{base}/resume", "primary", ask=[REASON], title=f"Resume {job.name}")
         )
-    if job.status not in TERMINAL_JOB_STATUSES and decide(role, Action.TERMINATE_JOB).allowed:
+    if (
+        job.status in ACCEPTED_IN[CommandKind.TERMINATE]
+        and decide(role, Action.TERMINATE_JOB).allowed
+    ):
         buttons.append(
             Button(
                 "Terminate",
@@ -349,7 +354,7 @@ def dashboard_rows(user: Any) -> list[dict[str, Any]]:
     rows = []
     for job in jobs:
         status = display_status(job)
-        pause = latest_pause(job.pk) if job.status in PAUSED else None
+        pause = latest_pause(job.pk) if job.status in CONFIRMABLE else None
         waiting = job.status == JobStatus.PAUSED and pause is not None and not _confirmed(pause)
         rank, why = attention(status, alerts[job.pk], waiting)
         levels = {level: 0 for level in ("L4", "L3", "L2", "L1")}

@@ -21,6 +21,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from core.nonfinite import spell
+
 
 @dataclass
 class SimulatedRun:
@@ -125,8 +127,4 @@ class SimulatedRun:
 
 
 def _encode(value: float) -> float | str:
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "Infinity" if value > 0 else "-Infinity"
-    return value
+    return value if math.isfinite(value) else spell(value)

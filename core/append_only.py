@@ -7,6 +7,9 @@ migration rejects UPDATE and DELETE from anyone.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any, NoReturn
+
 from django.db import models
 
 
@@ -20,18 +23,20 @@ def _refusal(model: type[models.Model], verb: str) -> AppendOnlyError:
 
 
 class AppendOnlyQuerySet(models.QuerySet):
-    def update(self, **kwargs):
+    def update(self, **kwargs: Any) -> NoReturn:
         raise _refusal(self.model, "updated")
 
-    def delete(self):
+    def delete(self) -> NoReturn:
         raise _refusal(self.model, "deleted")
 
     # Refused before bulk_update opens its transaction (an error inside would doom the caller's).
-    def bulk_update(self, objs, fields, batch_size=None):
+    def bulk_update(
+        self, objs: Iterable[Any], fields: Iterable[str], batch_size: int | None = None
+    ) -> NoReturn:
         raise _refusal(self.model, "updated")
 
     # What Collector uses for fast deletes.
-    def _raw_delete(self, using):
+    def _raw_delete(self, using: str | None) -> NoReturn:
         raise _refusal(self.model, "deleted")
 
 
@@ -43,10 +48,10 @@ class AppendOnlyModel(models.Model):
     class Meta:
         abstract = True
 
-    def save(self, *args, **kwargs):
+    def save(self, *args: Any, **kwargs: Any) -> None:
         if not self._state.adding:
             raise _refusal(type(self), "updated")
         super().save(*args, **kwargs)
 
-    def delete(self, *args, **kwargs):
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise _refusal(type(self), "deleted")

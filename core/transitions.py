@@ -37,7 +37,23 @@ def compare_and_swap(
     """Move row ``pk`` from one of ``expected`` to ``new``; True if this call won."""
     expected = list(expected)
     check_allowed(table, expected, new)
-    updated = model.objects.filter(pk=pk, **{f"{field}__in": expected}).update(
+    updated = model._default_manager.filter(pk=pk, **{f"{field}__in": expected}).update(
         **{field: new}, **other_fields
     )
     return updated == 1
+
+
+def compare_and_swap_all(
+    rows: models.QuerySet,
+    *,
+    table: Mapping[str, Iterable[str]],
+    expected: Iterable[str],
+    new: str,
+    field: str = "status",
+    **other_fields: Any,
+) -> int:
+    """The bulk form: every row of ``rows`` still in one of ``expected`` becomes ``new`` in one
+    UPDATE; returns how many did (rows another writer moved first are left as they are)."""
+    expected = list(expected)
+    check_allowed(table, expected, new)
+    return rows.filter(**{f"{field}__in": expected}).update(**{field: new}, **other_fields)

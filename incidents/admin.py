@@ -57,8 +57,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 class TimelineInline(admin.TabularInline):
     model = TimelineEntry
-    fields = ["at", "kind", "actor_kind", "actor", "step", "message"]
-    readonly_fields = fields
+    fields = readonly_fields = ("at", "kind", "actor_kind", "actor", "step", "message")
     extra = 0
     can_delete = False
 

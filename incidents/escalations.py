@@ -37,13 +37,14 @@ from incidents.models import (
 )
 from incidents.notifications.policy import notify_escalation_request
 from incidents.teams.access import role_in_team, scoped_get
-from incidents.teams.audit import AuditContext, audited
+from incidents.teams.audit import Attempt, AuditContext, audited
 from incidents.teams.authority import Action, decide, decide_on_escalation
+from incidents.teams.users import User, Visitor
 
 # What may be asked for: stronger than a soft mitigation, never "resume" (not an escalation).
 ESCALATION_KINDS = ("checkpoint_and_pause", "lower_lr", "pause_data", "terminate", "isolate_node")
 
-_DECISION_ROWS = {
+_DECISION_ROWS: dict[str, str] = {
     EscalationStatus.APPROVED: TimelineKind.ESCALATION_APPROVED,
     EscalationStatus.REJECTED: TimelineKind.ESCALATION_REJECTED,
 }
@@ -109,7 +110,7 @@ def clean_requested_action(kind: str, params: dict[str, Any] | None) -> dict[str
 
 
 def request_escalation(
-    user: Any,
+    user: User,
     job_id: int,
     *,
     kind: str,
@@ -167,7 +168,7 @@ def _clean_request(
 def _create_request(
     job: Job,
     alert: Alert | None,
-    user: Any,
+    user: User,
     kind: str,
     params: dict[str, Any],
     reason: str,
@@ -203,7 +204,9 @@ def _create_request(
 # --- Decisions ------------------------------------------------------------------------------
 
 
-def scoped_request(user: Any, request_id: int, attempt: Any = None) -> EscalationRequest:
+def scoped_request(
+    user: Visitor, request_id: int, attempt: Attempt | None = None
+) -> EscalationRequest:
     """The request if the user's teams may see it, else NotFound (404, never 403)."""
     return scoped_get(
         EscalationRequest.objects.select_related("job", "requested_by"),
@@ -215,7 +218,7 @@ def scoped_request(user: Any, request_id: int, attempt: Any = None) -> Escalatio
     )
 
 
-def check_decider(attempt: Any, user: Any, request: EscalationRequest, action: str) -> None:
+def check_decider(attempt: Attempt, user: User, request: EscalationRequest, action: str) -> None:
     """The authority on this decision by this person: role, and never their own request."""
     attempt.check(
         decide_on_escalation(
@@ -229,7 +232,7 @@ def check_decider(attempt: Any, user: Any, request: EscalationRequest, action: s
 
 
 def record_decision(
-    request: EscalationRequest, user: Any, status: str, note: str = ""
+    request: EscalationRequest, user: User, status: str, note: str = ""
 ) -> EscalationRequest:
     """pending → approved/rejected as a compare-and-swap, with its timeline row.
 
@@ -265,7 +268,7 @@ def record_decision(
 
 
 def reject_escalation(
-    user: Any, request_id: int, *, note: str = "", context: AuditContext | None = None
+    user: User, request_id: int, *, note: str = "", context: AuditContext | None = None
 ) -> EscalationRequest:
     """A manager (never the requester) says no; nothing is sent to the job."""
     with audited(user, Action.REJECT_ESCALATION, "escalation", request_id, context) as attempt:
@@ -335,7 +338,7 @@ def _timeline(
     message: str,
     *,
     at: datetime,
-    actor: Any,
+    actor: User | None,
     data: dict[str, Any] | None = None,
 ) -> None:
     if request.incident_id is None:

@@ -31,15 +31,16 @@ from incidents.alerts.lifecycle import (  # noqa: F401
     resolve_alert,
 )
 from incidents.models import (
+    JOB_EVENTS,
     JOB_TRANSITIONS,
     AgentToken,
     Job,
     JobKind,
-    JobStatus,
     Membership,
     Role,
     Team,
     hash_token,
+    job_statuses_for,
 )
 from incidents.teams.audit import AuditContext, audited
 from incidents.teams.authority import Action
@@ -178,11 +179,24 @@ def authenticate_agent(raw_token: str) -> Job:
     return token.job
 
 
+def move_job(job_id: int, event: str, **other_fields: Any) -> bool:
+    """Apply one event of the job's state machine (``JOB_EVENTS``) as a compare-and-swap from
+    every status the event may start from; False when the job is in none of them (somebody
+    else moved it first, or the event does not apply), and then nothing is written."""
+    (target,) = set(JOB_EVENTS[event].values())  # each event has one target status
+    return compare_and_swap(
+        Job,
+        job_id,
+        table=JOB_TRANSITIONS,
+        expected=job_statuses_for(event),
+        new=target,
+        **other_fields,
+    )
+
+
 def mark_job_running(job_id: int) -> bool:
     """First sign of life from the agent: pending → running (no-op in any other state)."""
-    return compare_and_swap(
-        Job, job_id, table=JOB_TRANSITIONS, expected=[JobStatus.PENDING], new=JobStatus.RUNNING
-    )
+    return move_job(job_id, "start")
 
 
 def advance_current_step(job_id: int, step: int | None, **other_fields: object) -> None:
@@ -250,14 +264,7 @@ def record_heartbeat(
         )
         advance_current_step(job_id, step)
         if status == "finished":
-            compare_and_swap(
-                Job,
-                job_id,
-                table=JOB_TRANSITIONS,
-                expected=[JobStatus.PENDING, JobStatus.RUNNING],
-                new=JobStatus.FINISHED,
-                heartbeat_deadline=None,
-            )
+            move_job(job_id, "finish", heartbeat_deadline=None)
         else:
             mark_job_running(job_id)
         if job.heartbeat_overdue_since is not None:
@@ -271,6 +278,7 @@ def _end_heartbeat_silence(job: Job, now: datetime) -> None:
     Job.objects.filter(pk=job.pk).update(heartbeat_overdue_since=None)
     alert = active_alert(job.pk, HEARTBEAT_RULE_KEY, "")
     if alert is not None:
+        assert job.heartbeat_overdue_since is not None  # what the caller checked
         silent = (now - job.heartbeat_overdue_since).total_seconds()
         resolve_alert(
             alert.pk,

@@ -19,6 +19,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# Fixtures that modules of several folders use (tests/support/): a test names them as
+# parameters, and imports only the helpers.
+pytest_plugins = [
+    "tests.support.authz",
+    "tests.support.notify",
+    "tests.support.review",
+    "tests.support.worker",
+]
+
 
 def pytest_configure(config: pytest.Config) -> None:
     if not config.pluginmanager.has_plugin("django"):

@@ -10,17 +10,18 @@ or as the bare JSON literals (which ``json.loads`` accepts), and become floats.
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TypeGuard, cast
 
 from core.errors import InvalidInput, PayloadTooLarge
+from core.nonfinite import DECODE
 
 MAX_NAME_LENGTH = 200
 MAX_STEP = 2**63 - 1
 MAX_REPORTED_ERRORS = 20
-NON_FINITE_STRINGS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+NON_FINITE_STRINGS = DECODE
 POINT_KEYS = frozenset({"name", "step", "value", "time", "node"})
 HEARTBEAT_STATUSES = ("running", "paused", "checkpointing", "finished")
 
@@ -68,7 +69,7 @@ def _json_type(value: object) -> str:
     return names.get(type(value), type(value).__name__)
 
 
-def is_whole_number(value: object) -> bool:
+def is_whole_number(value: object) -> TypeGuard[int]:
     # bool is a subclass of int in Python but `true` is not a step in JSON.
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -153,6 +154,8 @@ def _parse_point(item: object, index: int, errors: dict[str, str]) -> PointIn | 
     node = _check_node(item.get("node"), errors, f"{path}.node")
     if len(errors) > before:
         return None
+    # Each check returned its value or wrote an error, and no error was written.
+    assert name is not None and step is not None and value is not None
     return PointIn(name, step, value, time, node)
 
 
@@ -219,7 +222,7 @@ def parse_metrics(raw: bytes, *, max_points: int) -> list[PointIn]:
         )
     points = [_fast_point(item) for item in items]
     if None not in points:
-        return points
+        return cast("list[PointIn]", points)
     errors: dict[str, str] = {}
     for index, item in enumerate(items):
         if points[index] is None:
@@ -289,6 +292,7 @@ def parse_heartbeat(raw: bytes) -> HeartbeatIn:
     slurm_job_id, slurm_nodelist, slurm_step_id = _check_slurm(body, errors)
     if errors:
         raise InvalidInput("The heartbeat was refused.", fields=errors)
+    assert step is not None and status is not None  # or an error was written above
     return HeartbeatIn(
         step=step,
         status=status,
@@ -330,4 +334,5 @@ def parse_ack(raw: bytes) -> AckIn:
         errors["error"] = f"must be a string of at most {MAX_ERROR_LENGTH} characters"
     if errors:
         raise InvalidInput("The acknowledgement was refused.", fields=errors)
+    assert status is not None  # or an error was written above
     return AckIn(status=status, result=result, error=error)

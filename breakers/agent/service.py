@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from django.conf import settings
@@ -14,6 +13,7 @@ from breakers.control.commands import acknowledge_command, deliverable_commands
 from breakers.detection.tasks import schedule_evaluation
 from breakers.executors.scheduler import record_scheduler_context
 from breakers.models import Command
+from core.nonfinite import encode
 from core.realtime import job_group, publish_after_commit
 from incidents.jobs import record_heartbeat
 from incidents.models import Job, JobStatus
@@ -42,10 +42,7 @@ def metrics_appended(job_id: int, points: Sequence[PointIn]) -> dict:
     for point in points:
         seen = latest.get(point.name)
         if seen is None or point.step >= seen["step"]:
-            value = point.value
-            if not math.isfinite(value):  # strict JSON, as the agent protocol spells them
-                value = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-            latest[point.name] = {"step": point.step, "value": value}
+            latest[point.name] = {"step": point.step, "value": encode(point.value)}
     return {
         "type": "metrics.appended",
         "job_id": job_id,

@@ -2,16 +2,29 @@
 
 L2 → the rule's soft mitigation (lower the learning rate, pause data loading); L3 →
 checkpoint_and_pause; L4 → terminate plus isolate_node for each failing node. No person is
-waited for. Each command's idempotency key names the alert, its severity and the command, so
-a redelivered evaluation or a second worker issues nothing twice.
+waited for, but the system is judged as a person is: by the authority matrix (what the system
+may do at the alert's level) and by the job's state (a paused job is not paused again).
+Each command's idempotency key names the alert, its severity and the command, so a
+redelivered evaluation or a second worker issues nothing twice.
 """
 
 from __future__ import annotations
 
-from breakers.control.commands import issue_command
-from breakers.models import Command, CommandKind
-from incidents.models import Alert
+from django.db import transaction
 
+from breakers.control.commands import issue_command
+from breakers.control.job_state import ACCEPTED_IN
+from breakers.control.timeline import active_incident
+from breakers.models import Command, CommandKind
+from core.errors import Conflict
+from incidents.alerts.lifecycle import append_timeline
+from incidents.models import Alert, Job, TimelineKind
+from incidents.teams.authority import SYSTEM, action_for_command, decide
+
+SYSTEM_VERBS: dict[str, str] = {
+    CommandKind.CHECKPOINT_AND_PAUSE: "pause",
+    CommandKind.TERMINATE: "terminate",
+}
 # A rule's action → the commands that carry it out.
 ACTION_COMMANDS: dict[str, tuple[str, ...]] = {
     "lower_lr": (CommandKind.LOWER_LR,),
@@ -31,6 +44,63 @@ def _reason(alert: Alert) -> str:
     return f"{alert.severity} {alert.rule_name}{where} at step {alert.step}: {alert.description}"
 
 
+def system_command(
+    job_id: int,
+    kind: str,
+    *,
+    level: str,
+    reason: str,
+    key: str,
+    alert_id: int | None = None,
+    incident_id: int | None = None,
+    params: dict | None = None,
+) -> Command | None:
+    """The system's own command, judged like a person's: the authority decides whether the
+    system may do it at ``level`` (incidents.teams.authority), the job's state whether the
+    job takes it now (breakers.control.job_state). A refusal is a timeline row, never an
+    error: a breaker must not fail, and nothing must roll back, because a job is already
+    paused. Returns the command (the one issued before, for a repeated key), or None."""
+    decision = decide(SYSTEM, action_for_command(kind), level)
+    why = None if decision.allowed else decision.reason
+    if why is None:
+        try:
+            with transaction.atomic():  # a refusal must not spoil the caller's transaction
+                return issue_command(
+                    job_id,
+                    kind,
+                    reason=reason,
+                    params=params,
+                    severity=level,
+                    idempotency_key=key,
+                    alert_id=alert_id,
+                ).command
+        except Conflict as refused:
+            why = _state_refusal(job_id, kind) or refused.detail
+    incident_id = incident_id or _incident_of(job_id)
+    if incident_id is not None:
+        append_timeline(
+            incident_id,
+            TimelineKind.NOTE,
+            f"No automatic {SYSTEM_VERBS.get(kind, kind)}: {why}",
+            alert_id=alert_id,
+            data={"event": "system_command_refused", "kind": kind, "level": level},
+        )
+    return None
+
+
+def _state_refusal(job_id: int, kind: str) -> str | None:
+    """ "job 'x' is already paused" when the job's status is what refused the command."""
+    job = Job.objects.get(pk=job_id)
+    if job.status in ACCEPTED_IN[kind]:
+        return None  # something else refused it (one already on its way)
+    return f"job {job.name!r} is already {job.status}."
+
+
+def _incident_of(job_id: int) -> int | None:
+    incident = active_incident(job_id)
+    return incident.pk if incident is not None else None
+
+
 def brake_for_alert(alert: Alert) -> list[Command]:
     """Issue the commands the alert's rule asks for, as the system; once per alert and level."""
     commands = []
@@ -41,14 +111,16 @@ def brake_for_alert(alert: Alert) -> list[Command]:
             if node is not None:
                 params["node"] = node
             key = f"alert:{alert.pk}:{alert.severity}:{kind}" + (f":{node}" if node else "")
-            issued = issue_command(
+            command = system_command(
                 alert.job_id,
                 kind,
+                level=alert.severity,
                 reason=_reason(alert),
                 params=params,
-                severity=alert.severity,
-                idempotency_key=key,
+                key=key,
                 alert_id=alert.pk,
+                incident_id=alert.incident_id,
             )
-            commands.append(issued.command)
+            if command is not None:
+                commands.append(command)
     return commands

@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from breakers.control.job_state import ON_ISSUE, ON_SUCCESS, refusal
 from breakers.control.timeline import (
     record_acknowledged,
     record_executor_outcome,
@@ -32,10 +33,17 @@ from breakers.models import (
 )
 from core.errors import Conflict, InvalidInput, NotFound
 from core.realtime import agent_group, job_group, publish_after_commit
-from core.transitions import compare_and_swap
-from incidents.models import JOB_TRANSITIONS, ActorKind, Job, JobStatus, Node, NodeStatus
+from core.transitions import compare_and_swap, compare_and_swap_all
+from incidents.jobs import move_job
+from incidents.models import (
+    ISOLATABLE_NODE_STATUSES,
+    NODE_TRANSITIONS,
+    ActorKind,
+    Job,
+    Node,
+    NodeStatus,
+)
 
-TERMINAL_JOB_STATUSES = (JobStatus.TERMINATED, JobStatus.FINISHED)
 DONE_COMMAND_STATUSES = (CommandStatus.SUCCEEDED, CommandStatus.FAILED)
 
 
@@ -63,14 +71,8 @@ def acknowledgement_deadline_seconds(kind: str) -> float:
 
 
 def _job_effect_on_issue(command: Command) -> None:
-    if command.kind == CommandKind.CHECKPOINT_AND_PAUSE:
-        compare_and_swap(
-            Job,
-            command.job_id,
-            table=JOB_TRANSITIONS,
-            expected=[JobStatus.PENDING, JobStatus.RUNNING],
-            new=JobStatus.PAUSING,
-        )
+    if command.kind in ON_ISSUE:
+        move_job(command.job_id, ON_ISSUE[command.kind])
 
 
 def issue_command(
@@ -100,8 +102,12 @@ def issue_command(
         existing = Command.objects.filter(job_id=job_id, idempotency_key=key).first()
         if existing is not None:
             return IssuedCommand(existing, created=False)
-        if job.status in TERMINAL_JOB_STATUSES:
-            raise Conflict(f"Job {job.name!r} is {job.status}; it takes no more commands.")
+        # The one place where the job's state decides whether it takes a command, for every
+        # issuer alike (breakers.control.job_state): checked under the job's row lock, so two
+        # issuers racing each other cannot both pass it.
+        why = refusal(job, kind)
+        if why is not None:
+            raise Conflict(why)
         try:
             with transaction.atomic():
                 command = Command.objects.create(
@@ -133,8 +139,12 @@ def mark_delivered(command_ids: list[int]) -> int:
     """pending → delivered for these commands (no-op for any already further along)."""
     if not command_ids:
         return 0
-    return Command.objects.filter(pk__in=command_ids, status=CommandStatus.PENDING).update(
-        status=CommandStatus.DELIVERED, delivered_at=timezone.now()
+    return compare_and_swap_all(
+        Command.objects.filter(pk__in=command_ids),
+        table=COMMAND_TRANSITIONS,
+        expected=[CommandStatus.PENDING],
+        new=CommandStatus.DELIVERED,
+        delivered_at=timezone.now(),
     )
 
 
@@ -149,28 +159,18 @@ def deliverable_commands(job_id: int) -> list[dict[str, Any]]:
 
 def _job_effect_on_success(command: Command) -> None:
     """Job status follows acknowledgements: paused only once the checkpoint is confirmed."""
-    effects = {
-        CommandKind.CHECKPOINT_AND_PAUSE: (
-            [JobStatus.RUNNING, JobStatus.PAUSING],
-            JobStatus.PAUSED,
-        ),
-        CommandKind.RESUME: ([JobStatus.PAUSED, JobStatus.PAUSING], JobStatus.RUNNING),
-        CommandKind.TERMINATE: (
-            [JobStatus.PENDING, JobStatus.RUNNING, JobStatus.PAUSING, JobStatus.PAUSED],
-            JobStatus.TERMINATED,
-        ),
-    }
     if command.kind == CommandKind.ISOLATE_NODE and command.params.get("node"):
         # The node is out of the job only once the job (or its scheduler) says it is.
-        Node.objects.filter(job_id=command.job_id, hostname=command.params["node"]).update(
-            status=NodeStatus.ISOLATED
+        compare_and_swap_all(
+            Node.objects.filter(job_id=command.job_id, hostname=command.params["node"]),
+            table=NODE_TRANSITIONS,
+            expected=ISOLATABLE_NODE_STATUSES,
+            new=NodeStatus.ISOLATED,
         )
-    if command.kind in effects:
-        expected, new = effects[command.kind]
-        extra = {"heartbeat_deadline": None} if new == JobStatus.TERMINATED else {}
-        compare_and_swap(
-            Job, command.job_id, table=JOB_TRANSITIONS, expected=expected, new=new, **extra
-        )
+    event = ON_SUCCESS.get(command.kind)
+    if event is not None:
+        extra = {"heartbeat_deadline": None} if event == "terminate" else {}
+        move_job(command.job_id, event, **extra)
 
 
 def acknowledge_command(
@@ -250,19 +250,7 @@ def stop_hung_job(command_id: int, *, grace_seconds: float | None = None) -> Exe
         )
         record_executor_outcome(command, outcome)
         if outcome.stopped:
-            compare_and_swap(
-                Job,
-                command.job_id,
-                table=JOB_TRANSITIONS,
-                expected=[
-                    JobStatus.PENDING,
-                    JobStatus.RUNNING,
-                    JobStatus.PAUSING,
-                    JobStatus.PAUSED,
-                ],
-                new=JobStatus.TERMINATED,
-                heartbeat_deadline=None,
-            )
+            move_job(command.job_id, "terminate", heartbeat_deadline=None)
         publish_after_commit(
             job_group(command.job_id),
             {

@@ -14,9 +14,9 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from breakers.control.braking import system_command
 from breakers.control.commands import issue_command
 from breakers.models import CommandKind
-from incidents.alerts.lifecycle import append_timeline
 from incidents.escalations import (
     due_escalation_ids,
     expire_escalation,
@@ -29,9 +29,7 @@ from incidents.models import (
     EscalationRequest,
     EscalationStatus,
     Job,
-    JobStatus,
     OnExpiry,
-    TimelineKind,
 )
 from incidents.teams.access import role_in_team
 from incidents.teams.audit import SYSTEM_CONTEXT, AuditContext, audited
@@ -113,35 +111,25 @@ def expire_escalations(now: datetime | None = None) -> list[int]:
 
 
 def _automatic_pause(request: EscalationRequest) -> None:
-    """The system's L3 action on an undecided request: checkpoint and pause, audited."""
+    """The system's L3 action on an undecided request: checkpoint and pause, audited. Judged
+    like every system command (breakers.control.braking.system_command): a job that is already
+    paused, or no longer training, gets a timeline note instead of a second pause."""
     job_id = request.job_id
     with audited(None, Action.PAUSE_JOB, "job", job_id, SYSTEM_CONTEXT) as attempt:
-        job = Job.objects.select_for_update().get(pk=job_id)
-        attempt.team_id = job.team_id
+        attempt.team_id = Job.objects.values_list("team_id", flat=True).get(pk=job_id)
         attempt.check(decide(SYSTEM, Action.PAUSE_JOB, AUTO_L3_LEVEL))
-        if job.status not in (JobStatus.PENDING, JobStatus.RUNNING):
-            _note(request, f"No automatic pause: job {job.name!r} is already {job.status}.")
-            attempt.succeeded(f"nothing sent: job is {job.status}")
-            return
-        command = issue_command(
+        command = system_command(
             job_id,
             CommandKind.CHECKPOINT_AND_PAUSE,
+            level=AUTO_L3_LEVEL,
             reason=f"Escalation #{request.pk} expired undecided; automatic L3 pause "
             f"({request.reason})",
-            severity=AUTO_L3_LEVEL,
-            idempotency_key=f"escalation:{request.pk}:expired",
+            key=f"escalation:{request.pk}:expired",
             alert_id=request.alert_id,
-        ).command
+            incident_id=request.incident_id,
+        )
+        if command is None:
+            attempt.succeeded("nothing sent: the job does not take a pause now")
+            return
         EscalationRequest.objects.filter(pk=request.pk).update(command_id=command.pk)
         attempt.succeeded(f"escalation #{request.pk} expired: {command.kind} #{command.pk}")
-
-
-def _note(request: EscalationRequest, message: str) -> None:
-    if request.incident_id is not None:
-        append_timeline(
-            request.incident_id,
-            TimelineKind.NOTE,
-            message,
-            alert_id=request.alert_id,
-            data={"escalation_id": request.pk},
-        )

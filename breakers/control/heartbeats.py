@@ -26,6 +26,8 @@ WATCHED_STATUSES = (JobStatus.RUNNING, JobStatus.PAUSING)
 
 def heartbeat_signal(job: Job, now: datetime) -> AlertSignal:
     timeout = heartbeat_timeout_seconds(job)
+    # Only jobs that heartbeated have a deadline, so only they are ever overdue.
+    assert job.last_heartbeat_at is not None
     silent = (now - job.last_heartbeat_at).total_seconds()
     step = job.last_heartbeat_step or 0
     basis = (

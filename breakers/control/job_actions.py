@@ -11,16 +11,16 @@ incident timeline's ``command_issued`` row in the same transaction. Every attemp
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 from uuid import uuid4
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from breakers.control.commands import TERMINAL_JOB_STATUSES, issue_command
+from breakers.control.commands import issue_command
 from breakers.control.timeline import active_incident
-from breakers.models import OPEN_COMMAND_STATUSES, Command, CommandKind
+from breakers.models import Command, CommandKind
 from core.errors import Conflict, InvalidInput, NotFound
 from incidents.alerts.lifecycle import append_timeline
 from incidents.escalations import clean_requested_action
@@ -28,17 +28,17 @@ from incidents.models import (
     ActorKind,
     Alert,
     Job,
-    JobStatus,
     PauseConfirmation,
     PauseDecision,
     TimelineKind,
+    job_statuses_for,
 )
 from incidents.teams.access import role_in_team, scoped_get
 from incidents.teams.audit import Attempt, AuditContext, audited
 from incidents.teams.authority import Action, action_for_command, decide
 
-PAUSABLE = (JobStatus.PENDING, JobStatus.RUNNING)
-PAUSED = (JobStatus.PAUSING, JobStatus.PAUSED)
+# A pause can be confirmed (kept, ended, rolled back) while the job can be resumed.
+CONFIRMABLE = job_statuses_for("resume")
 MITIGATIONS = (CommandKind.LOWER_LR, CommandKind.PAUSE_DATA)
 
 
@@ -84,22 +84,6 @@ def _locked_job(job_id: int) -> Job:
     return Job.objects.select_for_update().get(pk=job_id)
 
 
-def _refuse_if_open(job: Job, kinds: Iterable[str], what: str) -> None:
-    """409 when a command of ``kinds`` is still on its way to the job."""
-    open_command = (
-        Command.objects.filter(
-            job_id=job.pk, kind__in=list(kinds), status__in=OPEN_COMMAND_STATUSES
-        )
-        .order_by("-pk")
-        .first()
-    )
-    if open_command is not None:
-        raise Conflict(
-            f"Job {job.name!r} already has {what} on its way "
-            f"({open_command.kind} #{open_command.pk}, {open_command.status})."
-        )
-
-
 def _command_verb(
     user: Any,
     job_id: int,
@@ -108,7 +92,6 @@ def _command_verb(
     reason: str,
     alert_id: int | None,
     context: AuditContext | None,
-    check_state: Callable[[Job], None],
     params: Callable[[], dict[str, Any]] | None = None,
 ) -> Command:
     """The shared shape of every verb that issues one command (see the module doc).
@@ -122,8 +105,8 @@ def _command_verb(
         attempt.check(decide(role_in_team(user, job.team_id), action, level))
         cleaned = params() if params is not None else None
         with transaction.atomic():
-            job = _locked_job(job.pk)
-            check_state(job)
+            # The job's state is judged by issue_command, under the job's row lock: 409 when
+            # it cannot take this command now (breakers.control.job_state).
             command = _issue(user, job, kind, reason=reason, alert=alert, params=cleaned)
             attempt.succeeded(f"{command.kind} #{command.pk} issued")
     return command
@@ -139,10 +122,6 @@ def pause_job(
 ) -> Command:
     """One click: checkpoint and pause the job, with the person as actor and their reason."""
 
-    def check_state(job: Job) -> None:
-        if job.status not in PAUSABLE:
-            raise Conflict(f"Job {job.name!r} is {job.status}: there is nothing to pause.")
-
     return _command_verb(
         user,
         job_id,
@@ -150,7 +129,6 @@ def pause_job(
         reason=reason,
         alert_id=alert_id,
         context=context,
-        check_state=check_state,
     )
 
 
@@ -164,11 +142,6 @@ def resume_job(
 ) -> Command:
     """Resume a paused (or pausing) job."""
 
-    def check_state(job: Job) -> None:
-        if job.status not in PAUSED:
-            raise Conflict(f"Job {job.name!r} is {job.status}, not paused: nothing to resume.")
-        _refuse_if_open(job, [CommandKind.RESUME], "a resume")
-
     return _command_verb(
         user,
         job_id,
@@ -176,7 +149,6 @@ def resume_job(
         reason=reason,
         alert_id=alert_id,
         context=context,
-        check_state=check_state,
     )
 
 
@@ -190,11 +162,6 @@ def terminate_job(
 ) -> Command:
     """Terminate the job (the control plane stops it from outside if it does not answer)."""
 
-    def check_state(job: Job) -> None:
-        if job.status in TERMINAL_JOB_STATUSES:
-            raise Conflict(f"Job {job.name!r} is already {job.status}.")
-        _refuse_if_open(job, [CommandKind.TERMINATE], "a terminate")
-
     return _command_verb(
         user,
         job_id,
@@ -202,7 +169,6 @@ def terminate_job(
         reason=reason,
         alert_id=alert_id,
         context=context,
-        check_state=check_state,
     )
 
 
@@ -223,10 +189,6 @@ def apply_mitigation(
             fields={"kind": f"must be one of {', '.join(MITIGATIONS)}"},
         )
 
-    def check_state(job: Job) -> None:
-        if job.status not in PAUSABLE:
-            raise Conflict(f"Job {job.name!r} is {job.status}: it is not training.")
-
     return _command_verb(
         user,
         job_id,
@@ -235,7 +197,6 @@ def apply_mitigation(
         alert_id=alert_id,
         context=context,
         params=lambda: clean_requested_action(kind, params),
-        check_state=check_state,
     )
 
 
@@ -250,10 +211,6 @@ def isolate_node(
 ) -> Command:
     """Take one node of the job out (by hand it weighs as much as terminating)."""
 
-    def check_state(job: Job) -> None:
-        if job.status in TERMINAL_JOB_STATUSES:
-            raise Conflict(f"Job {job.name!r} is {job.status}.")
-
     return _command_verb(
         user,
         job_id,
@@ -261,7 +218,6 @@ def isolate_node(
         reason=reason,
         alert_id=alert_id,
         context=context,
-        check_state=check_state,
         params=lambda: clean_requested_action(CommandKind.ISOLATE_NODE, {"node": node}),
     )
 
@@ -302,14 +258,15 @@ def confirm_pause(
             Job.objects, user, job_id, team_path="team_id", noun="job", attempt=attempt
         )
         pause = latest_pause(job.pk)
-        if pause is None or job.status not in PAUSED:
+        if pause is None or job.status not in CONFIRMABLE:
             raise Conflict(f"Job {job.name!r} is {job.status}: there is no pause to confirm.")
         level = pause_level(pause)
         attempt.check(decide(role_in_team(user, job.team_id), Action.CONFIRM_PAUSE, level))
         checkpoint = _clean_confirmation(decision, checkpoint)
         with transaction.atomic():
             job = _locked_job(job.pk)
-            if job.status not in PAUSED or latest_pause(job.pk).pk != pause.pk:
+            newest = latest_pause(job.pk)
+            if job.status not in CONFIRMABLE or newest is None or newest.pk != pause.pk:
                 raise Conflict(f"Job {job.name!r} changed meanwhile ({job.status}); look again.")
             confirmation = _record_confirmation(job, pause, user, decision, checkpoint, reason)
             if decision != PauseDecision.KEEP_PAUSED:
@@ -371,7 +328,6 @@ def _record_confirmation(
 def _resume_after_confirmation(
     user: Any, job: Job, pause: Command, checkpoint: str, reason: str
 ) -> Command:
-    _refuse_if_open(job, [CommandKind.RESUME], "a resume")
     why = reason.strip() or "pause confirmed"
     if checkpoint:
         why = f"roll back to {checkpoint}: {why}"

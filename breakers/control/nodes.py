@@ -15,7 +15,8 @@ from django.utils import timezone
 from breakers.executors.slurm import executor as slurm
 from breakers.models import NodeDrain, SchedulerBinding
 from core.errors import Conflict
-from incidents.models import Node, NodeStatus
+from core.transitions import compare_and_swap_all
+from incidents.models import NODE_TRANSITIONS, Node, NodeStatus
 from incidents.teams.access import role_in_team, scoped_get
 from incidents.teams.audit import AuditContext, audited
 from incidents.teams.authority import Action, decide
@@ -34,8 +35,8 @@ def visible_node(user: Any, node_id: int) -> Node:
 def node_payload(node: Node) -> dict[str, Any]:
     """``state``: drained (by ``drain.alert``), returned (by ``drain.returned_by``), or the
     node's own status when Brakeline never drained it (healthy, failed, isolated)."""
-    drain = NodeDrain.objects.filter(node=node).select_related("alert", "returned_by")
-    drain = drain.order_by("-drained_at", "-pk").first()
+    drains = NodeDrain.objects.filter(node=node).select_related("alert", "returned_by")
+    drain = drains.order_by("-drained_at", "-pk").first()
     state = node.status if drain is None else "returned" if drain.returned_at else "drained"
     binding = SchedulerBinding.objects.filter(job_id=node.job_id).first()
     return {
@@ -113,7 +114,12 @@ def _mark_returned(
 ) -> None:
     drain.returned_at, drain.returned_by = timezone.now(), user
     drain.save(update_fields=["returned_at", "returned_by"])
-    Node.objects.filter(pk=node.pk).update(status=NodeStatus.HEALTHY)
+    compare_and_swap_all(
+        Node.objects.filter(pk=node.pk),
+        table=NODE_TRANSITIONS,
+        expected=[NodeStatus.ISOLATED, NodeStatus.FAILED],
+        new=NodeStatus.HEALTHY,
+    )
     why = f": {reason.strip()}" if reason.strip() else ""
     call_log.note(
         f"Node {drain.slurm_node} returned to service by {user}{why}",

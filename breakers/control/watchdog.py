@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from functools import partial
 
 from django.db import transaction
 
@@ -14,7 +16,7 @@ log = logging.getLogger(__name__)
 BEAT = "beat"
 
 
-def watchdog_tick(stop_job) -> list[int]:
+def watchdog_tick(stop_job: Callable[[int], object]) -> list[int]:
     """Record the beat, brake silent jobs, expire overdue commands, hand hung jobs to
     ``stop_job(command_id)``."""
     liveness.record(BEAT)
@@ -22,5 +24,5 @@ def watchdog_tick(stop_job) -> list[int]:
     with transaction.atomic():
         to_stop = expire_overdue_commands()
         for command_id in to_stop:
-            transaction.on_commit(lambda command_id=command_id: stop_job(command_id))
+            transaction.on_commit(partial(stop_job, command_id))
     return to_stop

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from breakers.detection.rolling import RollingStats
+from core.nonfinite import spell
 
 ANOMALOUS = "anomalous"  # the condition holds: open (or keep open) an episode
 PENDING = "pending"  # not (yet) anomalous, but not healthy either: do not count towards a clear
@@ -66,11 +67,7 @@ def is_usable(value: float) -> bool:
 
 def format_number(value: float) -> str:
     """Short human form of a metric value; non-finite values spelled as the agent protocol does."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "Infinity" if value > 0 else "-Infinity"
-    return f"{value:.4g}"
+    return f"{value:.4g}" if math.isfinite(value) else spell(value)
 
 
 def format_close(value: float, sigma: float, reference: float) -> str:

@@ -382,7 +382,7 @@ class RisingDetector(Detector):
             self.rises = 0
             return HEALTHY_VERDICT
         if self.rises == 0:
-            self.run_step, self.run_time = first_step, first_time
+            self.run_step, self.run_time = int(first_step), first_time
         self.rises += 1
         if self.rises < cfg.windows:
             return PENDING_VERDICT

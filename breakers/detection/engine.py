@@ -36,6 +36,7 @@ from breakers.detection.detectors import (
     make_config,
 )
 from breakers.detection.detectors import DETECTORS as DETECTOR_KINDS
+from core.nonfinite import decode
 
 LAYERS = ("health", "stability", "performance")
 SEVERITIES = ("L1", "L2", "L3", "L4")
@@ -48,7 +49,6 @@ ACTIONS = (
     "record",
 )
 STATE_VERSION = 1
-_NON_FINITE_NAMES = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 __all__ = [
     "ACTIONS",
@@ -66,13 +66,7 @@ __all__ = [
 def parse_value(raw: Any) -> float:
     """A metric value as the agent protocol allows it: a JSON number, or "NaN", "Infinity",
     "-Infinity". Booleans and other strings are refused (ValueError)."""
-    if isinstance(raw, bool):
-        raise ValueError("a metric value must be a number, not a boolean")
-    if isinstance(raw, (int, float)):
-        return float(raw)
-    if isinstance(raw, str) and raw in _NON_FINITE_NAMES:
-        return _NON_FINITE_NAMES[raw]
-    raise ValueError(f"a metric value must be a number, 'NaN', 'Infinity' or '-Infinity': {raw!r}")
+    return decode(raw)
 
 
 def encode_number(value: float | None) -> float | str | None:

@@ -42,7 +42,9 @@ def record_scheduler_context(job_id: int, heartbeat: HeartbeatIn) -> None:
             return
         except IntegrityError:  # another rank's heartbeat created it first
             binding = SchedulerBinding.objects.get(job_id=job_id)
-    changes = {key: value for key, value in context.items() if getattr(binding, key) != value}
+    changes: dict[str, object] = {
+        key: value for key, value in context.items() if getattr(binding, key) != value
+    }
     if changes:
         # Ranks of one job differ only in host and rank: those follow a new context, never
         # flip-flop between ranks on every heartbeat.

@@ -107,7 +107,7 @@ class Rule(models.Model):
         ordering = ["team_id", "key"]
 
     def __str__(self) -> str:
-        owner = self.team.name if self.team_id else "default pack"
+        owner = self.team.name if self.team is not None else "default pack"
         return f"{self.key} ({owner})"
 
     def to_spec(self) -> RuleSpec:

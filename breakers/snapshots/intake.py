@@ -210,6 +210,7 @@ def parse_snapshot(raw: bytes) -> SnapshotIn:
             fields={path_: "looks like an unredacted secret" for path_ in leaked[:20]},
             code="unredacted_secret",
         )
+    assert isinstance(kind, str) and is_whole_number(step)  # or an error was written above
     return SnapshotIn(kind, step, taken_at, body["snapshot"], path, sha256)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from celery import current_app
 from django.conf import settings
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
@@ -25,9 +26,8 @@ def worker_count() -> int:
         return 1  # tasks run in-process
     now = time.monotonic()
     if now - _worker_cache.get("at", 0.0) > 5.0:
-        from config.celery import app
-
-        replies = app.control.ping(timeout=0.5) or []
+        # The project's app (config/celery.py), as its shared tasks find it: nothing imports config.
+        replies = current_app.control.ping(timeout=0.5) or []
         _worker_cache.update(at=now, count=float(len(replies)))
     return int(_worker_cache["count"])
 

@@ -9,6 +9,7 @@ from rest_framework.generics import ListAPIView, RetrieveAPIView
 
 from breakers.models import MetricPoint
 from console.api.person_auth import PersonView
+from core.nonfinite import encode
 from incidents.models import Job
 
 
@@ -36,11 +37,8 @@ class JobSerializer(serializers.ModelSerializer):
     def to_representation(self, instance: Job) -> dict:
         data = super().to_representation(instance)
         # JSON has no NaN: a non-finite loss travels as the same strings agents send.
-        loss = getattr(instance, "latest_loss", None)
-        if loss is not None and loss != loss:
-            data["latest_loss"] = "NaN"
-        elif loss in (float("inf"), float("-inf")):
-            data["latest_loss"] = "Infinity" if loss > 0 else "-Infinity"
+        if "latest_loss" in data:
+            data["latest_loss"] = encode(getattr(instance, "latest_loss", None))
         return data
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -24,10 +23,11 @@ from incidents.notifications.delivery import stop_notifications
 from incidents.teams.access import role_in_team, scoped_get
 from incidents.teams.audit import AuditContext, audited
 from incidents.teams.authority import Action, decide
+from incidents.teams.users import User
 
 
 def acknowledge_alert(
-    user: Any, alert_id: int, *, note: str = "", context: AuditContext | None = None
+    user: User, alert_id: int, *, note: str = "", context: AuditContext | None = None
 ) -> Alert:
     """firing → acknowledged by ``user``: the alert's escalation to the manager stops here.
 
@@ -66,7 +66,7 @@ def acknowledge_alert(
     return alert
 
 
-def _record_acknowledgement(alert: Alert, user: Any, note: str, now: datetime) -> None:
+def _record_acknowledgement(alert: Alert, user: User, note: str, now: datetime) -> None:
     """The timeline row (an alert with an incident), and the console is told after commit."""
     if alert.incident_id is not None:
         append_timeline(

@@ -18,7 +18,6 @@ Invariants, and how they hold under concurrent writers (two workers, evaluator a
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from core.nonfinite import encode
 from core.realtime import job_group, publish_after_commit, team_group
 from core.transitions import compare_and_swap
 from incidents.alerts.runbook import GENERIC, RunbookEntry, format_suggestion, suggestion_for
@@ -43,6 +43,7 @@ from incidents.models import (
     TimelineEntry,
     TimelineKind,
 )
+from incidents.teams.users import User
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ def append_timeline(
     alert_id: int | None = None,
     step: int | None = None,
     actor_kind: str = ActorKind.SYSTEM,
-    actor: Any = None,
+    actor: User | None = None,
     data: dict[str, Any] | None = None,
 ) -> TimelineEntry:
     """Append one row to an incident's timeline (call it inside the transition's transaction)."""
@@ -407,13 +408,6 @@ def _runbook_entry(signal: AlertSignal) -> RunbookEntry:
     return entry
 
 
-def _number(value: float | None) -> float | str | None:
-    """Strict-JSON number: NaN and ±Inf as the agent protocol spells them."""
-    if value is None or math.isfinite(value):
-        return value
-    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-
-
 def alert_payload(alert: Alert) -> dict[str, Any]:
     """The alert as the console, notifications and the API show it (strict JSON)."""
     job = alert.job
@@ -428,8 +422,8 @@ def alert_payload(alert: Alert) -> dict[str, Any]:
         "nodes": alert.nodes,
         "rule": {"key": alert.rule_key, "name": alert.rule_name},
         "metric": alert.metric,
-        "value": _number(alert.value),
-        "threshold": _number(alert.threshold),
+        "value": encode(alert.value),
+        "threshold": encode(alert.threshold),
         "duration_seconds": alert.duration_seconds,
         "duration_steps": alert.duration_steps,
         "first_step": alert.first_step,

@@ -17,8 +17,13 @@ from incidents.models.alerts import (  # noqa: F401
     TimelineKind,
 )
 from incidents.models.jobs import (  # noqa: F401
+    FINAL_JOB_STATUSES,
+    ISOLATABLE_NODE_STATUSES,
+    JOB_EVENTS,
     JOB_TRANSITIONS,
+    NODE_TRANSITIONS,
     TOKEN_PREFIX,
+    TRAINING_JOB_STATUSES,
     AgentStatus,
     AgentToken,
     Job,
@@ -30,6 +35,7 @@ from incidents.models.jobs import (  # noqa: F401
     Role,
     Team,
     hash_token,
+    job_statuses_for,
 )
 from incidents.models.notifications import (  # noqa: F401
     DELIVERY_TRANSITIONS,
@@ -75,10 +81,16 @@ __all__ = [
     "Membership",
     "JobKind",
     "JobStatus",
+    "JOB_EVENTS",
     "JOB_TRANSITIONS",
+    "job_statuses_for",
+    "FINAL_JOB_STATUSES",
+    "TRAINING_JOB_STATUSES",
     "AgentStatus",
     "Job",
     "NodeStatus",
+    "NODE_TRANSITIONS",
+    "ISOLATABLE_NODE_STATUSES",
     "Node",
     "hash_token",
     "AgentToken",

@@ -58,24 +58,50 @@ class JobStatus(models.TextChoices):
     FINISHED = "finished", "Finished"
 
 
-JOB_TRANSITIONS: dict[str, set[str]] = {
-    JobStatus.PENDING: {
-        JobStatus.RUNNING,
-        JobStatus.PAUSING,
-        JobStatus.TERMINATED,
-        JobStatus.FINISHED,
+# The job's one state machine: every way its status changes, by event, as {from: to}. The
+# transition table, and every list of statuses the code asks about (what may be paused,
+# resumed, terminated; which statuses are final), are derived from it — never written out.
+JOB_EVENTS: dict[str, dict[str, str]] = {
+    # the agent's first heartbeat or point
+    "start": {JobStatus.PENDING: JobStatus.RUNNING},
+    # a checkpoint_and_pause is issued (by anyone: a person, an escalation, a breaker)
+    "pause": {JobStatus.PENDING: JobStatus.PAUSING, JobStatus.RUNNING: JobStatus.PAUSING},
+    # the agent acknowledged its checkpoint and holds
+    "paused": {JobStatus.RUNNING: JobStatus.PAUSED, JobStatus.PAUSING: JobStatus.PAUSED},
+    # the agent acknowledged a resume (or a roll back)
+    "resume": {JobStatus.PAUSING: JobStatus.RUNNING, JobStatus.PAUSED: JobStatus.RUNNING},
+    # the agent exited on a terminate, or an executor stopped it from outside
+    "terminate": {
+        JobStatus.PENDING: JobStatus.TERMINATED,
+        JobStatus.RUNNING: JobStatus.TERMINATED,
+        JobStatus.PAUSING: JobStatus.TERMINATED,
+        JobStatus.PAUSED: JobStatus.TERMINATED,
     },
-    JobStatus.RUNNING: {
-        JobStatus.PAUSING,
-        JobStatus.PAUSED,
-        JobStatus.TERMINATED,
-        JobStatus.FINISHED,
-    },
-    JobStatus.PAUSING: {JobStatus.PAUSED, JobStatus.RUNNING, JobStatus.TERMINATED},
-    JobStatus.PAUSED: {JobStatus.RUNNING, JobStatus.TERMINATED},
-    JobStatus.TERMINATED: set(),
-    JobStatus.FINISHED: set(),
+    # the agent's last heartbeat said it finished its run
+    "finish": {JobStatus.PENDING: JobStatus.FINISHED, JobStatus.RUNNING: JobStatus.FINISHED},
 }
+
+
+def _transitions(events: dict[str, dict[str, str]]) -> dict[str, set[str]]:
+    table: dict[str, set[str]] = {status: set() for status in JobStatus.values}
+    for moves in events.values():
+        for before, after in moves.items():
+            table[before].add(after)
+    return table
+
+
+JOB_TRANSITIONS: dict[str, set[str]] = _transitions(JOB_EVENTS)
+
+
+def job_statuses_for(event: str) -> tuple[str, ...]:
+    """The statuses from which ``event`` may happen, in the order JobStatus declares them."""
+    return tuple(status for status in JobStatus.values if status in JOB_EVENTS[event])
+
+
+# Statuses with no way out: the job is over and takes no more commands.
+FINAL_JOB_STATUSES: tuple[str, ...] = tuple(s for s, out in JOB_TRANSITIONS.items() if not out)
+# Statuses in which the job trains (and so can be paused, or mitigated).
+TRAINING_JOB_STATUSES: tuple[str, ...] = job_statuses_for("pause")
 
 
 class AgentStatus(models.TextChoices):
@@ -126,6 +152,18 @@ class NodeStatus(models.TextChoices):
     HEALTHY = "healthy", "Healthy"
     FAILED = "failed", "Failed"
     ISOLATED = "isolated", "Isolated"
+
+
+# A node is isolated (drained) once the job or its scheduler confirms it, and healthy again
+# only when a person returns it to service.
+NODE_TRANSITIONS: dict[str, set[str]] = {
+    NodeStatus.HEALTHY: {NodeStatus.FAILED, NodeStatus.ISOLATED},
+    NodeStatus.FAILED: {NodeStatus.ISOLATED, NodeStatus.HEALTHY},
+    NodeStatus.ISOLATED: {NodeStatus.HEALTHY},
+}
+ISOLATABLE_NODE_STATUSES = tuple(
+    s for s, out in NODE_TRANSITIONS.items() if NodeStatus.ISOLATED in out
+)
 
 
 class Node(models.Model):

@@ -20,7 +20,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from core.transitions import compare_and_swap
+from core.transitions import compare_and_swap, compare_and_swap_all
 from incidents.alerts.lifecycle import append_timeline
 from incidents.models import (
     DELIVERY_TRANSITIONS,
@@ -229,8 +229,11 @@ def stop_notifications(alert_id: int) -> int:
         ).values_list("pk", flat=True):
             _cancel_round(round_id)
             stopped += 1
-        stopped += Delivery.objects.filter(alert_id=alert_id, status=DeliveryStatus.QUEUED).update(
-            status=DeliveryStatus.CANCELLED
+        stopped += compare_and_swap_all(
+            Delivery.objects.filter(alert_id=alert_id),
+            table=DELIVERY_TRANSITIONS,
+            expected=[DeliveryStatus.QUEUED],
+            new=DeliveryStatus.CANCELLED,
         )
     return stopped
 
@@ -339,7 +342,7 @@ def attempt_delivery(
     if expected_attempts is not None and delivery.attempts != expected_attempts:
         return None
     if not _claim(delivery):
-        alert = Alert.objects.filter(pk=delivery.alert_id).first()
+        alert = Alert.objects.filter(pk=delivery.alert_id).first() if delivery.alert_id else None
         if alert is not None and alert.status != AlertStatus.FIRING:
             stop_notifications(alert.pk)  # acknowledged or resolved: nothing more goes out
         return None
@@ -391,6 +394,8 @@ def _finish(
 
 
 def _timeline(delivery: Delivery, outcome: str, latency: float | None, now: datetime) -> None:
+    if delivery.incident_id is None:
+        return  # a delivery of no incident (a test message) has no timeline
     who = delivery.recipient.get_username() if delivery.recipient else "the team"
     kind = (
         TimelineKind.NOTIFICATION_DELIVERED
@@ -435,6 +440,7 @@ def record_receipt(provider_id: str, provider_status: str, *, now: datetime | No
         return False
     now = now or timezone.now()
     stamp = "delivered_at" if outcome == DeliveryStatus.DELIVERED else "failed_at"
+    stamped: dict[str, Any] = {stamp: now}
     with transaction.atomic():
         won = compare_and_swap(
             Delivery,
@@ -442,7 +448,7 @@ def record_receipt(provider_id: str, provider_status: str, *, now: datetime | No
             table=DELIVERY_TRANSITIONS,
             expected=[DeliveryStatus.SENT],
             new=outcome,
-            **{stamp: now},
+            **stamped,
         )
         if won and delivery.incident_id is not None:
             _timeline(delivery, outcome, delivery.latency_ms, now)

@@ -41,14 +41,15 @@ from incidents.notifications.routing import (
     validate_rules,
 )
 from incidents.teams.access import role_in_team, scoped_get
-from incidents.teams.audit import AuditContext, audited
+from incidents.teams.audit import Attempt, AuditContext, audited
 from incidents.teams.authority import Action, decide
 from incidents.teams.oncall import who_is_on_call
+from incidents.teams.users import User
 
 POLICY_FIELDS = ("rules", "chat_webhook_url", "chat_format", "ack_timeout_seconds")
 
 
-def _admin_team(user: Any, team_id: int, attempt: Any) -> Team:
+def _admin_team(user: User, team_id: int, attempt: Attempt) -> Team:
     team = scoped_get(Team.objects, user, team_id, team_path="id", noun="team", attempt=attempt)
     attempt.check(decide(role_in_team(user, team.pk), Action.MANAGE_NOTIFICATIONS))
     return team
@@ -79,7 +80,7 @@ def clean_policy(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def save_policy(
-    user: Any, team_id: int, data: dict[str, Any], *, context: AuditContext | None = None
+    user: User, team_id: int, data: dict[str, Any], *, context: AuditContext | None = None
 ) -> NotificationPolicy:
     """Create or change the team's notification policy (admins)."""
     with audited(user, Action.MANAGE_NOTIFICATIONS, "team", team_id, context) as attempt:
@@ -95,7 +96,7 @@ def save_policy(
 
 
 def set_contact(
-    user: Any, team_id: int, person_id: int, phone: str, *, context: AuditContext | None = None
+    user: User, team_id: int, person_id: int, phone: str, *, context: AuditContext | None = None
 ) -> Contact:
     """Set a member's phone number (admins)."""
     with audited(user, Action.MANAGE_NOTIFICATIONS, "user", person_id, context) as attempt:
@@ -111,7 +112,7 @@ def set_contact(
     return contact
 
 
-def _member(team: Team, person_id: int) -> Any:
+def _member(team: Team, person_id: int) -> User:
     person = get_user_model().objects.filter(pk=person_id).first()
     if person is None or role_in_team(person, team.pk) is None:
         raise InvalidInput(
@@ -122,7 +123,7 @@ def _member(team: Team, person_id: int) -> Any:
 
 
 def send_test_notification(
-    user: Any, team_id: int, person_id: int, channel: str, *, context: AuditContext | None = None
+    user: User, team_id: int, person_id: int, channel: str, *, context: AuditContext | None = None
 ) -> Delivery:
     """A test message to one person on one channel (admins); the delivery says how it went."""
     with audited(user, Action.MANAGE_NOTIFICATIONS, "team", team_id, context) as attempt:

@@ -127,7 +127,7 @@ class Durations:
     def slowest(self) -> Link | None:
         """The measured link that took longest: the one a review looks at first."""
         measured = [link for link in self.links if link.seconds is not None]
-        return max(measured, key=lambda link: link.seconds, default=None)
+        return max(measured, key=lambda link: link.seconds or 0.0, default=None)  # all measured
 
     def as_dict(self) -> dict[str, Any]:
         slowest = self.slowest
@@ -228,7 +228,7 @@ def link_stats(durations: Iterable[Durations]) -> dict[str, LinkStats]:
     durations = list(durations)
     stats = {}
     for key in LINK_KEYS:
-        values = [d.link(key).seconds for d in durations if d.link(key).seconds is not None]
+        values = [s for d in durations if (s := d.link(key).seconds) is not None]
         stats[key] = LinkStats(len(values), percentile(values, 50), percentile(values, 90))
     return stats
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, overload
 
 from incidents.reviews.content import TEXT_FIELDS
 from incidents.reviews.draft import actor_name, clock
@@ -30,6 +30,10 @@ def iso(moment: datetime | None) -> str | None:
     return moment.isoformat().replace("+00:00", "Z") if moment is not None else None
 
 
+@overload
+def parse_iso(text: str) -> datetime: ...
+@overload
+def parse_iso(text: None) -> None: ...
 def parse_iso(text: str | None) -> datetime | None:
     # fromisoformat reads "Z" from Python 3.11 on.
     return datetime.fromisoformat(text) if text is not None else None

@@ -13,13 +13,14 @@ from incidents.reviews.durations import Durations, link_stats, measure
 from incidents.reviews.export import iso
 from incidents.reviews.writeup import declared, timeline_rows
 from incidents.teams.access import visible_team_ids
+from incidents.teams.users import Visitor
 
 # A period's incidents are measured in one pass; a bound keeps one request from reading a
 # whole database (ask for a shorter period).
 MAX_INCIDENTS = 2_000
 
 
-def team_incident_report(user: Any, team_id: int, since: datetime, until: datetime) -> dict:
+def team_incident_report(user: Visitor, team_id: int, since: datetime, until: datetime) -> dict:
     """Incidents of the team opened in [since, until), measured; 404 outside the user's teams."""
     if team_id not in visible_team_ids(user):
         raise NotFound(f"There is no team {team_id}.")

@@ -13,7 +13,7 @@ writer's text as revision 2, so the history shows what the writer changed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import date
+from datetime import date, datetime
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -45,6 +45,7 @@ from incidents.reviews.export import FORMAT, iso, row_as_dict
 from incidents.teams.access import role_in_team, scoped_get
 from incidents.teams.audit import AuditContext, audited
 from incidents.teams.authority import Action, decide
+from incidents.teams.users import User, Visitor
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class ReviewData:
     content: dict[str, Any]
 
 
-def readable_incident(user: Any, incident_id: int) -> Incident:
+def readable_incident(user: Visitor, incident_id: int) -> Incident:
     """The incident if the user's teams may see it, else NotFound (the same 404 as a missing
     one, so other teams' ids never leak)."""
     return scoped_get(
@@ -72,7 +73,7 @@ def readable_incident(user: Any, incident_id: int) -> Incident:
     )
 
 
-def may_edit(user: Any, incident: Incident) -> bool:
+def may_edit(user: Visitor, incident: Incident) -> bool:
     return decide(role_in_team(user, incident.job.team_id), Action.EDIT_REVIEW).allowed
 
 
@@ -115,7 +116,7 @@ def facts_of(incident: Incident) -> IncidentFacts:
     )
 
 
-def load_review(user: Any, incident_id: int) -> ReviewData:
+def load_review(user: Visitor, incident_id: int) -> ReviewData:
     """The incident's review as its team sees it (404 for anyone else)."""
     incident = readable_incident(user, incident_id)
     pairs = timeline_rows([incident.pk])[incident.pk]
@@ -123,6 +124,7 @@ def load_review(user: Any, incident_id: int) -> ReviewData:
     size = JobSize.objects.filter(job_id=incident.job_id).first()
     durations = measure(rows, incident.first_time, incident.first_step, declared(size))
     review = Review.objects.filter(incident=incident).select_related("updated_by").first()
+    content: dict[str, Any]
     if review is None:
         content = {"status": ReviewStatus.DRAFT, **draft(facts_of(incident), rows, durations)}
         content["follow_ups"] = []
@@ -204,7 +206,7 @@ def _incident_dict(incident: Incident) -> dict[str, Any]:
 
 
 def save_review(
-    user: Any,
+    user: User,
     incident_id: int,
     content: dict[str, Any],
     *,
@@ -289,7 +291,7 @@ def _check_editable(review: Review, clean: dict[str, Any], expected: int) -> Non
         raise Conflict("The review is final: only its follow-ups can still be marked done.")
 
 
-def _write(review: Review, clean: dict[str, Any], user: Any, now) -> None:
+def _write(review: Review, clean: dict[str, Any], user: User, now: datetime) -> None:
     """The content, the follow-ups and a new revision (a compare-and-swap on the number)."""
     number = review.revision + 1
     updated = Review.objects.filter(pk=review.pk, revision=review.revision).update(
@@ -321,16 +323,16 @@ def _write(review: Review, clean: dict[str, Any], user: Any, now) -> None:
     review.refresh_from_db()
 
 
-def _username(user: Any) -> str | None:
+def _username(user: User | None) -> str | None:
     return user.get_username() if user is not None else None
 
 
-def _users(usernames: set[str | None]) -> list[Any]:
+def _users(usernames: set[str | None]) -> list[User]:
     names = {name for name in usernames if name}
     return list(get_user_model().objects.filter(username__in=names)) if names else []
 
 
-def _finalize(review: Review, incident: Incident, user: Any, now) -> None:
+def _finalize(review: Review, incident: Incident, user: User, now: datetime) -> None:
     """draft → final, and the incident resolved → reviewed, with its timeline row."""
     if incident.status != IncidentStatus.RESOLVED:
         raise Conflict(

@@ -15,30 +15,31 @@ from core.errors import NotFound
 from incidents.models import Membership
 from incidents.teams.audit import Attempt
 from incidents.teams.authority import Action, decide
+from incidents.teams.users import Visitor
 
 M = TypeVar("M", bound=models.Model)
 
 
-def role_in_team(user: Any, team_id: int) -> str | None:
+def role_in_team(user: Visitor, team_id: int) -> str | None:
     """The user's role in the team, or None when they have none (or are not logged in)."""
-    if user is None or not getattr(user, "is_authenticated", False):
+    if user is None or not user.is_authenticated:
         return None
     return (
         Membership.objects.filter(user=user, team_id=team_id).values_list("role", flat=True).first()
     )
 
 
-def visible_team_ids(user: Any) -> list[int]:
+def visible_team_ids(user: Visitor) -> list[int]:
     """Teams whose objects the user may see: those where the authority lets their role view."""
-    if user is None or not getattr(user, "is_authenticated", False):
+    if user is None or not user.is_authenticated:
         return []
     memberships = Membership.objects.filter(user=user).values_list("team_id", "role")
     return [team_id for team_id, role in memberships if decide(role, Action.VIEW).allowed]
 
 
 def scoped_get(
-    queryset: models.QuerySet[M],
-    user: Any,
+    queryset: models.QuerySet[M] | models.Manager[M],
+    user: Visitor,
     pk: Any,
     *,
     team_path: str,
@@ -58,7 +59,9 @@ def scoped_get(
             attempt.team_id = _team_id_of(found, team_path)
         return found
     if attempt is not None:
-        owner = queryset.model.objects.filter(pk=pk).values_list(team_path, flat=True).first()
+        owner = (
+            queryset.model._default_manager.filter(pk=pk).values_list(team_path, flat=True).first()
+        )
         attempt.team_id = owner
         if owner is not None:
             attempt.reason = decide(None, attempt.action).reason

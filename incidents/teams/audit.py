@@ -22,7 +22,6 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -30,6 +29,7 @@ from django.utils import timezone
 from core.errors import Forbidden, ServiceError
 from incidents.models import ActorKind, AuditEntry
 from incidents.teams.authority import Decision, Role, role_at_least
+from incidents.teams.users import User
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ SYSTEM_CONTEXT = AuditContext(via="system")
 class Attempt:
     """One attempt being made; the service fills in what it learns as it goes."""
 
-    actor: Any  # a user, or None for the system
+    actor: User | None  # None: the system
     action: str
     target_type: str
     target_id: int | None
@@ -127,7 +127,7 @@ def _record_failure(attempt: Attempt, outcome_code: str, outcome: str) -> None:
 
 @contextmanager
 def audited(
-    actor: Any,
+    actor: User | None,
     action: str,
     target_type: str,
     target_id: int | None,

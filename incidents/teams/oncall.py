@@ -20,6 +20,7 @@ from incidents.models import Membership, OnCallShift, Team
 from incidents.teams.access import role_in_team, scoped_get
 from incidents.teams.audit import AuditContext, audited
 from incidents.teams.authority import Action, decide
+from incidents.teams.users import User
 
 
 def _team_id(team: Team | int) -> int:
@@ -58,7 +59,7 @@ def team_shifts(team: Team | int, *, ending_after: datetime | None = None) -> Qu
 
 
 def create_shift(
-    user: Any,
+    user: User,
     team_id: int,
     *,
     person_id: int,
@@ -96,7 +97,7 @@ def create_shift(
 
 
 def delete_shift(
-    user: Any, team_id: int, shift_id: int, *, context: AuditContext | None = None
+    user: User, team_id: int, shift_id: int, *, context: AuditContext | None = None
 ) -> None:
     """Remove a shift (plans change; the audit trail keeps who removed what)."""
     with audited(user, Action.MANAGE_SHIFTS, "shift", shift_id, context) as attempt:

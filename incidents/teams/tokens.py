@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -17,6 +16,7 @@ from django.utils import timezone
 from core.errors import InvalidInput, NotFound, Unauthenticated
 from incidents.models import PersonalToken, hash_token
 from incidents.teams.audit import AuditContext, audited
+from incidents.teams.users import User
 
 ISSUE_TOKEN = "issue_token"
 REVOKE_TOKEN = "revoke_token"
@@ -31,7 +31,7 @@ class IssuedToken:
 
 
 def issue_personal_token(
-    user: Any, name: str, *, context: AuditContext | None = None
+    user: User, name: str, *, context: AuditContext | None = None
 ) -> IssuedToken:
     """A new token for ``user`` (themselves: nobody mints tokens for somebody else)."""
     with audited(user, ISSUE_TOKEN, "user", user.pk, context) as attempt:
@@ -48,7 +48,7 @@ def issue_personal_token(
 
 
 def revoke_personal_token(
-    user: Any, token_id: int, *, context: AuditContext | None = None
+    user: User, token_id: int, *, context: AuditContext | None = None
 ) -> PersonalToken:
     """Revoke one of the user's own tokens (another person's is 404). Twice is harmless."""
     with audited(user, REVOKE_TOKEN, "token", token_id, context) as attempt:
@@ -64,7 +64,7 @@ def revoke_personal_token(
     return token
 
 
-def authenticate_personal_token(raw_token: str) -> Any:
+def authenticate_personal_token(raw_token: str) -> User:
     """The user a raw personal token belongs to; Unauthenticated if unknown or revoked."""
     token = (
         PersonalToken.objects.select_related("user")

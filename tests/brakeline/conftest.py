@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import brakeline
-from brakeline.transport import Response, TransportError
+from brakeline._transport import Response, TransportError
 from tests.brakeline.live import RestartableConsole, TrainingLauncher
 from tests.conftest import free_port
 

@@ -25,7 +25,9 @@ def training_environment(url: str | None, token: str | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BRAKELINE_")}
     # Kept on purpose: the snapshot must redact it, and the console checks that it did.
     env["BRAKELINE_SECRET_KEY"] = os.environ.get("BRAKELINE_SECRET_KEY", "not-a-real-secret")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    # The project root for tests.*, sdk/ for brakeline where it is not installed.
+    path = [str(ROOT), str(ROOT / "sdk"), env.get("PYTHONPATH")]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, path))
     env.update(
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",

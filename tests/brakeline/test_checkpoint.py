@@ -6,7 +6,7 @@ import os
 import pytest
 
 import brakeline
-from brakeline.checkpoint import checkpoint_path, save_atomically
+from brakeline._checkpoint import checkpoint_path, save_atomically
 
 
 def test_atomic_save_reports_size_time_and_sha256(tmp_path):

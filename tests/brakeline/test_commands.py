@@ -255,7 +255,7 @@ def test_terminate_while_paused_exits_from_the_pause(make_run, exits):
 def test_default_exit_uses_sys_exit_in_the_main_thread():
     import pytest
 
-    from brakeline.run import default_exit
+    from brakeline._run import default_exit
 
     with pytest.raises(SystemExit) as raised:
         default_exit(brakeline.EXIT_TERMINATED)

@@ -4,7 +4,7 @@ import os
 import socket
 import time
 
-from brakeline.transport import Response
+from brakeline._transport import Response
 from tests.brakeline.conftest import wait_until
 
 
@@ -106,7 +106,7 @@ def test_offline_run_works_without_a_console(tmp_path, exits):
 
 
 def test_settings_come_from_the_environment(monkeypatch):
-    from brakeline.settings import resolve_settings
+    from brakeline._settings import resolve_settings
 
     monkeypatch.setenv("BRAKELINE_URL", "https://console.example/")
     monkeypatch.setenv("BRAKELINE_TOKEN", "tok")

@@ -18,7 +18,6 @@ from breakers.control.commands import issue_command
 from breakers.models import Command, CommandKind, CommandStatus, MetricPoint
 from incidents.models import Job, JobStatus
 from tests.brakeline.live import sha256_of_path, wait_for
-from tests.breakers.test_evaluation_flow import worker  # noqa: F401  (fixture)
 
 # The worker evaluates the rules (the default pack reinstalled after earlier flushes).
 pytestmark = [

@@ -20,7 +20,6 @@ import pytest
 from breakers.models import MetricPoint
 from incidents.models import Job, JobStatus
 from tests.brakeline.live import points_per_step, wait_for
-from tests.breakers.test_evaluation_flow import worker  # noqa: F401  (fixture)
 
 # The worker evaluates the rules (the default pack reinstalled after earlier flushes).
 pytestmark = [

@@ -3,7 +3,7 @@
 import logging
 import time
 
-from brakeline.transport import Response
+from brakeline._transport import Response
 from tests.brakeline.conftest import wait_until
 
 
@@ -174,7 +174,7 @@ def test_an_unexpected_transport_error_is_logged_and_the_thread_goes_on(
 def test_http_transport_reports_an_unreachable_console_as_transport_error():
     import pytest
 
-    from brakeline.transport import HttpTransport, TransportError
+    from brakeline._transport import HttpTransport, TransportError
 
     with pytest.raises(TransportError):
         HttpTransport("http://127.0.0.1:1", "token", timeout=2.0).post("heartbeat", b"{}")

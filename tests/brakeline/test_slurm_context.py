@@ -1,7 +1,7 @@
 """Under Slurm the SDK tells the console where it runs: heartbeats carry the Slurm job, its
 nodes and the step, and points name the node as Slurm does (the name the console drains)."""
 
-from brakeline.settings import resolve_settings
+from brakeline._settings import resolve_settings
 from tests.brakeline.conftest import wait_until
 
 

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from brakeline.commands import CommandInbox
-from brakeline.push import PushListener
+from brakeline._commands import CommandInbox
+from brakeline._push import PushListener
 from brakeline.snapshot import (
     REDACTED,
     git_state,

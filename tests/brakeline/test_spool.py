@@ -2,7 +2,7 @@
 
 import json
 
-from brakeline.spool import PointSpool, open_spill_directory
+from brakeline._spool import PointSpool, open_spill_directory
 
 
 def _lines(start, count):

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from brakeline.backoff import Backoff
-from brakeline.encoding import (
+from brakeline._backoff import Backoff
+from brakeline._encoding import (
     LogRecord,
     RecordExpander,
     encode_point,
@@ -16,7 +16,7 @@ from brakeline.encoding import (
     json_value,
     to_jsonable,
 )
-from brakeline.transport import encode_json, parse_retry_after
+from brakeline._transport import encode_json, parse_retry_after
 
 
 def test_non_finite_values_become_the_protocol_strings():

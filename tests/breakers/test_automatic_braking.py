@@ -21,7 +21,7 @@ from breakers.detection.evaluation import evaluate_job
 from breakers.detection.rules import install_default_pack
 from breakers.models import Command, CommandKind
 from incidents.models import Alert, Incident, Job, JobStatus, TimelineEntry
-from tests.breakers.test_evaluation_flow import wait_for, worker  # noqa: F401  (fixture)
+from tests.support.waiting import wait_for
 
 HEALTHY = [PointIn("loss", step, 2.0 + (step % 7) * 0.01, None, None) for step in range(60)]
 
@@ -76,7 +76,7 @@ def post(url: str, token: str, body: dict) -> dict:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_nan_to_paused_through_the_real_stack(live_console, worker, agent):  # noqa: F811
+def test_nan_to_paused_through_the_real_stack(live_console, worker, agent):
     ws_url = live_console.replace("http://", "ws://") + "/ws/agent/"
     points = [{"name": "loss", "step": p.step, "value": p.value} for p in HEALTHY]
     with connect(ws_url, additional_headers=agent.headers) as socket:
@@ -127,7 +127,7 @@ def test_nan_to_paused_through_the_real_stack(live_console, worker, agent):  # n
 
 
 @pytest.mark.django_db(transaction=True)
-def test_without_a_websocket_the_brake_arrives_in_the_heartbeat_reply(live_console, worker, agent):  # noqa: F811
+def test_without_a_websocket_the_brake_arrives_in_the_heartbeat_reply(live_console, worker, agent):
     post(f"{live_console}/api/v1/agent/metrics", agent.token,
          {"points": [{"name": "loss", "step": 1, "value": "NaN"}]})  # fmt: skip
 
@@ -145,7 +145,7 @@ def test_without_a_websocket_the_brake_arrives_in_the_heartbeat_reply(live_conso
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_agent_that_stops_heartbeating_gets_the_alert(live_console, worker, agent):  # noqa: F811
+def test_an_agent_that_stops_heartbeating_gets_the_alert(live_console, worker, agent):
     from breakers.control.tasks import watchdog
 
     Job.objects.filter(pk=agent.job_id).update(heartbeat_timeout_seconds=0.3)

@@ -15,46 +15,17 @@ from contextlib import contextmanager
 
 import pytest
 from celery.signals import before_task_publish
-from celery.worker import state as worker_state
-from django.conf import settings
 from django.db import connection, transaction
 
 from breakers.detection import evaluation, tasks
-from breakers.detection.rules import install_default_pack
 from breakers.models import EvaluationState, MetricPoint
 from incidents.models import Alert, Incident, TimelineEntry
+from tests.support.waiting import wait_for
+from tests.support.worker import worker_idle
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 METRICS = "/api/v1/agent/metrics"
-
-
-def wait_for(predicate, what: str, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = predicate()
-        if result:
-            return result
-        time.sleep(0.02)
-    raise AssertionError(f"still waiting after {timeout:.0f} s for {what}")
-
-
-def worker_idle() -> bool:
-    """Nothing queued, nothing received, nothing running — twice, 50 ms apart."""
-
-    def idle() -> bool:
-        busy = worker_state.active_requests or worker_state.reserved_requests
-        return not busy and all(tasks._redis().llen(q) == 0 for q in settings.WORKER_QUEUES)
-
-    return idle() and (time.sleep(0.05) or idle())
-
-
-@pytest.fixture
-def worker(celery_worker):
-    # An earlier transactional test's flush emptied every table, the migrated rules included.
-    install_default_pack()
-    yield celery_worker
-    wait_for(worker_idle, "the worker to be idle")
 
 
 def post_points(client, agent, points) -> None:

@@ -19,7 +19,7 @@ from breakers.models import NodeDrain, SchedulerBinding
 from core.errors import InvalidInput
 from incidents.jobs import create_job, record_heartbeat
 from incidents.models import Incident, Job, JobStatus, Node, TimelineEntry
-from tests.authz_support import Api, make_member, raise_alert
+from tests.support.authz import Api, make_member, raise_alert
 
 HEARTBEAT = "/api/v1/agent/heartbeat"
 SLURM_BEAT = {
@@ -116,10 +116,12 @@ def test_drains_and_l4_cancels_of_slurm_jobs_go_to_slurm_after_commit(
         issue_command(local.job_id, "isolate_node", reason="XID", params={"node": "gpu01"})
         issue_command(local.job_id, "terminate", reason="XID", severity="L4")
     assert routed(callbacks) == 0
+    person_s = make_agent()  # on_slurm has its terminate on its way: one at a time
+    bind(person_s.job_id)
     with django_capture_on_commit_callbacks() as callbacks:
         # A person's terminate without an L4 is the job's to carry out (the executor only
         # steps in when it does not answer in time).
-        issue_command(on_slurm.job_id, "terminate", reason="done", idempotency_key="person")
+        issue_command(person_s.job_id, "terminate", reason="done", idempotency_key="person")
     assert routed(callbacks) == 0
 
 

@@ -22,7 +22,7 @@ from incidents.models import (
     PersonalToken,
     TimelineEntry,
 )
-from tests.authz_support import Api, Scene, make_member, raise_alert
+from tests.support.authz import Api, Scene, make_member, raise_alert
 
 pytestmark = pytest.mark.django_db
 

@@ -20,7 +20,7 @@ from django.utils import timezone
 from breakers.control.commands import issue_command
 from incidents.models import AuditEntry, EscalationRequest, Job, JobStatus
 from incidents.teams.authority import Action, decide
-from tests.authz_support import LEVELS, ROLES, Scene, raise_alert
+from tests.support.authz import LEVELS, ROLES, Scene, raise_alert
 
 pytestmark = pytest.mark.django_db
 

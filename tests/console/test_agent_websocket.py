@@ -56,7 +56,7 @@ def test_other_jobs_commands_do_not_reach_this_agent(live_console, make_agent):
     mine, other = make_agent(name="mine"), make_agent(name="other")
     with connect(ws_url(live_console), additional_headers=mine.headers) as socket:
         issue_command(other.job_id, "terminate", reason="not yours")
-        issued = issue_command(mine.job_id, "resume", reason="yours").command
+        issued = issue_command(mine.job_id, "lower_lr", reason="yours").command
         message = next_message(socket)
     assert message["command"]["id"] == issued.pk
 

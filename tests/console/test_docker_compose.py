@@ -77,3 +77,17 @@ def test_the_worker_consumes_the_queue_tasks_are_sent_to(compose):
     queues = command[command.index("--queues") + 1].split(",")
     default = settings.DEFAULT_CELERY_QUEUE
     assert queues == [f"{default}-watchdog", default, f"{default}-ticks"]
+
+
+def test_the_image_copies_every_package_the_console_distribution_ships():
+    """The Dockerfile lists what it copies; a package added to the project must be in it."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = [p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]]
+    copied = {
+        line.split()[1]
+        for line in (ROOT / "Dockerfile").read_text().splitlines()
+        if line.startswith("COPY ")
+    }
+    assert set(packages) | {"sdk", "templates"} <= copied

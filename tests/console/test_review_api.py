@@ -1,9 +1,6 @@
 """The review over REST: who reads and who edits, CSRF on the session, the exports (the JSON
 round-trips: the timeline and its durations rebuild from it alone), the team report."""
 
-# The fixtures come from tests.review_support, imported by name: their parameters shadow them.
-# ruff: noqa: F401, F811
-
 from __future__ import annotations
 
 import json
@@ -17,7 +14,7 @@ from incidents.jobs import create_job
 from incidents.models import AuditEntry, Incident, TimelineEntry
 from incidents.reviews.export import durations_from_document, rows_from_document
 from incidents.reviews.writeup import declare_job_size
-from tests.review_support import T0, Team, flow, team
+from tests.support.review import T0, Team
 
 pytestmark = pytest.mark.django_db
 

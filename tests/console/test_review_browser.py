@@ -8,9 +8,6 @@ loop was left behind, where this test's own setup (channel-layer publishing afte
 through async_to_sync) could not run.
 """
 
-# The fixtures come from tests.review_support, imported by name: their parameters shadow them.
-# ruff: noqa: F401, F811
-
 from __future__ import annotations
 
 import json
@@ -21,8 +18,6 @@ from pathlib import Path
 
 import pytest
 from django.test import Client
-
-from tests.review_support import flow, team
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = [

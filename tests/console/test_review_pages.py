@@ -1,9 +1,6 @@
 """The review page and the team report page: what they show, the write-up form, print CSS; and
 the curve's SVG geometry (pure)."""
 
-# The fixtures come from tests.review_support, imported by name: their parameters shadow them.
-# ruff: noqa: F401, F811
-
 from __future__ import annotations
 
 import math
@@ -15,7 +12,6 @@ from django.test import Client
 
 from console.review_chart import chart, downsample
 from incidents.models import Incident, Review, ReviewRevision
-from tests.review_support import flow, team
 
 ROOT = Path(__file__).resolve().parents[2]
 

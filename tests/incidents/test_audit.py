@@ -13,7 +13,7 @@ from core.append_only import AppendOnlyError
 from core.errors import Conflict, Forbidden
 from incidents.models import AuditEntry, Job, JobStatus
 from incidents.teams.audit import AuditContext, audited
-from tests.authz_support import raise_alert
+from tests.support.authz import raise_alert
 
 pytestmark = pytest.mark.django_db
 

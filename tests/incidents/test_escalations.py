@@ -24,7 +24,7 @@ from incidents.models import (
     JobStatus,
     TimelineEntry,
 )
-from tests.authz_support import Scene, raise_alert
+from tests.support.authz import Scene, raise_alert
 
 pytestmark = pytest.mark.django_db
 

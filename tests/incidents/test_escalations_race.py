@@ -11,7 +11,7 @@ from django.test import Client
 
 from breakers.models import Command
 from incidents.models import AuditEntry, EscalationRequest, TimelineEntry
-from tests.authz_support import Api, raise_alert
+from tests.support.authz import Api, raise_alert
 
 RACERS = 2
 

@@ -33,7 +33,6 @@ from incidents.models import (
     TimelineEntry,
 )
 from incidents.notifications.delivery import attempt_delivery, dispatch_alert, fire_due_rounds
-from tests.notify_support import receiver, smtp_server  # noqa: F401  (fixtures)
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 FIRST_LINE = "L3 research/llama-7b: loss is NaN at step 4512 — paused"
@@ -60,7 +59,7 @@ def nan_signal(severity: str = "L3") -> AlertSignal:
 
 
 @pytest.fixture
-def team(receiver, settings):  # noqa: F811
+def team(receiver, settings):
     settings.NOTIFY_PROVIDER_BASE_URL = receiver.url + "/2010-04-01/Accounts/AC1"
     settings.NOTIFY_PROVIDER_ACCOUNT_SID = "AC1"
     settings.NOTIFY_PROVIDER_AUTH_TOKEN = "secret"
@@ -96,7 +95,7 @@ def send_all(ids: list[int]) -> None:
 
 
 @pytest.mark.django_db
-def test_an_l3_reaches_the_on_call_on_two_channels_escalates_and_stops_on_ack(team, receiver):  # noqa: F811
+def test_an_l3_reaches_the_on_call_on_two_channels_escalates_and_stops_on_ack(team, receiver):
     _, job, alice, bob = team
     with time_machine.travel(T0, tick=False):
         alert = raise_or_update_alert(job.pk, nan_signal(), now=T0).alert
@@ -160,7 +159,7 @@ def test_an_l3_reaches_the_on_call_on_two_channels_escalates_and_stops_on_ack(te
 
 
 @pytest.mark.django_db
-def test_the_provider_failing_twice_is_retried_with_backoff(team, receiver):  # noqa: F811
+def test_the_provider_failing_twice_is_retried_with_backoff(team, receiver):
     _, job, _, _ = team
     receiver.plans["Calls.json"] = [500, 503]
     alert = raise_or_update_alert(job.pk, nan_signal(), now=T0).alert
@@ -180,7 +179,7 @@ def test_the_provider_failing_twice_is_retried_with_backoff(team, receiver):  # 
 
 
 @pytest.mark.django_db
-def test_a_permanent_failure_and_a_missing_number_are_failed_deliveries(team, receiver):  # noqa: F811
+def test_a_permanent_failure_and_a_missing_number_are_failed_deliveries(team, receiver):
     _, job, alice, _ = team
     receiver.plans["Calls.json"] = [400]  # a 4xx will not get better by retrying
     alert = raise_or_update_alert(job.pk, nan_signal(), now=T0).alert
@@ -203,8 +202,8 @@ def test_a_permanent_failure_and_a_missing_number_are_failed_deliveries(team, re
 @pytest.mark.django_db
 def test_health_alerts_go_to_sms_and_phone_and_email_through_smtp(
     team,
-    receiver,  # noqa: F811
-    smtp_server,  # noqa: F811
+    receiver,
+    smtp_server,
     settings,
 ):
     team_, job, _, _ = team
@@ -260,7 +259,7 @@ def fan_out_by_hand():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_acknowledgement_during_the_fan_out_stops_the_rest(team, receiver, fan_out_by_hand):  # noqa: F811, E501
+def test_an_acknowledgement_during_the_fan_out_stops_the_rest(team, receiver, fan_out_by_hand):  # noqa: E501
     """The race: alice acknowledges from the chat message while her phone is about to ring."""
     _, job, alice, _ = team
     alert = raise_or_update_alert(job.pk, nan_signal(), now=T0).alert
@@ -292,7 +291,7 @@ def test_an_acknowledgement_during_the_fan_out_stops_the_rest(team, receiver, fa
 
 
 @pytest.mark.django_db(transaction=True)
-def test_raised_alerts_fan_out_through_a_real_worker(team, receiver, celery_worker, settings):  # noqa: F811, E501
+def test_raised_alerts_fan_out_through_a_real_worker(team, receiver, celery_worker, settings):  # noqa: E501
     """The trigger path: notify_alert after commit → dispatch task → one task per delivery.
     The phone provider fails twice (retried with backoff) while the chat is already delivered."""
     from incidents.notifications.delivery import notify_alert
@@ -322,7 +321,7 @@ def test_raised_alerts_fan_out_through_a_real_worker(team, receiver, celery_work
 @pytest.mark.django_db
 def test_the_embedded_mode_sends_in_process(
     team,
-    receiver,  # noqa: F811
+    receiver,
     request,
     django_capture_on_commit_callbacks,
 ):
@@ -348,8 +347,8 @@ def test_the_embedded_mode_sends_in_process(
 @pytest.mark.django_db
 def test_performance_findings_reach_nobody_now_and_the_daily_digest_once(
     team,
-    receiver,  # noqa: F811
-    smtp_server,  # noqa: F811
+    receiver,
+    smtp_server,
     settings,
 ):
     from incidents.notifications.policy import send_daily_digest
@@ -381,7 +380,7 @@ def test_performance_findings_reach_nobody_now_and_the_daily_digest_once(
 
 
 @pytest.mark.django_db
-def test_a_signed_provider_receipt_marks_the_call_delivered(team, receiver, client):  # noqa: F811
+def test_a_signed_provider_receipt_marks_the_call_delivered(team, receiver, client):
     from incidents.notifications.senders import provider_signature
 
     _, job, _, _ = team
@@ -413,7 +412,7 @@ def test_a_signed_provider_receipt_marks_the_call_delivered(team, receiver, clie
 
 
 @pytest.mark.django_db
-def test_a_failed_slurm_call_pages_on_call_and_managers_by_phone_and_chat(team, receiver):  # noqa: F811
+def test_a_failed_slurm_call_pages_on_call_and_managers_by_phone_and_chat(team, receiver):
     from breakers.executors.slurm.executor import notify_scheduler_failure
 
     _, job, _, _ = team

@@ -12,8 +12,7 @@ from incidents.escalations import notify_managers_of_request, request_escalation
 from incidents.models import AuditEntry, Contact, Delivery, NotificationPolicy
 from incidents.notifications.delivery import attempt_delivery, dispatch_alert
 from incidents.notifications.routing import DEFAULT_RULES
-from tests.authz_support import raise_alert
-from tests.notify_support import receiver  # noqa: F401  (fixture)
+from tests.support.authz import raise_alert
 
 CHAT_ONLY_AT_L3 = [
     {"layer": "health", "min_level": "L1", "channels": ["phone", "sms"]},
@@ -55,7 +54,7 @@ def test_only_admins_change_the_policy_members_read_it(scene):
 
 
 @pytest.mark.django_db
-def test_test_message_contacts_deliveries_and_last_delivered(scene, receiver, settings):  # noqa: F811
+def test_test_message_contacts_deliveries_and_last_delivered(scene, receiver, settings):
     settings.NOTIFY_PROVIDER_BASE_URL = receiver.url + "/provider"
     admin = scene.api("admin")
     oncall = scene.person("oncall")
@@ -78,7 +77,7 @@ def test_test_message_contacts_deliveries_and_last_delivered(scene, receiver, se
 
 
 @pytest.mark.django_db
-def test_an_escalation_request_is_chatted_and_mailed_to_the_managers(scene, receiver):  # noqa: F811
+def test_an_escalation_request_is_chatted_and_mailed_to_the_managers(scene, receiver):
     NotificationPolicy.objects.create(team=scene.team, chat_webhook_url=receiver.url + "/hook")
     manager = scene.person("manager")
     manager.email = "boss@example.org"

@@ -3,9 +3,6 @@ the real services at fixed instants, on PostgreSQL. Then the write-up's lifecycl
 draft, edits kept as revisions, conflicts, marking it final (the incident becomes reviewed).
 """
 
-# The fixtures come from tests.review_support, imported by name: their parameters shadow them.
-# ruff: noqa: F401, F811
-
 from __future__ import annotations
 
 import pytest
@@ -23,7 +20,7 @@ from incidents.models import (
 )
 from incidents.reviews.writeup import load_review, save_review
 from incidents.teams.audit import AuditContext
-from tests.review_support import (
+from tests.support.review import (
     AT_ACK_ALERT,
     AT_ALERT,
     AT_CHECKPOINT,
@@ -35,9 +32,7 @@ from tests.review_support import (
     NAN_STEP,
     NODES,
     T0,
-    flow,
     raise_alert,
-    team,
 )
 
 pytestmark = pytest.mark.django_db

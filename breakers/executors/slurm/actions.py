@@ -14,7 +14,7 @@ import re
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from breakers.control.commands import TERMINAL_JOB_STATUSES, acknowledge_command
+from breakers.control.commands import acknowledge_command
 from breakers.executors.scheduler import slurm_binding
 from breakers.executors.slurm import executor as slurm
 from breakers.models import (
@@ -25,7 +25,16 @@ from breakers.models import (
     NodeDrain,
     SchedulerBinding,
 )
-from incidents.models import Job, Node, NodeStatus, TimelineKind
+from core.transitions import compare_and_swap_all
+from incidents.models import (
+    FINAL_JOB_STATUSES,
+    ISOLATABLE_NODE_STATUSES,
+    NODE_TRANSITIONS,
+    Job,
+    Node,
+    NodeStatus,
+    TimelineKind,
+)
 
 MAX_REASON_LENGTH = 200
 
@@ -96,7 +105,12 @@ def drain_node(command: Command, binding: SchedulerBinding) -> NodeDrain | None:
 
 def _record_drain(command: Command, name: str, reason: str, call_log: slurm.CallLog) -> NodeDrain:
     node, _ = Node.objects.get_or_create(job_id=command.job_id, hostname=name)
-    Node.objects.filter(pk=node.pk).update(status=NodeStatus.ISOLATED)
+    compare_and_swap_all(
+        Node.objects.filter(pk=node.pk),
+        table=NODE_TRANSITIONS,
+        expected=ISOLATABLE_NODE_STATUSES,
+        new=NodeStatus.ISOLATED,
+    )
     try:
         with transaction.atomic():
             drain = NodeDrain.objects.create(
@@ -126,7 +140,7 @@ def _may_requeue(command: Command) -> bool:
     terminating = Command.objects.filter(
         job_id=command.job_id, kind=CommandKind.TERMINATE, status__in=OPEN_COMMAND_STATUSES
     ).exists()
-    return job.status not in TERMINAL_JOB_STATUSES and not terminating
+    return job.status not in FINAL_JOB_STATUSES and not terminating
 
 
 def requeue_job(drain: NodeDrain, binding: SchedulerBinding, call_log: slurm.CallLog) -> bool:

@@ -38,6 +38,7 @@ from incidents.models import (
     TimelineKind,
 )
 from incidents.notifications.policy import notify_incident_people
+from incidents.teams.users import User
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +106,9 @@ def run_slurm(arguments: list[str]) -> SlurmCall:
     tool, *rest = arguments
     argv = (os.path.join(slurm_bin_dir(), tool) if slurm_bin_dir() else tool, *rest)
     env = dict(os.environ)
-    if slurm_conf():
-        env["SLURM_CONF"] = slurm_conf()
+    conf = slurm_conf()
+    if conf:
+        env["SLURM_CONF"] = conf
     started = time.monotonic()
     try:
         completed = subprocess.run(
@@ -138,7 +140,7 @@ class CallLog:
     incident_id: int | None
     alert_id: int | None = None
     command_id: int | None = None
-    actor: Any = None  # the person acting (returning a node), None for the system
+    actor: User | None = None  # the person acting (returning a node), None for the system
     escalate: bool = True  # a failure raises the incident to L4 (not when a person is present)
     calls: list[SlurmCall] = field(default_factory=list)
 
@@ -270,7 +272,7 @@ def wait_until_ended(slurm_job_id: str, seconds: float, call_log: CallLog, purpo
 class SlurmExecutor:
     """Stops a hung Slurm job: USR1 to let it checkpoint, the grace, then ``scancel``."""
 
-    name = ExecutorKind.SLURM
+    name: str = ExecutorKind.SLURM
 
     def stop(self, job: Job, *, grace_seconds: float) -> ExecutorOutcome:
         started = time.monotonic()

@@ -202,9 +202,9 @@ class Command(BaseCommand):
         ]  # fmt: skip
         if options["steps"] is not None:
             command += ["--steps", str(options["steps"])]
-        # -P keeps console/ off sys.path (its celery.py would shadow Celery); the project
-        # root goes on it instead, for brakeline when it is not installed.
-        path = [str(settings.BASE_DIR), os.environ.get("PYTHONPATH", "")]
+        # -P keeps console/ off sys.path (its celery.py would shadow Celery); the SDK's source
+        # (sdk/) goes on it instead, for brakeline when it is not installed.
+        path = [str(settings.BASE_DIR / "sdk"), os.environ.get("PYTHONPATH", "")]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, path)))
         env.setdefault("OMP_NUM_THREADS", "1")  # a tiny model; leave the cores to the console
         training = subprocess.Popen(command, env=env)

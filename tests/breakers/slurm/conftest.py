@@ -221,18 +221,6 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
             shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture
-def worker(celery_worker):
-    """The session's Celery worker with the default rule pack (a transactional test's flush
-    empties every table, the migrated rules included); idle again before the test ends."""
-    from breakers.detection.rules import install_default_pack
-    from tests.breakers.test_evaluation_flow import wait_for, worker_idle
-
-    install_default_pack()
-    yield celery_worker
-    wait_for(worker_idle, "the worker to be idle")
-
-
 @pytest.fixture(autouse=True)
 def _console_uses_the_test_cluster(request, settings) -> Iterator[None]:
     """The console's Slurm settings point at this cluster (SLURM_BIN_DIR, SLURM_CONF)."""

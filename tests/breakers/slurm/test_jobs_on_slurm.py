@@ -18,10 +18,10 @@ import pytest
 from breakers.control.tasks import watchdog
 from breakers.models import Command, CommandKind, CommandStatus, NodeDrain, SchedulerBinding
 from incidents.models import Alert, Incident, Job, JobStatus, Node, TimelineEntry
-from tests.authz_support import Api, make_member, raise_alert
 from tests.breakers.slurm.conftest import SlurmCluster, requires_slurm
-from tests.breakers.test_evaluation_flow import wait_for
 from tests.conftest import ROOT
+from tests.support.authz import Api, make_member, raise_alert
+from tests.support.waiting import wait_for
 
 pytestmark = [requires_slurm, pytest.mark.django_db(transaction=True)]
 

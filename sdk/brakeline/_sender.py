@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from brakeline.backoff import Backoff
-from brakeline.encoding import LogRecord, RecordExpander
-from brakeline.spool import Batch, PointSpool
-from brakeline.transport import Response, Transport, TransportError
+from brakeline._backoff import Backoff
+from brakeline._encoding import LogRecord, RecordExpander
+from brakeline._spool import Batch, PointSpool
+from brakeline._transport import Response, Transport, TransportError
 
 logger = logging.getLogger("brakeline")
 

@@ -1,6 +1,6 @@
 """Shared pieces of the authorisation-chain tests: people with roles, alerts, an API client.
 
-The ``scene`` fixture (tests/console/conftest.py, tests/incidents/conftest.py) is ``make_scene``.
+The ``scene`` fixture (a plugin: name it as a parameter) is ``make_scene()``.
 Users are created without passwords (no hashing: the matrix makes hundreds of them) and act
 through personal tokens, or ``force_login`` where a browser session is the point.
 """
@@ -11,14 +11,14 @@ import itertools
 import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from incidents.alerts.lifecycle import AlertSignal, raise_or_update_alert
-from incidents.jobs import create_job
-from incidents.models import Alert, Membership, PersonalToken, Team
+if TYPE_CHECKING:
+    from incidents.models import Alert, Team
 
 ROLES = ("viewer", "oncall", "manager", "admin")
 LEVELS = (None, "L1", "L2", "L3", "L4")
@@ -32,6 +32,8 @@ def make_user(prefix: str = "user") -> Any:
 
 
 def make_member(team: Team, role: str | None, prefix: str | None = None) -> Any:
+    from incidents.models import Membership
+
     user = make_user(prefix or role or "outsider")
     if role is not None:
         Membership.objects.create(user=user, team=team, role=role)
@@ -40,6 +42,8 @@ def make_member(team: Team, role: str | None, prefix: str | None = None) -> Any:
 
 def raise_alert(job_id: int, severity: str, *, rule_key: str | None = None) -> Alert:
     """A stability alert of ``severity`` on the job (opens or joins its incident)."""
+    from incidents.alerts.lifecycle import AlertSignal, raise_or_update_alert
+
     signal = AlertSignal(
         rule_key=rule_key or f"rule-{severity}-{next(_names)}",
         rule_name=f"Test rule {severity}",
@@ -63,6 +67,8 @@ class Api:
     """A person's script: JSON over the test client with their personal token."""
 
     def __init__(self, user: Any, client: Client | None = None):
+        from incidents.models import PersonalToken
+
         self.user = user
         self.token = PersonalToken.issue(user, "tests")[1]
         self.client = client or Client()
@@ -94,6 +100,8 @@ class Scene:
 
     def person(self, role: str | None) -> Any:
         """The member with ``role`` (None: a member of another team only), made on demand."""
+        from incidents.models import Team
+
         if role not in self.people:
             if role is None:
                 other = Team.objects.get_or_create(name="elsewhere")[0]
@@ -117,5 +125,13 @@ class Scene:
 
 
 def make_scene() -> Scene:
+    from incidents.jobs import create_job
+
     created = create_job("research", f"llm-{next(_names)}")
     return Scene(team=created.job.team, job_id=created.job.pk, agent_token=created.raw_token)
+
+
+@pytest.fixture
+def scene(db) -> Scene:
+    """A team with a job and a person per role (the authorisation-chain tests)."""
+    return make_scene()

@@ -1,7 +1,8 @@
 """Real local servers for the notification tests: an HTTP receiver and an SMTP server.
 
 Both listen on 127.0.0.1 (free ports), run in threads of the test process and are stopped by
-their fixtures; nothing of our own infrastructure is mocked.
+their fixtures (``receiver``, ``smtp_server``: plugins, named as parameters); nothing of our own
+infrastructure is mocked.
 """
 
 from __future__ import annotations

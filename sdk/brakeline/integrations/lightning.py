@@ -17,8 +17,8 @@ except ImportError:  # the older package name
     from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef]
 
 import brakeline
-from brakeline.rng import capture_rng_state, restore_rng_state
-from brakeline.run import Run
+from brakeline._rng import capture_rng_state, restore_rng_state
+from brakeline._run import Run
 
 CHECKPOINT_KEY = "brakeline"
 

@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from brakeline.backoff import Backoff
-from brakeline.commands import CommandInbox
-from brakeline.transport import Response, Transport, TransportError, encode_json
+from brakeline._backoff import Backoff
+from brakeline._commands import CommandInbox
+from brakeline._transport import Response, Transport, TransportError, encode_json
 
 logger = logging.getLogger("brakeline")
 

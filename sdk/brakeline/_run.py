@@ -21,31 +21,31 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from brakeline import handlers
-from brakeline.backoff import Backoff
-from brakeline.checkpoint import (
+from brakeline import _handlers as handlers
+from brakeline._backoff import Backoff
+from brakeline._checkpoint import (
     CheckpointResult,
     Saver,
     TrainingObjects,
     checkpoint_path,
     save_atomically,
 )
-from brakeline.commands import Command, CommandInbox
-from brakeline.control import ControlLoop
-from brakeline.encoding import LogRecord, to_jsonable
-from brakeline.loader import PausableLoader
-from brakeline.push import PushListener
-from brakeline.rng import seed_everything
-from brakeline.sender import MetricsSender
-from brakeline.settings import EXIT_TERMINATED, Settings, resolve_settings
+from brakeline._commands import ACK_LATER, Command, CommandFailed, CommandInbox
+from brakeline._control import ControlLoop
+from brakeline._encoding import LogRecord, to_jsonable
+from brakeline._loader import PausableLoader
+from brakeline._pause import PauseController, PauseInfo, PauseState
+from brakeline._push import PushListener
+from brakeline._rng import seed_everything
+from brakeline._sender import MetricsSender
+from brakeline._settings import EXIT_TERMINATED, Settings, resolve_settings
+from brakeline._spool import PointSpool, open_spill_directory
+from brakeline._transport import HttpTransport, Transport, encode_json
 from brakeline.snapshot import checkpoint_reference, heartbeat_scheduler_fields, take_snapshot
-from brakeline.spool import PointSpool, open_spill_directory
-from brakeline.transport import HttpTransport, Transport, encode_json
 
 logger = logging.getLogger("brakeline")
 
 STATUSES = ("running", "paused", "checkpointing", "finished")
-HOLD_POLL_SECONDS = 0.5
 HOOK_NAMES = ("release", "resume")
 
 
@@ -83,14 +83,11 @@ class Run:
         self.settings = settings
         self.step = 0
         self.status = "running"
-        self.paused = False
-        self.data_paused = False
         self.finished = False
         # Set by terminate: a framework is stopping gracefully; no more pausing or holding.
         self.stopping = False
-        # Set by a handler whose pause starts in a later framework hook (HF on_save): the
-        # commands behind it (its resume) stay in the inbox for that pause to take.
-        self.pause_pending = False
+        # Every pause (pause_data, checkpoint_and_pause, a framework's own save) goes through it.
+        self._pause = PauseController(self)
         self.inbox = CommandInbox()
         self.training = TrainingObjects(seeds=dict(seeds or {}))
         self.wrapped_loaders: list[PausableLoader] = []
@@ -111,9 +108,7 @@ class Run:
         self._saver: Saver | None = None
         self._saver_suffix = ".pt"
         self._handlers: dict[str, handlers.Handler] = {}
-        self._hooks: dict[str, list[Callable[[handlers.PauseInfo], Any]]] = {
-            name: [] for name in HOOK_NAMES
-        }
+        self._hooks: dict[str, list[Callable[[PauseInfo], Any]]] = {name: [] for name in HOOK_NAMES}
         self._terminate_handler: Callable[[int], Any] | None = None
         self._snapshots_sent = 0
         self._snapshot_threads: list[threading.Thread] = []
@@ -269,11 +264,11 @@ class Run:
         dict (ack succeeded), raises (ack failed) or returns ``ACK_LATER``."""
         self._handlers[kind] = handler
 
-    def on_release(self, callback: Callable[[handlers.PauseInfo], Any]) -> None:
+    def on_release(self, callback: Callable[[PauseInfo], Any]) -> None:
         """Called after a checkpoint_and_pause saved and confirmed: free accelerators here."""
         self._hooks["release"].append(callback)
 
-    def on_resume(self, callback: Callable[[handlers.PauseInfo], Any]) -> None:
+    def on_resume(self, callback: Callable[[PauseInfo], Any]) -> None:
         """Called when a pause ends with resume, before training continues."""
         self._hooks["resume"].append(callback)
 
@@ -333,11 +328,15 @@ class Run:
     def _before_fetch(self) -> None:
         if self.inbox.has_pending:
             self._process_commands(self.step)
-        if self.data_paused and not (self.finished or self.stopping):
-            self.hold_paused(self.step)
+        pause = self._pause
+        held = self.finished or self.stopping or pause.state is not PauseState.RUNNING
+        if pause.data_paused and not held:
+            pause.hold(self.step)
 
     def _process_commands(self, step: int) -> None:
-        while not (self.finished or self.pause_pending):
+        # A save the framework makes in a later hook leaves the commands behind it (its
+        # resume) in the inbox, for that pause's hold to take.
+        while not (self.finished or self._pause.state is PauseState.SAVE_REQUESTED):
             command = self.inbox.take()
             if command is None:
                 return
@@ -357,13 +356,13 @@ class Run:
         )
         try:
             result = handler(self, command, step)
-        except handlers.CommandFailed as failure:
+        except CommandFailed as failure:
             self.ack(command.id, "failed", failure.result, str(failure))
         except Exception as error:  # a failing command must not kill training
             logger.exception("brakeline: command %s failed", command.kind)
             self.ack(command.id, "failed", {"step": step}, f"{type(error).__name__}: {error}")
         else:
-            if result is not handlers.ACK_LATER:
+            if result is not ACK_LATER:
                 self.ack(command.id, "succeeded", result if isinstance(result, dict) else {})
 
     # -- pause, checkpoint, terminate ------------------------------------------------------------
@@ -374,35 +373,15 @@ class Run:
         if self.control is not None:
             self.control.poke()
 
-    def hold_paused(self, step: int, info: handlers.PauseInfo | None = None) -> None:
-        """Block the training thread until ``resume`` (or ``terminate``), heartbeating as
-        paused and applying other commands (lower_lr...) meanwhile."""
-        self.paused = True
-        self.pause_pending = False
-        self.set_status("paused")
-        started = time.monotonic()
-        resumed = False
-        try:
-            while not (self.finished or self.stopping or resumed):
-                command = self.inbox.take()
-                if command is None:
-                    self.inbox.wait(HOLD_POLL_SECONDS)
-                elif command.kind == "resume" and "resume" not in self._handlers:
-                    self.data_paused = False
-                    self.ack(
-                        command.id,
-                        "succeeded",
-                        {"step": step, "paused_seconds": round(time.monotonic() - started, 3)},
-                    )
-                    resumed = True
-                else:
-                    self._apply(command, step)
-        finally:
-            self.paused = False
-            if not self.finished:
-                self.set_status("running")
-        if resumed:
-            self.call_hooks("resume", info or handlers.PauseInfo(step, "", "", None))
+    @property
+    def pause_state(self) -> PauseState:
+        """Where the run is in its pause sequence (RUNNING unless a pause is under way)."""
+        return self._pause.state
+
+    @property
+    def paused(self) -> bool:
+        """True while the training thread is held (pause_data, checkpoint_and_pause)."""
+        return self._pause.state is PauseState.HELD
 
     def checkpoint(self, step: int | None = None) -> CheckpointResult:
         """Save a checkpoint now (training thread, between steps) with the registered saver or
@@ -436,6 +415,7 @@ class Run:
         framework's graceful stop when a terminate handler is set)."""
         result = {"step": step, "exit_code": EXIT_TERMINATED}
         self.stopping = True
+        self._pause.stop()
         if self._terminate_handler is not None:
             self.ack(command.id, "succeeded", {**result, "graceful_stop": True})
             self._terminate_handler(step)
@@ -449,7 +429,7 @@ class Run:
         self.finish()
         self._exit_function(EXIT_TERMINATED)
 
-    def call_hooks(self, name: str, info: handlers.PauseInfo) -> None:
+    def call_hooks(self, name: str, info: PauseInfo) -> None:
         for callback in self._hooks[name]:
             try:
                 callback(info)
@@ -584,7 +564,7 @@ def init(
     **settings: Any,
 ) -> Run:
     """Start a run. Unset arguments come from BRAKELINE_* variables; other keyword arguments
-    are :class:`~brakeline.settings.Settings` fields (heartbeat_interval, flush_interval,
+    are :class:`brakeline.Settings` fields (heartbeat_interval, flush_interval,
     spill_dir, checkpoint_dir, rank, node, use_websocket...)."""
     resolved = resolve_settings(
         {"job": job, "url": url, "token": token, "ws_url": ws_url, **settings}

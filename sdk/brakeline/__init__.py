@@ -7,11 +7,13 @@
 
 Importing this package imports neither torch nor Django; torch is imported only by the torch
 helpers and the default checkpoint saver, ``websockets`` only by the push listener.
+
+The public API is what this package exports, plus the modules ``brakeline.torch``,
+``brakeline.snapshot`` and ``brakeline.integrations.*``; modules whose names start with an
+underscore are internal and may change in any release.
 """
 
-__version__ = "0.1.0"
-
-from brakeline.checkpoint import (  # noqa: E402 - __version__ first: submodules import it
+from brakeline._checkpoint import (
     CheckpointResult,
     RestoredState,
     latest_checkpoint,
@@ -19,11 +21,12 @@ from brakeline.checkpoint import (  # noqa: E402 - __version__ first: submodules
     save_atomically,
     sha256_of,
 )
-from brakeline.commands import Command  # noqa: E402
-from brakeline.handlers import ACK_LATER, CommandFailed, PauseInfo  # noqa: E402
-from brakeline.rng import seed_everything  # noqa: E402
-from brakeline.run import Run, init  # noqa: E402
-from brakeline.settings import EXIT_TERMINATED, Settings  # noqa: E402
+from brakeline._commands import ACK_LATER, Command, CommandFailed
+from brakeline._pause import PauseInfo, PauseState
+from brakeline._rng import seed_everything
+from brakeline._run import Run, init
+from brakeline._settings import EXIT_TERMINATED, Settings
+from brakeline._version import __version__
 
 __all__ = [
     "ACK_LATER",
@@ -32,6 +35,7 @@ __all__ = [
     "Command",
     "CommandFailed",
     "PauseInfo",
+    "PauseState",
     "RestoredState",
     "Run",
     "Settings",

@@ -17,7 +17,7 @@ import urllib.parse
 import urllib.request
 from typing import Any, Protocol
 
-from brakeline import __version__
+from brakeline._version import __version__
 
 AGENT_PREFIX = "/api/v1/agent"
 

@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from brakeline._version import __version__
+
 REDACTED = "<redacted>"
 SECRET_NAME_PARTS = (
     "TOKEN",
@@ -270,8 +272,6 @@ def take_snapshot(
     extra_env_prefixes: Iterable[str] = (),
 ) -> dict[str, Any]:
     """Everything the console shows and diffs for one moment of a run."""
-    from brakeline import __version__
-
     environ = os.environ if environ is None else environ
     return {
         "schema": 1,
@@ -301,7 +301,7 @@ def take_snapshot(
 def checkpoint_reference(checkpoint: Any) -> dict[str, Any]:
     """The ``checkpoint`` object of a checkpoint snapshot: path, sha256, bytes. From a
     CheckpointResult as it is, from a path by hashing it (run this off the training thread)."""
-    from brakeline.checkpoint import sha256_of, size_of
+    from brakeline._checkpoint import sha256_of, size_of
 
     if hasattr(checkpoint, "sha256"):
         return {"path": checkpoint.path, "sha256": checkpoint.sha256, "bytes": checkpoint.bytes}

@@ -1,4 +1,5 @@
-"""Commands from the console and the inbox that hands them to the training thread.
+"""Commands from the console, the inbox that hands them to the training thread, and how a
+handler answers one (a result, :class:`CommandFailed`, or :data:`ACK_LATER`).
 
 Commands arrive on three background paths (websocket push, heartbeat replies, metrics replies)
 and repeat until acknowledged, so the inbox de-duplicates by command id. The training thread
@@ -14,6 +15,16 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 KINDS = ("lower_lr", "pause_data", "checkpoint_and_pause", "resume", "terminate", "isolate_node")
+# Returned by a handler that acknowledges by itself (a pause confirms *before* it blocks).
+ACK_LATER = object()
+
+
+class CommandFailed(Exception):
+    """Raised by a handler to acknowledge a command as failed with a clear error."""
+
+    def __init__(self, error: str, result: dict[str, Any] | None = None) -> None:
+        super().__init__(error)
+        self.result = result or {}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from brakeline.rng import capture_rng_state, restore_rng_state
+from brakeline._rng import capture_rng_state, restore_rng_state
 
 
 def _length(loader: Any) -> int | None:

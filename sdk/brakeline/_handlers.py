@@ -2,47 +2,28 @@
 
 A handler returns the result to acknowledge as succeeded, raises :class:`CommandFailed` (or any
 exception) to acknowledge as failed, or returns :data:`ACK_LATER` when it acknowledges by itself
-(the pause commands must confirm *before* they block).
+(the pause commands must confirm *before* they block). The pause commands only start the run's
+pause controller (``_pause.py``), which owns the order save, confirm, release, hold.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from brakeline.checkpoint import CheckpointResult
-from brakeline.commands import KINDS, Command
+from brakeline._commands import ACK_LATER, KINDS, Command, CommandFailed
+from brakeline._pause import PauseInfo
 
 if TYPE_CHECKING:
-    from brakeline.run import Run
+    from brakeline._run import Run
 
-ACK_LATER = object()
 # Optimizer param-group keys and scheduler attributes that carry a learning rate. Schedulers
 # recompute the lr from these, so scaling only group["lr"] would be undone at the next step.
 LR_GROUP_KEYS = ("lr", "initial_lr", "max_lr", "min_lr")
 LR_SCHEDULER_ATTRIBUTES = ("base_lrs", "max_lrs", "_last_lr")
 
 Handler = Callable[["Run", Command, int], Any]
-
-
-class CommandFailed(Exception):
-    """Raised by a handler to acknowledge a command as failed with a clear error."""
-
-    def __init__(self, error: str, result: dict[str, Any] | None = None) -> None:
-        super().__init__(error)
-        self.result = result or {}
-
-
-@dataclasses.dataclass
-class PauseInfo:
-    """Given to release and resume callbacks."""
-
-    step: int
-    command_id: int | str
-    reason: str
-    checkpoint: CheckpointResult | None
 
 
 def _scaled(value: Any, factor: float) -> Any:
@@ -88,46 +69,24 @@ def lower_lr(run: Run, command: Command, step: int) -> dict[str, Any]:
 
 
 def pause_data(run: Run, command: Command, step: int) -> Any:
-    run.data_paused = True
-    if run.wrapped_loaders:
-        return {"step": step, "where": "data_loader"}
-    # Nothing wrapped: stop consuming data by holding right here until resume.
-    run.ack(command.id, "succeeded", {"step": step, "where": "step_boundary"})
-    run.hold_paused(step, PauseInfo(step, command.id, command.reason, None))
-    return ACK_LATER
+    refusal = run._pause.refusal(step)
+    if refusal is not None:
+        return refusal
+    return run._pause.pause_data(command, step)
 
 
 def resume(run: Run, command: Command, step: int) -> dict[str, Any]:
-    # Reached only when nothing was paused (a pause's own loop handles the resume that ends it).
-    run.data_paused = False
+    # Reached only when nothing was held (a pause's own hold takes the resume that ends it).
+    run._pause.data_paused = False
     return {"step": step, "was_paused": False}
 
 
 def checkpoint_and_pause(run: Run, command: Command, step: int) -> Any:
     """Fixed order: we are between steps (stopped), save, confirm, release, then hold."""
-    if run.paused:
-        result = run.last_checkpoint.as_dict() if run.last_checkpoint else {}
-        return {**result, "step": step, "already_paused": True}
-    run.set_status("checkpointing")
-    checkpoint = None
-    info = PauseInfo(step, command.id, command.reason, None)
-    try:
-        checkpoint = run.checkpoint(step)
-    except Exception as error:  # a failed save must still pause and be reported
-        run.ack(
-            command.id,
-            "failed",
-            {"step": step, "paused": True},
-            f"checkpoint failed ({type(error).__name__}: {error}); training is paused "
-            "without a new checkpoint and accelerators are kept",
-        )
-    else:
-        info.checkpoint = checkpoint
-        run.ack(command.id, "succeeded", checkpoint.as_dict())
-        run.wait_for_ack(command.id)
-        # Release only after a confirmed save: freeing accelerators without one loses the state.
-        run.call_hooks("release", info)
-    run.hold_paused(step, info)
+    refusal = run._pause.refusal(step)
+    if refusal is not None:
+        return refusal
+    run._pause.checkpoint_and_pause(command, step, lambda: run.checkpoint(step))
     return ACK_LATER
 
 
@@ -158,4 +117,4 @@ def unknown_kind(run: Run, command: Command, step: int) -> Any:
     raise CommandFailed(f"unknown command kind {command.kind!r}; this SDK knows {', '.join(KINDS)}")
 
 
-__all__ = ["ACK_LATER", "BUILTIN_HANDLERS", "CommandFailed", "PauseInfo"]
+__all__ = ["ACK_LATER", "BUILTIN_HANDLERS", "CommandFailed", "PauseInfo", "unknown_kind"]

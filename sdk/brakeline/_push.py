@@ -15,8 +15,8 @@ import threading
 import urllib.parse
 from typing import Any
 
-from brakeline.backoff import Backoff
-from brakeline.commands import CommandInbox
+from brakeline._backoff import Backoff
+from brakeline._commands import CommandInbox
 
 logger = logging.getLogger("brakeline")
 

@@ -2,7 +2,8 @@
 and the product's real loop — NaN → L3 → checkpoint-and-pause → ack → resume — run through
 the real services at fixed instants (time_machine), so every duration is known exactly.
 
-Import the fixtures into a test module: ``from tests.review_support import flow, team  # noqa``.
+The fixtures ``team`` and ``flow`` are plugins: name them as parameters (a module that defines
+its own ``team`` fixture keeps it). The constants and helpers are imported by name.
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ counts NaN losses the Trainer hides from its logs (``logging_nan_inf_filter``).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from typing import Any
@@ -17,17 +16,10 @@ from typing import Any
 from transformers import TrainerCallback
 
 import brakeline
-from brakeline.checkpoint import CheckpointResult, sha256_of, size_of
-from brakeline.commands import Command
-from brakeline.handlers import ACK_LATER, PauseInfo
-from brakeline.run import Run
-
-
-@dataclasses.dataclass
-class _PendingPause:
-    command: Command
-    step: int
-    requested_at: float
+from brakeline._checkpoint import CheckpointResult, sha256_of, size_of
+from brakeline._commands import ACK_LATER, Command
+from brakeline._pause import SaveRequest
+from brakeline._run import Run
 
 
 class BrakelineCallback(TrainerCallback):
@@ -37,7 +29,6 @@ class BrakelineCallback(TrainerCallback):
         self.owns_run = run is None
         self.run = run if run is not None else brakeline.init(**init_kwargs)
         self.terminate_requested = False
-        self._pending_pause: _PendingPause | None = None
 
     def on_train_begin(
         self,
@@ -54,11 +45,16 @@ class BrakelineCallback(TrainerCallback):
         self.run.set_terminate_handler(self._stop_gracefully)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        pending = self._pending_pause
-        if pending is not None and state.global_step > pending.step:
-            self._pause_without_checkpoint(pending, state.global_step)
+        pause = self.run._pause
+        request = pause.save_request
+        if request is not None and state.global_step > request.step:
+            # The Trainer skipped the save we asked for (e.g. save disabled on this rank).
+            pause.abandon_save(
+                state.global_step,
+                "the Trainer did not save a checkpoint; training is paused without one",
+            )
         self.run.step_boundary(state.global_step)
-        if self._pending_pause is not None:
+        if pause.save_request is not None:
             control.should_save = True  # the Trainer saves right after this hook, then on_save
         if self.terminate_requested:
             control.should_training_stop = True
@@ -79,26 +75,29 @@ class BrakelineCallback(TrainerCallback):
         self.run.keepalive()  # evaluation is progress, not a hang
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-        pending, self._pending_pause = self._pending_pause, None
-        if pending is None:
+        folder = os.path.abspath(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
+        request = self.run._pause.save_request
+        if request is None:
             # Hashing the Trainer's folder happens in the snapshot thread, not here.
-            self.run.send_snapshot("checkpoint", state.global_step, None, os.path.abspath(folder))
+            self.run.send_snapshot("checkpoint", state.global_step, None, folder)
             return
+        # The Trainer has written its folder: the pause controller hashes, confirms, releases
+        # and holds, as for a checkpoint the SDK writes itself.
+        self.run._pause.checkpoint_and_pause(
+            request.command, state.global_step, lambda: self._hand_over(request, folder, state)
+        )
+
+    def _hand_over(self, request: SaveRequest, folder: str, state: Any) -> CheckpointResult:
         result = CheckpointResult(
-            path=os.path.abspath(folder),
+            path=folder,
             bytes=size_of(folder),
-            seconds=round(time.monotonic() - pending.requested_at, 6),
+            seconds=round(time.monotonic() - request.requested_at, 6),
             sha256=sha256_of(folder),
             step=state.global_step,
         )
         self.run.last_checkpoint = result
         self.run.send_snapshot("checkpoint", state.global_step, None, result)
-        info = PauseInfo(state.global_step, pending.command.id, pending.command.reason, result)
-        self.run.ack(pending.command.id, "succeeded", result.as_dict())
-        self.run.wait_for_ack(pending.command.id)
-        self.run.call_hooks("release", info)
-        self.run.hold_paused(state.global_step, info)
+        return result
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.terminate_requested:
@@ -107,26 +106,11 @@ class BrakelineCallback(TrainerCallback):
             self.run.finish()
 
     def _request_checkpoint_and_pause(self, run: Run, command: Command, step: int) -> Any:
-        if run.paused or self._pending_pause is not None:
-            return {"step": step, "already_paused": True}
-        run.set_status("checkpointing")
-        run.pause_pending = True
-        self._pending_pause = _PendingPause(command, step, time.monotonic())
+        refusal = run._pause.refusal(step)
+        if refusal is not None:
+            return refusal
+        run._pause.request_save(command, step)  # the Trainer saves it after this step
         return ACK_LATER
-
-    def _pause_without_checkpoint(self, pending: _PendingPause, step: int) -> None:
-        """The Trainer skipped the save we asked for (e.g. save disabled on this rank): still
-        pause, report the failure, keep the accelerators."""
-        self._pending_pause = None
-        self.run.ack(
-            pending.command.id,
-            "failed",
-            {"step": step, "paused": True},
-            "the Trainer did not save a checkpoint; training is paused without one",
-        )
-        self.run.hold_paused(
-            step, PauseInfo(step, pending.command.id, pending.command.reason, None)
-        )
 
     def _stop_gracefully(self, step: int) -> None:
         self.terminate_requested = True

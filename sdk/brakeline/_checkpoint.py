@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from brakeline.rng import capture_rng_state, restore_rng_state
+from brakeline._rng import capture_rng_state, restore_rng_state
 
 FORMAT = "brakeline-checkpoint/1"
 # A saver writes a complete checkpoint at the given (temporary) path; brakeline does the rest.
@@ -205,7 +205,7 @@ def restore(
     """Restore a default brakeline checkpoint into fresh objects, including every RNG.
 
     ``model``/``optimizer``/``scheduler`` may each be one object or a list. With a
-    :class:`~brakeline.loader.PausableLoader`, its next ``for`` loop resumes at the saved batch
+    :class:`~brakeline._loader.PausableLoader`, its next ``for`` loop resumes at the saved batch
     and the RNG is restored after that fast-forward; without one, the RNG is restored at once.
     """
     if expected_sha256 is not None and sha256_of(path) != expected_sha256:

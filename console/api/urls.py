@@ -1,0 +1,162 @@
+"""The REST API's routes (``/api/v1/…``), grouped by the resource they act on."""
+
+from django.urls import path
+
+from console.api import (
+    actions,
+    agent,
+    alerts,
+    audit,
+    escalations,
+    health,
+    jobs,
+    nodes,
+    notifications,
+    reviews,
+    series,
+    snapshots,
+    teams,
+    tokens,
+)
+
+V1 = "api/v1"
+
+# What training agents call (docs/protocol.md), with the job's agent token.
+agent_routes = [
+    path(f"{V1}/agent/metrics", agent.MetricsView.as_view(), name="agent-metrics"),
+    path(f"{V1}/agent/heartbeat", agent.HeartbeatView.as_view(), name="agent-heartbeat"),
+    path(
+        f"{V1}/agent/commands/<int:command_id>/ack",
+        agent.CommandAckView.as_view(),
+        name="agent-command-ack",
+    ),
+    path(f"{V1}/agent/snapshots", snapshots.SnapshotView.as_view(), name="agent-snapshots"),
+]
+
+job_routes = [
+    path(f"{V1}/jobs", jobs.JobListView.as_view(), name="job-list"),
+    path(f"{V1}/jobs/<int:pk>", jobs.JobDetailView.as_view(), name="job-detail"),
+    path(f"{V1}/jobs/<int:pk>/series", series.SeriesView.as_view(), name="job-series"),
+    path(f"{V1}/jobs/<int:pk>/markers", series.MarkersView.as_view(), name="job-markers"),
+    path(f"{V1}/jobs/<int:pk>/pause", actions.PauseJobView.as_view(), name="job-pause"),
+    path(f"{V1}/jobs/<int:pk>/resume", actions.ResumeJobView.as_view(), name="job-resume"),
+    path(f"{V1}/jobs/<int:pk>/terminate", actions.TerminateJobView.as_view(), name="job-terminate"),
+    path(
+        f"{V1}/jobs/<int:pk>/confirm-pause",
+        actions.ConfirmPauseView.as_view(),
+        name="job-confirm-pause",
+    ),
+    path(f"{V1}/jobs/<int:pk>/mitigate", actions.MitigateJobView.as_view(), name="job-mitigate"),
+    path(
+        f"{V1}/jobs/<int:pk>/isolate-node",
+        actions.IsolateNodeView.as_view(),
+        name="job-isolate-node",
+    ),
+]
+
+node_routes = [
+    path(f"{V1}/nodes/<int:pk>", nodes.NodeDetailView.as_view(), name="node-detail"),
+    path(f"{V1}/nodes/<int:pk>/resume", nodes.ResumeNodeView.as_view(), name="node-resume"),
+]
+
+alert_routes = [
+    path(f"{V1}/alerts", alerts.AlertListView.as_view(), name="alert-list"),
+    path(f"{V1}/alerts/<int:pk>", alerts.AlertDetailView.as_view(), name="alert-detail"),
+    path(
+        f"{V1}/alerts/<int:pk>/acknowledge",
+        alerts.AcknowledgeAlertView.as_view(),
+        name="alert-acknowledge",
+    ),
+    path(
+        f"{V1}/alerts/<int:pk>/deliveries",
+        notifications.AlertDeliveriesView.as_view(),
+        name="alert-deliveries",
+    ),
+]
+
+escalation_routes = [
+    path(f"{V1}/escalations", escalations.EscalationListView.as_view(), name="escalation-list"),
+    path(
+        f"{V1}/escalations/<int:pk>",
+        escalations.EscalationDetailView.as_view(),
+        name="escalation-detail",
+    ),
+    path(
+        f"{V1}/escalations/<int:pk>/approve",
+        escalations.ApproveEscalationView.as_view(),
+        name="escalation-approve",
+    ),
+    path(
+        f"{V1}/escalations/<int:pk>/reject",
+        escalations.RejectEscalationView.as_view(),
+        name="escalation-reject",
+    ),
+]
+
+incident_routes = [
+    path(f"{V1}/incidents/<int:pk>/review", reviews.ReviewView.as_view(), name="review-api"),
+    path(
+        f"{V1}/incidents/<int:pk>/review.md",
+        reviews.ReviewMarkdownExportView.as_view(),
+        name="review-markdown",
+    ),
+    path(
+        f"{V1}/incidents/<int:pk>/review.json",
+        reviews.ReviewJsonExportView.as_view(),
+        name="review-json",
+    ),
+]
+
+team_routes = [
+    path(f"{V1}/teams/<int:pk>/shifts", teams.ShiftListView.as_view(), name="team-shifts"),
+    path(
+        f"{V1}/teams/<int:pk>/shifts/<int:shift_id>",
+        teams.ShiftDetailView.as_view(),
+        name="team-shift-detail",
+    ),
+    path(f"{V1}/teams/<int:pk>/oncall", teams.OnCallNowView.as_view(), name="team-oncall"),
+    path(
+        f"{V1}/teams/<int:pk>/incident-report",
+        reviews.TeamIncidentReportView.as_view(),
+        name="team-incident-report",
+    ),
+    path(
+        f"{V1}/teams/<int:pk>/notification-policy",
+        notifications.PolicyView.as_view(),
+        name="team-notification-policy",
+    ),
+    path(
+        f"{V1}/teams/<int:pk>/contacts/<int:user_id>",
+        notifications.ContactView.as_view(),
+        name="team-contact",
+    ),
+    path(
+        f"{V1}/teams/<int:pk>/test-notification",
+        notifications.TestNotificationView.as_view(),
+        name="team-test-notification",
+    ),
+]
+
+# The person's own things, the system's health, and the providers' delivery receipts.
+other_routes = [
+    path(f"{V1}/tokens", tokens.TokenListView.as_view(), name="token-list"),
+    path(f"{V1}/tokens/<int:pk>", tokens.TokenRevokeView.as_view(), name="token-detail"),
+    path(f"{V1}/audit", audit.AuditListView.as_view(), name="audit-list"),
+    path(f"{V1}/health", health.HealthView.as_view(), name="health"),
+    path(
+        f"{V1}/notifications/receipts",
+        notifications.ReceiptView.as_view(),
+        name="notification-receipts",
+    ),
+]
+
+urlpatterns = [
+    *agent_routes,
+    *job_routes,
+    *node_routes,
+    *alert_routes,
+    *escalation_routes,
+    *incident_routes,
+    *team_routes,
+    *other_routes,
+]

@@ -1,0 +1,220 @@
+"""The pause controller: every pause of a run goes through this one state machine.
+
+A pause starts three ways, and all of them end in the same hold:
+
+- ``pause_data`` with no wrapped loader, or a wrapped loader's gate: a hold, no checkpoint;
+- ``checkpoint_and_pause`` saved by the SDK at the step boundary (the built-in handler; the
+  Lightning callback plugs ``trainer.save_checkpoint`` in as the saver);
+- ``checkpoint_and_pause`` saved by the framework in a later hook (the Hugging Face callback:
+  the Trainer writes its own folder, then ``on_save`` hands it over).
+
+The order is fixed, whoever saves: save, confirm (the ack reaches the console, bounded wait),
+release (accelerators may be freed), hold. A failed or skipped save is acknowledged as failed
+and goes straight to the hold: releasing without a confirmed checkpoint would lose the state.
+
+    RUNNING → SAVING → CONFIRMING → RELEASED → HELD → RUNNING   checkpoint_and_pause, resume
+    RUNNING → SAVE_REQUESTED → SAVING → …                       the framework saves later
+    SAVING or SAVE_REQUESTED → HELD                             failed or skipped save
+    RUNNING → HELD                                              pause_data
+    RUNNING, SAVE_REQUESTED or HELD → STOPPED                   terminate, finish
+
+STOPPED (terminate, or the run finished) is final: no new pause starts. Only the training thread
+moves the state; background threads never do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from brakeline._checkpoint import CheckpointResult
+from brakeline._commands import ACK_LATER, Command, CommandFailed
+
+if TYPE_CHECKING:
+    from brakeline._run import Run
+
+HOLD_POLL_SECONDS = 0.5
+
+
+class PauseState(enum.Enum):
+    """Where a run is in its pause sequence (``run.pause_state``)."""
+
+    RUNNING = "running"  # training; commands apply at step boundaries
+    SAVE_REQUESTED = "save_requested"  # the framework writes the checkpoint in a later hook
+    SAVING = "saving"  # the checkpoint is being written and hashed
+    CONFIRMING = "confirming"  # saved and acked; waiting until the console has the ack
+    RELEASED = "released"  # the release callbacks run: accelerators may be freed
+    HELD = "held"  # blocked until resume, applying other commands meanwhile
+    STOPPED = "stopped"  # terminate or finish: no new pause starts
+
+
+_NEXT: dict[PauseState, frozenset[PauseState]] = {
+    PauseState.RUNNING: frozenset(
+        {PauseState.SAVE_REQUESTED, PauseState.SAVING, PauseState.HELD, PauseState.STOPPED}
+    ),
+    PauseState.SAVE_REQUESTED: frozenset({PauseState.SAVING, PauseState.HELD, PauseState.STOPPED}),
+    PauseState.SAVING: frozenset({PauseState.CONFIRMING, PauseState.HELD}),
+    PauseState.CONFIRMING: frozenset({PauseState.RELEASED}),
+    PauseState.RELEASED: frozenset({PauseState.HELD}),
+    PauseState.HELD: frozenset({PauseState.RUNNING, PauseState.STOPPED}),
+    PauseState.STOPPED: frozenset(),
+}
+# What heartbeats say in each state (None: leave the status alone).
+_HEARTBEAT_STATUS: dict[PauseState, str | None] = {
+    PauseState.RUNNING: "running",
+    PauseState.SAVE_REQUESTED: "checkpointing",
+    PauseState.SAVING: "checkpointing",
+    PauseState.CONFIRMING: "checkpointing",
+    PauseState.RELEASED: "checkpointing",
+    PauseState.HELD: "paused",
+    PauseState.STOPPED: None,
+}
+
+
+@dataclasses.dataclass
+class PauseInfo:
+    """Given to release and resume callbacks."""
+
+    step: int
+    command_id: int | str
+    reason: str
+    checkpoint: CheckpointResult | None
+
+
+@dataclasses.dataclass(frozen=True)
+class SaveRequest:
+    """A checkpoint_and_pause whose checkpoint the framework writes in a later hook."""
+
+    command: Command
+    step: int
+    requested_at: float
+
+
+class PauseController:
+    """The run's pause state and the sequences that move it. Training thread only."""
+
+    def __init__(self, run: Run) -> None:
+        self._run = run
+        self.state = PauseState.RUNNING
+        # pause_data with a wrapped loader: the loader's gate holds before its next batch.
+        self.data_paused = False
+        self.save_request: SaveRequest | None = None
+        self._info: PauseInfo | None = None  # the pause in progress
+
+    def _enter(self, state: PauseState) -> None:
+        if state not in _NEXT[self.state]:
+            raise RuntimeError(f"brakeline: pause state {self.state.name} -> {state.name}")
+        self.state = state
+        status = _HEARTBEAT_STATUS[state]
+        if status is not None and not self._run.finished:
+            self._run.set_status(status)
+
+    # -- starting a pause ------------------------------------------------------------------------
+    def refusal(self, step: int) -> dict[str, Any] | None:
+        """None when a pause command may start a pause; the result to acknowledge instead when
+        one is already under way. Raises CommandFailed once the run is stopping."""
+        if self.state is PauseState.RUNNING:
+            return None
+        if self.state is PauseState.STOPPED:
+            raise CommandFailed("the run is stopping (terminate); it does not pause any more")
+        checkpoint = self._info.checkpoint if self._info is not None else None
+        result = checkpoint.as_dict() if checkpoint is not None else {}
+        return {**result, "step": step, "already_paused": True}
+
+    def pause_data(self, command: Command, step: int) -> Any:
+        """Stop consuming data: a wrapped loader holds before its next batch (the result to
+        acknowledge is returned); with none, acknowledge and hold right here (ACK_LATER)."""
+        self.data_paused = True
+        if self._run.wrapped_loaders:
+            return {"step": step, "where": "data_loader"}
+        self._run.ack(command.id, "succeeded", {"step": step, "where": "step_boundary"})
+        self.hold(step, PauseInfo(step, command.id, command.reason, None))
+        return ACK_LATER
+
+    def request_save(self, command: Command, step: int) -> None:
+        """The framework saves in a later hook, which then calls :meth:`checkpoint_and_pause`
+        (or :meth:`abandon_save`). The commands behind this one wait in the inbox meanwhile."""
+        self._enter(PauseState.SAVE_REQUESTED)
+        self.save_request = SaveRequest(command, step, time.monotonic())
+
+    # -- the sequence ----------------------------------------------------------------------------
+    def checkpoint_and_pause(
+        self, command: Command, step: int, save: Callable[[], CheckpointResult]
+    ) -> None:
+        """Save, confirm, release, hold (returns when the pause ends). ``save`` writes or
+        hands over the checkpoint; if it raises, the ack is failed and nothing is released."""
+        self.save_request = None
+        info = PauseInfo(step, command.id, command.reason, None)
+        self._info = info
+        self._enter(PauseState.SAVING)
+        try:
+            info.checkpoint = save()
+        except Exception as error:  # a failed save must still pause and be reported
+            self._hold_without_checkpoint(
+                info,
+                f"checkpoint failed ({type(error).__name__}: {error}); training is paused "
+                "without a new checkpoint and accelerators are kept",
+            )
+            return
+        self._enter(PauseState.CONFIRMING)
+        self._run.ack(command.id, "succeeded", info.checkpoint.as_dict())
+        self._run.wait_for_ack(command.id)
+        # Release only after a confirmed save: freeing accelerators without one loses the state.
+        self._enter(PauseState.RELEASED)
+        self._run.call_hooks("release", info)
+        self.hold(step, info)
+
+    def abandon_save(self, step: int, error: str) -> None:
+        """The framework skipped the save it was asked for: still pause, report the failure,
+        keep the accelerators."""
+        request, self.save_request = self.save_request, None
+        if request is None:
+            return
+        info = PauseInfo(step, request.command.id, request.command.reason, None)
+        self._info = info
+        self._hold_without_checkpoint(info, error)
+
+    def _hold_without_checkpoint(self, info: PauseInfo, error: str) -> None:
+        self._run.ack(info.command_id, "failed", {"step": info.step, "paused": True}, error)
+        self.hold(info.step, info)
+
+    def stop(self) -> None:
+        """Terminate: no pause starts from now on (a hold in progress ends by itself)."""
+        self.save_request = None
+        if self.state in (PauseState.RUNNING, PauseState.SAVE_REQUESTED):
+            self._enter(PauseState.STOPPED)
+
+    # -- the hold --------------------------------------------------------------------------------
+    def hold(self, step: int, info: PauseInfo | None = None) -> None:
+        """Block the training thread until ``resume`` (or ``terminate``), heartbeating as
+        paused and applying other commands (lower_lr...) meanwhile."""
+        run = self._run
+        info = info or PauseInfo(step, "", "", None)
+        self._info = info
+        self._enter(PauseState.HELD)
+        started = time.monotonic()
+        resumed = False
+        try:
+            while not (run.finished or run.stopping or resumed):
+                command = run.inbox.take()
+                if command is None:
+                    run.inbox.wait(HOLD_POLL_SECONDS)
+                elif command.kind == "resume" and "resume" not in run._handlers:
+                    self.data_paused = False
+                    run.ack(
+                        command.id,
+                        "succeeded",
+                        {"step": step, "paused_seconds": round(time.monotonic() - started, 3)},
+                    )
+                    resumed = True
+                else:
+                    run._apply(command, step)
+        finally:
+            self._info = None
+            stopped = run.finished or run.stopping
+            self._enter(PauseState.STOPPED if stopped else PauseState.RUNNING)
+        if resumed:
+            run.call_hooks("resume", info)
