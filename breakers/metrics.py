@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import OuterRef, Subquery
 
 from breakers.detection.engine import RuleSpec
 from breakers.detection.rules import effective_rules
@@ -382,3 +383,58 @@ def _group_of(name: str) -> tuple[str, str]:
     if len(parts) == 3 and parts[0] in ("gpu", "accelerator"):
         return f"gpu-{parts[2]}", f"GPU {parts[2]}"
     return f"metric-{name}", name
+
+
+# --- Reads for the pages: the dashboard's sparklines, the review's curve, the job list --------
+
+_RECENT_SQL = f"""
+SELECT j.id, p.step, p.value FROM unnest(%s::bigint[]) AS j(id)
+CROSS JOIN LATERAL (
+  SELECT step, value FROM {TABLE}
+  WHERE job_id = j.id AND name = %s ORDER BY step DESC LIMIT %s
+) AS p
+"""
+
+
+def recent_points(job_ids: list[int], name: str, count: int) -> dict[int, list[tuple[int, float]]]:
+    """The last ``count`` points of metric ``name`` of each job, oldest first (one indexed
+    probe per job on PostgreSQL)."""
+    found: dict[int, list[tuple[int, float]]] = {job_id: [] for job_id in job_ids}
+    if not job_ids:
+        return found
+    rows: list[tuple[int, int, float]]
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(_RECENT_SQL, [job_ids, name, count])
+            rows = cursor.fetchall()
+    else:
+        rows = [
+            (job_id, step, value)
+            for job_id in job_ids
+            for step, value in MetricPoint.objects.filter(job_id=job_id, name=name)
+            .order_by("-step")
+            .values_list("step", "value")[:count]
+        ]
+    for job_id, step, value in rows:
+        found[job_id].append((step, value))
+    return {job_id: sorted(points) for job_id, points in found.items()}
+
+
+def points_between(
+    job_id: int, name: str, low: int, high: int, limit: int
+) -> list[tuple[int, float]]:
+    """Raw (step, value) points of one metric in a step range, at most ``limit`` rows."""
+    rows = MetricPoint.objects.filter(
+        job_id=job_id, name=name, step__gte=low, step__lte=high
+    ).values_list("step", "value")[:limit]
+    return list(rows)
+
+
+def latest_value(name: str) -> Subquery:
+    """A subquery for the newest value of metric ``name`` of the outer query's job."""
+    newest = (
+        MetricPoint.objects.filter(job=OuterRef("pk"), name=name)
+        .order_by("-step", "-id")
+        .values("value")[:1]
+    )
+    return Subquery(newest)

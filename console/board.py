@@ -15,12 +15,12 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import connection
 from django.utils import timezone
 
 from breakers.control.job_actions import CONFIRMABLE, latest_pause, pause_level
 from breakers.control.job_state import ACCEPTED_IN
-from breakers.models import Command, CommandKind, MetricPoint
+from breakers.metrics import recent_points
+from breakers.models import Command, CommandKind
 from console.api.jobs import JobSerializer, visible_jobs
 from incidents.alerts.lifecycle import alert_payload
 from incidents.models import (
@@ -269,35 +269,10 @@ def job_state(user: Any, job: Job) -> dict[str, Any]:
 
 # --- The dashboard -----------------------------------------------------------------------------
 
-_SPARK_SQL = f"""
-SELECT j.id, p.step, p.value FROM unnest(%s::bigint[]) AS j(id)
-CROSS JOIN LATERAL (
-  SELECT step, value FROM {MetricPoint._meta.db_table}
-  WHERE job_id = j.id AND name = 'loss' ORDER BY step DESC LIMIT {SPARK_POINTS}
-) AS p
-"""
-
 
 def recent_loss(job_ids: list[int]) -> dict[int, list[tuple[int, float]]]:
-    """The last SPARK_POINTS loss points of each job, oldest first (one indexed probe each)."""
-    found: dict[int, list[tuple[int, float]]] = {job_id: [] for job_id in job_ids}
-    if not job_ids:
-        return found
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(_SPARK_SQL, [job_ids])
-            rows = cursor.fetchall()
-    else:
-        rows = [
-            (job_id, step, value)
-            for job_id in job_ids
-            for step, value in MetricPoint.objects.filter(job_id=job_id, name="loss")
-            .order_by("-step")
-            .values_list("step", "value")[:SPARK_POINTS]
-        ]
-    for job_id, step, value in rows:
-        found[job_id].append((step, value))
-    return {job_id: sorted(points) for job_id, points in found.items()}
+    """The last SPARK_POINTS loss points of each job, oldest first."""
+    return recent_points(job_ids, "loss", SPARK_POINTS)
 
 
 def sparkline(points: list[tuple[int, float]], width: int = 120, height: int = 28) -> dict:

@@ -12,7 +12,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
-from breakers.models import MetricPoint
+from breakers.metrics import points_between
 from console.api.reviews import audit_context, report_period
 from console.review_chart import Chart, chart
 from core.errors import Forbidden, NotFound, ServiceError
@@ -168,10 +168,7 @@ def _curve(data: ReviewData) -> Chart | None:
     low, high = min(steps) - max(50, span), max(steps) + max(50, span // 2)
     values: dict[int, list[float]] = {}
     for name in dict.fromkeys([metric or "loss", "loss"]):
-        rows = MetricPoint.objects.filter(
-            job_id=incident.job_id, name=name, step__gte=low, step__lte=high
-        ).values_list("step", "value")[:CURVE_MAX_ROWS]
-        for step, value in rows:
+        for step, value in points_between(incident.job_id, name, low, high, CURVE_MAX_ROWS):
             values.setdefault(step, []).append(value)
         if values:
             metric = name

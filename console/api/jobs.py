@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from django.db.models import OuterRef, QuerySet, Subquery
+from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.generics import ListAPIView, RetrieveAPIView
 
-from breakers.models import MetricPoint
+from breakers.metrics import latest_value
 from console.api.person_auth import PersonView
 from core.nonfinite import encode
 from incidents.models import Job
@@ -44,15 +44,10 @@ class JobSerializer(serializers.ModelSerializer):
 
 def visible_jobs(user) -> QuerySet[Job]:
     """Jobs of the user's teams only; anything else is invisible (404, never 403)."""
-    latest_loss = (
-        MetricPoint.objects.filter(job=OuterRef("pk"), name="loss")
-        .order_by("-step", "-id")
-        .values("value")[:1]
-    )
     return (
         Job.objects.filter(team__memberships__user=user)
         .select_related("team")
-        .annotate(latest_loss=Subquery(latest_loss))
+        .annotate(latest_loss=latest_value("loss"))
         .order_by("team__name", "name")
     )
 
