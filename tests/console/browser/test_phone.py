@@ -1,0 +1,73 @@
+"""Every page at a 390×844 phone: nothing scrolls sideways, and the one-handed actions
+(acknowledge, pause) are on the screen. Screenshots of each page land in docs/screenshots/."""
+
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import expect
+
+from breakers.detection.rules import install_default_pack
+from incidents.models import Alert, Incident, Role
+from tests.console.browser.conftest import SCREENSHOTS
+from tests.console.browser.test_live_console import in_thread, loss
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+PHONE = {"width": 390, "height": 844}
+
+
+def sideways(page) -> int:
+    """How many CSS pixels the page is wider than the screen (0: no horizontal scroll)."""
+    return page.evaluate(
+        "Math.max(document.documentElement.scrollWidth, document.body.scrollWidth)"
+        " - document.documentElement.clientWidth"
+    )
+
+
+def test_every_page_fits_a_phone_and_oncall_can_act_one_handed(
+    browser, live_console, celery_worker, scripted_agent, people, log_in
+):
+    install_default_pack()
+    agent = scripted_agent(name="llm-70b-pretrain-with-a-long-descriptive-name")
+    people("olga", "vision", Role.ONCALL)
+    agent.heartbeat(199)
+    agent.metrics([(s, loss(s)) for s in range(200)])
+    agent.metrics([(200, "NaN")])
+    command = agent.wait_for_command("checkpoint_and_pause", 200)
+    agent.ack_checkpoint(command, 200)
+    scripted_agent(name="vit-huge-finetune").heartbeat(5)
+    incident = in_thread(lambda: Incident.objects.get(job_id=agent.job_id))
+    team_id = in_thread(lambda: incident.job.team_id)
+    alert_id = in_thread(lambda: Alert.objects.filter(job_id=agent.job_id).first().pk)
+
+    context = browser.new_context(viewport=PHONE, device_scale_factor=2, is_mobile=True)
+    page = context.new_page()
+    try:
+        log_in(page, "olga")
+        pages = {
+            "dashboard": "/",
+            "job": f"/jobs/{agent.job_id}/",
+            "alerts": "/alerts/",
+            "approvals": "/approvals/",
+            "incident": f"/incidents/{incident.pk}/",
+            "review": f"/incidents/{incident.pk}/review/",
+            "team-report": f"/teams/{team_id}/report/",
+        }
+        wide = {}
+        for name, path in pages.items():
+            page.goto(live_console + path)
+            page.wait_for_load_state("networkidle")
+            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SCREENSHOTS / f"phone-{name}.png"), full_page=True)
+            if sideways(page) > 0:
+                wide[name] = sideways(page)
+        assert wide == {}, f"pages wider than a 390 px phone (px too wide): {wide}"
+
+        # One-handed: the alert's Acknowledge is on the screen without scrolling sideways.
+        page.goto(f"{live_console}/alerts/")
+        button = page.locator(f'[data-alert-id="{alert_id}"] button.act:has-text("Acknowledge")')
+        expect(button.first).to_be_visible()
+        box = button.first.bounding_box()
+        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"]
+    finally:
+        context.close()
