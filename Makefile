@@ -13,7 +13,8 @@ TEST_CHANNEL_PREFIX ?= brakeline-test
 TEST_CELERY_QUEUE ?= brakeline-test
 TEST_ENV := DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) \
 	BRAKELINE_CHANNEL_PREFIX=$(TEST_CHANNEL_PREFIX) BRAKELINE_CELERY_QUEUE=$(TEST_CELERY_QUEUE) \
-	BRAKELINE_SECRET_KEY=brakeline-test-only-secret-key
+	BRAKELINE_SECRET_KEY=brakeline-test-only-secret-key-not-for-any-deployment \
+	BRAKELINE_NOTIFY_ALLOW_PRIVATE_URLS=true
 PYTEST_ARGS ?=
 
 .PHONY: install demo test lint bench clean

@@ -11,6 +11,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set u
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 
+from console.agent_gate import AgentRequestGate  # noqa: E402
 from console.routing import websocket_urlpatterns  # noqa: E402
 
 if settings.EMBEDDED:
@@ -21,7 +22,8 @@ if settings.EMBEDDED:
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_application,
+        # Agent requests are authenticated before their body is read, and bounded.
+        "http": AgentRequestGate(django_asgi_application),
         "websocket": AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
     }
 )

@@ -14,6 +14,7 @@ to set, rather than silently running half-embedded.
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -117,14 +118,31 @@ if not EMBEDDED and not REDIS_URL.startswith(("redis://", "rediss://")):
     )
 
 DEBUG = _env_bool("BRAKELINE_DEBUG", EMBEDDED)
+# Outside the embedded mode the key signs sessions, password resets and CSRF tokens: a missing
+# or short one is refused whatever BRAKELINE_DEBUG says (a debug server reachable from a
+# network must not run on the public development key). BRAKELINE_INSECURE_DEV_KEY=true, said
+# out loud, runs a server-mode development set-up on the development key.
+MIN_SECRET_KEY_CHARS = 32
+DEVELOPMENT_SECRET_KEY = "brakeline-embedded-development-key-not-for-production"
 SECRET_KEY = os.environ.get("BRAKELINE_SECRET_KEY", "")
-if not SECRET_KEY:
-    if not (EMBEDDED or DEBUG or _env_bool("BRAKELINE_INSECURE_DEV_KEY", False)):
+if not EMBEDDED:
+    if not SECRET_KEY and not _env_bool("BRAKELINE_INSECURE_DEV_KEY", False):
         raise ImproperlyConfigured(
             "BRAKELINE_SECRET_KEY is not set: set it to a long random string "
             "(python -c 'import secrets; print(secrets.token_urlsafe(50))')."
         )
-    SECRET_KEY = "brakeline-embedded-development-key-not-for-production"
+    if SECRET_KEY and len(SECRET_KEY) < MIN_SECRET_KEY_CHARS:
+        raise ImproperlyConfigured(
+            f"BRAKELINE_SECRET_KEY is too short: {len(SECRET_KEY)} characters, at least "
+            f"{MIN_SECRET_KEY_CHARS} are needed "
+            "(python -c 'import secrets; print(secrets.token_urlsafe(50))')."
+        )
+    if SECRET_KEY and len(set(SECRET_KEY)) < 5:
+        raise ImproperlyConfigured(
+            "BRAKELINE_SECRET_KEY is too simple: fewer than 5 different characters "
+            "(python -c 'import secrets; print(secrets.token_urlsafe(50))')."
+        )
+SECRET_KEY = SECRET_KEY or DEVELOPMENT_SECRET_KEY
 
 ALLOWED_HOSTS = [
     host.strip()
@@ -150,6 +168,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "channels",
+    "axes",
     "incidents",
     "breakers",
     "console",
@@ -165,7 +184,57 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "console.security.content_security_policy_middleware",
+    # Last (django-axes): turns a locked-out sign-in into its 429 answer.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# --- Signing in: django-axes counts failed sign-ins (the login page and the admin) ----------
+# After BRAKELINE_LOGIN_FAILURE_LIMIT failures for one user name, or from one address, further
+# attempts (the right password included) are refused with 429 until the cool-off has passed.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = _env_int("BRAKELINE_LOGIN_FAILURE_LIMIT", 10)
+if AXES_FAILURE_LIMIT < 1:
+    raise ImproperlyConfigured(f"BRAKELINE_LOGIN_FAILURE_LIMIT={AXES_FAILURE_LIMIT} is below 1.")
+AXES_COOLOFF_TIME = timedelta(seconds=_env_seconds("BRAKELINE_LOGIN_COOLOFF_SECONDS", 900.0))
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+# The cool-off runs from the failure that locked: attempts during the lock-out do not extend it.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_CLIENT_IP_CALLABLE = "console.security.client_ip"
+AXES_VERBOSE = False
+
+# --- Behind TLS -----------------------------------------------------------------------------
+# BRAKELINE_SECURE=true: people reach the console over https (Daphne with TLS, or a proxy);
+# BRAKELINE_TLS_PROXY=true: a reverse proxy terminates TLS and says so in X-Forwarded-Proto
+# (and the client's address in X-Forwarded-For). Either turns on Secure cookies, HSTS and the
+# redirect of http to https (the health check excepted, for probes inside the network).
+TLS_PROXY = _env_bool("BRAKELINE_TLS_PROXY", False)
+SECURE = _env_bool("BRAKELINE_SECURE", False) or TLS_PROXY
+if TLS_PROXY:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SESSION_COOKIE_SECURE = SECURE
+CSRF_COOKIE_SECURE = SECURE
+SECURE_SSL_REDIRECT = SECURE
+SECURE_REDIRECT_EXEMPT = [r"^api/v1/health$"]
+SECURE_HSTS_SECONDS = _env_int("BRAKELINE_HSTS_SECONDS", 31_536_000) if SECURE else 0
+SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE
+SECURE_HSTS_PRELOAD = SECURE
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+SESSION_COOKIE_HTTPONLY = True
+# The pages' policy (console.security): scripts and style sheets of our own origin only (no
+# inline script), style attributes allowed (the review's bars), websockets to this host.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; style-src-elem 'self'; "
+    "style-src-attr 'unsafe-inline'; img-src 'self' data:; font-src 'self'; "
+    "connect-src 'self' {websocket}; object-src 'none'; base-uri 'self'; form-action 'self'; "
+    "frame-ancestors 'none'"
+)
 
 ROOT_URLCONF = "config.urls"
 ASGI_APPLICATION = "config.asgi.application"
@@ -333,6 +402,8 @@ SPECTACULAR_SETTINGS = {
 AGENT_MAX_BATCH_POINTS = _env_int("BRAKELINE_MAX_BATCH_POINTS", 10_000)
 AGENT_MAX_BATCH_BYTES = _env_int("BRAKELINE_MAX_BATCH_BYTES", 4 * 1024 * 1024)
 AGENT_MAX_SNAPSHOT_BYTES = _env_int("BRAKELINE_MAX_SNAPSHOT_BYTES", 1024 * 1024)
+# Point and snapshot times further than this from the server's clock are refused (400).
+AGENT_TIME_WINDOW_SECONDS = _env_seconds("BRAKELINE_AGENT_TIME_WINDOW_SECONDS", 24 * 3600.0)
 # Django refuses larger bodies itself; we check first so the answer is our 413, not a 400.
 DATA_UPLOAD_MAX_MEMORY_SIZE = AGENT_MAX_BATCH_BYTES + 1024
 
@@ -412,3 +483,6 @@ if NOTIFY_MAX_ATTEMPTS < 1:
     raise ImproperlyConfigured(f"BRAKELINE_NOTIFY_MAX_ATTEMPTS={NOTIFY_MAX_ATTEMPTS} is below 1.")
 NOTIFY_RETRY_BASE_SECONDS = _env_seconds("BRAKELINE_NOTIFY_RETRY_BASE_SECONDS", 2.0)
 NOTIFY_HTTP_TIMEOUT_SECONDS = _env_seconds("BRAKELINE_NOTIFY_HTTP_TIMEOUT_SECONDS", 10.0)
+# A team's chat webhook may point at loopback, link-local and private addresses only when the
+# operator says so (a chat server on the private network; the test suite's own receivers).
+NOTIFY_ALLOW_PRIVATE_URLS = _env_bool("BRAKELINE_NOTIFY_ALLOW_PRIVATE_URLS", False)

@@ -3,3 +3,6 @@
 from django.urls import include, path
 
 urlpatterns = [path("", include("console.urls"))]
+
+# An /api/ path that matches no route answers the API's JSON error body, not an HTML page.
+handler404 = "console.api.errors.not_found"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from urllib.parse import parse_qs
 
@@ -16,6 +17,9 @@ from core.realtime import agent_group
 from incidents.jobs import authenticate_agent
 
 CLOSE_UNAUTHENTICATED = 4401
+# The token is checked again on every message received and at least this often (seconds): a
+# revoked token's open socket is closed (4401), it does not keep receiving commands.
+RECHECK_SECONDS = 30.0
 
 
 def token_from_scope(scope: dict) -> str | None:
@@ -30,9 +34,12 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
     """``/ws/agent/``: one training process, authenticated by its job's bearer token."""
 
     job_id: int | None = None
+    watcher: asyncio.Future | None = None
+    closed = False
 
     async def connect(self) -> None:
         token = token_from_scope(self.scope)
+        self.token = token or ""
         try:
             job = await database_sync_to_async(authenticate_agent)(token or "")
         except ServiceError:
@@ -41,20 +48,48 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         self.job_id = job.pk
         await self.channel_layer.group_add(agent_group(job.pk), self.channel_name)
         await self.accept()
+        self.watcher = asyncio.ensure_future(self._watch())
         # Catch-up: whatever was issued while this process had no websocket.
         for command in await database_sync_to_async(deliverable_commands)(job.pk):
             await self.send_json({"type": "command", "command": command})
 
+    async def _watch(self) -> None:
+        while not self.closed:
+            await asyncio.sleep(RECHECK_SECONDS)
+            if not await self._recheck():
+                return
+
+    async def _recheck(self) -> bool:
+        """The token again (revoked? its job's still?); close 4401 and say False if not."""
+        if self.closed:
+            return False
+        try:
+            job = await database_sync_to_async(authenticate_agent)(self.token)
+        except ServiceError:
+            job = None
+        if job is None or job.pk != self.job_id:
+            self.closed = True
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return False
+        return True
+
     async def disconnect(self, code: int) -> None:
+        self.closed = True
+        if self.watcher is not None and self.watcher is not asyncio.current_task():
+            self.watcher.cancel()
         if self.job_id is not None:
             await self.channel_layer.group_discard(agent_group(self.job_id), self.channel_name)
 
     async def agent_command(self, event: dict) -> None:
+        if self.closed:
+            return
         await self.send_json({"type": "command", "command": event["command"]})
         await database_sync_to_async(mark_delivered)([event["command"]["id"]])
 
     async def receive_json(self, content: dict, **kwargs) -> None:
         """Acks may come over the websocket too: {"type": "ack", "id": 17, "status": …}."""
+        if not await self._recheck():
+            return
         if content.get("type") != "ack" or not isinstance(content.get("id"), int):
             await self.send_json(
                 {

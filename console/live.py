@@ -14,7 +14,10 @@ Protocol (JSON both ways):
   ``metrics.appended`` (``{job_id, count, first_step, last_step, latest: {name: {step,
   value}}}``), the latter coalesced here to at most one per ``METRICS_INTERVAL`` per job.
 
-Session-authenticated (``AuthMiddlewareStack`` in ``config.asgi``): no session, close 4401.
+Session-authenticated (``AuthMiddlewareStack`` in ``config.asgi``): no session, close 4401; the
+``Origin`` must be one of ``ALLOWED_HOSTS`` (``console.routing``). Access is judged again on
+every message and every ``RECHECK_SECONDS``: a deactivated user or a deleted session closes
+4401, a subscription the person may no longer view closes 4403.
 Subscriptions are judged by ``incidents.teams.authority.decide(role, "view")`` with the person's
 role
 in the job's team, the same answer the pages and the REST API get.
@@ -40,6 +43,10 @@ from incidents.models import Job, Membership
 from incidents.teams.authority import Action, decide
 
 CLOSE_UNAUTHENTICATED = 4401
+CLOSE_FORBIDDEN = 4403  # a subscription the person may no longer view (removed from the team)
+# Access is judged again on every message received and at least this often (seconds): a
+# person removed from a team, deactivated or logged out does not keep hearing its events.
+RECHECK_SECONDS = 30.0
 METRICS_INTERVAL = 0.1  # seconds: at most ~10 chart updates per second per job
 # Group message types forwarded to the browser (the first part of "alert.raised").
 FORWARDED = frozenset({"alert", "command", "executor", "escalation", "metrics", "job", "incident"})
@@ -70,6 +77,22 @@ def may_view(user: Any, kind: str, object_id: int) -> tuple[bool, str]:
     return False, f"There is no {kind} {object_id} in your teams."
 
 
+def still_allowed(user: Any, session_key: str | None, subscriptions: set[tuple[str, int]]) -> int:
+    """0 while the connection may stay open, else the close code."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.sessions.models import Session
+
+    fresh = get_user_model().objects.filter(pk=user.pk, is_active=True).first()
+    if fresh is None:
+        return CLOSE_UNAUTHENTICATED
+    if session_key is not None and not Session.objects.filter(session_key=session_key).exists():
+        return CLOSE_UNAUTHENTICATED
+    for kind, object_id in subscriptions:
+        if not may_view(fresh, kind, object_id)[0]:
+            return CLOSE_FORBIDDEN
+    return 0
+
+
 def merge_appended(pending: dict[str, Any] | None, message: dict[str, Any]) -> dict[str, Any]:
     """Two "metrics.appended" summaries of one job as one: the span and the newest values."""
     if pending is None:
@@ -88,6 +111,10 @@ def merge_appended(pending: dict[str, Any] | None, message: dict[str, Any]) -> d
 
 
 class ConsoleConsumer(AsyncJsonWebsocketConsumer):
+    closed = False
+    session_key: str | None = None
+    watcher: asyncio.Future | None = None
+
     async def connect(self) -> None:
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
@@ -100,15 +127,44 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
         self.last_sent: dict[int, float] = {}  # job id → monotonic time of the last update
         self.pending: dict[int, dict[str, Any]] = {}  # job id → merged, not yet sent
         self.timers: dict[int, asyncio.TimerHandle] = {}
+        self.subscriptions: set[tuple[str, int]] = set()
+        session = self.scope.get("session")
+        self.session_key: str | None = getattr(session, "session_key", None)
+        self.closed = False
         await self.accept()
+        self.watcher = asyncio.ensure_future(self._watch())
+
+    async def _watch(self) -> None:
+        while not self.closed:
+            await asyncio.sleep(RECHECK_SECONDS)
+            if not await self._recheck():
+                return
+
+    async def _recheck(self) -> bool:
+        """Judge the connection again; close it (and say False) when it may not stay."""
+        if self.closed:
+            return False
+        code = await database_sync_to_async(still_allowed)(
+            self.scope["user"], self.session_key, set(getattr(self, "subscriptions", ()))
+        )
+        if code:
+            self.closed = True
+            await self.close(code=code)
+            return False
+        return True
 
     async def disconnect(self, code: int) -> None:
+        self.closed = True
+        if self.watcher is not None and self.watcher is not asyncio.current_task():
+            self.watcher.cancel()
         for timer in getattr(self, "timers", {}).values():
             timer.cancel()
         for group in getattr(self, "groups_joined", set()):
             await self.channel_layer.group_discard(group, self.channel_name)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        if not await self._recheck():
+            return
         if not isinstance(content, dict):
             content = {}
         if "ping" in content:
@@ -128,6 +184,7 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
         group = job_group(object_id) if kind == "job" else team_group(object_id)
         if verb == "unsubscribe":
             self.groups_joined.discard(group)
+            self.subscriptions.discard((kind, object_id))
             await self.channel_layer.group_discard(group, self.channel_name)
             await self.send_json({"type": "unsubscribed", "to": kind, "id": object_id})
             return
@@ -144,6 +201,7 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
             return
         await self.channel_layer.group_add(group, self.channel_name)
         self.groups_joined.add(group)
+        self.subscriptions.add((kind, object_id))
         await self.send_json({"type": "subscribed", "to": kind, "id": object_id})
 
     async def dispatch(self, message: dict[str, Any]) -> None:

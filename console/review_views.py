@@ -15,9 +15,9 @@ from django.shortcuts import redirect, render
 from breakers.metrics import points_between
 from console.api.reviews import audit_context, report_period
 from console.review_chart import Chart, chart
-from core.errors import Forbidden, NotFound, ServiceError
+from core.errors import Forbidden, InvalidInput, NotFound, ServiceError
 from incidents.models import Membership
-from incidents.reviews.content import TEXT_FIELDS
+from incidents.reviews.content import MAX_FOLLOW_UPS, TEXT_FIELDS
 from incidents.reviews.draft import actor_name
 from incidents.reviews.durations import LINK_KEYS, Durations, Row, format_seconds
 from incidents.reviews.export import SECTION_TITLES, parse_iso
@@ -44,9 +44,13 @@ def incident_review(request: HttpRequest, pk: int) -> HttpResponse:
     errors: dict[str, str] = {}
     content = data.content
     if request.method == "POST":
-        content = _posted_content(request)
         try:
-            base = int(request.POST.get("revision", "0"))
+            if not may_edit(request.user, data.incident):
+                # Refused before the form is read (its size is the sender's choice); the
+                # service says why and audits the attempt.
+                save_review(request.user, pk, {}, base_revision=0, context=audit_context(request))
+            content = _posted_content(request)
+            base = _form_count(request.POST.get("revision", "0"), "revision", 2**31)
             save_review(
                 request.user, pk, content, base_revision=base, context=audit_context(request)
             )
@@ -66,10 +70,23 @@ def incident_review(request: HttpRequest, pk: int) -> HttpResponse:
     )
 
 
+def _form_count(raw: str, name: str, most: int) -> int:
+    """A whole number from the form, 0 ≤ n ≤ most; anything else is a refusal naming it."""
+    raw = (raw or "0").strip()
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 12 or int(raw) > most:
+        raise InvalidInput(
+            "The form was refused.", fields={name: f"a whole number from 0 to {most}"}
+        )
+    return int(raw)
+
+
 def _posted_content(request: HttpRequest) -> dict[str, Any]:
     post = request.POST
     follow_ups = []
-    for index in range(int(post.get("follow_up_count", "0") or 0)):
+    rows = _form_count(
+        post.get("follow_up_count", "0"), "follow_up_count", MAX_FOLLOW_UPS + EMPTY_FOLLOW_UP_ROWS
+    )
+    for index in range(rows):
         text = post.get(f"follow_up-{index}-text", "").strip()
         if not text:
             continue  # an empty row of the form: nothing to follow up

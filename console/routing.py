@@ -1,5 +1,6 @@
 """Websocket routes (the agent's command push and the console's live pages)."""
 
+from channels.security.websocket import AllowedHostsOriginValidator
 from django.urls import path
 
 from console.consumers import AgentConsumer
@@ -7,5 +8,7 @@ from console.live import ConsoleConsumer
 
 websocket_urlpatterns = [
     path("ws/agent/", AgentConsumer.as_asgi()),
-    path("ws/live/", ConsoleConsumer.as_asgi()),
+    # A browser's socket, authenticated by its session cookie: only from a page of ours (the
+    # Origin among ALLOWED_HOSTS), or any site could open it with the person's cookie.
+    path("ws/live/", AllowedHostsOriginValidator(ConsoleConsumer.as_asgi())),
 ]

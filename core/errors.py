@@ -55,3 +55,8 @@ class Conflict(ServiceError):
 class PayloadTooLarge(ServiceError):
     status = 413
     code = "payload_too_large"
+
+
+class UnsupportedMediaType(ServiceError):
+    status = 415
+    code = "unsupported_media_type"

@@ -21,6 +21,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from core.errors import Conflict, InvalidInput, NotFound
+from core.nodes import is_single_node_name
 from core.realtime import job_group, publish_after_commit, team_group
 from core.transitions import compare_and_swap
 from incidents.alerts.lifecycle import append_timeline
@@ -106,6 +107,13 @@ def clean_requested_action(kind: str, params: dict[str, Any] | None) -> dict[str
             )
     if kind == "isolate_node" and not str(params.get("node") or "").strip():
         raise InvalidInput("isolate_node needs a node.", fields={"params.node": "required"})
+    if kind == "isolate_node" and not is_single_node_name(params["node"]):
+        raise InvalidInput(
+            f"{str(params['node'])[:200]!r} is not one node's name.",
+            fields={
+                "params.node": "must be one node's name, not a host list (no brackets, commas)"
+            },
+        )
     return params
 
 

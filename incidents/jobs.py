@@ -16,6 +16,7 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from core.errors import Conflict, InvalidInput, Unauthenticated
+from core.processes import process_start_time, this_host
 from core.transitions import compare_and_swap
 
 # Alert and incident services live in incidents.alerts.lifecycle; re-exported so every verb of the
@@ -247,7 +248,7 @@ def record_heartbeat(
         job.last_heartbeat_step = step
         job.agent_status = status
         if pid is not None:
-            job.agent_pid = pid
+            _register_process(job, pid, hostname)
         if hostname:
             job.agent_hostname = hostname
         job.heartbeat_deadline = now + timedelta(seconds=heartbeat_timeout_seconds(job))
@@ -259,6 +260,7 @@ def record_heartbeat(
                 "agent_status",
                 "agent_pid",
                 "agent_hostname",
+                "agent_pid_start_time",
                 "heartbeat_deadline",
             ]
         )
@@ -271,6 +273,22 @@ def record_heartbeat(
             _end_heartbeat_silence(job, now)
     job.refresh_from_db()
     return job
+
+
+def _register_process(job: Job, pid: int, hostname: str) -> None:
+    """The reported pid, with its identity (start time) read here, server-side, only when the
+    heartbeat says it comes from this very host: only then is /proc the process's own. A pid
+    reported from elsewhere, or without a hostname, is kept with no identity, and the local
+    executor never signals it (``breakers.executors.local``)."""
+    same_process = (
+        pid == job.agent_pid
+        and job.agent_pid_start_time is not None
+        and hostname in ("", job.agent_hostname)
+    )
+    if same_process:
+        return  # registered already: its identity was read when it was first reported
+    job.agent_pid = pid
+    job.agent_pid_start_time = process_start_time(pid) if hostname == this_host() else None
 
 
 def _end_heartbeat_silence(job: Job, now: datetime) -> None:

@@ -4,26 +4,47 @@ This runs on the ingest hot path (a batch is up to 10,000 points), so it is a pl
 ``json.loads`` output rather than a serializer per point. Every problem is reported with the
 field path (``points[3].step``) and why; a batch with any problem is refused whole.
 NaN and ±Inf are *data*: they arrive as the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``
-or as the bare JSON literals (which ``json.loads`` accepts), and become floats.
+or as the bare JSON literals (which ``json.loads`` accepts), and become floats. Nothing else
+is non-finite: a number too large for a float (``1e400``, ``10**400``) is refused as out of
+range, never read as infinity.
+
+Every input is hostile until parsed: the body must be UTF-8 JSON without duplicate keys and
+nested at most a few levels; strings carry no NUL and no lone surrogate (PostgreSQL cannot
+store either); point times lie within ``time_window_seconds`` of the server's clock.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
-from datetime import datetime
-from typing import TypeGuard, cast
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeGuard, cast
 
 from core.errors import InvalidInput, PayloadTooLarge
+from core.nodes import HOSTLIST_CHARACTERS
 from core.nonfinite import DECODE
 
 MAX_NAME_LENGTH = 200
 MAX_STEP = 2**63 - 1
+# The largest whole number a float holds without overflowing (rounding is fine).
+MAX_FLOAT_INT = int(1.7976931348623157e308)
 MAX_REPORTED_ERRORS = 20
+# A node is named one at a time: Slurm's host-list syntax would aim a drain at many.
+NOT_ONE_NODE = "must be one node's name, not a host list (no brackets or commas)"
 NON_FINITE_STRINGS = DECODE
 POINT_KEYS = frozenset({"name", "step", "value", "time", "node"})
 HEARTBEAT_STATUSES = ("running", "paused", "checkpointing", "finished")
+# Point times further than this from the server's clock are refused (the setting
+# BRAKELINE_AGENT_TIME_WINDOW_SECONDS; the service passes it).
+DEFAULT_TIME_WINDOW_SECONDS = 24 * 3600.0
+# Nesting of a body (and of an ack's result): a point is two levels deep.
+MAX_JSON_DEPTH = 32
+MAX_RANK = 2**31 - 1
+# Characters no stored string may hold: NUL (PostgreSQL text refuses it) and lone surrogates
+# (not encodable as UTF-8).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,11 +69,114 @@ class HeartbeatIn:
     slurm_step_id: str = ""
 
 
-def parse_json_object(raw: bytes) -> dict:
+class NonFiniteLiteral(float):
+    """A bare ``NaN``, ``Infinity`` or ``-Infinity`` literal of the JSON text.
+
+    ``json.loads`` also turns a number too large for a float (``1e400``) into infinity; the
+    literals are marked with this type, so a plain non-finite ``float`` in parsed output can
+    only be such an overflow, refused as out of range where it is used (naming its field)."""
+
+    __slots__ = ()
+
+
+class DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
+    body = dict(pairs)
+    if len(body) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKey(key)
+            seen.add(key)
+    return body
+
+
+def _depth_exceeds(value: object, limit: int) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        current, level = stack.pop()
+        if level > limit:
+            return True
+        if type(current) is dict:
+            stack.extend((item, level + 1) for item in current.values() if type(item) in _NESTED)
+        elif type(current) is list:
+            stack.extend((item, level + 1) for item in current if type(item) in _NESTED)
+    return False
+
+
+_NESTED = (dict, list)
+
+
+def safe_text(text: str, limit: int = 60) -> str:
+    """``text`` fit to echo in an answer: cut, NUL and lone surrogates replaced by U+FFFD."""
+    return _UNSTORABLE.sub("\ufffd", text[:limit])
+
+
+def _printable(text: str, limit: int = 40) -> str:
+    return repr(safe_text(text, limit))
+
+
+def load_json(
+    raw: bytes, *, strict_constants: bool = False, max_depth: int | None = MAX_JSON_DEPTH
+) -> Any:
+    """``raw`` as JSON, refusing what ``json.loads`` would let through: any encoding but UTF-8,
+    duplicate keys, nesting deeper than ``max_depth`` (None: only what would exhaust the
+    stack; for bodies whose every field is type-checked), and with ``strict_constants`` the
+    bare ``NaN``/``Infinity`` literals (else they are :class:`NonFiniteLiteral`). A number out
+    of a float's range is a plain infinite ``float``: see :class:`NonFiniteLiteral`."""
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise InvalidInput(f"The body is not valid JSON: {error}.", code="malformed_json") from None
+        text = raw.decode("utf-8") if isinstance(raw, bytes | bytearray) else raw
+    except UnicodeDecodeError as error:
+        raise InvalidInput(
+            f"The body must be JSON encoded as UTF-8 ({error.reason} at byte {error.start}).",
+            fields={"body": "must be UTF-8"},
+            code="malformed_json",
+        ) from None
+    options: dict[str, Any] = {
+        "object_pairs_hook": _no_duplicates,
+        "parse_constant": _refuse_constant if strict_constants else NonFiniteLiteral,
+    }
+    try:
+        body = json.loads(text, **options)
+    except DuplicateKey as duplicate:
+        key = _printable(duplicate.key)
+        raise InvalidInput(
+            f"The body has the key {key} twice; a key may appear once per object.",
+            fields={safe_text(duplicate.key): "appears twice in one object"},
+            code="malformed_json",
+        ) from None
+    except RecursionError:
+        raise _too_deep() from None
+    except ValueError as error:
+        raise InvalidInput(
+            f"The body is not valid JSON: {error}.",
+            fields={"body": "is not valid JSON"},
+            code="malformed_json",
+        ) from None
+    if max_depth is not None and _depth_exceeds(body, max_depth):
+        raise _too_deep()
+    return body
+
+
+def _too_deep() -> InvalidInput:
+    return InvalidInput(
+        f"The body is nested too deeply (at most {MAX_JSON_DEPTH} levels).",
+        fields={"body": f"nested at most {MAX_JSON_DEPTH} levels"},
+        code="malformed_json",
+    )
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"bare {name} is not JSON; send it as a string")
+
+
+def parse_json_object(raw: bytes, *, max_depth: int | None = None) -> dict:
+    body = load_json(raw, max_depth=max_depth)
     if not isinstance(body, dict):
         raise InvalidInput(
             f"The body must be a JSON object, not {_json_type(body)}.", code="malformed_json"
@@ -74,9 +198,16 @@ def is_whole_number(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def has_unstorable(text: str) -> bool:
+    """NUL or a lone surrogate: what no stored string may hold."""
+    return _UNSTORABLE.search(text) is not None
+
+
 def _check_name(value: object, errors: dict[str, str], path: str) -> str | None:
     if not isinstance(value, str):
         errors[path] = f"must be a string, not {_json_type(value)}"
+    elif has_unstorable(value):
+        errors[path] = "must not contain NUL characters or lone surrogates"
     elif not value.strip():
         errors[path] = "must not be empty"
     elif len(value) > MAX_NAME_LENGTH:
@@ -99,8 +230,16 @@ def _check_step(value: object, errors: dict[str, str], path: str) -> int | None:
 
 
 def _check_value(value: object, errors: dict[str, str], path: str) -> float | None:
-    if isinstance(value, float):
+    if type(value) is NonFiniteLiteral:
+        return float(value)
+    if isinstance(value, float) and math.isfinite(value):
         return value
+    if isinstance(value, float) or (is_whole_number(value) and abs(value) > MAX_FLOAT_INT):
+        errors[path] = (
+            "is out of the range of a 64-bit float; only the strings "
+            '"NaN", "Infinity" and "-Infinity" are non-finite'
+        )
+        return None
     if is_whole_number(value):
         return float(value)
     if isinstance(value, str) and value in NON_FINITE_STRINGS:
@@ -111,7 +250,34 @@ def _check_value(value: object, errors: dict[str, str], path: str) -> float | No
     return None
 
 
-def _check_time(value: object, errors: dict[str, str], path: str) -> datetime | None:
+@dataclass(frozen=True, slots=True)
+class TimeWindow:
+    """The times the console accepts: ``now`` ± ``seconds`` (the server's clock)."""
+
+    earliest: datetime
+    latest: datetime
+    seconds: float
+
+    @classmethod
+    def around(cls, now: datetime | None, seconds: float) -> TimeWindow:
+        now = now or datetime.now(tz=UTC)
+        span = timedelta(seconds=seconds)
+        return cls(now - span, now + span, seconds)
+
+    def __contains__(self, moment: datetime) -> bool:
+        return self.earliest <= moment <= self.latest
+
+    def refusal(self) -> str:
+        return (
+            f"must be within {self.seconds:g} seconds of the console's clock "
+            f"(between {self.earliest.isoformat(timespec='seconds')} and "
+            f"{self.latest.isoformat(timespec='seconds')})"
+        )
+
+
+def _check_time(
+    value: object, errors: dict[str, str], path: str, window: TimeWindow
+) -> datetime | None:
     if value is None:
         return None
     if not isinstance(value, str):
@@ -120,10 +286,17 @@ def _check_time(value: object, errors: dict[str, str], path: str) -> datetime | 
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError:
-        errors[path] = f"{value[:40]!r} is not an ISO 8601 time such as 2026-01-01T00:00:00Z"
+        errors[path] = f"{_printable(value)} is not an ISO 8601 time such as 2026-01-01T00:00:00Z"
         return None
     if parsed.tzinfo is None:
         errors[path] = "must include a time zone, such as a trailing Z for UTC"
+        return None
+    try:
+        inside = parsed in window
+    except OverflowError:
+        inside = False
+    if not inside:
+        errors[path] = window.refusal()
         return None
     return parsed
 
@@ -131,17 +304,25 @@ def _check_time(value: object, errors: dict[str, str], path: str) -> datetime | 
 def _check_node(value: object, errors: dict[str, str], path: str) -> str | None:
     if value is None:
         return None
-    return _check_name(value, errors, path)
+    name = _check_name(value, errors, path)
+    if name is not None and not HOSTLIST_CHARACTERS.isdisjoint(name):
+        errors[path] = NOT_ONE_NODE
+        return None
+    return name
 
 
-def _parse_point(item: object, index: int, errors: dict[str, str]) -> PointIn | None:
+def _parse_point(
+    item: object, index: int, errors: dict[str, str], window: TimeWindow
+) -> PointIn | None:
     path = f"points[{index}]"
     if not isinstance(item, dict):
         errors[path] = f"must be an object, not {_json_type(item)}"
         return None
     before = len(errors)
     for key in item.keys() - POINT_KEYS:
-        errors[f"{path}.{key}"] = "is not a field of a point (name, step, value, time, node)"
+        errors[f"{path}.{safe_text(key)}"] = (
+            "is not a field of a point (name, step, value, time, node)"
+        )
     for key in ("name", "step", "value"):
         if key not in item:
             errors[f"{path}.{key}"] = "is required"
@@ -150,7 +331,7 @@ def _parse_point(item: object, index: int, errors: dict[str, str]) -> PointIn | 
     name = _check_name(item["name"], errors, f"{path}.name")
     step = _check_step(item["step"], errors, f"{path}.step")
     value = _check_value(item["value"], errors, f"{path}.value")
-    time = _check_time(item.get("time"), errors, f"{path}.time")
+    time = _check_time(item.get("time"), errors, f"{path}.time", window)
     node = _check_node(item.get("node"), errors, f"{path}.node")
     if len(errors) > before:
         return None
@@ -159,7 +340,7 @@ def _parse_point(item: object, index: int, errors: dict[str, str]) -> PointIn | 
     return PointIn(name, step, value, time, node)
 
 
-def _fast_point(item: object) -> PointIn | None:
+def _fast_point(item: object, window: TimeWindow, names: set[str]) -> PointIn | None:
     """The common, well-formed point in a few type checks; None sends it to the slow path.
 
     The slow path (``_parse_point``) re-examines anything unusual and names what is wrong, so
@@ -168,22 +349,35 @@ def _fast_point(item: object) -> PointIn | None:
     if type(item) is not dict or not item.keys() <= POINT_KEYS:
         return None
     name, step, value = item.get("name"), item.get("step"), item.get("value")
-    if type(name) is not str or not 0 < len(name) <= MAX_NAME_LENGTH or name.isspace():
+    if type(name) is not str:
         return None
+    if name not in names:  # ``names``: the names of this batch already found storable
+        if not 0 < len(name) <= MAX_NAME_LENGTH or name.isspace():
+            return None
+        if has_unstorable(name):
+            return None
+        names.add(name)
     if type(step) is not int or not 0 <= step <= MAX_STEP:
         return None
-    if type(value) is not float:
-        if type(value) is int:
-            value = float(value)
+    if type(value) is float:
+        if value - value != 0.0:  # inf or nan: a number out of range (see NonFiniteLiteral)
+            return None
+    else:
+        if type(value) is NonFiniteLiteral or (
+            type(value) is int and -MAX_FLOAT_INT <= value <= MAX_FLOAT_INT
+        ):
+            value = float(cast("float", value))
         elif type(value) is str and value in NON_FINITE_STRINGS:
             value = NON_FINITE_STRINGS[value]
         else:
             return None
     node = item.get("node")
-    if node is not None and (
-        type(node) is not str or not 0 < len(node) <= MAX_NAME_LENGTH or node.isspace()
-    ):
-        return None
+    if node is not None and (type(node) is not str or node not in names):
+        if type(node) is not str or not 0 < len(node) <= MAX_NAME_LENGTH or node.isspace():
+            return None
+        if has_unstorable(node) or not HOSTLIST_CHARACTERS.isdisjoint(node):
+            return None
+        names.add(node)
     time = item.get("time")
     if time is not None:
         if type(time) is not str:
@@ -194,11 +388,26 @@ def _fast_point(item: object) -> PointIn | None:
             return None
         if time.tzinfo is None:
             return None
+        try:
+            if time not in window:
+                return None
+        except OverflowError:
+            return None
     return PointIn(name, step, value, time, node)
 
 
-def parse_metrics(raw: bytes, *, max_points: int) -> list[PointIn]:
-    """Validate a metrics batch; raise InvalidInput / PayloadTooLarge, or return every point."""
+def parse_metrics(
+    raw: bytes,
+    *,
+    max_points: int,
+    now: datetime | None = None,
+    time_window_seconds: float = DEFAULT_TIME_WINDOW_SECONDS,
+) -> list[PointIn]:
+    """Validate a metrics batch; raise InvalidInput / PayloadTooLarge, or return every point.
+
+    A point's ``time``, when sent, must lie within ``time_window_seconds`` of ``now`` (the
+    server's clock; the current time when None)."""
+    window = TimeWindow.around(now, time_window_seconds)
     body = parse_json_object(raw)
     extra = body.keys() - {"points"}
     if "points" not in body:
@@ -206,7 +415,7 @@ def parse_metrics(raw: bytes, *, max_points: int) -> list[PointIn]:
     if extra:
         raise InvalidInput(
             "The body has fields the protocol does not know.",
-            fields={key: "is not a field of a metrics batch" for key in sorted(extra)},
+            fields={safe_text(key): "is not a field of a metrics batch" for key in sorted(extra)},
         )
     items = body["points"]
     if not isinstance(items, list):
@@ -220,13 +429,14 @@ def parse_metrics(raw: bytes, *, max_points: int) -> list[PointIn]:
             "Split it into smaller batches.",
             fields={"points": f"at most {max_points} points"},
         )
-    points = [_fast_point(item) for item in items]
+    names: set[str] = set()
+    points = [_fast_point(item, window, names) for item in items]
     if None not in points:
         return cast("list[PointIn]", points)
     errors: dict[str, str] = {}
     for index, item in enumerate(items):
         if points[index] is None:
-            _parse_point(item, index, errors)
+            _parse_point(item, index, errors, window)
         if len(errors) >= MAX_REPORTED_ERRORS:
             break
     if errors:
@@ -262,6 +472,8 @@ def _check_slurm(body: dict, errors: dict[str, str]) -> tuple[str, str, str]:
     nodelist = body.get("slurm_nodelist") or ""
     if not isinstance(nodelist, str) or len(nodelist) > MAX_NODELIST_LENGTH:
         errors["slurm_nodelist"] = f"must be a string of at most {MAX_NODELIST_LENGTH} characters"
+    elif has_unstorable(nodelist):
+        errors["slurm_nodelist"] = "must not contain NUL characters or lone surrogates"
     return values["slurm_job_id"], nodelist, values["slurm_step_id"]
 
 
@@ -269,7 +481,7 @@ def parse_heartbeat(raw: bytes) -> HeartbeatIn:
     body = parse_json_object(raw)
     errors: dict[str, str] = {}
     for key in body.keys() - set(HEARTBEAT_KEYS):
-        errors[key] = f"is not a field of a heartbeat ({', '.join(HEARTBEAT_KEYS)})"
+        errors[safe_text(key)] = f"is not a field of a heartbeat ({', '.join(HEARTBEAT_KEYS)})"
     step = _check_step(body["step"], errors, "step") if "step" in body else None
     if "step" not in body:
         errors["step"] = "is required"
@@ -286,9 +498,13 @@ def parse_heartbeat(raw: bytes) -> HeartbeatIn:
     hostname = body.get("hostname") or ""
     if not isinstance(hostname, str) or len(hostname) > 255:
         errors["hostname"] = "must be a string of at most 255 characters"
+    elif has_unstorable(hostname):
+        errors["hostname"] = "must not contain NUL characters or lone surrogates"
+    elif not HOSTLIST_CHARACTERS.isdisjoint(hostname):
+        errors["hostname"] = NOT_ONE_NODE
     rank = body.get("rank")
-    if rank is not None and not (is_whole_number(rank) and rank >= 0):
-        errors["rank"] = "must be a non-negative whole number"
+    if rank is not None and not (is_whole_number(rank) and 0 <= rank <= MAX_RANK):
+        errors["rank"] = f"must be a whole number from 0 to {MAX_RANK}"
     slurm_job_id, slurm_nodelist, slurm_step_id = _check_slurm(body, errors)
     if errors:
         raise InvalidInput("The heartbeat was refused.", fields=errors)
@@ -317,10 +533,10 @@ MAX_ERROR_LENGTH = 10_000
 
 
 def parse_ack(raw: bytes) -> AckIn:
-    body = parse_json_object(raw)
+    body = parse_json_object(raw, max_depth=MAX_JSON_DEPTH)
     errors: dict[str, str] = {}
     for key in body.keys() - {"status", "result", "error"}:
-        errors[key] = "is not a field of an acknowledgement (status, result, error)"
+        errors[safe_text(key)] = "is not a field of an acknowledgement (status, result, error)"
     status = body.get("status")
     if status not in ACK_STATUSES:
         errors["status"] = (
@@ -329,10 +545,40 @@ def parse_ack(raw: bytes) -> AckIn:
     result = body.get("result") or {}
     if not isinstance(result, dict):
         errors["result"] = f"must be an object, not {_json_type(result)}"
+    else:
+        problem = unstorable_json(result, "result")
+        if problem:
+            errors[problem[0]] = problem[1]
     error = body.get("error") or ""
     if not isinstance(error, str) or len(error) > MAX_ERROR_LENGTH:
         errors["error"] = f"must be a string of at most {MAX_ERROR_LENGTH} characters"
+    elif has_unstorable(error):
+        errors["error"] = "must not contain NUL characters or lone surrogates"
     if errors:
         raise InvalidInput("The acknowledgement was refused.", fields=errors)
     assert status is not None  # or an error was written above
     return AckIn(status=status, result=result, error=error)
+
+
+def unstorable_json(value: Any, path: str) -> tuple[str, str] | None:
+    """The first thing in a JSON document that a jsonb column cannot hold, as (path, why):
+    NaN/±Infinity (bare literals), numbers out of range, NUL or lone surrogates in strings
+    or keys. None when everything is storable."""
+    stack: list[tuple[Any, str]] = [(value, path)]
+    while stack:
+        current, where = stack.pop()
+        if isinstance(current, dict):
+            for key, item in current.items():
+                if has_unstorable(key):
+                    return where, "has a key with a NUL character or a lone surrogate"
+                stack.append((item, f"{where}.{key}"))
+        elif isinstance(current, list):
+            stack.extend((item, f"{where}[{index}]") for index, item in enumerate(current))
+        elif isinstance(current, float) and not math.isfinite(current):
+            return where, (
+                "must be a finite number here (not NaN or Infinity, nor out of the range of a "
+                "64-bit float)"
+            )
+        elif isinstance(current, str) and has_unstorable(current):
+            return where, "must not contain NUL characters or lone surrogates"
+    return None

@@ -7,12 +7,13 @@ from collections.abc import Sequence
 from django.conf import settings
 from django.db import transaction
 
-from breakers.agent.protocol import PointIn, parse_ack, parse_heartbeat, parse_metrics
+from breakers.agent.protocol import MAX_STEP, PointIn, parse_ack, parse_heartbeat, parse_metrics
 from breakers.agent.store import store_points
 from breakers.control.commands import acknowledge_command, deliverable_commands
 from breakers.detection.tasks import schedule_evaluation
 from breakers.executors.scheduler import record_scheduler_context
 from breakers.models import Command
+from core.errors import NotFound
 from core.nonfinite import encode
 from core.realtime import job_group, publish_after_commit
 from incidents.jobs import record_heartbeat
@@ -21,7 +22,11 @@ from incidents.models import Job, JobStatus
 
 def ingest_metrics(job: Job, raw_body: bytes) -> int:
     """Validate and store one metrics batch of ``job``: all of it or nothing."""
-    points = parse_metrics(raw_body, max_points=settings.AGENT_MAX_BATCH_POINTS)
+    points = parse_metrics(
+        raw_body,
+        max_points=settings.AGENT_MAX_BATCH_POINTS,
+        time_window_seconds=settings.AGENT_TIME_WINDOW_SECONDS,
+    )
     stored = store_points(job.pk, points, job_is_pending=job.status == JobStatus.PENDING)
     if stored:
         # After commit, so the worker always finds the batch it was woken for (store_points
@@ -73,6 +78,8 @@ def pending_commands(job_id: int) -> list[dict]:
 
 def receive_acknowledgement(job_id: int, command_id: int, raw_body: bytes) -> Command:
     ack = parse_ack(raw_body)
+    if not 0 < command_id <= MAX_STEP:  # an id no bigint column holds: no such command
+        raise NotFound("No such command of this job.", fields={"id": "no such command"})
     return acknowledge_command(
         job_id, command_id, status=ack.status, result=ack.result, error=ack.error
     )

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from breakers.control.commands import issue_command
+from breakers.control.commands import IDEMPOTENCY_KEY_LENGTH, issue_command
 from breakers.control.job_state import ACCEPTED_IN
 from breakers.control.timeline import active_incident
 from breakers.models import Command, CommandKind
 from core.errors import Conflict
+from core.text import fit
 from incidents.alerts.lifecycle import append_timeline
 from incidents.models import Alert, Job, TimelineKind
 from incidents.teams.authority import SYSTEM, action_for_command, decide
@@ -110,7 +111,10 @@ def brake_for_alert(alert: Alert) -> list[Command]:
             params = dict(alert.action_params) if kind == CommandKind.LOWER_LR else {}
             if node is not None:
                 params["node"] = node
-            key = f"alert:{alert.pk}:{alert.severity}:{kind}" + (f":{node}" if node else "")
+            key = fit(
+                f"alert:{alert.pk}:{alert.severity}:{kind}" + (f":{node}" if node else ""),
+                IDEMPOTENCY_KEY_LENGTH,
+            )
             command = system_command(
                 alert.job_id,
                 kind,

@@ -33,6 +33,7 @@ from breakers.models import (
 )
 from core.errors import Conflict, InvalidInput, NotFound
 from core.realtime import agent_group, job_group, publish_after_commit
+from core.text import fit
 from core.transitions import compare_and_swap, compare_and_swap_all
 from incidents.jobs import move_job
 from incidents.models import (
@@ -45,6 +46,7 @@ from incidents.models import (
 )
 
 DONE_COMMAND_STATUSES = (CommandStatus.SUCCEEDED, CommandStatus.FAILED)
+IDEMPOTENCY_KEY_LENGTH = Command._meta.get_field("idempotency_key").max_length or 200
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,8 @@ def issue_command(
     if not reason.strip():
         raise InvalidInput("A command needs a reason.", fields={"reason": "must not be empty"})
     now = timezone.now()
-    key = idempotency_key or f"{actor_kind}:{kind}:{now.timestamp()}"
+    # Fit to its column by construction (a long node name is the agent's choice).
+    key = fit(idempotency_key or f"{actor_kind}:{kind}:{now.timestamp()}", IDEMPOTENCY_KEY_LENGTH)
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
         existing = Command.objects.filter(job_id=job_id, idempotency_key=key).first()

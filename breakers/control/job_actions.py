@@ -20,14 +20,18 @@ from django.utils import timezone
 
 from breakers.control.commands import issue_command
 from breakers.control.timeline import active_incident
+from breakers.executors.scheduler import slurm_binding
+from breakers.executors.slurm import executor as slurm
 from breakers.models import Command, CommandKind
 from core.errors import Conflict, InvalidInput, NotFound
+from core.nodes import is_single_node_name
 from incidents.alerts.lifecycle import append_timeline
 from incidents.escalations import clean_requested_action
 from incidents.models import (
     ActorKind,
     Alert,
     Job,
+    Node,
     PauseConfirmation,
     PauseDecision,
     TimelineKind,
@@ -209,7 +213,16 @@ def isolate_node(
     alert_id: int | None = None,
     context: AuditContext | None = None,
 ) -> Command:
-    """Take one node of the job out (by hand it weighs as much as terminating)."""
+    """Take one node of the job out (by hand it weighs as much as terminating).
+
+    Only one of the job's own nodes: one name (no Slurm host list), one the job reported (its
+    ``Node`` rows) or its Slurm job runs on. Another team's node is a 400 naming ``node``; the
+    drain itself checks the node against Slurm again (``breakers.executors.slurm.actions``)."""
+
+    def params() -> dict[str, Any]:
+        if str(node or "").strip():  # (an empty one is refused by clean_requested_action)
+            _check_node_of_job(job_id, node)
+        return clean_requested_action(CommandKind.ISOLATE_NODE, {"node": node})
 
     return _command_verb(
         user,
@@ -218,8 +231,43 @@ def isolate_node(
         reason=reason,
         alert_id=alert_id,
         context=context,
-        params=lambda: clean_requested_action(CommandKind.ISOLATE_NODE, {"node": node}),
+        params=params,
     )
+
+
+def _check_node_of_job(job_id: int, node: str) -> None:
+    if not is_single_node_name(node):
+        raise InvalidInput(
+            f"{node!r} is not one node's name.",
+            fields={"node": "must be one node's name, not a host list (no brackets or commas)"},
+        )
+    binding = slurm_binding(job_id)
+    if binding is not None:
+        # On Slurm, Slurm says which nodes are the job's (a point's node is the agent's word).
+        nodes = _slurm_nodes(job_id, binding.slurm_job_id)
+        if nodes is not None:
+            if node in nodes:
+                return
+            raise InvalidInput(
+                f"{node} is not a node of this job: its Slurm job {binding.slurm_job_id} runs "
+                f"on {', '.join(nodes) or 'no node'}.",
+                fields={"node": "must be one of the job's nodes"},
+            )
+    if not Node.objects.filter(job_id=job_id, hostname=node).exists():
+        raise InvalidInput(
+            f"{node} is not a node of this job.",
+            fields={"node": "must be one of the job's nodes"},
+        )
+
+
+def _slurm_nodes(job_id: int, slurm_job_id: str) -> list[str] | None:
+    """The nodes of the job's Slurm job, as Slurm says; None when Slurm cannot say (then the
+    job's Node rows decide here, and the drain checks Slurm again before it acts)."""
+    verdict = slurm.verify_slurm_job(job_id, slurm_job_id)
+    if not verdict.ok or verdict.slurm_job is None:
+        return [] if verdict.reachable else None
+    nodes, _ = slurm.job_nodes(verdict.slurm_job.nodelist)
+    return nodes
 
 
 # --- Confirming a pause ---------------------------------------------------------------------

@@ -42,7 +42,7 @@ from incidents.alerts.lifecycle import (
     raise_or_update_alert,
     resolve_alert,
 )
-from incidents.models import Job
+from incidents.models import Job, Layer
 from incidents.notifications.delivery import notify_alert
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,55 @@ def on_alert_raised(outcome: AlertOutcome) -> None:
     notify_alert(
         outcome.alert.pk
     )  # pages the on-call after commit (incidents.notifications.delivery)
+
+
+BREAKERS_FAILING_RULE = "breakers-failing"
+MAX_ERROR_TEXT = 500
+
+
+def report_failing_breakers(job_id: int, error: BaseException) -> None:
+    """Fail safe: a job whose evaluation raised is itself an L3 health alert (and incident),
+    "the breakers of job X are failing: <error>", paged to the on-call. Raised once; a later
+    failure only updates it. Never raises: the caller is already handling an error."""
+    try:
+        with transaction.atomic():
+            job = Job.objects.filter(pk=job_id).only("name", "current_step").first()
+            if job is None:
+                return
+            text = f"{type(error).__name__}: {error}"[:MAX_ERROR_TEXT]
+            now = datetime.now(tz=UTC)
+            step = job.current_step or 0
+            outcome = raise_or_update_alert(
+                job_id,
+                AlertSignal(
+                    rule_key=BREAKERS_FAILING_RULE,
+                    rule_name="Breakers failing",
+                    layer=Layer.HEALTH,
+                    severity="L3",
+                    metric="evaluation",
+                    node="",
+                    value=1.0,
+                    threshold=None,
+                    description=f"the breakers of job {job.name} are failing: {text}",
+                    step=step,
+                    time=now,
+                    first_step=step,
+                    first_time=now,
+                    action="none",
+                    runbook_hint="breakers failing evaluation error",
+                ),
+            )
+            if outcome.created or outcome.escalated:
+                notify_alert(outcome.alert.pk)
+    except Exception:
+        log.exception("could not raise the breakers-failing alert of job %s", job_id)
+
+
+def clear_failing_breakers(job_id: int) -> None:
+    """The job's evaluation succeeded again: resolve its breakers-failing alert, if any."""
+    alert = active_alert(job_id, BREAKERS_FAILING_RULE, "")
+    if alert is not None:
+        resolve_alert(alert.pk, reason="the job's evaluation succeeded again")
 
 
 def evaluate_job(

@@ -9,6 +9,8 @@ lost message cannot block a job for good; the periodic tick also evaluates whate
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 from functools import cache
 
@@ -18,6 +20,8 @@ from django.db import InterfaceError, OperationalError
 
 from breakers.detection import evaluation
 from incidents.models import Job, JobStatus
+
+log = logging.getLogger(__name__)
 
 QUEUED_TTL_SECONDS = 60
 # Jobs that get periodic ticks: node-failure windows and silences are judged even when no
@@ -76,7 +80,25 @@ def evaluate_job(job_id: int) -> int:
     """Evaluate the job's new points; returns how many."""
     # Before reading: a batch committed from now on must schedule a follow-up, not be lost.
     _release("evaluate", job_id)
-    return evaluation.evaluate_job(job_id).points
+    return fail_safe(job_id)
+
+
+def fail_safe(job_id: int, tick_at: float | None = None) -> int:
+    """One job's evaluation, failing safe: a transient database error is retried (raised to
+    the task's autoretry); any other error is this job's alone. It becomes the job's L3
+    "breakers failing" alert, paged to the on-call, and never reaches another job's
+    evaluation (nor the periodic tick that loops over the jobs)."""
+    try:
+        report = evaluation.evaluate_job(job_id, tick_at=tick_at)
+    except TRANSIENT_ERRORS:
+        raise
+    except Exception as error:
+        log.exception("evaluation of job %s failed", job_id)
+        evaluation.report_failing_breakers(job_id, error)
+        return 0
+    with contextlib.suppress(*TRANSIENT_ERRORS):  # the next evaluation clears it
+        evaluation.clear_failing_breakers(job_id)
+    return report.points
 
 
 @shared_task(name="detection.tick_evaluations", acks_late=True, ignore_result=True)
@@ -85,9 +107,13 @@ def tick_evaluations() -> int:
     enqueued = 0
     job_ids = Job.objects.filter(status__in=TICKED_JOB_STATUSES).values_list("pk", flat=True)
     for job_id in job_ids:
-        if _claim("tick", job_id):
-            tick_job.delay(job_id)
-            enqueued += 1
+        # One job's tick cannot stop the others' (in embedded mode, delay() runs it here).
+        try:
+            if _claim("tick", job_id):
+                tick_job.delay(job_id)
+                enqueued += 1
+        except Exception:
+            log.exception("tick of job %s could not run", job_id)
     return enqueued
 
 
@@ -102,4 +128,4 @@ def tick_evaluations() -> int:
 def tick_job(job_id: int) -> int:
     """Evaluate pending points, then judge the time-based detectors now."""
     _release("tick", job_id)
-    return evaluation.evaluate_job(job_id, tick_at=time.time()).points
+    return fail_safe(job_id, tick_at=time.time())

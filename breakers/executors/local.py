@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from incidents.models import Job
+from core.processes import process_environment, process_group, process_start_time
+from incidents.models import AgentToken, Job, hash_token
 
 
 @dataclass(frozen=True)
@@ -61,8 +62,79 @@ def _wait_for_exit(pid: int, seconds: float) -> bool:
     return not process_is_running(pid)
 
 
+def _refused(why: str) -> ExecutorOutcome:
+    return ExecutorOutcome(LocalProcessExecutor.name, False, detail=f"refused: {why}")
+
+
+def _console_processes() -> set[int]:
+    return {1, os.getpid(), os.getppid()}
+
+
+def identity_refusal(job: Job, pid: int) -> str | None:
+    """Why ``pid`` is not proven to be the job's process on this host, or None when it is.
+
+    An agent's heartbeat says which pid it runs as, and an agent can say anything. So the pid is
+    signalled only when, at this very moment:
+
+    - the job's process reported this host as its own (``hostname`` = this machine's name);
+    - it is not PID 1, the console's own process, its parent, or in its process group;
+    - its start time (/proc/PID/stat field 22) is the one the console read when the pid was
+      first registered from this host (``Job.agent_pid_start_time``): a pid reused by another
+      process since then has another start time;
+    - its environment as started (/proc/PID/environ) carries one of the job's agent tokens
+      (``BRAKELINE_TOKEN``) or its marker (``BRAKELINE_JOB_MARKER``, the token's first 12
+      characters, exported by the SDK to the processes it starts): a process of somebody else,
+      which an agent merely named, has neither.
+    """
+    if job.agent_hostname != socket.gethostname():
+        where = f"on {job.agent_hostname}" if job.agent_hostname else "without naming its host"
+        return (
+            f"the job reported process {pid} {where}, not on this worker's host "
+            f"{socket.gethostname()}; a local signal cannot be aimed at it (use the scheduler's "
+            "executor)"
+        )
+    if pid in _console_processes() or process_group(pid) == os.getpgid(0):
+        return f"process {pid} is PID 1 or one of the console's own processes"
+    if job.agent_pid_start_time is None:
+        return (
+            f"process {pid} was never registered from this host (no start time recorded when "
+            "its heartbeat first reported it)"
+        )
+    started = process_start_time(pid)
+    if started is None:
+        return None  # gone: nothing to signal (the caller reports it gone)
+    if started != job.agent_pid_start_time:
+        return (
+            f"process {pid} started at tick {started}, not at {job.agent_pid_start_time} as the "
+            "job's process did: the pid now belongs to another process"
+        )
+    return _environment_refusal(job, pid)
+
+
+def _environment_refusal(job: Job, pid: int) -> str | None:
+    environment = process_environment(pid)
+    if environment is None:
+        return f"the environment of process {pid} cannot be read to check it is the job's"
+    tokens = AgentToken.objects.filter(job_id=job.pk, revoked_at__isnull=True)
+    hashes = set(tokens.values_list("token_hash", flat=True))
+    prefixes = set(tokens.values_list("prefix", flat=True))
+    token = environment.get("BRAKELINE_TOKEN", "")
+    marker = environment.get(JOB_MARKER_VARIABLE, "")
+    if (token and hash_token(token) in hashes) or (marker and marker in prefixes):
+        return None
+    return (
+        f"process {pid} does not carry the job's token in its environment (BRAKELINE_TOKEN or "
+        f"{JOB_MARKER_VARIABLE}): it is not proven to be the job's process"
+    )
+
+
+JOB_MARKER_VARIABLE = "BRAKELINE_JOB_MARKER"
+
+
 class LocalProcessExecutor:
-    """Signals the training process the SDK registered (its PID): SIGTERM, then SIGKILL."""
+    """Signals the training process the SDK registered (its PID): SIGTERM, then SIGKILL, and
+    only once the process is proven to be the job's (``identity_refusal``), checked again
+    right before each signal."""
 
     name = "local"
 
@@ -71,18 +143,18 @@ class LocalProcessExecutor:
         pid = job.agent_pid
         if not pid:
             return ExecutorOutcome(self.name, False, detail="The job never reported a process id.")
-        if job.agent_hostname and job.agent_hostname != socket.gethostname():
-            return ExecutorOutcome(
-                self.name,
-                False,
-                detail=f"The job runs on {job.agent_hostname}, not on this worker's host; "
-                "a local signal cannot reach it (use the scheduler's executor).",
-            )
+        why = identity_refusal(job, pid)
+        if why is not None:
+            return _refused(why)
         if not process_is_running(pid):
             return ExecutorOutcome(self.name, True, [f"process {pid} was already gone"])
-        steps = [f"SIGTERM to process {pid}"]
+        steps = [f"SIGTERM to process {pid} (checked: this host, start time, job token)"]
         os.kill(pid, signal.SIGTERM)
         if not _wait_for_exit(pid, grace_seconds):
+            why = identity_refusal(job, pid)
+            if why is not None:
+                steps.append(f"no SIGKILL, refused: {why}")
+                return ExecutorOutcome(self.name, False, steps, seconds=time.monotonic() - started)
             steps.append(f"still running after {grace_seconds:g} s grace: SIGKILL to {pid}")
             os.kill(pid, signal.SIGKILL)
             _wait_for_exit(pid, 5.0)

@@ -1,33 +1,69 @@
 """Which scheduler a job runs under, learnt from its heartbeats, and what is routed there.
 
-A heartbeat that carries a ``slurm_job_id`` binds the job to Slurm (``SchedulerBinding``): from
-then on a hung job is stopped with ``scancel`` rather than a local signal, and the commands a job
-cannot carry out alone — draining a faulty node, cancelling on L4 — are also carried out through
-the scheduler, by a Celery task after the command commits (``breakers.executors.slurm.tasks``).
+A heartbeat that carries a ``slurm_job_id`` binds the job to Slurm (``SchedulerBinding``) once
+Slurm confirms that job is this one's (``bind_if_confirmed``, in a worker: it exists, its
+comment or name carries the Brakeline job id, it runs on the reported nodes): from then on a
+hung job is stopped with ``scancel`` rather than a local signal, and the commands a job cannot
+carry out alone — draining a faulty node, cancelling on L4 — are also carried out through the
+scheduler, by a Celery task after the command commits (``breakers.executors.slurm.tasks``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
+
+from django.core.cache import cache
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from breakers.agent.protocol import HeartbeatIn
+from breakers.control.timeline import active_incident
 from breakers.models import Command, CommandKind, ExecutorKind, SchedulerBinding
+from incidents.alerts.lifecycle import append_timeline
+from incidents.models import Job, TimelineKind
+
+log = logging.getLogger(__name__)
 
 
 def record_scheduler_context(job_id: int, heartbeat: HeartbeatIn) -> None:
-    """Store the job's Slurm context when it changed (a write per new context, not per beat)."""
+    """Store the job's Slurm context when it changed (a write per new context, not per beat).
+
+    A context the binding already holds (confirmed when it was bound) applies at once. A new
+    one is the agent's word only: it is handed to a worker, which asks Slurm
+    (``bind_if_confirmed``) and binds the job only if Slurm confirms it; the web process needs
+    no Slurm client, and a heartbeat never waits for Slurm."""
     if not heartbeat.slurm_job_id:
         # The job runs outside Slurm now: an automatic Slurm binding no longer applies.
         SchedulerBinding.objects.filter(
             job_id=job_id, executor=ExecutorKind.SLURM, executor_pinned=False
         ).update(executor=ExecutorKind.LOCAL, updated_at=timezone.now())
         return
-    context = {
+    reported = {
         "slurm_job_id": heartbeat.slurm_job_id,
         "slurm_nodelist": heartbeat.slurm_nodelist,
         "slurm_step_id": heartbeat.slurm_step_id,
+        "hostname": heartbeat.hostname,
+        "rank": heartbeat.rank,
     }
+    binding = SchedulerBinding.objects.filter(job_id=job_id).first()
+    known = binding is not None and (binding.slurm_job_id, binding.slurm_nodelist) == (
+        heartbeat.slurm_job_id,
+        heartbeat.slurm_nodelist,
+    )
+    if known:
+        _apply_context(job_id, reported)
+        return
+    if not _claim_check(job_id, reported):
+        return  # checked (or being checked) lately, or too many checks of this job lately
+    from breakers.executors.slurm.tasks import confirm_slurm_binding  # it imports this module
+
+    # robust: the heartbeat is stored; a broker hiccup only delays the binding (next context).
+    transaction.on_commit(lambda: confirm_slurm_binding.delay(job_id, reported), robust=True)
+
+
+def _apply_context(job_id: int, reported: dict) -> None:
+    context = {key: reported[key] for key in ("slurm_job_id", "slurm_nodelist", "slurm_step_id")}
     binding = SchedulerBinding.objects.filter(job_id=job_id).first()
     if binding is None:
         try:
@@ -35,8 +71,8 @@ def record_scheduler_context(job_id: int, heartbeat: HeartbeatIn) -> None:
                 SchedulerBinding.objects.create(
                     job_id=job_id,
                     executor=ExecutorKind.SLURM,
-                    hostname=heartbeat.hostname,
-                    rank=heartbeat.rank,
+                    hostname=reported["hostname"],
+                    rank=reported["rank"],
                     **context,
                 )
             return
@@ -48,11 +84,67 @@ def record_scheduler_context(job_id: int, heartbeat: HeartbeatIn) -> None:
     if changes:
         # Ranks of one job differ only in host and rank: those follow a new context, never
         # flip-flop between ranks on every heartbeat.
-        changes.update(hostname=heartbeat.hostname, rank=heartbeat.rank)
+        changes.update(hostname=reported["hostname"], rank=reported["rank"])
     if not binding.executor_pinned and binding.executor != ExecutorKind.SLURM:
         changes["executor"] = ExecutorKind.SLURM
     if changes:
         SchedulerBinding.objects.filter(pk=job_id).update(**changes, updated_at=timezone.now())
+
+
+CHECK_MEMORY_SECONDS = 60
+MAX_CHECKS_PER_MINUTE = 5  # Slurm checks of new contexts, per job
+
+
+def _job_key(job_id: int) -> str:
+    # With the job's creation time: a job id reused (another database) starts afresh.
+    created = Job.objects.filter(pk=job_id).values_list("created_at", flat=True).first()
+    return f"{job_id}:{created.timestamp() if created else ''}"
+
+
+def _claim_check(job_id: int, reported: dict) -> bool:
+    """One Slurm check per new context a minute, and at most five a minute per job, so an agent
+    repeating (or varying) a foreign Slurm job id costs no Slurm call per heartbeat."""
+    job_key = _job_key(job_id)
+    context = f"{reported['slurm_job_id']}|{reported['slurm_nodelist']}".encode()
+    key = f"brakeline:slurm-check:{job_key}:{hashlib.sha256(context).hexdigest()}"
+    budget = f"brakeline:slurm-checks:{job_key}"
+    if (cache.get(budget) or 0) >= MAX_CHECKS_PER_MINUTE:
+        return False
+    if not cache.add(key, 1, CHECK_MEMORY_SECONDS):
+        return False
+    cache.add(budget, 0, CHECK_MEMORY_SECONDS)
+    try:
+        cache.incr(budget)
+    except ValueError:  # expired in between
+        cache.set(budget, 1, CHECK_MEMORY_SECONDS)
+    return True
+
+
+def bind_if_confirmed(job_id: int, reported: dict) -> bool:
+    """Bind the job to the reported Slurm job if Slurm says it is this job's and runs on the
+    reported nodes (``breakers.executors.slurm.executor.verify_slurm_job``); else leave the
+    binding as it was (a binding to a confirmed job stays) and say why."""
+    from breakers.executors.slurm.executor import verify_slurm_job  # it builds on this module
+
+    slurm_job_id = reported["slurm_job_id"]
+    verdict = verify_slurm_job(job_id, slurm_job_id, nodelist=reported["slurm_nodelist"])
+    if verdict.ok:
+        _apply_context(job_id, reported)
+        return True
+    log.warning("Job %s not bound to Slurm job %s: %s", job_id, slurm_job_id, verdict.why)
+    incident = active_incident(job_id)
+    if incident is not None:
+        append_timeline(
+            incident.pk,
+            TimelineKind.NOTE,
+            f"Not bound to Slurm job {slurm_job_id} the agent reported: {verdict.why}",
+            data={
+                "event": "slurm_binding_refused",
+                "slurm_job_id": slurm_job_id,
+                **{"why": verdict.why},
+            },
+        )
+    return False
 
 
 def executor_name(job_id: int) -> str:

@@ -18,7 +18,6 @@ names the field, never the value.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,7 +27,15 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from breakers.agent.protocol import MAX_STEP, is_whole_number
+from breakers.agent.protocol import (
+    DEFAULT_TIME_WINDOW_SECONDS,
+    MAX_STEP,
+    TimeWindow,
+    is_whole_number,
+    load_json,
+    safe_text,
+    unstorable_json,
+)
 from breakers.models import EnvironmentSnapshot, SnapshotKind
 from core.errors import InvalidInput, PayloadTooLarge
 
@@ -59,23 +66,15 @@ class SnapshotIn:
     checkpoint_sha256: str
 
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"bare {name} is not JSON; send it as a string")
-
-
 def _load(raw: bytes) -> dict:
     if len(raw) > MAX_SNAPSHOT_BYTES:
         raise PayloadTooLarge(
             f"A snapshot holds at most {MAX_SNAPSHOT_BYTES} bytes; this one has {len(raw)}.",
             fields={"snapshot": f"at most {MAX_SNAPSHOT_BYTES} bytes"},
         )
-    try:
-        # Strict JSON: a bare NaN would be stored as invalid JSON in PostgreSQL's jsonb.
-        body = json.loads(raw, parse_constant=_refuse_constant)
-    except RecursionError:
-        raise InvalidInput("The snapshot is nested too deeply.", code="malformed_json") from None
-    except (ValueError, UnicodeDecodeError) as error:
-        raise InvalidInput(f"The body is not valid JSON: {error}.", code="malformed_json") from None
+    # Strict JSON: a bare NaN would be stored as invalid JSON in PostgreSQL's jsonb. UTF-8
+    # only, no duplicate keys, bounded nesting (breakers.agent.protocol.load_json).
+    body = load_json(raw, strict_constants=True)
     if not isinstance(body, dict):
         raise InvalidInput("The body must be a JSON object.", code="malformed_json")
     return body
@@ -135,13 +134,17 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def _check_snapshot(snapshot: Any, errors: dict[str, str]) -> datetime | None:
+def _check_snapshot(snapshot: Any, errors: dict[str, str], window: TimeWindow) -> datetime | None:
     """Type-check the sections the console reads; returns the agent's taken_at, if any."""
     if not isinstance(snapshot, dict):
         errors["snapshot"] = "is required and must be an object"
         return None
     if _depth(snapshot) > MAX_DEPTH:
         errors["snapshot"] = f"must be nested at most {MAX_DEPTH} levels deep"
+        return None
+    problem = unstorable_json(snapshot, "snapshot")
+    if problem is not None:
+        errors[problem[0][:200]] = problem[1]
         return None
     for section, expected in SECTION_TYPES.items():
         value = snapshot.get(section)
@@ -162,6 +165,13 @@ def _check_snapshot(snapshot: Any, errors: dict[str, str]) -> datetime | None:
     if parsed is None or parsed.tzinfo is None:
         errors["snapshot.taken_at"] = "must be an ISO 8601 time with a time zone"
         return None
+    try:
+        inside = parsed in window
+    except OverflowError:
+        inside = False
+    if not inside:
+        errors["snapshot.taken_at"] = window.refusal()
+        return None
     return parsed
 
 
@@ -176,7 +186,9 @@ def _check_checkpoint(kind: Any, checkpoint: Any, errors: dict[str, str]) -> tup
     for key in checkpoint.keys() - {"path", "sha256", "bytes"}:
         errors[f"checkpoint.{key}"] = "is not a field of a checkpoint (path, sha256, bytes)"
     path, sha256 = checkpoint.get("path"), checkpoint.get("sha256")
-    if not isinstance(path, str) or not path.strip() or len(path) > MAX_PATH_LENGTH:
+    if isinstance(path, str) and unstorable_json(path, "checkpoint.path"):
+        errors["checkpoint.path"] = "must not contain NUL characters or lone surrogates"
+    elif not isinstance(path, str) or not path.strip() or len(path) > MAX_PATH_LENGTH:
         errors["checkpoint.path"] = f"must be a non-empty string of at most {MAX_PATH_LENGTH}"
     if not isinstance(sha256, str) or not _SHA256.match(sha256):
         errors["checkpoint.sha256"] = "must be 64 lowercase hexadecimal digits"
@@ -186,19 +198,28 @@ def _check_checkpoint(kind: Any, checkpoint: Any, errors: dict[str, str]) -> tup
     return str(path or ""), str(sha256 or "")
 
 
-def parse_snapshot(raw: bytes) -> SnapshotIn:
-    """Validate a snapshot body; raise InvalidInput / PayloadTooLarge, or return it."""
+def parse_snapshot(
+    raw: bytes,
+    *,
+    now: datetime | None = None,
+    time_window_seconds: float = DEFAULT_TIME_WINDOW_SECONDS,
+) -> SnapshotIn:
+    """Validate a snapshot body; raise InvalidInput / PayloadTooLarge, or return it. Its
+    ``taken_at``, when sent, must lie within ``time_window_seconds`` of ``now``."""
+    window = TimeWindow.around(now, time_window_seconds)
     body = _load(raw)
     errors: dict[str, str] = {}
     for key in body.keys() - {"kind", "step", "snapshot", "checkpoint"}:
-        errors[key] = "is not a field of a snapshot upload (kind, step, snapshot, checkpoint)"
+        errors[safe_text(key)] = (
+            "is not a field of a snapshot upload (kind, step, snapshot, checkpoint)"
+        )
     kind = body.get("kind")
     if kind not in SnapshotKind.values:
         errors["kind"] = f"must be one of {', '.join(SnapshotKind.values)}"
     step = body.get("step")
     if not (is_whole_number(step) and 0 <= step <= MAX_STEP):
         errors["step"] = "is required: a whole number >= 0"
-    taken_at = _check_snapshot(body.get("snapshot"), errors)
+    taken_at = _check_snapshot(body.get("snapshot"), errors, window)
     path, sha256 = _check_checkpoint(kind, body.get("checkpoint"), errors)
     if errors:
         raise InvalidInput("The snapshot was refused.", fields=errors)
@@ -217,7 +238,12 @@ def parse_snapshot(raw: bytes) -> SnapshotIn:
 def record_snapshot(job_id: int, raw_body: bytes) -> tuple[EnvironmentSnapshot, bool]:
     """Validate and store one snapshot of the job; (row, created). The same snapshot sent
     again (an agent retrying after a lost answer) returns the row stored the first time."""
-    snapshot = parse_snapshot(raw_body)
+    snapshot = parse_snapshot(
+        raw_body,
+        time_window_seconds=getattr(
+            settings, "AGENT_TIME_WINDOW_SECONDS", DEFAULT_TIME_WINDOW_SECONDS
+        ),
+    )
     fields = {
         "job_id": job_id,
         "kind": snapshot.kind,

@@ -23,7 +23,7 @@ from console.api.agent_schema import (
     MetricsAcceptedDoc,
     MetricsBatchDoc,
 )
-from core.errors import PayloadTooLarge
+from core.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
 
 ERRORS = {
     code: OpenApiResponse(ErrorDoc, description=text)
@@ -31,6 +31,7 @@ ERRORS = {
         400: "Malformed JSON or an invalid field; nothing was written.",
         401: "No token, an unknown token or a revoked one.",
         413: "Batch over the limit (points or bytes); nothing was written.",
+        415: "A Content-Type other than application/json (UTF-8); nothing was written.",
         429: "Rate limit; retry after the Retry-After header.",
     }.items()
 }
@@ -45,6 +46,27 @@ class RawJSONParser(BaseParser):
         return stream.read()
 
 
+def check_content_type(header: str) -> None:
+    """``application/json``, optionally with ``charset=utf-8``; 415 for anything else."""
+    media_type, _, parameters = header.partition(";")
+    if media_type.strip().lower() != "application/json":
+        raise UnsupportedMediaType(
+            f"Send the body as application/json, not {header[:60]!r}.",
+            fields={"Content-Type": "must be application/json"},
+        )
+    for parameter in parameters.split(";"):
+        name, _, value = parameter.partition("=")
+        if name.strip().lower() == "charset" and value.strip().strip('"').lower() not in (
+            "utf-8",
+            "utf8",
+        ):
+            raise InvalidInput(
+                "The body must be JSON encoded as UTF-8.",
+                fields={"Content-Type": "charset must be utf-8"},
+                code="malformed_json",
+            )
+
+
 class AgentView(APIView):
     authentication_classes = [AgentTokenAuthentication]
     permission_classes = [IsAuthenticated]
@@ -53,12 +75,17 @@ class AgentView(APIView):
     renderer_classes = [JSONRenderer]
 
     def raw_body(self, request: Request) -> bytes:
+        """The request body, read only now: after authentication, permission and the rate
+        limit (DRF's ``initial``), and only when it is JSON within the byte limit."""
+        declared = request.META.get("CONTENT_LENGTH") or "0"
+        if declared != "0" or request.META.get("CONTENT_TYPE"):
+            # An empty body carries no type: it is refused as malformed JSON below.
+            check_content_type(request.META.get("CONTENT_TYPE", ""))
         limit = settings.AGENT_MAX_BATCH_BYTES
         too_large = PayloadTooLarge(
             f"A request body holds at most {limit} bytes. Split the batch.",
             fields={"body": f"at most {limit} bytes"},
         )
-        declared = request.META.get("CONTENT_LENGTH") or "0"
         if declared.isdigit() and int(declared) > limit:
             raise too_large
         try:

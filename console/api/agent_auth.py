@@ -36,18 +36,23 @@ def bearer_token(header_value: bytes | str) -> str | None:
     return token.strip()
 
 
+def required_bearer_token(header: bytes | str) -> str:
+    """The agent token of an Authorization header; 401 (with the reason) when there is none."""
+    if not header:
+        raise Unauthenticated(
+            "No agent token: send 'Authorization: Bearer <token>'.", code="missing_token"
+        )
+    token = bearer_token(header)
+    if token is None:
+        raise Unauthenticated(
+            "The Authorization header must be 'Bearer <token>'.", code="malformed_token"
+        )
+    return token
+
+
 class AgentTokenAuthentication(BaseAuthentication):
     def authenticate(self, request):
-        header = get_authorization_header(request)
-        if not header:
-            raise Unauthenticated(
-                "No agent token: send 'Authorization: Bearer <token>'.", code="missing_token"
-            )
-        token = bearer_token(header)
-        if token is None:
-            raise Unauthenticated(
-                "The Authorization header must be 'Bearer <token>'.", code="malformed_token"
-            )
+        token = required_bearer_token(get_authorization_header(request))
         job = authenticate_agent(token)
         return AgentPrincipal(job=job), token
 

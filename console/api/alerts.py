@@ -55,7 +55,7 @@ class AcknowledgeIn(serializers.Serializer):
 
 def limit_param(request: Request, default: int = 100) -> int:
     raw = request.query_params.get("limit", str(default))
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIMIT:
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 9 or not 1 <= int(raw) <= MAX_LIMIT:
         raise InvalidInput("Bad limit.", fields={"limit": f"a whole number from 1 to {MAX_LIMIT}"})
     return int(raw)
 
@@ -93,7 +93,7 @@ class AlertListView(PersonView):
             alerts = alerts.filter(status__in=statuses)
         job = request.query_params.get("job")
         if job is not None:
-            if not job.isdigit():
+            if not (job.isascii() and job.isdigit()):
                 raise InvalidInput("Bad job.", fields={"job": "a job id"})
             alerts = alerts.filter(job_id=int(job))
         return Response([alert_payload(a) for a in alerts[: limit_param(request)]])

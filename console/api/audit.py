@@ -64,7 +64,7 @@ def _readable_team_ids(user: Any, team: str | None, request: Request) -> list[in
     if team is None:
         memberships = Membership.objects.filter(user=user).values_list("team_id", "role")
         return [team_id for team_id, role in memberships if audit_read_refusal(role) is None]
-    if not team.isdigit():
+    if not (team.isascii() and team.isdigit()):
         raise InvalidInput("Bad team.", fields={"team": "a team id"})
     with audited(user, READ_AUDIT, "team", int(team), audit_context(request)) as attempt:
         found = scoped_get(Team.objects, user, int(team), team_path="id", noun="team")

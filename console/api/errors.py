@@ -64,3 +64,14 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
         body = {"error": code, "detail": str(detail), "fields": {}}
     response.data = body
     return response
+
+
+def not_found(request: Any, exception: Exception | None = None) -> Any:
+    """The project's 404 (``handler404``): under /api/ the API's error body, else the page."""
+    from django.http import JsonResponse
+    from django.views.defaults import page_not_found
+
+    if request.path.startswith("/api/"):
+        body = {"error": "not_found", "detail": "There is no such API endpoint.", "fields": {}}
+        return JsonResponse(body, status=404)
+    return page_not_found(request, exception)

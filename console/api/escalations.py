@@ -95,7 +95,7 @@ class EscalationListView(PersonView):
             requests = requests.filter(status=status)
         job = request.query_params.get("job")
         if job is not None:
-            if not job.isdigit():
+            if not (job.isascii() and job.isdigit()):
                 raise InvalidInput("Bad job.", fields={"job": "a job id"})
             requests = requests.filter(job_id=int(job))
         return Response([escalation_payload(r) for r in requests[: limit_param(request)]])

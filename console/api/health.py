@@ -15,6 +15,8 @@ from rest_framework.views import APIView
 
 from breakers.control import liveness
 from breakers.control.watchdog import BEAT
+from breakers.detection.evaluation import BREAKERS_FAILING_RULE
+from incidents.models import ACTIVE_ALERT_STATUSES, Alert
 
 BEAT_STALE_SECONDS = 5.0
 _worker_cache: dict[str, float] = {}
@@ -32,6 +34,19 @@ def worker_count() -> int:
     return int(_worker_cache["count"])
 
 
+def failing_breakers() -> list[dict]:
+    """Jobs whose evaluation raises (their active "breakers failing" alert): nothing brakes
+    them until somebody looks. This endpoint is public, so only ids and the time: the job's
+    name and the error are in the alert, behind the console's authentication."""
+    alerts = Alert.objects.filter(
+        rule_key=BREAKERS_FAILING_RULE, status__in=ACTIVE_ALERT_STATUSES
+    ).order_by("raised_at")[:100]
+    return [
+        {"job_id": alert.job_id, "alert_id": alert.pk, "since": alert.raised_at.isoformat()}
+        for alert in alerts
+    ]
+
+
 def health_report(workers: int | None = None) -> tuple[dict, bool]:
     last_beat = liveness.last(BEAT)
     beat_age = None if last_beat is None else max(0.0, time.time() - last_beat)
@@ -47,9 +62,12 @@ def health_report(workers: int | None = None) -> tuple[dict, bool]:
             "watchdog_depth": liveness.queue_depth(settings.WATCHDOG_QUEUE),
         },
         "workers": {"count": workers, "stale": workers == 0},
+        "failing_breakers": failing_breakers(),
     }
     healthy = not beat_stale and workers > 0
-    report["status"] = "ok" if healthy else "degraded"
+    # A job whose breakers fail degrades the status; the answer stays 200 (503 says that
+    # nothing watches at all, and a load balancer must not take the console away for it).
+    report["status"] = "ok" if healthy and not report["failing_breakers"] else "degraded"
     return report, healthy
 
 

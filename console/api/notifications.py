@@ -25,7 +25,8 @@ from incidents.notifications.delivery import (
 from incidents.notifications.policy import save_policy, send_test_notification, set_contact
 from incidents.notifications.routing import CHANNELS
 from incidents.notifications.senders import provider_signature, receipt_url
-from incidents.teams.access import scoped_get
+from incidents.teams.access import role_in_team, scoped_get
+from incidents.teams.authority import Action, decide
 
 
 class RuleDoc(serializers.Serializer):
@@ -47,6 +48,9 @@ class PolicyIn(serializers.Serializer):
 
 
 class PolicyOut(PolicyIn):
+    chat_webhook_url = serializers.CharField(
+        help_text='Admins see the URL; other members "(set)" or "" (it is a secret).'
+    )
     team_id = serializers.IntegerField()
     configured = serializers.BooleanField(help_text="False: the default policy, nobody is paged.")
     last_delivered = serializers.DictField(
@@ -73,19 +77,29 @@ class DeliveryOut(serializers.Serializer):
     status = serializers.CharField()
     attempts = serializers.IntegerField()
     first_line = serializers.CharField()
-    provider_response = serializers.CharField()
+    provider_response = serializers.CharField(
+        help_text="What the provider or webhook answered (truncated); admins only, else empty."
+    )
     latency_ms = serializers.FloatField(allow_null=True)
     created_at = serializers.DateTimeField()
     delivered_at = serializers.DateTimeField(allow_null=True)
 
 
-def policy_out(team_id: int) -> dict[str, Any]:
+def is_admin(user: Any, team_id: int) -> bool:
+    """May ``user`` see the team's secrets (the webhook URL, what providers answered)?"""
+    return decide(role_in_team(user, team_id), Action.MANAGE_NOTIFICATIONS).allowed
+
+
+def policy_out(team_id: int, *, admin: bool) -> dict[str, Any]:
+    """The webhook URL is a secret (whoever knows it may post to the team's chat): admins see
+    it, other members see whether one is set ("" when not, "(set)" when it is)."""
     policy = policy_for(team_id)
+    url = policy.chat_webhook_url
     return {
         "team_id": team_id,
         "configured": notifications_configured(team_id),
         "rules": policy.rules,
-        "chat_webhook_url": policy.chat_webhook_url,
+        "chat_webhook_url": url if admin or not url else "(set)",
         "chat_format": policy.chat_format,
         "ack_timeout_seconds": policy.ack_timeout_seconds,
         "escalate_min_level": policy.escalate_min_level,
@@ -93,7 +107,9 @@ def policy_out(team_id: int) -> dict[str, Any]:
     }
 
 
-def delivery_out(delivery: Delivery) -> dict[str, Any]:
+def delivery_out(delivery: Delivery, *, admin: bool) -> dict[str, Any]:
+    """What the provider or webhook answered is for admins (it may be anything the far end
+    says); other members see "" there."""
     recipient = delivery.recipient
     return {
         "id": delivery.pk,
@@ -104,7 +120,7 @@ def delivery_out(delivery: Delivery) -> dict[str, Any]:
         "status": delivery.status,
         "attempts": delivery.attempts,
         "first_line": delivery.first_line,
-        "provider_response": delivery.provider_response,
+        "provider_response": delivery.provider_response if admin else "",
         "latency_ms": delivery.latency_ms,
         "created_at": delivery.created_at.isoformat(),
         "delivered_at": delivery.delivered_at.isoformat() if delivery.delivered_at else None,
@@ -119,7 +135,7 @@ class PolicyView(PersonView):
     )
     def get(self, request: Request, pk: int) -> Response:
         team = scoped_get(Team.objects, request.user, pk, team_path="id", noun="team")
-        return Response(policy_out(team.pk))
+        return Response(policy_out(team.pk, admin=is_admin(request.user, team.pk)))
 
     @extend_schema(
         tags=["notifications"],
@@ -130,7 +146,7 @@ class PolicyView(PersonView):
     def put(self, request: Request, pk: int) -> Response:
         data = request.data if isinstance(request.data, dict) else {}
         policy = save_policy(request.user, pk, dict(data), context=audit_context(request))
-        return Response(policy_out(policy.team_id))
+        return Response(policy_out(policy.team_id, admin=True))
 
 
 class ContactView(PersonView):
@@ -166,7 +182,7 @@ class TestNotificationView(PersonView):
             body.validated_data["channel"],
             context=audit_context(request),
         )
-        return Response(delivery_out(delivery), status=202)
+        return Response(delivery_out(delivery, admin=True), status=202)
 
 
 class AlertDeliveriesView(PersonView):
@@ -178,7 +194,8 @@ class AlertDeliveriesView(PersonView):
     def get(self, request: Request, pk: int) -> Response:
         alert = scoped_get(Alert.objects, request.user, pk, team_path="job__team_id", noun="alert")
         deliveries = alert.deliveries.select_related("recipient").order_by("id")
-        return Response([delivery_out(d) for d in deliveries])
+        admin = is_admin(request.user, alert.job.team_id)
+        return Response([delivery_out(d, admin=admin) for d in deliveries])
 
 
 class ReceiptView(APIView):

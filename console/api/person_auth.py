@@ -8,6 +8,7 @@ with the ``bkp_`` prefix) needs none, because no browser sends it on its own.
 from __future__ import annotations
 
 import ipaddress
+from typing import Any
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import OpenApiResponse
@@ -21,7 +22,7 @@ from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from console.api.agent_schema import ErrorDoc
-from core.errors import Unauthenticated
+from core.errors import InvalidInput, Unauthenticated
 from incidents.models import PERSONAL_TOKEN_PREFIX
 from incidents.teams.audit import AuditContext
 
@@ -65,9 +66,42 @@ class PersonalTokenScheme(OpenApiAuthenticationExtension):
         }
 
 
+def nul_field(value: Any, prefix: str = "") -> str | None:
+    """The first field (``a.b[2]``) whose name or text holds a NUL character, else None."""
+    if isinstance(value, str):
+        return prefix or "body" if "\x00" in value else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            name = f"{prefix}.{key}" if prefix else str(key)
+            if "\x00" in str(key):
+                return name
+            found = nul_field(item, name)
+            if found:
+                return found
+    if isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            found = nul_field(item, f"{prefix}[{index}]")
+            if found:
+                return found
+    return None
+
+
 class PersonView(APIView):
     authentication_classes = [PersonalTokenAuthentication, SessionAuthentication]
     permission_classes = [IsAuthenticated]
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)
+        # No text of ours holds a NUL (PostgreSQL refuses it): a 400 naming the field, before
+        # any service stores or filters by it.
+        for key in request.query_params:
+            values = request.query_params.getlist(key)
+            if "\x00" in key or any("\x00" in v for v in values):
+                raise InvalidInput("A NUL character is not allowed.", fields={key: "no NUL"})
+        if request.method not in ("GET", "HEAD", "OPTIONS", "DELETE"):
+            field_name = nul_field(request.data)
+            if field_name:
+                raise InvalidInput("A NUL character is not allowed.", fields={field_name: "no NUL"})
 
 
 def audit_context(request: Request) -> AuditContext:

@@ -1,8 +1,8 @@
 """Post-incident reviews over REST: read and edit the write-up, export it (Markdown, JSON), and
 a team's incident report.
 
-Authentication is the project's default (``REST_FRAMEWORK``: a browser session, with DRF's
-CSRF check on PUT); other person authenticators plug in there.
+Authentication is every person endpoint's (``PersonView``): a browser session, with DRF's CSRF
+check on PUT, or a personal token; nobody logged in is a 401.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from console.api.agent_schema import ErrorDoc
+from console.api.person_auth import PersonView
 from core.errors import InvalidInput
 from incidents.models import ReviewStatus
 from incidents.reviews.content import MAX_FOLLOW_UP_TEXT, MAX_FOLLOW_UPS, MAX_TEXT
@@ -32,7 +32,7 @@ from incidents.teams.audit import AuditContext
 REPORT_DEFAULT_DAYS = 30
 _ERRORS = {
     400: "Invalid body or parameters; `fields` says which and why.",
-    401: "Not logged in.",
+    401: "Not logged in, or an unknown or revoked token.",
     403: "Refused: only on-call and above edit a review (`detail` says why), or no CSRF token.",
     404: "No such incident or team in your teams (other teams' ids look like missing ones).",
     409: "Somebody saved first (reload), the review is final, or the incident is not resolved.",
@@ -141,7 +141,7 @@ class ReviewDocumentOut(serializers.Serializer):
     can_edit = serializers.BooleanField(required=False, help_text="Only in GET …/review.")
 
 
-class ReviewView(APIView):
+class ReviewView(PersonView):
     @extend_schema(
         tags=["reviews"],
         summary="An incident's review: timeline, measured durations, write-up, revisions",
@@ -176,7 +176,7 @@ class ReviewView(APIView):
         return Response(review_document(load_review(request.user, pk)))
 
 
-class ReviewJsonExportView(APIView):
+class ReviewJsonExportView(PersonView):
     @extend_schema(
         tags=["reviews"],
         summary="Export the review as JSON (complete: rebuilds the timeline elsewhere)",
@@ -188,7 +188,7 @@ class ReviewJsonExportView(APIView):
         return response
 
 
-class ReviewMarkdownExportView(APIView):
+class ReviewMarkdownExportView(PersonView):
     @extend_schema(
         tags=["reviews"],
         summary="Export the review as Markdown",
@@ -224,7 +224,7 @@ def _moment(text: str, name: str) -> datetime:
     return moment
 
 
-class TeamIncidentReportView(APIView):
+class TeamIncidentReportView(PersonView):
     @extend_schema(
         tags=["reviews"],
         summary="A team's incidents over a period, with median and p90 of each link by level",

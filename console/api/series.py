@@ -16,7 +16,6 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serial
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from breakers import metrics as history
 from console.api.jobs import visible_jobs
@@ -69,9 +68,8 @@ SeriesOut = inline_serializer(
 )
 
 
-class SeriesView(APIView):
+class SeriesView(PersonView):
     # A browser session or a personal token, like every person-facing endpoint.
-    authentication_classes = PersonView.authentication_classes
 
     @extend_schema(
         tags=["charts"],
@@ -120,9 +118,7 @@ class SeriesView(APIView):
         )
 
 
-class MarkersView(APIView):
-    authentication_classes = PersonView.authentication_classes
-
+class MarkersView(PersonView):
     @extend_schema(
         tags=["charts"],
         summary="Where the job's alerts fired and its commands acted (chart markers)",

@@ -27,6 +27,7 @@ from django.utils import timezone
 
 from core.nonfinite import encode
 from core.realtime import job_group, publish_after_commit, team_group
+from core.text import fit
 from core.transitions import compare_and_swap
 from incidents.alerts.runbook import GENERIC, RunbookEntry, format_suggestion, suggestion_for
 from incidents.models import (
@@ -232,7 +233,7 @@ def _lock_or_open_incident(
                     return incident, False
                 incident = Incident.objects.create(
                     job_id=job_id,
-                    title=f"{signal.rule_name} ({signal.metric})",
+                    title=fit(f"{signal.rule_name} ({signal.metric})", 300),
                     level=signal.severity,
                     opened_at=now,
                     first_step=signal.first_step,
@@ -295,13 +296,13 @@ def _create_alert(
         job_id=job_id,
         incident=incident,
         fingerprint=alert_fingerprint(job_id, signal.rule_key, signal.node),
-        rule_key=signal.rule_key,
-        rule_name=signal.rule_name,
-        node=signal.node,
+        rule_key=fit(signal.rule_key, 100),
+        rule_name=fit(signal.rule_name, 200),
+        node=fit(signal.node, 200),
         nodes=list(signal.nodes),
         severity=signal.severity,
         layer=signal.layer,
-        metric=signal.metric,
+        metric=fit(signal.metric, 200),
         value=signal.value,
         threshold=signal.threshold,
         description=signal.description,
@@ -315,7 +316,7 @@ def _create_alert(
         action=signal.action,
         action_params=dict(signal.action_params),
         runbook_key=entry.key,
-        runbook_suggestion=format_suggestion(entry),
+        runbook_suggestion=fit(format_suggestion(entry), 200),
         runbook=entry.to_dict(),
     )
 

@@ -138,6 +138,11 @@ class Job(models.Model):
     )
     agent_pid = models.IntegerField(null=True, blank=True)
     agent_hostname = models.CharField(max_length=255, blank=True)
+    # The identity of ``agent_pid`` on the console's host: its start time (clock ticks after
+    # boot, /proc/PID/stat field 22), read by the console when a heartbeat first reported the
+    # pid from this very host; None when it did not (another host, no hostname, no such
+    # process). The local executor signals only a process whose start time is still this one.
+    agent_pid_start_time = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [

@@ -20,6 +20,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from core.text import fit
 from core.transitions import compare_and_swap, compare_and_swap_all
 from incidents.alerts.lifecycle import append_timeline
 from incidents.models import (
@@ -40,6 +41,7 @@ from incidents.models import (
 from incidents.notifications import senders as channels
 from incidents.notifications.routing import (
     DIGEST,
+    FIRST_LINE_LENGTH,
     AlertFacts,
     Message,
     backoff_seconds,
@@ -278,7 +280,7 @@ def _plan_deliveries(
                 channel=channel,
                 address=address,
                 purpose="alert" if round_.number == 0 else "escalation",
-                first_line=message.first_line,
+                first_line=fit(message.first_line, FIRST_LINE_LENGTH),
                 body=body,
             )
             if not address:
@@ -302,7 +304,7 @@ def queue_message(
             channel=channel,
             address=address,
             purpose=purpose,
-            first_line=message.first_line,
+            first_line=fit(message.first_line, FIRST_LINE_LENGTH),
             body=message.body,
         )
         if not address:
@@ -380,7 +382,7 @@ def _finish(
     if outcome == "delivered":
         extra["sent_at"] = now
     if result is not None:
-        extra.update(latency_ms=result.latency_ms, provider_id=result.provider_id)
+        extra.update(latency_ms=result.latency_ms, provider_id=fit(result.provider_id or "", 200))
     won = compare_and_swap(
         Delivery,
         delivery.pk,

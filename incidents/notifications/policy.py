@@ -32,6 +32,7 @@ from incidents.notifications.delivery import (
     notifications_configured,
     queue_message,
 )
+from incidents.notifications.outbound import RefusedURL, check_url
 from incidents.notifications.routing import (
     CHANNELS,
     LEVELS,
@@ -63,6 +64,21 @@ def clean_policy(data: dict[str, Any]) -> dict[str, Any]:
             clean["rules"] = validate_rules(data["rules"])
         except PolicyError as error:
             raise InvalidInput(str(error), fields={"rules": str(error)}) from None
+    if "chat_webhook_url" in data:
+        url = data["chat_webhook_url"]
+        if not isinstance(url, str) or len(url) > 500:
+            raise InvalidInput(
+                "chat_webhook_url must be a URL of at most 500 characters.",
+                fields={"chat_webhook_url": "an http:// or https:// URL"},
+            )
+        if url:
+            try:
+                check_url(url)
+            except RefusedURL as refused:
+                raise InvalidInput(
+                    f"chat_webhook_url is refused: {refused}.",
+                    fields={"chat_webhook_url": str(refused)},
+                ) from None
     if "chat_format" in data and data["chat_format"] not in ChatFormat.values:
         raise InvalidInput("Unknown chat format.", fields={"chat_format": "generic or slack"})
     timeout = data.get("ack_timeout_seconds", 300)

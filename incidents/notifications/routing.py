@@ -11,6 +11,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from core.text import fit
+
+# Delivery.first_line's column (incidents/models/notifications.py).
+FIRST_LINE_LENGTH = 300
+
 CHANNELS = ("chat", "email", "sms", "phone")
 DIGEST = "digest"  # not a channel that pages anyone: the daily e-mail summary
 LAYERS = ("health", "stability", "performance")
@@ -178,4 +183,4 @@ def render(facts: AlertFacts) -> Message:
         f"Next step: {facts.runbook_suggestion}",
         f"Open: {facts.link}",
     ]
-    return Message(first_line=first, body="\n".join(lines))
+    return Message(first_line=fit(first, FIRST_LINE_LENGTH), body="\n".join(lines))

@@ -28,6 +28,7 @@ from typing import Any
 from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
 
+from incidents.notifications import outbound
 from incidents.notifications.routing import Message
 
 
@@ -52,16 +53,28 @@ def _timeout() -> float:
     return float(settings.NOTIFY_HTTP_TIMEOUT_SECONDS)
 
 
+# How much of a provider's or webhook's answer is kept: enough to say what went wrong, not a
+# page of whatever the far end returned (only admins see it, in the deliveries API).
+RESPONSE_KEPT_CHARS = 300
+
+
 def _http_post(
-    url: str, data: bytes, content_type: str, headers: dict[str, str] | None = None
+    url: str,
+    data: bytes,
+    content_type: str,
+    headers: dict[str, str] | None = None,
+    *,
+    guarded: bool = False,
 ) -> tuple[int, str, float]:
-    """(status, body, latency ms); a connection error raises OSError."""
+    """(status, body, latency ms); a connection error raises OSError. ``guarded`` (a URL a team
+    admin chose): public addresses only, no redirects (RefusedURL otherwise)."""
     request = urllib.request.Request(
         url, data=data, method="POST", headers={"Content-Type": content_type, **(headers or {})}
     )
     started = time.monotonic()
+    open_ = outbound.opener().open if guarded else urllib.request.urlopen
     try:
-        with urllib.request.urlopen(request, timeout=_timeout()) as response:
+        with open_(request, timeout=_timeout()) as response:
             status, body = response.status, response.read(4000).decode(errors="replace")
     except urllib.error.HTTPError as error:
         status, body = error.code, error.read(4000).decode(errors="replace")
@@ -71,7 +84,7 @@ def _http_post(
 def _http_result(
     status: int, body: str, latency: float, ok_outcome: str, provider_id: str = ""
 ) -> DeliveryResult:
-    response = f"HTTP {status}: {body[:1000]}"
+    response = f"HTTP {status}: {body[:RESPONSE_KEPT_CHARS]}"
     if 200 <= status < 300:
         return DeliveryResult(ok_outcome, response, latency, provider_id)
     transient = status >= 500 or status == 429
@@ -93,7 +106,11 @@ def chat_payload(outgoing: Outgoing) -> dict[str, Any]:
 
 def send_chat(outgoing: Outgoing) -> DeliveryResult:
     data = json.dumps(chat_payload(outgoing)).encode()
-    status, body, latency = _http_post(outgoing.address, data, "application/json")
+    try:
+        outbound.check_url(outgoing.address)  # again: DNS may have changed since it was saved
+        status, body, latency = _http_post(outgoing.address, data, "application/json", guarded=True)
+    except outbound.RefusedURL as refused:
+        return DeliveryResult("failed", f"webhook URL refused: {refused}", 0.0)
     # A webhook that answers 2xx has posted the message: that is delivery for a chat.
     return _http_result(status, body, latency, "delivered")
 

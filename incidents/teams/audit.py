@@ -92,8 +92,21 @@ class Attempt:
         return entry
 
 
+BIGINT_MAX = 2**63 - 1
+
+
+def _text(value: str) -> str:
+    """PostgreSQL text holds no NUL: a probe's NUL must not cost the row that records it."""
+    return value.replace("\x00", "\ufffd")
+
+
 def _write(attempt: Attempt, outcome_code: str, outcome: str) -> AuditEntry:
     context = attempt.context
+    target_id = attempt.target_id
+    if target_id is not None and not -BIGINT_MAX <= target_id <= BIGINT_MAX:
+        # An id no row can have (a probe): the row keeps it in its outcome, not its column.
+        outcome = f"{outcome} (target id {target_id})" if str(target_id) not in outcome else outcome
+        target_id = None
     return AuditEntry.objects.create(
         at=timezone.now(),
         user=attempt.actor,
@@ -102,14 +115,14 @@ def _write(attempt: Attempt, outcome_code: str, outcome: str) -> AuditEntry:
         role=attempt.role if attempt.role and attempt.role != "system" else "",
         action=attempt.action,
         target_type=attempt.target_type,
-        target_id=attempt.target_id,
+        target_id=target_id,
         level=attempt.level or "",
         allowed=attempt.allowed,
-        reason=attempt.reason,
+        reason=_text(attempt.reason),
         outcome_code=outcome_code,
-        outcome=outcome,
+        outcome=_text(outcome),
         remote_addr=context.remote_addr or None,
-        user_agent=(context.user_agent or "")[:USER_AGENT_MAX],
+        user_agent=_text(context.user_agent or "")[:USER_AGENT_MAX],
         via=context.via,
     )
 

@@ -24,6 +24,10 @@ logger = logging.getLogger("brakeline")
 
 # Answers after which retrying an ack or snapshot is pointless (it is logged and dropped).
 RETRYABLE_STATUSES = {401, 408, 425, 429}
+# An item the console answered 500 (not an outage: 502/503/504) this many times in a row is
+# dropped like a 4xx, so it cannot hold back the items behind it.
+MAX_SERVER_ERRORS_PER_ITEM = 5
+OUTAGE_STATUSES = {502, 503, 504}
 
 
 @dataclasses.dataclass
@@ -78,6 +82,7 @@ class ControlLoop:
         self._next_heartbeat = 0.0
         self._next_outbox_attempt = 0.0
         self._warned_auth = False
+        self._server_errors: dict[str, int] = {}  # consecutive 500s per outbox item
         self._thread = threading.Thread(target=self._run, name="brakeline-control", daemon=True)
 
     # -- called from other threads ---------------------------------------------------------------
@@ -160,14 +165,22 @@ class ControlLoop:
                 queue.popleft()
                 continue
             outcome = self._post(item.path, body)
-            if _settled(outcome):
+            failing = (
+                outcome is not None
+                and outcome.status >= 500
+                and outcome.status not in OUTAGE_STATUSES
+                and self._count_server_error(item.key) >= MAX_SERVER_ERRORS_PER_ITEM
+            )
+            if _settled(outcome) or failing:
                 queue.popleft()
+                self._server_errors.pop(item.key, None)
                 if not outcome.ok:  # type: ignore[union-attr]
-                    logger.warning(
-                        "brakeline: console refused %s (HTTP %s: %.120s)",
+                    logger.error(
+                        "brakeline: THE CONSOLE REFUSED %s (HTTP %s); it is dropped. The console "
+                        "answered: %.300s",
                         item.key,
-                        outcome.status,
-                        outcome.body.get("detail") or outcome.body,
+                        outcome.status,  # type: ignore[union-attr]
+                        outcome.body,  # type: ignore[union-attr]
                     )
                 self._mark_delivered(item.key)
                 continue
@@ -181,6 +194,10 @@ class ControlLoop:
             self._next_outbox_attempt = time.monotonic() + self._backoff.next_delay(retry_after)
             return False
         return True
+
+    def _count_server_error(self, key: str) -> int:
+        self._server_errors[key] = self._server_errors.get(key, 0) + 1
+        return self._server_errors[key]
 
     def _mark_delivered(self, key: str) -> None:
         with self._delivery:

@@ -552,6 +552,20 @@ class Run:
         self.finish()
 
 
+#: What the console's local executor looks for in /proc/PID/environ before it signals a process
+#: (with BRAKELINE_TOKEN): the token's first 12 characters, which the console shows anyway.
+JOB_MARKER_VARIABLE = "BRAKELINE_JOB_MARKER"
+
+
+def export_job_marker(settings: Settings) -> None:
+    """Put the job's marker into ``os.environ``, so the processes this one starts from now on
+    (torchrun workers, launched scripts) carry it from their start. This process's own
+    /proc/PID/environ does not change: for the console to stop *this* process from outside,
+    BRAKELINE_TOKEN (or the marker) must be in its environment when it is started."""
+    if settings.token:
+        os.environ[JOB_MARKER_VARIABLE] = settings.token[:12]
+
+
 def init(
     job: str | None = None,
     *,
@@ -569,4 +583,5 @@ def init(
     resolved = resolve_settings(
         {"job": job, "url": url, "token": token, "ws_url": ws_url, **settings}
     )
+    export_job_marker(resolved)
     return Run(resolved, transport=transport, exit_function=exit_function, seeds=seeds)

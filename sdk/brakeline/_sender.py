@@ -22,8 +22,22 @@ from brakeline._transport import Response, Transport, TransportError
 
 logger = logging.getLogger("brakeline")
 
-# Answers that will never succeed for this batch: drop it (counted) instead of retrying forever.
-REFUSED_FOR_GOOD = {400, 403, 409, 422}
+# A 4xx says this batch will never be accepted: it is dropped (logged as an error with the
+# console's answer, and counted) so it cannot hold back the batches after it. Except these,
+# which say "not now" rather than "never": 401 (the token: every batch would fail alike, and
+# fixing the token delivers them), 408 (timeout), 429 (rate limit). 413 halves the batches.
+RETRIED_CLIENT_ERRORS = {401, 408, 429}
+# A console that answers 500 to the same batch this many times in a row is failing on that
+# batch (a 502/503/504 is an outage, retried without limit): it is dropped like a 4xx.
+MAX_SERVER_ERRORS_PER_BATCH = 5
+OUTAGE_STATUSES = {502, 503, 504}
+
+
+def refused_for_good(status: int) -> bool:
+    """A 4xx answer that retrying cannot change (see RETRIED_CLIENT_ERRORS)."""
+    return 400 <= status < 500 and status not in RETRIED_CLIENT_ERRORS
+
+
 # Wake the thread early once this many log records wait, so big bursts are batched by size.
 WAKE_AFTER_RECORDS = 64
 
@@ -68,6 +82,8 @@ class MetricsSender:
         self._last_send = time.monotonic()
         self._unreachable_since: float | None = None
         self._auth_warned = False
+        self.refused_batches = 0  # batches the console refused for good (4xx, repeated 500)
+        self._server_errors = 0  # consecutive 5xx (not outages) answered to the head batch
         self._thread = threading.Thread(target=self._run, name="brakeline-metrics", daemon=True)
 
     # -- called from the training thread ---------------------------------------------------------
@@ -212,6 +228,7 @@ class MetricsSender:
 
     def _handle_response(self, batch: Batch, response: Response) -> bool:
         if response.ok:
+            self._server_errors = 0
             self._note_reachable()
             self.spool.commit(batch)
             self.sent_points += len(batch.lines)
@@ -227,9 +244,14 @@ class MetricsSender:
             # The console's limit is lower than ours: halve the batches and go on at once.
             self.spool.batch_points = max(1, len(batch.lines) // 2)
             return True
-        if response.status in REFUSED_FOR_GOOD or response.status == 413:
-            self.spool.drop(batch, f"console answered {response.status}: {response.body}")
+        if refused_for_good(response.status):
+            self._refuse(batch, response, "refused")
             return True
+        if response.status >= 500 and response.status not in OUTAGE_STATUSES:
+            self._server_errors += 1
+            if self._server_errors >= MAX_SERVER_ERRORS_PER_BATCH:
+                self._refuse(batch, response, f"failed {self._server_errors} times on")
+                return True
         if response.status == 401 and not self._auth_warned:
             self._auth_warned = True
             logger.error(
@@ -241,6 +263,22 @@ class MetricsSender:
             self._note_unreachable(f"HTTP {response.status} {response.body}")
         self._schedule_retry(response.retry_after)
         return False
+
+    def _refuse(self, batch: Batch, response: Response, what: str) -> None:
+        """Drop the batch the console will not take, once and loudly; the next one goes on."""
+        self._server_errors = 0
+        self.refused_batches += 1
+        self._backoff.reset()
+        self._next_attempt = 0.0
+        logger.error(
+            "brakeline: THE CONSOLE %s A METRICS BATCH (HTTP %s, %d points); it is dropped and "
+            "the next batches go on. The console answered: %s",
+            what.upper(),
+            response.status,
+            len(batch.lines),
+            response.body,
+        )
+        self.spool.drop(batch, f"console answered {response.status}: {response.body}")
 
     def _schedule_retry(self, retry_after: float | None) -> None:
         delay = self._backoff.next_delay(retry_after, self._max_retry_after)

@@ -160,8 +160,8 @@ def test_checkpoint_and_pause_saves_confirms_releases_then_holds(make_run, trans
     )
     run.on_resume(lambda info: events.append(("resume", info.step)))
     run.inbox.offer(command(30, "checkpoint_and_pause"))
+    started = time.monotonic()  # before the timer: the resume comes ≥ 0.5 s after this
     timer = inject_later(run, command(31, "resume"), 0.5)
-    started = time.monotonic()
     run.step_boundary(4512)
     timer.join()
     assert time.monotonic() - started >= 0.5  # held until resume

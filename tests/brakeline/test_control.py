@@ -138,3 +138,24 @@ def test_a_forked_child_never_finishes_the_parents_run(make_run, transport, monk
     monkeypatch.setattr(os, "getpid", lambda: parent)
     run.finish()
     assert run.finished
+
+
+def test_an_ack_the_console_keeps_failing_on_is_dropped_and_the_next_one_goes_on(
+    make_run, transport, caplog
+):
+    import logging
+
+    from brakeline._control import MAX_SERVER_ERRORS_PER_ITEM
+
+    transport.responder = lambda path, body: (
+        Response(500, {"error": "server_error"}) if path == "commands/13/ack" else None
+    )
+    run = make_run()
+    with caplog.at_level(logging.ERROR, logger="brakeline"):
+        run.ack(13, "succeeded", {"step": 1})
+        run.ack(14, "succeeded", {"step": 2})
+        assert run.wait_for_ack(14)
+    assert len([c for c in transport.calls if c[1] == "commands/13/ack"]) == (
+        MAX_SERVER_ERRORS_PER_ITEM
+    )
+    assert "THE CONSOLE REFUSED ack:13 (HTTP 500)" in caplog.text

@@ -3,6 +3,8 @@
 import logging
 import time
 
+import pytest
+
 from brakeline._transport import Response
 from tests.brakeline.conftest import wait_until
 
@@ -199,3 +201,81 @@ def test_flush_waits_for_a_record_the_sender_thread_is_still_encoding(make_run, 
     time.sleep(0.05)  # the sender thread is inside expand() now
     assert run.flush(5.0)
     assert [p["step"] for p in transport.points() if p["name"] == "loss"] == [150]
+
+
+def _poisoned(status: int):
+    """Refuse (with ``status``) every batch holding the metric "poison"; accept the rest."""
+
+    def responder(path, body):
+        if path == "metrics" and any(p["name"] == "poison" for p in body["points"]):
+            return Response(status, {"error": "invalid", "detail": f"refused with {status}"})
+        return None
+
+    return responder
+
+
+@pytest.mark.parametrize("status", [400, 403, 404, 405, 409, 413, 415, 422])
+def test_a_4xx_drops_the_batch_loudly_once_and_the_next_ones_go_on(
+    make_run, transport, caplog, status
+):
+    transport.responder = _poisoned(status)
+    run = make_run()
+    with caplog.at_level(logging.ERROR, logger="brakeline"):
+        run.log({"poison": 1.0}, step=1)
+        wait_until(lambda: run.sender.refused_batches == 1)
+        run.log({"loss": 2.0}, step=2)
+        assert run.flush(5.0)
+    loud = [
+        r for r in caplog.records if r.levelno == logging.ERROR and "METRICS BATCH" in r.message
+    ]
+    assert len(loud) == 1 and f"refused with {status}" in loud[0].message
+    assert f"HTTP {status}" in loud[0].message
+    assert run.sender.refused_batches == 1 and run.sender.spool.dropped >= 1
+    poisoned = [b for b in transport.bodies("metrics") if b["points"][0]["name"] == "poison"]
+    assert len(poisoned) == 1  # never retried
+    assert any(p["name"] == "loss" for p in transport.points())
+    assert transport.bodies("metrics")[-1]["points"][0]["name"] != "poison"
+
+
+@pytest.mark.parametrize("status", [408, 429])
+def test_408_and_429_are_retried_not_dropped(make_run, transport, status):
+    answers = [Response(status, {"error": "later"}), Response(status, {"error": "later"})]
+
+    def responder(path, body):
+        if path == "metrics" and answers:
+            return answers.pop()
+        return None
+
+    transport.responder = responder
+    run = make_run()
+    run.log({"loss": 1.0}, step=1)
+    assert run.flush(5.0)
+    assert run.sender.refused_batches == 0 and run.sender.spool.dropped == 0
+    bodies = transport.bodies("metrics")
+    assert len(bodies) == 3 and bodies[0] == bodies[2]
+
+
+def test_a_batch_the_console_keeps_failing_on_is_dropped_and_the_rest_go_on(
+    make_run, transport, caplog
+):
+    from brakeline._sender import MAX_SERVER_ERRORS_PER_BATCH
+
+    transport.responder = _poisoned(500)
+    run = make_run()
+    with caplog.at_level(logging.ERROR, logger="brakeline"):
+        run.log({"poison": 1.0}, step=1)
+        wait_until(lambda: run.sender.refused_batches == 1)
+        run.log({"loss": 2.0}, step=2)
+        assert run.flush(5.0)
+    poisoned = [b for b in transport.bodies("metrics") if b["points"][0]["name"] == "poison"]
+    assert len(poisoned) == MAX_SERVER_ERRORS_PER_BATCH
+    assert "FAILED 5 TIMES ON A METRICS BATCH" in caplog.text
+    assert any(p["name"] == "loss" for p in transport.points())
+
+
+def test_an_outage_503_is_retried_without_limit(make_run, transport):
+    transport.responder = _poisoned(503)
+    run = make_run()
+    run.log({"poison": 1.0}, step=1)
+    wait_until(lambda: len(transport.bodies("metrics")) >= 8)
+    assert run.sender.refused_batches == 0 and run.sender.spool.dropped == 0

@@ -32,3 +32,24 @@ def test_under_slurm_points_name_the_node_as_slurm_does():
     assert resolve_settings(environ={"SLURMD_NODENAME": "gpu07"}).node == "gpu07"
     explicit = {"SLURMD_NODENAME": "gpu07", "BRAKELINE_NODE": "rack3-gpu07"}
     assert resolve_settings(environ=explicit).node == "rack3-gpu07"
+
+
+def test_init_exports_the_job_marker_for_the_processes_it_starts(monkeypatch):
+    """The console's local executor looks for it in /proc/PID/environ of a process before it
+    signals it: a child started after init carries it from its start."""
+    import os
+    import subprocess
+    import sys
+
+    from brakeline._run import JOB_MARKER_VARIABLE, export_job_marker
+
+    monkeypatch.setenv(JOB_MARKER_VARIABLE, "")  # restored (unset) after the test
+    export_job_marker(resolve_settings({"token": "bkl_abcdefghijklmnop"}, environ={}))
+    assert os.environ[JOB_MARKER_VARIABLE] == "bkl_abcdefgh"
+    child = subprocess.run(
+        [sys.executable, "-c", "print(open('/proc/self/environ', 'rb').read())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "BRAKELINE_JOB_MARKER=bkl_abcdefgh" in child.stdout

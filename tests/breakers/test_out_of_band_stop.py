@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import sys
 from datetime import timedelta
 
 import pytest
+from django.db.models import F
 from django.utils import timezone
 
 from breakers.control.commands import expire_overdue_commands, issue_command, stop_hung_job
 from breakers.executors.local import process_is_running
 from breakers.models import Command, CommandStatus
 from incidents.jobs import record_heartbeat
-from incidents.models import Job, JobStatus
+from incidents.models import Incident, Job, JobStatus
+from tests.support.authz import raise_alert
 
 pytestmark = pytest.mark.django_db
 
@@ -25,12 +29,19 @@ HUNG_DEAF = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\
 
 
 @pytest.fixture
-def hung_process():
+def hung_process(agent):
+    """A hung training process of ``agent``'s job: started (as a job is) in its own session,
+    with the job's token in its environment, as a real training process has it."""
     processes = []
 
-    def start(script: str) -> subprocess.Popen:
+    def start(script: str, token: str | None = None) -> subprocess.Popen:
+        env = {**os.environ, "BRAKELINE_TOKEN": token or agent.token}
         process = subprocess.Popen(
-            [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", script],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
         )
         processes.append(process)
         # Signal handlers are in place once it says so; a signal before that would kill it early.
@@ -103,3 +114,108 @@ def test_a_late_acknowledgement_after_expiry_is_still_recorded(agent, agent_post
     )
     command.refresh_from_db()
     assert command.status == CommandStatus.SUCCEEDED and command.result == {"path": "/c.pt"}
+
+
+# --- Nothing an agent reports aims the local executor at another process (security issue) ------
+
+
+@pytest.fixture
+def victim():
+    """Somebody else's process on the console's host: a plain ``sleep``, no Brakeline token."""
+    process = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    yield process
+    if process.poll() is None:
+        process.kill()
+    process.wait(timeout=10)
+
+
+def refusal_row(agent) -> str:
+    incident = Incident.objects.get(job_id=agent.job_id)
+    row = incident.timeline.filter(data__executor__executor="local").get()
+    return row.message
+
+
+@pytest.mark.parametrize("hostname", ["", "this host"])
+def test_an_agent_reporting_somebody_elses_pid_does_not_get_it_signalled(
+    agent, agent_post, victim, hostname
+):
+    """The issue's repro: {"pid": <victim>} (with or without this host's name), one NaN, never
+    acknowledged: after the deadline the worker must not SIGTERM the victim."""
+    beat = {"step": 5, "status": "running", "pid": victim.pid}
+    if hostname:
+        beat["hostname"] = socket.gethostname()
+    assert agent_post("/api/v1/agent/heartbeat", beat).status_code == 200
+    alert = raise_alert(agent.job_id, "L3")
+    command = issue_command(
+        agent.job_id, "checkpoint_and_pause", reason="loss is NaN", alert_id=alert.pk
+    ).command
+    assert expire_overdue_commands(timezone.now() + timedelta(hours=1)) == [command.pk]
+    outcome = stop_hung_job(command.pk, grace_seconds=0.2)
+    assert not outcome.stopped and outcome.detail.startswith("refused: ")
+    assert victim.poll() is None and process_is_running(victim.pid)  # never signalled
+    why = "without naming its host" if not hostname else "does not carry the job's token"
+    assert why in outcome.detail
+    row = refusal_row(agent)
+    assert "refused: " in row and why in row
+    assert Job.objects.get(pk=agent.job_id).status == JobStatus.PAUSING
+
+
+def test_the_job_process_heartbeating_its_own_pid_is_signalled(agent, agent_post, tmp_path):
+    """A real job process: a Python subprocess that sends its own heartbeat (its pid, this
+    host) with the job's token from its environment, then hangs."""
+    script = (
+        "import json, os, socket, time, urllib.request\n"
+        "print(json.dumps({'step': 5, 'status': 'running', 'pid': os.getpid(),"
+        " 'hostname': socket.gethostname()}), flush=True)\n"
+        "while True: time.sleep(0.05)\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "BRAKELINE_TOKEN": agent.token},
+        start_new_session=True,
+    )
+    try:
+        # The test client stands in for the HTTP hop: the body is the process's own heartbeat.
+        beat = process.stdout.readline()
+        assert agent_post("/api/v1/agent/heartbeat", beat).status_code == 200
+        job = Job.objects.get(pk=agent.job_id)
+        assert job.agent_pid == process.pid and job.agent_pid_start_time is not None
+        command = issue_command(agent.job_id, "checkpoint_and_pause", reason="NaN").command
+        expire_overdue_commands(timezone.now() + timedelta(hours=1))
+        outcome = stop_hung_job(command.pk, grace_seconds=2)
+        assert outcome.stopped, outcome
+        assert process.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=10)
+
+
+def test_a_process_of_another_job_is_not_signalled(agent, make_agent, hung_process):
+    other = make_agent()
+    process = hung_process(HUNG, token=other.token)  # another job's training process
+    command = overdue_pause(agent, process.pid)
+    outcome = stop_hung_job(command.pk, grace_seconds=0.2)
+    assert not outcome.stopped and "does not carry the job's token" in outcome.detail
+    assert process_is_running(process.pid)
+
+
+def test_a_reused_pid_is_not_signalled(agent, hung_process):
+    process = hung_process(HUNG)
+    command = overdue_pause(agent, process.pid)
+    # The job's process ended and its pid went to another process since it was registered.
+    Job.objects.filter(pk=agent.job_id).update(agent_pid_start_time=F("agent_pid_start_time") - 1)
+    outcome = stop_hung_job(command.pk, grace_seconds=0.2)
+    assert not outcome.stopped and "the pid now belongs to another process" in outcome.detail
+    assert process_is_running(process.pid)
+
+
+@pytest.mark.parametrize("which", ["pid 1", "the console", "its parent"])
+def test_pid_1_and_the_consoles_own_processes_are_never_signalled(agent, which):
+    pid = {"pid 1": 1, "the console": os.getpid(), "its parent": os.getppid()}[which]
+    command = overdue_pause(agent, pid)
+    outcome = stop_hung_job(command.pk, grace_seconds=0.2)
+    assert not outcome.stopped and outcome.detail.startswith("refused: ")
+    assert "console's own processes" in outcome.detail or "PID 1" in outcome.detail

@@ -13,6 +13,7 @@ from django.utils import timezone
 from breakers.agent.protocol import parse_heartbeat
 from breakers.control.commands import expire_overdue_commands, issue_command, stop_hung_job
 from breakers.executors.local import executor_for
+from breakers.executors.slurm import executor as slurm
 from breakers.executors.slurm.actions import act_on_command
 from breakers.executors.slurm.executor import SlurmExecutor
 from breakers.models import NodeDrain, SchedulerBinding
@@ -58,11 +59,46 @@ def test_a_malformed_slurm_context_is_refused(field, value):
     assert field in refused.value.fields
 
 
+@pytest.fixture
+def beat(agent_post, django_capture_on_commit_callbacks, request):
+    """POST a heartbeat; the worker's Slurm check it queues (a new context) runs right away."""
+    from config.celery import app
+
+    was_eager = app.conf.task_always_eager
+    app.conf.task_always_eager = True
+    request.addfinalizer(lambda: setattr(app.conf, "task_always_eager", was_eager))
+
+    def post(body):
+        with django_capture_on_commit_callbacks(execute=True):
+            return agent_post(HEARTBEAT, body)
+
+    return post
+
+
+@pytest.fixture
+def slurm_knows(monkeypatch):
+    """A stand-in for ``scontrol show job``: Slurm knows these jobs (id → name, nodelist)."""
+    known: dict[str, tuple[str, str]] = {}
+
+    def show_job(slurm_job_id: str):
+        call = slurm.SlurmCall(("scontrol", "show", "job", slurm_job_id), 0, "", "", 0.0)
+        if slurm_job_id not in known:
+            failed = slurm.SlurmCall(call.argv, 1, "", "Invalid job id specified", 0.0)
+            return None, failed
+        name, nodelist = known[slurm_job_id]
+        return slurm.SlurmJob(slurm_job_id, "RUNNING", name, "", nodelist), call
+
+    monkeypatch.setattr(slurm, "show_job", show_job)
+    return known
+
+
 @pytest.mark.django_db
-def test_heartbeats_with_a_slurm_job_id_bind_the_job_to_slurm(agent, agent_post):
+def test_heartbeats_with_a_slurm_job_id_bind_the_job_to_slurm(agent, beat, slurm_knows):
+    mine = (f"brakeline-{agent.job_id}", "gpu[01-02]")
+    slurm_knows.update({"41": mine, "42": mine})
     job = Job.objects.get(pk=agent.job_id)
     assert executor_for(job).name == "local"
-    assert agent_post(HEARTBEAT, SLURM_BEAT).status_code == 200
+    assert beat(SLURM_BEAT).status_code == 200
     binding = SchedulerBinding.objects.get(job_id=agent.job_id)
     assert (binding.executor, binding.slurm_job_id, binding.slurm_nodelist) == (
         "slurm",
@@ -73,20 +109,35 @@ def test_heartbeats_with_a_slurm_job_id_bind_the_job_to_slurm(agent, agent_post)
     assert isinstance(executor_for(job), SlurmExecutor)
 
     written = binding.updated_at
-    agent_post(HEARTBEAT, {**SLURM_BEAT, "hostname": "gpu02", "rank": 1})  # another rank
+    beat({**SLURM_BEAT, "hostname": "gpu02", "rank": 1})  # another rank
     binding.refresh_from_db()
     assert binding.updated_at == written and binding.hostname == "gpu01"
 
-    agent_post(HEARTBEAT, {**SLURM_BEAT, "slurm_job_id": "42"})  # submitted again
+    beat({**SLURM_BEAT, "slurm_job_id": "42"})  # submitted again
     assert SchedulerBinding.objects.get(job_id=agent.job_id).slurm_job_id == "42"
-    agent_post(HEARTBEAT, {"step": 4, "status": "running"})  # now run outside Slurm
+    beat({"step": 4, "status": "running"})  # now run outside Slurm
     assert executor_for(job).name == "local"
 
 
 @pytest.mark.django_db
-def test_an_executor_chosen_by_a_person_stays(agent, agent_post):
+def test_a_slurm_job_slurm_does_not_confirm_is_not_bound(agent, beat, slurm_knows):
+    slurm_knows["41"] = ("someone-elses-job", "gpu[01-02]")
+    slurm_knows["43"] = (f"brakeline-{agent.job_id}", "gpu07")
+    for body in (
+        SLURM_BEAT,  # not submitted for this job
+        {**SLURM_BEAT, "slurm_job_id": "43"},  # this job's, but not on the reported nodes
+        {**SLURM_BEAT, "slurm_job_id": "44"},  # unknown to Slurm
+    ):
+        assert beat(body).status_code == 200
+    assert not SchedulerBinding.objects.filter(job_id=agent.job_id).exists()
+    assert executor_for(Job.objects.get(pk=agent.job_id)).name == "local"
+
+
+@pytest.mark.django_db
+def test_an_executor_chosen_by_a_person_stays(agent, beat, slurm_knows):
+    slurm_knows["41"] = (f"brakeline-{agent.job_id}", "gpu[01-02]")
     SchedulerBinding.objects.create(job_id=agent.job_id, executor="local", executor_pinned=True)
-    agent_post(HEARTBEAT, SLURM_BEAT)
+    beat(SLURM_BEAT)
     binding = SchedulerBinding.objects.get(job_id=agent.job_id)
     assert (binding.executor, binding.slurm_job_id) == ("local", "41")
 
@@ -146,8 +197,8 @@ def test_a_drain_slurm_cannot_run_raises_the_incident_to_l4_and_notifies(
     ):
         act_on_command(command.pk)
     incident = Incident.objects.get(pk=alert.incident_id)
-    [failed] = failed_calls(incident)
-    assert failed["command_line"].startswith(f"{tmp_path}/scontrol update nodename=gpu01")
+    [failed] = failed_calls(incident)  # the check of the Slurm job, before any drain
+    assert failed["command_line"] == f"{tmp_path}/scontrol show job -o 7"
     assert failed["exit_status"] is None and "FileNotFoundError" in failed["stderr"]
     assert incident.level == "L4"
     assert incident.timeline.filter(kind="severity_changed", message__contains="L3 → L4")
@@ -171,7 +222,9 @@ def test_a_hung_job_slurm_cannot_reach_is_not_reported_stopped(agent, settings, 
     assert outcome.executor == "slurm" and not outcome.stopped
     assert Job.objects.get(pk=agent.job_id).status != JobStatus.TERMINATED
     incident = Incident.objects.get(pk=alert.incident_id)
-    assert any("scancel" in call["command_line"] for call in failed_calls(incident))
+    # Slurm cannot even be asked whether job 7 is this job's, so nothing is cancelled.
+    assert any("scontrol show job" in call["command_line"] for call in failed_calls(incident))
+    assert "could not be asked" in outcome.detail
     assert incident.level == "L4"
 
 

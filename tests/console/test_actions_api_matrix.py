@@ -18,7 +18,7 @@ import pytest
 from django.utils import timezone
 
 from breakers.control.commands import issue_command
-from incidents.models import AuditEntry, EscalationRequest, Job, JobStatus
+from incidents.models import AuditEntry, EscalationRequest, Job, JobStatus, Node
 from incidents.teams.authority import Action, decide
 from tests.support.authz import LEVELS, ROLES, Scene, raise_alert
 
@@ -50,6 +50,8 @@ def job_command(verb: str, **extra: object) -> Callable[[Scene, str | None], Cal
     def make(scene: Scene, level: str | None) -> Call:
         if verb == "resume":
             Job.objects.filter(pk=scene.job_id).update(status=JobStatus.PAUSED)
+        if verb == "isolate-node":  # only one of the job's own nodes can be isolated
+            Node.objects.get_or_create(job_id=scene.job_id, hostname=str(extra["node"]))
         body = {"reason": f"{verb} in a test", **extra, **_alert_field(scene, level)}
         return Call("post", f"/api/v1/jobs/{scene.job_id}/{verb}", body)
 

@@ -57,7 +57,7 @@ def test_subscriptions_are_judged_by_the_authority_through_daphne(live_console, 
     theirs = make_agent(team="secret", name="hidden")
     cookie = session_cookie(client, person("vera", "vision", Role.VIEWER))
     url = live_console.replace("http://", "ws://") + "/ws/live/"
-    with connect(url, additional_headers={"Cookie": cookie}) as socket:
+    with connect(url, origin=live_console, additional_headers={"Cookie": cookie}) as socket:
         for kind, object_id in [("job", theirs.job_id), ("job", 999_999), ("team", 999_999)]:
             socket.send(json.dumps({"subscribe": kind, "id": object_id}))
             answer = receive(socket)
@@ -81,7 +81,7 @@ def test_subscriptions_are_judged_by_the_authority_through_daphne(live_console, 
 @live
 def test_without_a_session_the_socket_is_closed(live_console):
     url = live_console.replace("http://", "ws://") + "/ws/live/"
-    with connect(url) as socket, pytest.raises(ConnectionClosed) as closed:
+    with connect(url, origin=live_console) as socket, pytest.raises(ConnectionClosed) as closed:
         socket.recv(timeout=EVENT)
     assert closed.value.rcvd.code == 4401
 

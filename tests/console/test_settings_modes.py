@@ -48,7 +48,7 @@ def test_both_set_is_the_server_mode(tmp_path):
         tmp_path,
         DATABASE_URL="postgresql://postgres@127.0.0.1:5432/x",
         REDIS_URL="redis://127.0.0.1:6379/3",
-        BRAKELINE_SECRET_KEY="k" * 50,
+        BRAKELINE_SECRET_KEY="k3y-Z" * 11,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == [

@@ -25,6 +25,7 @@ from breakers.models import (
     NodeDrain,
     SchedulerBinding,
 )
+from core.nodes import is_single_node_name
 from core.transitions import compare_and_swap_all
 from incidents.models import (
     FINAL_JOB_STATUSES,
@@ -72,6 +73,9 @@ def _acknowledge(command: Command, call_log: slurm.CallLog, **result: object) ->
 def cancel_job(command: Command, binding: SchedulerBinding) -> str:
     """L4 terminate: ``scancel``, wait until Slurm says the job ended; its final state."""
     call_log = _call_log(command)
+    verdict = slurm.verified_job(call_log, command.job_id, binding.slurm_job_id, "cancel the job")
+    if not verdict.ok:
+        return slurm.UNKNOWN  # refused (or Slurm unreachable): on the timeline, nothing cancelled
     state = slurm.cancel(binding.slurm_job_id, call_log)
     if state in slurm.ENDED_STATES:
         _acknowledge(command, call_log, slurm_job_id=binding.slurm_job_id, state=state)
@@ -92,6 +96,8 @@ def drain_node(command: Command, binding: SchedulerBinding) -> NodeDrain | None:
     if done is not None:
         return done  # a redelivered task: drained (and maybe requeued) already
     call_log = _call_log(command)
+    if not _node_of_the_job(command, binding, name, call_log):
+        return None
     reason = drain_reason(command)
     if not slurm.drain(name, reason, call_log):
         return None  # recorded, raised and notified by the call log
@@ -101,6 +107,34 @@ def drain_node(command: Command, binding: SchedulerBinding) -> NodeDrain | None:
     if binding.requeue_after_drain and _may_requeue(command):
         requeue_job(drain, binding, call_log)
     return drain
+
+
+def _node_of_the_job(
+    command: Command, binding: SchedulerBinding, name: str, call_log: slurm.CallLog
+) -> bool:
+    """Drain only one node, and only one the Slurm job runs on (as Slurm says right now): an
+    agent's word (a point's ``node``) never aims a drain at another job's or team's node."""
+    purpose = f"drain node {name}"
+    if not is_single_node_name(name):
+        slurm.refused(call_log, purpose, f"{name!r} is not one node's name (a host list?)")
+        return False
+    verdict = slurm.verified_job(call_log, command.job_id, binding.slurm_job_id, purpose)
+    if not verdict.ok or verdict.slurm_job is None:
+        return False
+    nodes, call = slurm.job_nodes(verdict.slurm_job.nodelist)
+    if call is not None:
+        call_log.record(call, f"list the nodes of Slurm job {binding.slurm_job_id}")
+    if nodes is None:
+        return False
+    if name not in nodes:
+        slurm.refused(
+            call_log,
+            purpose,
+            f"{name} is not a node of Slurm job {binding.slurm_job_id} "
+            f"({verdict.slurm_job.nodelist or 'it runs on no node'})",
+        )
+        return False
+    return True
 
 
 def _record_drain(command: Command, name: str, reason: str, call_log: slurm.CallLog) -> NodeDrain:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shlex
 import subprocess
 import time
@@ -285,6 +286,10 @@ class SlurmExecutor:
             return ExecutorOutcome(self.name, True, [f"Slurm job {slurm_id} had ended ({state})"])
         # --batch reaches only the batch script; a process inside an srun step (it reported a
         # step id) is reached by --full, which signals every step and the batch script.
+        verdict = verified_job(call_log, job.pk, slurm_id, "stop the hung job")
+        if not verdict.ok:
+            why = f"refused: {verdict.why}" if verdict.reachable else verdict.why
+            return ExecutorOutcome(self.name, False, detail=why)
         scope = "--full" if binding.slurm_step_id else "--batch"
         steps = []
         call = call_log.run(["scancel", scope, "--signal=USR1", slurm_id], "signal USR1")
@@ -351,6 +356,137 @@ def resume_node(slurm_node: str, call_log: CallLog) -> SlurmCall:
     return call_log.run(
         ["scontrol", "update", f"nodename={slurm_node}", "state=resume"],
         f"return node {slurm_node} to service",
+    )
+
+
+# --- Is this Slurm job the Brakeline job's? ------------------------------------------------------
+#
+# A heartbeat's ``slurm_job_id`` and its nodes are the agent's word, and an agent can say anything.
+# Before the console binds a job to a Slurm job, and again before it cancels or drains anything,
+# it asks Slurm (``scontrol show job``): the Slurm job must exist, carry the Brakeline job's id
+# (submitted with ``--comment=brakeline:<job id>`` or ``--job-name=brakeline-<job id>``), and run
+# on the nodes the agent reports. A node is drained only when it is in that Slurm job's nodes.
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """What ``scontrol show job`` says of one Slurm job."""
+
+    slurm_job_id: str
+    state: str
+    name: str
+    comment: str
+    nodelist: str  # "" while it runs nowhere (pending)
+
+    def carries(self, job_id: int) -> bool:
+        """The Slurm job was submitted for Brakeline job ``job_id``."""
+        marks = self.comment.replace(",", " ").split()
+        return self.name == f"brakeline-{job_id}" or f"brakeline:{job_id}" in marks
+
+
+_SHOW_FIELD = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
+
+
+def _show_fields(line: str) -> dict[str, str]:
+    """``Key=value Key=value …`` of ``scontrol show -o``; a value runs to the next `` Key=``
+    (Comment may hold spaces); the first occurrence of a key wins."""
+    marks = list(_SHOW_FIELD.finditer(line))
+    fields: dict[str, str] = {}
+    for index, mark in enumerate(marks):
+        end = marks[index + 1].start() if index + 1 < len(marks) else len(line)
+        fields.setdefault(mark.group(1), line[mark.end() : end].strip())
+    return fields
+
+
+def show_job(slurm_job_id: str) -> tuple[SlurmJob | None, SlurmCall]:
+    """The Slurm job (None when Slurm does not know it, or could not be asked: see the call)."""
+    call = run_slurm(["scontrol", "show", "job", "-o", slurm_job_id])
+    lines = call.stdout.splitlines() if call.ok else []
+    fields = _show_fields(lines[0]) if lines else {}
+    if fields.get("JobId") != slurm_job_id:
+        return None, call
+    comment = fields.get("Comment", "")
+    nodelist = fields.get("NodeList", "")
+    return (
+        SlurmJob(
+            slurm_job_id=slurm_job_id,
+            state=fields.get("JobState", ""),
+            name=fields.get("JobName", ""),
+            comment="" if comment == "(null)" else comment,
+            nodelist="" if nodelist in ("(null)", "None assigned") else nodelist,
+        ),
+        call,
+    )
+
+
+def job_nodes(nodelist: str) -> tuple[list[str] | None, SlurmCall | None]:
+    """The node names of a host list (``scontrol show hostnames``); None if Slurm refused."""
+    if not nodelist:
+        return [], None
+    call = run_slurm(["scontrol", "show", "hostnames", nodelist])
+    return (call.stdout.split() if call.ok else None), call
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether the console may treat ``slurm_job_id`` as the Brakeline job's."""
+
+    slurm_job: SlurmJob | None
+    why: str = ""  # why not ("" when it may)
+    reachable: bool = True  # False: Slurm could not be asked (a failure, not a refusal)
+    calls: tuple[SlurmCall, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.why
+
+
+def verify_slurm_job(job_id: int, slurm_job_id: str, *, nodelist: str | None = None) -> Verdict:
+    """Ask Slurm whether ``slurm_job_id`` is Brakeline job ``job_id``'s: it exists, carries the
+    job's id in its comment or name, and (when given) runs on ``nodelist``."""
+    slurm_job, call = show_job(slurm_job_id)
+    if slurm_job is None:
+        if call.ok or "invalid job id" in call.stderr.lower():
+            return Verdict(None, f"Slurm knows no job {slurm_job_id}", calls=(call,))
+        return Verdict(
+            None, f"Slurm could not be asked about job {slurm_job_id}", False, calls=(call,)
+        )
+    if not slurm_job.carries(job_id):
+        return Verdict(
+            slurm_job,
+            f"Slurm job {slurm_job_id} ({slurm_job.name!r}) was not submitted for Brakeline job "
+            f"{job_id}: neither its comment carries brakeline:{job_id} nor is its name "
+            f"brakeline-{job_id}",
+            calls=(call,),
+        )
+    if nodelist is not None and nodelist != slurm_job.nodelist:
+        return Verdict(
+            slurm_job,
+            f"Slurm job {slurm_job_id} runs on {slurm_job.nodelist or 'no node'}, not on the "
+            f"reported {nodelist or 'no node'}",
+            calls=(call,),
+        )
+    return Verdict(slurm_job, calls=(call,))
+
+
+def verified_job(call_log: CallLog, job_id: int, slurm_job_id: str, purpose: str) -> Verdict:
+    """Right before acting: is the Slurm job still the Brakeline job's? The check's call is on
+    the timeline, and so is a refusal; a Slurm that cannot be asked is a failure (raised to L4,
+    notified) like any failed call."""
+    verdict = verify_slurm_job(job_id, slurm_job_id)
+    for call in verdict.calls:
+        call_log.record(
+            call, f"check Slurm job {slurm_job_id} is job {job_id}'s", ok=verdict.reachable
+        )
+    if not verdict.ok and verdict.reachable:
+        refused(call_log, purpose, verdict.why)
+    return verdict
+
+
+def refused(call_log: CallLog, purpose: str, why: str) -> None:
+    call_log.note(
+        f"Slurm, {purpose}: refused: {why}",
+        {"event": "slurm_refused", "purpose": purpose, "why": why},
     )
 
 

@@ -207,7 +207,10 @@ class Command(BaseCommand):
         path = [str(settings.BASE_DIR / "sdk"), os.environ.get("PYTHONPATH", "")]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, path)))
         env.setdefault("OMP_NUM_THREADS", "1")  # a tiny model; leave the cores to the console
-        training = subprocess.Popen(command, env=env)
+        # The token in its environment and a session of its own: what the console's local
+        # executor checks before it signals a hung process (never one of its own group).
+        env["BRAKELINE_TOKEN"] = token
+        training = subprocess.Popen(command, env=env, start_new_session=True)
         try:
             training.wait()
         finally:

@@ -46,7 +46,9 @@ def submit(cluster: SlurmCluster, console: str, agent, **train: str) -> tuple[st
     submitted = cluster.run(
         "sbatch",
         "--parsable",
-        f"--job-name=brakeline-{agent.job_id}",
+        # How a job is submitted for Brakeline: the Slurm job carries the Brakeline job's id,
+        # which the console checks with Slurm before it binds the job or acts on it.
+        f"--comment=brakeline:{agent.job_id}",
         f"--chdir={folder}",
         f"--output={folder}/slurm-%j.out",
         # exec: the batch step's process is Python itself, so `scancel --batch` reaches it.
@@ -232,8 +234,14 @@ def test_slurm_refusing_to_return_a_node_is_a_502_on_the_timeline_and_notified(
 ):
     job = Job.objects.select_related("team").get(pk=agent.job_id)
     manager = Api(make_member(job.team, "manager"))
-    beat = {"step": 3, "status": "running", "slurm_job_id": "999999", "slurm_nodelist": "localhost"}
+    submitted = slurm_cluster.run(
+        "sbatch", "--parsable", f"--job-name=brakeline-{agent.job_id}", "--wrap=exec sleep 300"
+    )
+    slurm_id = submitted.stdout.strip().split(";")[0]
+    wait_for(lambda: slurm_cluster.job_state(slurm_id) == "RUNNING", "the Slurm job to run")
+    beat = {"step": 3, "status": "running", "slurm_job_id": slurm_id, "slurm_nodelist": "localhost"}
     assert agent_post("/api/v1/agent/heartbeat", beat).status_code == 200
+    bound_to_slurm(agent, slurm_id)  # once the worker checked it with Slurm
     alert = raise_alert(agent.job_id, "L3")
     manager.post(
         f"/api/v1/jobs/{agent.job_id}/isolate-node",

@@ -1,0 +1,122 @@
+"""The ASGI gate in front of the agent endpoints: authenticate first, then read, bounded.
+
+Django's ASGI handler reads a request's whole body (spooling it to disk when large) before any
+view or middleware runs, so without this gate anybody could make the console read, and store
+for a while, a body of any size without a token. For ``POST /api/v1/agent/…`` this gate:
+
+1. authenticates the bearer token from the headers alone (401 otherwise, body unread);
+2. refuses a declared ``Content-Length`` above ``AGENT_MAX_BATCH_BYTES`` (413, body unread);
+3. reads the body itself, stopping one byte past the limit (413: a chunked body that lies);
+4. hands Django the body it read, so the views see the request unchanged.
+
+The views authenticate again (DRF) and check the same limits; this only decides whether the
+body is read at all. Answers use the API's error format (docs/protocol.md "Errors").
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import close_old_connections
+
+from console.api.agent_auth import required_bearer_token
+from core.errors import PayloadTooLarge, ServiceError
+from incidents.jobs import authenticate_agent
+
+AGENT_PREFIX = "/api/v1/agent/"
+
+
+def _header(scope: dict, name: bytes) -> bytes | None:
+    for key, value in scope.get("headers", ()):
+        if key.lower() == name:
+            return value
+    return None
+
+
+async def _answer(send: Any, error: ServiceError) -> None:
+    body = json.dumps(error.as_body()).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if error.status == 401:
+        headers.append((b"www-authenticate", b'Bearer realm="brakeline"'))
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"A request body holds at most {limit} bytes. Split the batch.",
+        fields={"body": f"at most {limit} bytes"},
+    )
+
+
+async def _authenticate(scope: dict) -> None:
+    token = required_bearer_token(_header(scope, b"authorization"))
+    await sync_to_async(_check_token, thread_sensitive=True)(token)
+
+
+def _check_token(token: str) -> None:
+    """The token's job exists and the token is not revoked (Unauthenticated otherwise). Runs
+    outside Django's request cycle, so it closes its connections the way that cycle would."""
+    close_old_connections()
+    try:
+        authenticate_agent(token)
+    finally:
+        close_old_connections()
+
+
+async def _read_bounded(receive: Any, limit: int) -> bytes | None:
+    """The body, or None once it grows past ``limit`` (the rest is never read)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return b"".join(chunks)
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+class AgentRequestGate:
+    """ASGI middleware: see the module's docstring."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if not (
+            scope["type"] == "http"
+            and scope.get("method") == "POST"
+            and scope.get("path", "").startswith(AGENT_PREFIX)
+        ):
+            await self.app(scope, receive, send)
+            return
+        limit = settings.AGENT_MAX_BATCH_BYTES
+        try:
+            await _authenticate(scope)
+            declared = (_header(scope, b"content-length") or b"0").decode("latin-1")
+            if declared.isdigit() and int(declared) > limit:
+                raise _too_large(limit)
+            body = await _read_bounded(receive, limit)
+            if body is None:
+                raise _too_large(limit)
+        except ServiceError as error:
+            await _answer(send, error)
+            return
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # only the disconnect is left
+
+        await self.app(scope, replay, send)
