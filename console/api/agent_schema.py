@@ -8,13 +8,18 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from breakers.agent.protocol import MAX_STEP
+from console.api.schema_fields import MetricValueField
+
+MAX_INT32 = 2**31 - 1
+
 
 class MetricPointDoc(serializers.Serializer):
     name = serializers.CharField(max_length=200, help_text="Metric name, e.g. loss, grad_norm.")
-    step = serializers.IntegerField(min_value=0, help_text="Training step, a whole number ≥ 0.")
-    value = serializers.JSONField(
-        help_text='A JSON number, or "NaN", "Infinity", "-Infinity" (non-finite values are data).'
+    step = serializers.IntegerField(
+        min_value=0, max_value=MAX_STEP, help_text="Training step, a whole number ≥ 0."
     )
+    value = MetricValueField()
     time = serializers.DateTimeField(
         required=False, help_text="ISO 8601 with a time zone; server time when absent."
     )
@@ -53,11 +58,16 @@ class MetricsAcceptedDoc(serializers.Serializer):
 
 
 class HeartbeatDoc(serializers.Serializer):
-    step = serializers.IntegerField(min_value=0)
+    step = serializers.IntegerField(min_value=0, max_value=MAX_STEP)
     status = serializers.ChoiceField(choices=["running", "paused", "checkpointing", "finished"])
-    pid = serializers.IntegerField(required=False, help_text="Process id, for the local executor.")
+    pid = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=MAX_INT32,
+        help_text="Process id, for the local executor.",
+    )
     hostname = serializers.CharField(required=False)
-    rank = serializers.IntegerField(required=False, min_value=0)
+    rank = serializers.IntegerField(required=False, min_value=0, max_value=MAX_INT32)
     slurm_job_id = serializers.CharField(
         required=False, help_text="SLURM_JOB_ID: binds the job to the Slurm executor."
     )

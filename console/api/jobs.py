@@ -9,13 +9,13 @@ from rest_framework.generics import ListAPIView, RetrieveAPIView
 
 from breakers.metrics import latest_value
 from console.api.person_auth import PersonView
-from core.nonfinite import encode
+from console.api.schema_fields import MetricValueField
 from incidents.models import Job
 
 
 class JobSerializer(serializers.ModelSerializer):
     team = serializers.CharField(source="team.name")
-    latest_loss = serializers.FloatField(allow_null=True, read_only=True)
+    latest_loss = MetricValueField(allow_null=True, read_only=True)
 
     class Meta:
         model = Job
@@ -33,13 +33,6 @@ class JobSerializer(serializers.ModelSerializer):
             "heartbeat_deadline",
             "latest_loss",
         ]
-
-    def to_representation(self, instance: Job) -> dict:
-        data = super().to_representation(instance)
-        # JSON has no NaN: a non-finite loss travels as the same strings agents send.
-        if "latest_loss" in data:
-            data["latest_loss"] = encode(getattr(instance, "latest_loss", None))
-        return data
 
 
 def visible_jobs(user) -> QuerySet[Job]:

@@ -84,3 +84,20 @@ def test_login_with_the_form(client, member):
     response = client.post("/login/", {"username": "ana", "password": "pw-for-tests"})
     assert response.status_code == 302 and response.url == "/"
     assert client.get("/").status_code == 200
+
+
+def test_the_schema_says_what_the_responses_and_the_refusals_say(client):
+    """latest_loss and point values are numbers or the three spellings (never null for a
+    value); pid, rank and step carry the bounds the protocol enforces."""
+    import yaml
+
+    schema = yaml.safe_load(client.get("/api/schema/").content)
+    parts = schema["components"]["schemas"]
+    spelled = {"type": "string", "enum": ["NaN", "Infinity", "-Infinity"]}
+    assert spelled in parts["MetricPointDoc"]["properties"]["value"]["oneOf"]
+    assert "value" in parts["MetricPointDoc"]["required"]
+    assert spelled in parts["Job"]["properties"]["latest_loss"]["oneOf"]
+    heartbeat = parts["HeartbeatDoc"]["properties"]
+    assert (heartbeat["pid"]["minimum"], heartbeat["pid"]["maximum"]) == (1, 2**31 - 1)
+    assert heartbeat["rank"]["maximum"] == 2**31 - 1
+    assert heartbeat["step"]["maximum"] == 2**63 - 1

@@ -1,6 +1,7 @@
-"""The people API against its own OpenAPI schema: schemathesis generates requests (valid and
-invalid ones) for every person endpoint, sent to the real Daphne with a personal token, and
-not one of them may be answered by a server error. Bounded: a few examples per operation."""
+"""The API against its own OpenAPI schema: schemathesis generates requests (valid and invalid
+ones) for every person endpoint (with a personal token) and every agent endpoint (with the
+job's agent token), sent to the real Daphne, and not one of them may be answered by a server
+error. Bounded: a few examples per operation."""
 
 from __future__ import annotations
 
@@ -72,4 +73,23 @@ def test_no_generated_request_gets_a_server_error(live_console, make_agent):
                 fuzz(operation, live_console, headers, failures, mode, sent)()
     assert failures == [], "\n".join(failures[:40])
     assert len(sent) > 200  # the run did reach the endpoints
+    assert any(200 <= status < 300 for status in sent)
+
+
+def test_no_generated_agent_request_gets_a_server_error(live_console, make_agent):
+    """The agent protocol with the job's agent token: metrics, heartbeats, acks, snapshots."""
+    agent = make_agent(team="fuzz", name="fuzzed-agent")
+    headers = {"Authorization": f"Bearer {agent.token}"}
+    schema = schemathesis.openapi.from_url(f"{live_console}/api/schema/?format=json")
+    failures: list[str] = []
+    sent: list[int] = []
+    for result in schema.get_all_operations():
+        operation = result.ok()
+        if not operation.path.startswith("/api/v1/agent/"):
+            continue
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            with contextlib.suppress(Unsatisfiable):
+                fuzz(operation, live_console, headers, failures, mode, sent)()
+    assert failures == [], "\n".join(failures[:40])
+    assert len(sent) >= 4 * EXAMPLES_PER_OPERATION  # every agent endpoint was reached
     assert any(200 <= status < 300 for status in sent)
