@@ -1,0 +1,41 @@
+"""The channels behind one interface: ``send(Outgoing) -> DeliveryResult``, one module per
+channel (chat, email, sms, phone; SMS and phone share the provider module)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from incidents.notifications.senders.base import DeliveryResult, Outgoing
+from incidents.notifications.senders.chat import chat_payload, send_chat
+from incidents.notifications.senders.email import send_email
+from incidents.notifications.senders.phone import send_phone
+from incidents.notifications.senders.provider import provider_signature, receipt_url
+from incidents.notifications.senders.sms import send_sms
+
+__all__ = [
+    "ADAPTERS",
+    "DeliveryResult",
+    "Outgoing",
+    "chat_payload",
+    "provider_signature",
+    "receipt_url",
+    "send",
+]
+
+ADAPTERS: dict[str, Callable[[Outgoing], DeliveryResult]] = {
+    "chat": send_chat,
+    "email": send_email,
+    "sms": send_sms,
+    "phone": send_phone,
+}
+
+
+def send(outgoing: Outgoing) -> DeliveryResult:
+    """Send on ``outgoing.channel``; connection errors come back as transient failures."""
+    started = time.monotonic()
+    try:
+        return ADAPTERS[outgoing.channel](outgoing)
+    except (TimeoutError, OSError) as error:  # refused, reset, timed out, SMTP disconnect
+        latency = (time.monotonic() - started) * 1000
+        return DeliveryResult("failed", f"{type(error).__name__}: {error}", latency, transient=True)
