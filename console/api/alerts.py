@@ -53,6 +53,13 @@ class AcknowledgeIn(serializers.Serializer):
     note = serializers.CharField(required=False, allow_blank=True, max_length=2000)
 
 
+LIMIT_PARAMETER = OpenApiParameter(
+    "limit",
+    {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT},
+    description="How many rows at most (default 100).",
+)
+
+
 def limit_param(request: Request, default: int = 100) -> int:
     raw = request.query_params.get("limit", str(default))
     if not (raw.isascii() and raw.isdigit()) or len(raw) > 9 or not 1 <= int(raw) <= MAX_LIMIT:
@@ -80,7 +87,7 @@ class AlertListView(PersonView):
                 description="firing, acknowledged, resolved; comma-separated",
             ),
             OpenApiParameter("job", OpenApiTypes.INT),
-            OpenApiParameter("limit", OpenApiTypes.INT, description=f"1..{MAX_LIMIT}, 100"),
+            LIMIT_PARAMETER,
         ],
         responses={200: AlertOut(many=True), **error_responses(400, 401)},
     )

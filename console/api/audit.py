@@ -10,7 +10,7 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from console.api.alerts import limit_param
+from console.api.alerts import LIMIT_PARAMETER, limit_param
 from console.api.person_auth import PersonView, audit_context, error_responses
 from core.errors import Forbidden, InvalidInput
 from incidents.models import AuditEntry, Membership, Team
@@ -86,7 +86,7 @@ class AuditListView(PersonView):
         parameters=[
             OpenApiParameter("team", OpenApiTypes.INT),
             OpenApiParameter("allowed", OpenApiTypes.BOOL),
-            OpenApiParameter("limit", OpenApiTypes.INT),
+            LIMIT_PARAMETER,
         ],
         responses={200: AuditEntryOut(many=True), **error_responses(400, 401, 403, 404)},
     )

@@ -9,7 +9,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from breakers.control.escalations import approve_escalation
-from console.api.alerts import limit_param
+from console.api.alerts import LIMIT_PARAMETER, limit_param
 from console.api.person_auth import PersonView, audit_context, error_responses
 from core.errors import InvalidInput
 from incidents.escalations import (
@@ -80,7 +80,7 @@ class EscalationListView(PersonView):
         parameters=[
             OpenApiParameter("status", OpenApiTypes.STR, description="pending, approved, …"),
             OpenApiParameter("job", OpenApiTypes.INT),
-            OpenApiParameter("limit", OpenApiTypes.INT),
+            LIMIT_PARAMETER,
         ],
         responses={200: EscalationOut(many=True), **error_responses(400, 401)},
     )

@@ -81,7 +81,11 @@ class SeriesView(PersonView):
             OpenApiParameter("names", OpenApiTypes.STR, required=True),
             OpenApiParameter("from_step", OpenApiTypes.INT),
             OpenApiParameter("to_step", OpenApiTypes.INT),
-            OpenApiParameter("max_points", OpenApiTypes.INT, description="2..10000, 2000"),
+            OpenApiParameter(
+                "max_points",
+                {"type": "integer", "minimum": 2, "maximum": history.MAX_POINTS_LIMIT},
+                description="How many buckets at most (default 2000).",
+            ),
         ],
         responses={200: SeriesOut},
     )

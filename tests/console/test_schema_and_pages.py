@@ -101,3 +101,18 @@ def test_the_schema_says_what_the_responses_and_the_refusals_say(client):
     assert (heartbeat["pid"]["minimum"], heartbeat["pid"]["maximum"]) == (1, 2**31 - 1)
     assert heartbeat["rank"]["maximum"] == 2**31 - 1
     assert heartbeat["step"]["maximum"] == 2**63 - 1
+
+
+def test_the_schema_documents_the_bounds_of_limit_and_max_points(client):
+    import yaml
+
+    schema = yaml.safe_load(client.get("/api/schema/").content)
+
+    def parameter(path: str, name: str) -> dict:
+        (found,) = [p for p in schema["paths"][path]["get"]["parameters"] if p["name"] == name]
+        return found["schema"]
+
+    for path in ("/api/v1/alerts", "/api/v1/audit", "/api/v1/escalations"):
+        assert parameter(path, "limit") == {"type": "integer", "minimum": 1, "maximum": 500}
+    bounds = parameter("/api/v1/jobs/{id}/series", "max_points")
+    assert (bounds["minimum"], bounds["maximum"]) == (2, 10_000)
