@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from breakers.checkpoints import record_from_acknowledgement
 from breakers.control.job_state import ON_ISSUE, ON_SUCCESS, refusal
 from breakers.control.timeline import (
     record_acknowledged,
@@ -35,6 +36,7 @@ from core.errors import Conflict, InvalidInput, NotFound
 from core.realtime import agent_group, job_group, publish_after_commit
 from core.text import fit
 from core.transitions import compare_and_swap, compare_and_swap_all
+from incidents.alerts.lifecycle import settle_incident
 from incidents.jobs import move_job
 from incidents.models import (
     ISOLATABLE_NODE_STATUSES,
@@ -200,6 +202,8 @@ def acknowledge_command(
         command.refresh_from_db()
         if won and status == CommandStatus.SUCCEEDED:
             _job_effect_on_success(command)
+            if command.kind == CommandKind.CHECKPOINT_AND_PAUSE:
+                record_from_acknowledgement(job_id, command.pk, command.result)
         if won:
             record_acknowledged(command)
             publish_after_commit(
@@ -254,6 +258,7 @@ def stop_hung_job(command_id: int, *, grace_seconds: float | None = None) -> Exe
         record_executor_outcome(command, outcome)
         if outcome.stopped:
             move_job(command.job_id, "terminate", heartbeat_deadline=None)
+            settle_incident(command.job_id, None)  # stopped: the episode is over
         publish_after_commit(
             job_group(command.job_id),
             {

@@ -1,6 +1,10 @@
 """The breakers app's models, one module per domain; Django finds them all through here."""
 
 # isort: off  (the order is the order of their foreign keys)
+from breakers.models.checkpoints import (  # noqa: F401
+    Checkpoint,
+    CheckpointReason,
+)
 from breakers.models.control import (  # noqa: F401
     COMMAND_TRANSITIONS,
     OPEN_COMMAND_STATUSES,
@@ -39,4 +43,6 @@ __all__ = [
     "NodeDrain",
     "SnapshotKind",
     "EnvironmentSnapshot",
+    "Checkpoint",
+    "CheckpointReason",
 ]

@@ -7,6 +7,7 @@ from console.api import (
     agent,
     alerts,
     audit,
+    checkpoints,
     escalations,
     health,
     jobs,
@@ -31,6 +32,11 @@ agent_routes = [
         name="agent-command-ack",
     ),
     path(f"{V1}/agent/snapshots", snapshots.SnapshotView.as_view(), name="agent-snapshots"),
+    path(
+        f"{V1}/agent/checkpoints",
+        checkpoints.AgentCheckpointView.as_view(),
+        name="agent-checkpoints",
+    ),
 ]
 
 job_routes = [
@@ -38,6 +44,11 @@ job_routes = [
     path(f"{V1}/jobs/<int:pk>", jobs.JobDetailView.as_view(), name="job-detail"),
     path(f"{V1}/jobs/<int:pk>/series", series.SeriesView.as_view(), name="job-series"),
     path(f"{V1}/jobs/<int:pk>/markers", series.MarkersView.as_view(), name="job-markers"),
+    path(
+        f"{V1}/jobs/<int:pk>/checkpoints",
+        checkpoints.JobCheckpointsView.as_view(),
+        name="job-checkpoints",
+    ),
     path(f"{V1}/jobs/<int:pk>/pause", actions.PauseJobView.as_view(), name="job-pause"),
     path(f"{V1}/jobs/<int:pk>/resume", actions.ResumeJobView.as_view(), name="job-resume"),
     path(f"{V1}/jobs/<int:pk>/terminate", actions.TerminateJobView.as_view(), name="job-terminate"),

@@ -29,6 +29,7 @@ from core.nonfinite import encode
 from core.realtime import job_group, publish_after_commit, team_group
 from core.text import fit
 from core.transitions import compare_and_swap
+from incidents.alerts.episode import episode_facts, episode_over
 from incidents.alerts.runbook import GENERIC, RunbookEntry, format_suggestion, suggestion_for
 from incidents.models import (
     ACTIVE_ALERT_STATUSES,
@@ -91,6 +92,10 @@ class AlertOutcome:
     @property
     def action_due(self) -> bool:
         return self.created or self.escalated
+
+
+# Rule actions that brake: their alert is spent once training resumes (rearm_after_resume).
+REARMED_ACTIONS = ("checkpoint_and_pause", "pause_data", "terminate_and_isolate")
 
 
 def alert_fingerprint(job_id: int, rule_key: str, node: str) -> str:
@@ -379,8 +384,10 @@ def _raise_incident_level(
 
 
 def _resolve_incident_if_quiet(incident: Incident, now: datetime, step: int | None) -> None:
-    """The episode is over when none of the incident's alerts is active any more."""
-    if incident.alerts.filter(status__in=ACTIVE_ALERT_STATUSES).exists():
+    """The episode is over when none of the incident's alerts is active any more and, if it
+    braked the job, the job is final or trains healthy again after a resume
+    (incidents.alerts.episode)."""
+    if not episode_over(episode_facts(incident), step):
         return
     won = compare_and_swap(
         Incident,
@@ -399,6 +406,46 @@ def _resolve_incident_if_quiet(incident: Incident, now: datetime, step: int | No
             at=now,
             step=step,
         )
+
+
+def settle_incident(job_id: int, step: int | None, now: datetime | None = None) -> bool:
+    """Resolve the job's active incident if its episode is over now (after a resume, a
+    terminate, healthy points). True if it was resolved."""
+    with transaction.atomic():
+        incident = (
+            Incident.objects.select_for_update()
+            .select_related("job")
+            .filter(job_id=job_id, status__in=ACTIVE_INCIDENT_STATUSES)
+            .first()
+        )
+        if incident is None:
+            return False
+        before = incident.status
+        _resolve_incident_if_quiet(incident, now or timezone.now(), step)
+        return Incident.objects.filter(pk=incident.pk).exclude(status=before).exists()
+
+
+def rearm_after_resume(incident_id: int, step: int | None, now: datetime | None = None) -> int:
+    """Training resumed after a brake: close the alerts whose brake was spent, so a
+    recurrence raises a new alert and brakes again (the evaluator re-arms the rule when it
+    finds its episode without an alert). The incident stays open until healthy. Returns how
+    many alerts were re-armed."""
+    alert_ids = list(
+        Alert.objects.filter(
+            incident_id=incident_id,
+            status__in=ACTIVE_ALERT_STATUSES,
+            action__in=REARMED_ACTIONS,
+        ).values_list("pk", flat=True)
+    )
+    for alert_id in alert_ids:
+        resolve_alert(
+            alert_id,
+            reason=f"training resumed at step {step}: a recurrence brakes again",
+            step=step,
+            now=now,
+            data={"event": "rearmed"},
+        )
+    return len(alert_ids)
 
 
 def _runbook_entry(signal: AlertSignal) -> RunbookEntry:

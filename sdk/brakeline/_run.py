@@ -238,7 +238,8 @@ class Run:
             self._guard.watch_optimizer(optimizer)
         for one in self.training.schedulers:
             self._guard.watch_scheduler(one)
-        if self._guard.weights_step is None and self.training.optimizers:
+        guarded = self._guard.enabled and self.training.optimizers
+        if self._guard.weights_step is None and guarded:
             self._guard.weights_step = self.step
         if model is not None and count_nonfinite:
             from brakeline.torch import NonFiniteCounter
@@ -472,6 +473,7 @@ class Run:
         # knows (the console marks the checkpoint clean or "after the anomaly" by it).
         result.weights_step = self._guard.weights_step
         self.last_checkpoint = result
+        self._report_checkpoint(result)
         loader = self.training.loader
         self.send_snapshot("checkpoint", step, loader.position() if loader else None, result)
         return result
@@ -529,6 +531,19 @@ class Run:
         self.step += 1  # that step happens without training: no update, no log
         logger.warning("brakeline: skipped the batch of step %d (roll back)", self.step)
         return True
+
+    def _report_checkpoint(self, result: CheckpointResult) -> None:
+        # The console's catalogue: what a roll back may name, marked clean or not by it.
+        if self.control is None:
+            return
+        body = {
+            key: value
+            for key, value in result.as_dict().items()
+            if key in ("path", "sha256", "step", "bytes", "reason", "weights_step")
+        }
+        body["rank"] = self.settings.rank
+        encoded = encode_json(to_jsonable(body))
+        self.control.enqueue(f"checkpoint:{result.sha256}", "checkpoints", lambda: encoded)
 
     def terminate(self, command: Command, step: int) -> None:
         """Flush, acknowledge, finish and exit with EXIT_TERMINATED (or hand over to the
