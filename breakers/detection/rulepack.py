@@ -104,6 +104,21 @@ DEFAULT_RULES: tuple[dict[str, Any], ...] = (
         "runbook": "nan-inf",
     },
     {
+        # The SDK's step guard refused an update computed from NaN/Inf (a gradient the loss
+        # does not show, or run.guard(loss)) and holds at that boundary for this rule's answer.
+        "key": "update-refused-by-guard",
+        "name": "Non-finite update refused by the step guard",
+        "layer": "stability",
+        "metric": "guard.skipped_updates",
+        "detector": "threshold",
+        "params": {"above": 0.0},
+        "per_node": True,
+        "severity": "L3",
+        "action": "checkpoint_and_pause",
+        "clear_after": 10,
+        "runbook": "nan-inf",
+    },
+    {
         # K = 5 rising 50-step windows, each rise > 2 standard errors of the difference
         # (0.4σ of the per-step noise): over 100k simulated plateau windows no run got past
         # 2 rises, while a loss climbing ≥ 0.02σ per step trips it within 300 steps.

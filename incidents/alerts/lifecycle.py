@@ -412,9 +412,10 @@ def settle_incident(job_id: int, step: int | None, now: datetime | None = None) 
     """Resolve the job's active incident if its episode is over now (after a resume, a
     terminate, healthy points). True if it was resolved."""
     with transaction.atomic():
+        # The incident row only: FOR UPDATE over a join would lock the job's row too, and a
+        # command being issued holds the job and waits for the incident (deadlock).
         incident = (
             Incident.objects.select_for_update()
-            .select_related("job")
             .filter(job_id=job_id, status__in=ACTIVE_INCIDENT_STATUSES)
             .first()
         )

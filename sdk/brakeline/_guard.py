@@ -171,6 +171,10 @@ class StepGuard:
         tripped, self.tripped_step = self.tripped_step, None
         return tripped
 
+    def refused_count(self) -> int:
+        """Updates refused (or, one step late, let by) so far: at least 1 after a trip."""
+        return max(1, len(self.skipped_updates) + len(self.poisoned_updates))
+
     def report(self) -> dict[str, Any]:
         """What a checkpoint's acknowledgement says about the weights it holds."""
         return {

@@ -370,6 +370,16 @@ class Run:
         rules decide (normally checkpoint_and_pause, which saves this last good state)."""
         if self.control is None or self.finished or self.stopping:
             return  # offline: the skipped update is all the guard can do
+        if self.sender is not None:
+            # Said in so many words: a NaN gradient need not show in any logged metric. The
+            # default rule pack brakes on it (update-refused-by-guard, L3).
+            self.sender.submit(
+                LogRecord(
+                    step=tripped if tripped is not None else self.step,
+                    time=time.time(),
+                    metrics={"guard.skipped_updates": float(self._guard.refused_count())},
+                )
+            )
         self.flush(min(self.settings.guard_hold_seconds, self.settings.http_timeout))
         deadline = time.monotonic() + self.settings.guard_hold_seconds
         while not (self.finished or self.inbox.has_pending):
