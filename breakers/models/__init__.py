@@ -13,6 +13,12 @@ from breakers.models.metrics import (  # noqa: F401
     MetricPoint,
     Rule,
 )
+from breakers.models.monitoring import (  # noqa: F401
+    EXTERNAL_ALERT_TRANSITIONS,
+    ExternalAlert,
+    ExternalAlertStatus,
+    IntegrationToken,
+)
 from breakers.models.scheduler import (  # noqa: F401
     ExecutorKind,
     NodeDrain,
@@ -39,4 +45,8 @@ __all__ = [
     "NodeDrain",
     "SnapshotKind",
     "EnvironmentSnapshot",
+    "IntegrationToken",
+    "ExternalAlertStatus",
+    "EXTERNAL_ALERT_TRANSITIONS",
+    "ExternalAlert",
 ]

@@ -9,6 +9,7 @@ from console.api import (
     audit,
     escalations,
     health,
+    integrations,
     jobs,
     nodes,
     notifications,
@@ -150,6 +151,20 @@ other_routes = [
     ),
 ]
 
+# The cluster's monitoring (docs/monitoring.md).
+integration_routes = [
+    path(
+        f"{V1}/integrations/alertmanager",
+        integrations.AlertmanagerWebhookView.as_view(),
+        name="integrations-alertmanager",
+    ),
+    path(
+        f"{V1}/integrations/alertmanager/unrouted",
+        integrations.UnroutedAlertListView.as_view(),
+        name="integrations-unrouted",
+    ),
+]
+
 urlpatterns = [
     *agent_routes,
     *job_routes,
@@ -159,4 +174,5 @@ urlpatterns = [
     *incident_routes,
     *team_routes,
     *other_routes,
+    *integration_routes,
 ]
