@@ -21,6 +21,7 @@ from incidents.models import FINAL_JOB_STATUSES, Job
 JOB_LABEL = "brakeline_job"
 # Where exporters put the node: ours, dcgm-exporter's, Kubernetes', Prometheus' target.
 NODE_LABELS = ("brakeline_node", "Hostname", "node", "instance")
+MAX_NODE_NAME = 200  # the Node and Alert columns; a longer label names no node of ours
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ def node_of(labels: Mapping[str, str]) -> str:
         value = labels.get(label, "").strip()
         if label == "instance":
             value = _host_of_instance(value)
-        if value and is_single_node_name(value):
+        if value and len(value) <= MAX_NODE_NAME and is_single_node_name(value):
             return value
     return ""
 

@@ -8,11 +8,13 @@ import json
 import shutil
 import subprocess
 import threading
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -142,9 +144,15 @@ def start_alertmanager(folder: Path, webhook_url: str, token: str) -> Daemon:
 
 
 def start_prometheus(
-    folder: Path, *, exporter_port: int, console: str, metrics_token: str, alertmanager_port: int
+    folder: Path,
+    *,
+    exporter_port: int,
+    console: str,
+    metrics_token: str | None,
+    alertmanager_port: int,
 ) -> Daemon:
-    """The shipped scrape config and rule files, on 127.0.0.1, scraping every second."""
+    """The shipped scrape config and rule files, on 127.0.0.1, scraping every second (not
+    Brakeline's /metrics when ``metrics_token`` is None)."""
     config = yaml.safe_load((DEPLOY / "scrape-config.yml").read_text())
     config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
     config["rule_files"] = [str(DEPLOY / "dcgm-rules.yml"), str(DEPLOY / "brakeline-rules.yml")]
@@ -152,7 +160,10 @@ def start_prometheus(
         "alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{alertmanager_port}"]}]}]
     }
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
-    brakeline = jobs["brakeline"]
+    if metrics_token is None:
+        config["scrape_configs"].remove(jobs.pop("brakeline"))
+        metrics_token = ""
+    brakeline = jobs.get("brakeline", {"authorization": {}})
     brakeline["scheme"] = "http"
     brakeline["static_configs"] = [{"targets": [urllib.parse.urlsplit(console).netloc]}]
     (folder / "metrics-token").write_text(metrics_token)
@@ -196,7 +207,7 @@ class Stack:
 
 @contextmanager
 def monitoring_stack(
-    folder: Path, *, nodes: tuple[str, ...], console: str, token: str, metrics_token: str
+    folder: Path, *, nodes: tuple[str, ...], console: str, token: str, metrics_token: str | None
 ) -> Iterator[Stack]:
     """Exporter, Alertmanager (→ ``console``'s receiver with ``token``) and Prometheus, up
     and scraping the exporter; stopped by their own PIDs at the end."""
@@ -224,3 +235,21 @@ def monitoring_stack(
                 prometheus.stop()
         finally:
             alertmanager.stop()
+
+
+def brake_time(stack: Stack, job, node: str):
+    """Put XID 79 on every GPU of ``node``; wait for the job's isolate_node. Returns it, the
+    seconds from the change to its issue (its issued_at) and to the test seeing it."""
+    changed_at, started = datetime.now(UTC), time.monotonic()
+    stack.exporter.set_xid(node, 79)
+    from breakers.models import Command
+
+    isolate = wait_for(
+        lambda: Command.objects.filter(job=job, kind="isolate_node").first(),
+        f"isolate_node for the job on {node}",
+        context=stack.logs,
+    )
+    seen = time.monotonic() - started
+    issued = (isolate.issued_at - changed_at).total_seconds()
+    print(f"\nexporter change → brake: {issued:.2f} s (issued_at), {seen:.2f} s (seen by the test)")
+    return isolate, issued, seen

@@ -8,8 +8,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
-from datetime import UTC, datetime
 
 import pytest
 
@@ -17,7 +15,7 @@ from breakers.models import Command, ExternalAlert, IntegrationToken
 from incidents.jobs import create_job
 from incidents.models import Alert, Incident, Job, Node, Team
 from tests.conftest import ROOT, free_port, server_environment, wait_for_port
-from tests.monitoring.stack import ALERTMANAGER, PROMETHEUS, monitoring_stack
+from tests.monitoring.stack import ALERTMANAGER, PROMETHEUS, brake_time, monitoring_stack
 from tests.support.waiting import wait_for
 
 requires_prometheus = pytest.mark.skipif(
@@ -44,22 +42,6 @@ def console(django_db_blocker):
     finally:
         process.terminate()
         process.wait(timeout=10)
-
-
-def brake_time(stack, job: Job, node: str) -> tuple[Command, float, float]:
-    """Put XID 79 on every GPU of ``node``; wait for the job's isolate_node. Returns it, the
-    seconds from the change to its issue (its issued_at) and to the test seeing it."""
-    changed_at, started = datetime.now(UTC), time.monotonic()
-    stack.exporter.set_xid(node, 79)
-    isolate = wait_for(
-        lambda: Command.objects.filter(job=job, kind="isolate_node").first(),
-        f"isolate_node for the job on {node}",
-        context=stack.logs,
-    )
-    seen = time.monotonic() - started
-    issued = (isolate.issued_at - changed_at).total_seconds()
-    print(f"\nexporter change → brake: {issued:.2f} s (issued_at), {seen:.2f} s (seen by the test)")
-    return isolate, issued, seen
 
 
 def test_xid_79_on_node_b_brakes_the_job_on_node_b(console, celery_worker, tmp_path):
