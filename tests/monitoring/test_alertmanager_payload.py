@@ -6,6 +6,8 @@ import json
 from datetime import UTC, datetime
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from breakers.monitoring.alertmanager import PayloadError, parse_webhook
 
@@ -98,3 +100,32 @@ def test_a_body_that_is_no_object_is_refused(body):
     with pytest.raises(PayloadError) as error:
         parse_webhook(body)
     assert error.value.fields
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+ALERT_KEYS = st.sampled_from(
+    ["status", "labels", "annotations", "startsAt", "endsAt", "fingerprint", "generatorURL"]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    top=st.dictionaries(st.sampled_from(["version", "groupKey", "status", "alerts",
+                                         "truncatedAlerts", "receiver"]), JSON),
+    alert=st.dictionaries(ALERT_KEYS, JSON),
+)  # fmt: skip
+def test_any_json_is_a_webhook_or_a_payload_error(top, alert):
+    """Whatever the shape, the parser answers with a webhook or names fields; nothing else."""
+    for body in (
+        top,
+        {**json.loads(payload()), **top},
+        {**json.loads(payload()), "alerts": [alert]},
+    ):
+        try:
+            parse_webhook(json.dumps(body).encode())
+        except PayloadError as error:
+            assert error.fields and all(isinstance(v, str) for v in error.fields.values())
