@@ -20,11 +20,12 @@ from rest_framework.views import APIView
 from breakers.models import ExternalAlert, ExternalAlertStatus
 from breakers.monitoring.alertmanager import PayloadError, parse_webhook
 from breakers.monitoring.receiver import authenticate_integration, receive_alertmanager
+from breakers.monitoring.tokens import issue_integration_token, revoke_integration_token
 from console.api.agent import RawJSONParser, check_content_type
 from console.api.agent_auth import required_bearer_token
 from console.api.agent_schema import ErrorDoc
 from console.api.alerts import limit_param
-from console.api.person_auth import PersonView, error_responses
+from console.api.person_auth import PersonView, audit_context, error_responses
 from core.errors import InvalidInput, PayloadTooLarge
 from incidents.models import Team
 from incidents.teams.access import visible_team_ids
@@ -208,3 +209,55 @@ class UnroutedAlertListView(PersonView):
     def get(self, request: Request) -> Response:
         rows = unrouted_alerts(request.user)[: limit_param(request)]
         return Response([external_alert_payload(row) for row in rows])
+
+
+class IntegrationTokenIn(serializers.Serializer):
+    name = serializers.CharField(max_length=100, help_text="What sends with it (alertmanager).")
+
+
+IssuedTokenDoc = inline_serializer(
+    "IssuedIntegrationToken",
+    {
+        "id": serializers.IntegerField(),
+        "team_id": serializers.IntegerField(),
+        "name": serializers.CharField(),
+        "prefix": serializers.CharField(),
+        "token": serializers.CharField(help_text="Shown once: put it in Alertmanager's config."),
+    },
+)
+RevokedTokenDoc = inline_serializer(
+    "RevokedIntegrationToken",
+    {"id": serializers.IntegerField(), "revoked_at": serializers.DateTimeField()},
+)
+
+
+class IntegrationTokenListView(PersonView):
+    @extend_schema(
+        tags=["integrations"],
+        summary="Issue the team's integration token for Alertmanager (admins)",
+        request=IntegrationTokenIn,
+        responses={201: IssuedTokenDoc, **error_responses(400, 401, 403, 404)},
+    )
+    def post(self, request: Request, pk: int) -> Response:
+        body = IntegrationTokenIn(data=request.data)
+        body.is_valid(raise_exception=True)
+        issued = issue_integration_token(
+            request.user, pk, body.validated_data["name"], context=audit_context(request)
+        )
+        token = issued.token
+        return Response(
+            {"id": token.pk, "team_id": token.team_id, "name": token.name,
+             "prefix": token.prefix, "token": issued.raw},
+            status=201,
+        )  # fmt: skip
+
+
+class IntegrationTokenView(PersonView):
+    @extend_schema(
+        tags=["integrations"],
+        summary="Revoke an integration token (admins; twice is harmless)",
+        responses={200: RevokedTokenDoc, **error_responses(401, 403, 404)},
+    )
+    def delete(self, request: Request, pk: int) -> Response:
+        token = revoke_integration_token(request.user, pk, context=audit_context(request))
+        return Response({"id": token.pk, "revoked_at": token.revoked_at})

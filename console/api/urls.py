@@ -163,6 +163,16 @@ integration_routes = [
         integrations.UnroutedAlertListView.as_view(),
         name="integrations-unrouted",
     ),
+    path(
+        f"{V1}/teams/<int:pk>/integration-tokens",
+        integrations.IntegrationTokenListView.as_view(),
+        name="integration-token-list",
+    ),
+    path(
+        f"{V1}/integration-tokens/<int:pk>",
+        integrations.IntegrationTokenView.as_view(),
+        name="integration-token-detail",
+    ),
 ]
 
 urlpatterns = [
