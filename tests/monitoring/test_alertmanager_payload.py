@@ -112,7 +112,7 @@ ALERT_KEYS = st.sampled_from(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     top=st.dictionaries(st.sampled_from(["version", "groupKey", "status", "alerts",
                                          "truncatedAlerts", "receiver"]), JSON),
