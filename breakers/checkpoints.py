@@ -69,6 +69,7 @@ def parse_report(data: Any) -> CheckpointReport:
         errors["reason"] = f"must be one of {', '.join(CheckpointReason.values)}"
     if errors:
         raise InvalidInput("The checkpoint report is not valid.", fields=errors)
+    assert isinstance(path, str) and isinstance(sha256, str)  # checked above
     return CheckpointReport(
         path=path,
         sha256=sha256,

@@ -25,6 +25,7 @@ from dataclasses import fields, replace
 from typing import Any
 
 from breakers.detection.engine import RuleSpec
+from breakers.monitoring.dcgm import agent_rules
 
 PACK_VERSION = "2026.1"
 
@@ -208,6 +209,8 @@ DEFAULT_RULES: tuple[dict[str, Any], ...] = (
         "action": "record",
         "clear_after": 60,
     },
+    # NVIDIA DCGM's field names, pushed as they are (breakers.monitoring.dcgm, docs/monitoring.md).
+    *agent_rules(),
 )
 
 

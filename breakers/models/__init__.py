@@ -17,6 +17,12 @@ from breakers.models.metrics import (  # noqa: F401
     MetricPoint,
     Rule,
 )
+from breakers.models.monitoring import (  # noqa: F401
+    EXTERNAL_ALERT_TRANSITIONS,
+    ExternalAlert,
+    ExternalAlertStatus,
+    IntegrationToken,
+)
 from breakers.models.scheduler import (  # noqa: F401
     ExecutorKind,
     NodeDrain,
@@ -45,4 +51,8 @@ __all__ = [
     "EnvironmentSnapshot",
     "Checkpoint",
     "CheckpointReason",
+    "IntegrationToken",
+    "ExternalAlertStatus",
+    "EXTERNAL_ALERT_TRANSITIONS",
+    "ExternalAlert",
 ]

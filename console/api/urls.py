@@ -10,6 +10,7 @@ from console.api import (
     checkpoints,
     escalations,
     health,
+    integrations,
     jobs,
     nodes,
     notifications,
@@ -161,6 +162,30 @@ other_routes = [
     ),
 ]
 
+# The cluster's monitoring (docs/monitoring.md).
+integration_routes = [
+    path(
+        f"{V1}/integrations/alertmanager",
+        integrations.AlertmanagerWebhookView.as_view(),
+        name="integrations-alertmanager",
+    ),
+    path(
+        f"{V1}/integrations/alertmanager/unrouted",
+        integrations.UnroutedAlertListView.as_view(),
+        name="integrations-unrouted",
+    ),
+    path(
+        f"{V1}/teams/<int:pk>/integration-tokens",
+        integrations.IntegrationTokenListView.as_view(),
+        name="integration-token-list",
+    ),
+    path(
+        f"{V1}/integration-tokens/<int:pk>",
+        integrations.IntegrationTokenView.as_view(),
+        name="integration-token-detail",
+    ),
+]
+
 urlpatterns = [
     *agent_routes,
     *job_routes,
@@ -170,4 +195,5 @@ urlpatterns = [
     *incident_routes,
     *team_routes,
     *other_routes,
+    *integration_routes,
 ]
