@@ -1,0 +1,249 @@
+"""The job page's curves on the demo's own data shape: a healthy, decaying loss, then the
+learning-rate bug's explosion to ~3.5e33, Inf gradients, a NaN, the L3 pause, a resume and
+healthy training again. Everything is read from the rendered chart (uPlot's scales and the
+drawn labels), at a desktop and a 390 px phone. Screenshots land in docs/screenshots/."""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+
+import pytest
+from playwright.sync_api import expect
+
+from breakers.control.job_actions import resume_job
+from breakers.detection.rules import install_default_pack
+from incidents.models import Incident, Role
+from tests.console.browser.conftest import SCREENSHOTS
+from tests.console.browser.test_live_console import in_thread
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+PHONE = {"width": 390, "height": 844}
+DIVERGE, INF_GRAD, NAN = 500, 557, 558
+
+
+def demo_points(step: int, rng: random.Random, resumed: bool = False) -> dict[str, float | str]:
+    """One step of console/demo_training.py as the SDK reports it: an MSE loss falling from
+    ~1.1 to ~0.02; from DIVERGE the learning rate grows 1.08× a step and the loss explodes
+    super-exponentially to ~3.5e33, the gradients overflow at INF_GRAD, the loss is NaN at NAN.
+    After the resume the run is back on its healthy checkpoint."""
+    healthy = (0.02 + 1.1 * math.exp(-step / 80)) * rng.uniform(0.8, 1.2)
+    lr = 0.02
+    if resumed or step < DIVERGE:
+        loss, grad = healthy, 0.4 + 2.0 * math.exp(-step / 60) + rng.uniform(0, 0.15)
+    else:
+        lr = 0.02 * 1.08 ** (step - DIVERGE)
+        loss = 0.03 * 10 ** (35.07 * ((step - DIVERGE) / (INF_GRAD - DIVERGE)) ** 2)
+        loss *= rng.uniform(0.9, 1.1)
+        grad = math.sqrt(loss) * 40
+    points: dict[str, float | str] = {
+        "loss": "NaN" if step >= NAN and not resumed else loss,
+        "grad_norm": "Infinity" if step >= INF_GRAD and not resumed else grad,
+        "lr": lr,
+        "nonfinite.loss": 1.0 if step >= NAN and not resumed else 0.0,
+        "perf.samples_per_second": 950 + rng.gauss(0, 15),
+    }
+    return points
+
+
+def post(agent, steps, rng, resumed=False) -> None:
+    batch = []
+    for step in steps:
+        for name, value in demo_points(step, rng, resumed).items():
+            batch.append({"name": name, "step": step, "value": value})
+    agent.post("/api/v1/agent/metrics", {"points": batch})
+
+
+@pytest.fixture
+def demo_job(live_console, celery_worker, scripted_agent, people):
+    """The demo's scenario played by a scripted agent: explosion, NaN, L3 pause, resume."""
+    install_default_pack()
+    rng = random.Random(7)
+    agent = scripted_agent(name="demo-run")
+    manager = people("mona", "vision", Role.MANAGER)
+    people("olga", "vision", Role.ONCALL)
+    for start in range(1, DIVERGE, 100):
+        post(agent, range(start, min(start + 100, DIVERGE)), rng)
+    post(agent, range(DIVERGE, INF_GRAD), rng)
+    post(agent, [INF_GRAD, NAN], rng)  # the step boundary after the Inf: the NaN is logged too
+    command = agent.wait_for_command("checkpoint_and_pause", NAN)
+    agent.ack_checkpoint(command, NAN)
+    in_thread(resume_job, manager, agent.job_id, reason="schedule fixed, rolled back")
+    resume = agent.wait_for_command("resume", NAN)
+    agent.post(f"/api/v1/agent/commands/{resume['id']}/ack",
+               {"status": "succeeded", "result": {"step": NAN}})  # fmt: skip
+    for start in range(NAN + 1, 900, 100):
+        post(agent, range(start, min(start + 100, 900)), rng, resumed=True)
+    agent.heartbeat(899)
+    return agent
+
+
+# Geometry of one rendered panel, in CSS pixels, from uPlot's own scales.
+GEOMETRY = """([key, healthyFrom, healthyTo, explodedFrom]) => {
+  const c = BrakelineCharts.state.charts[key], u = c.plot, raw = c.g.raw;
+  const col = c.g.meta.findIndex(m => m.kind === "value") + 1;
+  const ys = [];
+  raw[0].forEach((x, i) => {
+    const v = raw[col][i];
+    const healthy = x < healthyFrom || x > healthyTo;
+    if (healthy && typeof v === "number" && isFinite(v)) ys.push(u.valToPos(v, "y"));
+  });
+  const yAxis = u.axes[1], ctx = document.createElement("canvas").getContext("2d");
+  ctx.font = "12px system-ui, sans-serif";
+  const labels = (c.yLabels || []).filter(v => v !== null && v !== "");
+  return {
+    height: u.bbox.height / devicePixelRatio,
+    healthyTop: Math.min(...ys), healthyBottom: Math.max(...ys),
+    yMin: u.scales.y.min, yMax: u.scales.y.max, distr: u.scales.y.distr,
+    labels: labels, labelWidth: Math.max(0, ...labels.map(t => ctx.measureText(t).width)),
+    axisWidth: c.ySize, xLabel: u.axes[0].label, legendX: u.series[0].label,
+    seriesLabels: u.series.map(s => s.label), bands: (u.bands || []).length,
+    xLabels: (c.xLabels || []).filter(v => v),
+  };
+}"""
+
+
+def boxes_overlap(a: dict, b: dict) -> bool:
+    return not (a["x"] + a["width"] <= b["x"] or b["x"] + b["width"] <= a["x"]
+                or a["y"] + a["height"] <= b["y"] or b["y"] + b["height"] <= a["y"])  # fmt: skip
+
+
+def assert_readable(labels: list[str]) -> None:
+    assert len(labels) >= 3, labels
+    for text in labels:
+        assert len(text) <= 7, f"tick label {text!r} is not short"
+        assert "," not in text and "000000" not in text
+
+
+def test_the_demo_curves_stay_readable_through_the_explosion_nan_pause_and_resume(
+    browser, live_console, demo_job, log_in
+):
+    context = browser.new_context(viewport={"width": 1400, "height": 1100})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    try:
+        log_in(page, "olga")
+        page.goto(f"{live_console}/jobs/{demo_job.job_id}/")
+        loss = page.locator('figure[data-group="loss"]')
+        expect(loss).to_have_attribute("data-last-step", "899")  # (CSP: no wait_for_function)
+        page.evaluate("BrakelineCharts.ready")
+        expect(loss.locator(".marker-label", has_text="resumed")).to_be_visible()
+
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOTS / "curves-desktop.png"), full_page=True)
+        # No flat line: the healthy loss (before the explosion and after the resume) fills
+        # at least half the plot, and the exploded points are drawn clipped and said so.
+        for key in ("loss", "grad"):
+            g = page.evaluate(GEOMETRY, [key, DIVERGE, NAN])
+            assert (g["healthyBottom"] - g["healthyTop"]) / g["height"] >= 0.5, (key, g)
+            assert g["yMax"] < 100, (key, g)
+            assert_readable(g["labels"])
+            assert g["axisWidth"] >= g["labelWidth"] + 4, f"{key}: y labels clipped {g}"
+            assert g["xLabel"] == "step" and g["legendX"] == "step"
+        expect(loss.locator(".clip-note")).to_contain_text(re.compile(r"above the view, up to \d\.\de33"))
+        assert int(loss.get_attribute("data-clipped")) >= 40
+
+        # The band belongs to the loss, although nonfinite.loss shares the panel.
+        g = page.evaluate(GEOMETRY, ["loss", DIVERGE, NAN])
+        assert g["bands"] == 1 and "loss band +2σ" in g["seriesLabels"], g
+        assert "nonfinite.loss (count)" in g["seriesLabels"]
+        expect(loss.locator(".band-note")).to_contain_text("mean ± 2")
+
+        # NaN, L3, paused and resumed share (nearly) one step: their labels do not overlap.
+        labels = loss.locator(".marker-label")
+        texts = labels.all_inner_texts()
+        for wanted in ("NaN", "L3", "paused", "resumed", "L1"):
+            assert wanted in texts, texts
+        boxes = [labels.nth(i).bounding_box() for i in range(labels.count())]
+        for i, a in enumerate(boxes):
+            for b in boxes[i + 1 :]:
+                assert not boxes_overlap(a, b), (texts, boxes)
+        loss.screenshot(path=str(SCREENSHOTS / "curves-loss-panel.png"))
+
+        # Log scale shows every decade, up to the explosion.
+        page.click('button[data-y="log"]')
+        g = page.evaluate(GEOMETRY, ["loss", DIVERGE, NAN])
+        assert g["distr"] == 3 and g["yMax"] >= 3e33 and g["yMin"] <= 0.02, g
+        assert_readable(g["labels"])
+        assert any("e3" in t for t in g["labels"]), g["labels"]
+        loss.screenshot(path=str(SCREENSHOTS / "curves-loss-log.png"))
+        page.click('button[data-y="all"]')
+        g = page.evaluate(GEOMETRY, ["loss", DIVERGE, NAN])
+        assert g["distr"] == 1 and g["yMax"] >= 3e33, g
+        assert_readable(g["labels"])
+        page.click('button[data-y="healthy"]')
+
+        # Smoothing: a second, calmer line over the faded raw one.
+        page.select_option("#smoothing", "0.9")
+        roughness = page.evaluate("""() => {
+          const c = BrakelineCharts.state.charts.loss, d = c.plot.data;
+          const raw = c.g.meta.findIndex(m => m.kind === "value") + 1;
+          const smooth = c.g.meta.findIndex(m => m.kind === "smooth") + 1;
+          const rough = col => d[col].slice(600, 890).reduce((s, v, i, a) => i ? s + Math.abs(v - a[i - 1]) : 0, 0);
+          return smooth > 0 ? [rough(raw), rough(smooth)] : null;
+        }""")
+        assert roughness is not None and roughness[1] < roughness[0] / 2, roughness
+        page.select_option("#smoothing", "0")
+
+        # Overlay: the attempt before the resume, from its start, beside the new attempt.
+        page.select_option("#compare", f"resume:{NAN}")
+        g = page.evaluate(GEOMETRY, ["loss", DIVERGE, NAN])
+        assert "loss · before resume (from its start)" in g["seriesLabels"], g
+        overlaid = page.evaluate("""() => {
+          const c = BrakelineCharts.state.charts.loss;
+          const col = c.g.meta.findIndex(m => m.kind === "overlay") + 1;
+          return c.plot.data[col].filter(v => typeof v === "number").length;
+        }""")
+        assert overlaid > 300
+        loss.screenshot(path=str(SCREENSHOTS / "curves-loss-compare.png"))
+        page.select_option("#compare", "")
+
+        # Time axis: UTC, labelled, 24-hour clock.
+        page.click('button[data-x="time"]')
+        g = page.evaluate(GEOMETRY, ["loss", 0, 0])
+        assert g["xLabel"] == "time (UTC)" and g["legendX"] == "time (UTC)"
+        assert g["xLabels"] and all(":" in t and "m" not in t for t in g["xLabels"]), g
+        page.click('button[data-x="step"]')
+    finally:
+        context.close()
+
+
+def test_the_curves_and_the_review_chart_fit_a_phone(browser, live_console, demo_job, log_in):
+    incident = in_thread(lambda: Incident.objects.filter(job_id=demo_job.job_id).first())
+    context = browser.new_context(viewport=PHONE, device_scale_factor=2, is_mobile=True)
+    page = context.new_page()
+    try:
+        log_in(page, "olga")
+        page.goto(f"{live_console}/jobs/{demo_job.job_id}/")
+        loss = page.locator('figure[data-group="loss"]')
+        expect(loss).to_have_attribute("data-last-step", "899")
+        page.evaluate("BrakelineCharts.ready")
+        expect(loss.locator(".marker-label", has_text="resumed")).to_be_visible()
+        g = page.evaluate(GEOMETRY, ["loss", DIVERGE, NAN])
+        assert (g["healthyBottom"] - g["healthyTop"]) / g["height"] >= 0.5, g
+        assert g["axisWidth"] >= g["labelWidth"] + 4, g
+        labels = loss.locator(".marker-label")
+        boxes = [labels.nth(i).bounding_box() for i in range(labels.count())]
+        for i, a in enumerate(boxes):
+            assert a["x"] >= 0 and a["x"] + a["width"] <= PHONE["width"], a
+            for b in boxes[i + 1 :]:
+                assert not boxes_overlap(a, b), boxes
+        assert sideways(page) == 0
+        page.screenshot(path=str(SCREENSHOTS / "curves-phone.png"), full_page=True)
+
+        page.goto(f"{live_console}/incidents/{incident.pk}/review/")
+        page.wait_for_selector("#curve")
+        assert sideways(page) == 0
+        page.locator("section.curve").screenshot(path=str(SCREENSHOTS / "review-curve-phone.png"))
+    finally:
+        context.close()
+
+
+def sideways(page) -> int:
+    return page.evaluate(
+        "Math.max(document.documentElement.scrollWidth, document.body.scrollWidth)"
+        " - document.documentElement.clientWidth"
+    )
