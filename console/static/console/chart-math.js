@@ -34,12 +34,14 @@
         let k = j - 1;
         while (k >= from && !isNum(values[k])) k--;
         if (k < from) break;
-        if (values[k] <= values[j]) { start = k; dips = 0; }
+        if (values[k] < values[j]) { start = k; dips = 0; }  // strictly: a flat stretch is no climb
         else if (++dips > 1) break;  // one noisy step does not end a run-up
         else start = k;
         j = k;
       }
-      const before = finiteSorted(values, from, start, excluded);
+      // The range held before: every healthy value up to the run-up, not only since the last
+      // episode (a second alert right after the first has no history of its own).
+      const before = finiteSorted(values, 0, start, excluded);
       const lo = quantile(before, 0.01), hi = quantile(before, 0.99);
       const margin = before.length ? Math.max(hi - lo, Math.abs(hi) * 0.05, 1e-12) * 0.5 : 0;
       // Back in range: the first finite value after the anchor within the earlier range.
@@ -51,7 +53,8 @@
       from = Math.max(from, end);
     });
     let kept = finiteSorted(values, 0, values.length, excluded);
-    if (!kept.length) kept = finiteSorted(values, 0, values.length, null);
+    // Too little history to call anything healthy (a run's first points): all of it.
+    if (kept.length < 10) kept = finiteSorted(values, 0, values.length, null);
     if (!kept.length) return null;
     const lo = quantile(kept, 0.01), hi = quantile(kept, 0.99);
     const fence = 1.5 * Math.max(hi - lo, Math.abs(hi) * 1e-3, 1e-12);

@@ -105,6 +105,38 @@ GEOMETRY = """([key, healthyFrom, healthyTo, explodedFrom]) => {
 }"""
 
 
+# The review's SVG curve: how much of the plot the healthy points fill, its tick labels and
+# the boxes of its marker labels as drawn.
+REVIEW_CURVE = """(id) => {
+  const svg = document.getElementById(id), top = +svg.dataset.top, bottom = +svg.dataset.bottom;
+  const ys = [];
+  svg.querySelectorAll("polyline").forEach(p => { for (const pt of p.points) {
+    if (pt.y > top + 0.5 && pt.y < bottom - 0.5) ys.push(pt.y); } });
+  const box = el => {
+    const r = el.getBoundingClientRect();
+    return {x: r.x, y: r.y, width: r.width, height: r.height};
+  };
+  return {
+    fill: ys.length ? (Math.max(...ys) - Math.min(...ys)) / (bottom - top) : 0,
+    ticks: [...svg.querySelectorAll("text.y-tick")].map(t => t.textContent),
+    labels: [...svg.querySelectorAll("text.marker-label")].map(t => [t.textContent, box(t)]),
+    visible: svg.getBoundingClientRect().width > 0,
+  };
+}"""
+
+
+def assert_review_curve(page, svg_id: str) -> None:
+    curve = page.evaluate(REVIEW_CURVE, svg_id)
+    assert curve["visible"] and curve["fill"] >= 0.5, curve
+    assert_readable(curve["ticks"])
+    texts = {text for text, _ in curve["labels"]}
+    assert {"alert", "stopped", "resumed"} <= texts, texts
+    boxes = [box for _, box in curve["labels"]]
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            assert not boxes_overlap(a, b), curve["labels"]
+
+
 def boxes_overlap(a: dict, b: dict) -> bool:
     return not (a["x"] + a["width"] <= b["x"] or b["x"] + b["width"] <= a["x"]
                 or a["y"] + a["height"] <= b["y"] or b["y"] + b["height"] <= a["y"])  # fmt: skip
@@ -143,7 +175,9 @@ def test_the_demo_curves_stay_readable_through_the_explosion_nan_pause_and_resum
             assert_readable(g["labels"])
             assert g["axisWidth"] >= g["labelWidth"] + 4, f"{key}: y labels clipped {g}"
             assert g["xLabel"] == "step" and g["legendX"] == "step"
-        expect(loss.locator(".clip-note")).to_contain_text(re.compile(r"above the view, up to \d\.\de33"))
+        expect(loss.locator(".clip-note")).to_contain_text(
+            re.compile(r"above the view, up to \d\.\de33")
+        )
         assert int(loss.get_attribute("data-clipped")) >= 40
 
         # The band belongs to the loss, although nonfinite.loss shares the panel.
@@ -182,7 +216,8 @@ def test_the_demo_curves_stay_readable_through_the_explosion_nan_pause_and_resum
           const c = BrakelineCharts.state.charts.loss, d = c.plot.data;
           const raw = c.g.meta.findIndex(m => m.kind === "value") + 1;
           const smooth = c.g.meta.findIndex(m => m.kind === "smooth") + 1;
-          const rough = col => d[col].slice(600, 890).reduce((s, v, i, a) => i ? s + Math.abs(v - a[i - 1]) : 0, 0);
+          const rough = col => d[col].slice(600, 890)
+            .reduce((s, v, i, a) => i ? s + Math.abs(v - a[i - 1]) : 0, 0);
           return smooth > 0 ? [rough(raw), rough(smooth)] : null;
         }""")
         assert roughness is not None and roughness[1] < roughness[0] / 2, roughness
@@ -207,6 +242,13 @@ def test_the_demo_curves_stay_readable_through_the_explosion_nan_pause_and_resum
         assert g["xLabel"] == "time (UTC)" and g["legendX"] == "time (UTC)"
         assert g["xLabels"] and all(":" in t and "m" not in t for t in g["xLabels"]), g
         page.click('button[data-x="step"]')
+
+        # The review's curve of the same incident: the same healthy view, server-side.
+        incident = in_thread(lambda: Incident.objects.filter(job_id=demo_job.job_id).first())
+        page.goto(f"{live_console}/incidents/{incident.pk}/review/")
+        assert_review_curve(page, "curve")
+        expect(page.locator("#curve-clipped")).to_contain_text("above the view, up to")
+        page.locator("section.curve").screenshot(path=str(SCREENSHOTS / "review-curve.png"))
     finally:
         context.close()
 
@@ -235,7 +277,8 @@ def test_the_curves_and_the_review_chart_fit_a_phone(browser, live_console, demo
         page.screenshot(path=str(SCREENSHOTS / "curves-phone.png"), full_page=True)
 
         page.goto(f"{live_console}/incidents/{incident.pk}/review/")
-        page.wait_for_selector("#curve")
+        page.wait_for_selector("#curve-phone")
+        assert_review_curve(page, "curve-phone")
         assert sideways(page) == 0
         page.locator("section.curve").screenshot(path=str(SCREENSHOTS / "review-curve-phone.png"))
     finally:
