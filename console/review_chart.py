@@ -207,19 +207,22 @@ def healthy_range(
     )
 
 
+RUN_UP_LAG = 5  # points: a climb is each value below the one this many points later
+
+
 def _run_up(values: Sequence[float], floor: int, index: int) -> int:
-    """Where the climb into ``index`` began: back over finite values that rose step after step
-    (one noisy step does not end it, two do)."""
+    """Where the climb into ``index`` began: back over finite values each below the one
+    RUN_UP_LAG points later (strictly: a flat or a decaying stretch with a sawtooth is no
+    climb), two noisy points in a row allowed."""
     finite = [i for i in range(floor, index) if math.isfinite(values[i])]
     start, dips = index, 0
-    for later, earlier in zip(reversed(finite), reversed(finite[:-1]), strict=False):
-        if values[earlier] < values[later]:  # strictly: a flat stretch is no climb
-            dips = 0
+    for q in range(len(finite) - 1 - RUN_UP_LAG, -1, -1):
+        if values[finite[q]] < values[finite[q + RUN_UP_LAG]]:
+            dips, start = 0, finite[q]
         else:
             dips += 1
-            if dips > 1:
+            if dips > 2:
                 break
-        start = earlier
     return start
 
 

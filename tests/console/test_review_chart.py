@@ -130,3 +130,11 @@ def test_the_curve_maps_steps_and_values_into_the_box(points, events, segments, 
     if points == [(0, 2.0), (10, 2.0)]:
         y = float(drawn.segments[0].split()[0].split(",")[1])
         assert y == pytest.approx((drawn.top + drawn.bottom) / 2, abs=1)
+
+
+def test_a_decaying_sawtooth_into_a_nan_is_no_run_up():
+    points = [(s, 2.0 + 1.0 / (1 + s / 200) + (s % 5) * 0.004) for s in range(400)]
+    points.append((400, math.nan))
+    low, high = healthy_range(points, [400, 400])
+    assert low == pytest.approx(min(v for _, v in points[:-1]))
+    assert high == pytest.approx(3.0)

@@ -26,19 +26,7 @@
       let i = from;
       while (i < steps.length && steps[i] < anchor) i++;
       if (i >= steps.length || (from > 0 && steps[from] > anchor)) return;  // inside the last episode
-      // Run-up: walk back over finite values that rose step after step into the anchor.
-      let start = i, j = i - 1;
-      while (j >= from && !isNum(values[j])) j--;
-      let dips = 0;
-      while (j > from) {
-        let k = j - 1;
-        while (k >= from && !isNum(values[k])) k--;
-        if (k < from) break;
-        if (values[k] < values[j]) { start = k; dips = 0; }  // strictly: a flat stretch is no climb
-        else if (++dips > 1) break;  // one noisy step does not end a run-up
-        else start = k;
-        j = k;
-      }
+      const start = runUp(values, from, i);
       // The range held before: every healthy value up to the run-up, not only since the last
       // episode (a second alert right after the first has no history of its own).
       const before = finiteSorted(values, 0, start, excluded);
@@ -61,6 +49,21 @@
     let min = lo, max = hi;
     kept.forEach(function (v) { if (v >= lo - fence && v < min) min = v; if (v <= hi + fence && v > max) max = v; });
     return { min: min, max: max };
+  }
+
+  // Where the climb into index `to` began: back over finite values each below the one LAG
+  // points later (strictly: a flat or decaying stretch with a sawtooth is no climb), two
+  // noisy points in a row allowed.
+  const LAG = 5;
+  function runUp(values, from, to) {
+    const fin = [];
+    for (let n = from; n < to; n++) if (isNum(values[n])) fin.push(n);
+    let start = to, dips = 0;
+    for (let q = fin.length - 1 - LAG; q >= 0; q--) {
+      if (values[fin[q]] < values[fin[q + LAG]]) { dips = 0; start = fin[q]; }
+      else if (++dips > 2) break;
+    }
+    return start;
   }
 
   function finiteSorted(values, from, to, excluded) {

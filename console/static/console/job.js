@@ -342,6 +342,8 @@
     clip.textContent = parts.join(" · ");
     clip.hidden = !parts.length;
     figure.dataset.clipped = c.above + c.below;
+    const overlay = g.meta.filter(function (m) { return m.kind === "overlay"; })[0];
+    figure.dataset.overlay = overlay ? compareLabel() : "";
   }
 
   async function fetchSeries(names, fromStep, toStep, job) {

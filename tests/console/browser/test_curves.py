@@ -150,8 +150,10 @@ def assert_readable(labels: list[str]) -> None:
 
 
 def test_the_demo_curves_stay_readable_through_the_explosion_nan_pause_and_resume(
-    browser, live_console, demo_job, log_in
+    browser, live_console, demo_job, scripted_agent, log_in
 ):
+    earlier = scripted_agent(name="demo-run-yesterday")  # an earlier run of the team to overlay
+    earlier.metrics([(s, 0.05 + 1.0 * math.exp(-s / 120)) for s in range(1, 700)])
     context = browser.new_context(viewport={"width": 1400, "height": 1100})
     page = context.new_page()
     errors: list[str] = []
@@ -234,6 +236,10 @@ def test_the_demo_curves_stay_readable_through_the_explosion_nan_pause_and_resum
         }""")
         assert overlaid > 300
         loss.screenshot(path=str(SCREENSHOTS / "curves-loss-compare.png"))
+        page.select_option("#compare", f"job:{earlier.job_id}")
+        expect(loss).to_have_attribute("data-overlay", "demo-run-yesterday")
+        g = page.evaluate(GEOMETRY, ["loss", DIVERGE, NAN])
+        assert "loss · demo-run-yesterday" in g["seriesLabels"], g
         page.select_option("#compare", "")
 
         # Time axis: UTC, labelled, 24-hour clock.
@@ -290,3 +296,23 @@ def sideways(page) -> int:
         "Math.max(document.documentElement.scrollWidth, document.body.scrollWidth)"
         " - document.documentElement.clientWidth"
     )
+
+
+def test_a_decaying_sawtooth_loss_is_no_climb(
+    page, live_console, celery_worker, scripted_agent, people, log_in
+):
+    """A loss that decays with a sawtooth (four small rises in five steps) until a NaN: the
+    rises are no run-up into the NaN, so nothing of it is left out of the view."""
+    install_default_pack()
+    agent = scripted_agent(name="sawtooth")
+    people("olga", "vision", Role.ONCALL)
+    agent.metrics([(s, 2.0 + 1.0 / (1 + s / 200) + (s % 5) * 0.004) for s in range(400)])
+    agent.metrics([(400, "NaN")])
+    log_in(page, "olga")
+    page.goto(f"{live_console}/jobs/{agent.job_id}/")
+    loss = page.locator('figure[data-group="loss"]')
+    expect(loss).to_have_attribute("data-last-step", "400")
+    expect(loss.locator(".marker-label", has_text="NaN")).to_be_visible()
+    g = page.evaluate(GEOMETRY, ["loss", 400, 400])
+    assert (g["healthyBottom"] - g["healthyTop"]) / g["height"] >= 0.8, g
+    assert loss.get_attribute("data-clipped") == "0"
