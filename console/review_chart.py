@@ -19,6 +19,9 @@ MAX_POINTS = 600  # more than the pixels across: the rest would be drawn over ea
 CHAR_PX = 6.2  # the width of one character of the 10 px labels, generously
 LABEL_ROW_PX = 13
 MAX_LABEL_ROWS = 4
+# Beyond the percentiles by more than FENCE times their spread is an outlier: a learning rate's
+# warm-up or a loss spike of a few times its noise stay in view, 1e33 does not.
+FENCE = 10
 MIN_HEALTHY = 10  # points; fewer kept, and the view is every finite value
 SI = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 
@@ -164,7 +167,7 @@ def healthy_range(
     """The range of the healthy values: the points of each anomaly episode are left out, from
     the run-up into its anchor (a non-finite point, an alert) until the values are back inside
     the range held before; of the rest, the 1st-99th percentiles widened to the extreme values
-    within 1.5 times that spread. None when nothing is finite."""
+    within FENCE times that spread. None when nothing is finite."""
     values = [value for _, value in points]
     excluded = [False] * len(points)
     start_from = 0
@@ -200,7 +203,7 @@ def healthy_range(
     if not kept:
         return None
     low, high = _quantile(kept, 0.01), _quantile(kept, 0.99)
-    fence = 1.5 * max(high - low, abs(high) * 1e-3, 1e-12)
+    fence = FENCE * max(high - low, abs(high) * 1e-3, 1e-12)
     return (
         min([v for v in kept if v >= low - fence] + [low]),
         max([v for v in kept if v <= high + fence] + [high]),

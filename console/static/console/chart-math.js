@@ -12,12 +12,15 @@
     return sorted[lo] + (sorted[hi] - sorted[lo]) * (at - lo);
   }
 
+  // Beyond the percentiles by more than FENCE times their spread is an outlier: a learning
+  // rate's warm-up or a loss spike of a few times its noise stay in view, 1e33 does not.
+  const FENCE = 10;
+
   // The range of the "healthy" values of a series: what a person wants to read when a loss
   // explodes to 1e33 before its NaN. Points of an anomaly episode are left out: from the
   // monotone run-up before each anchor (a non-finite point or an alert of this panel) until
   // the series is back inside the range it held before. Of what remains, the 1st-99th
-  // percentiles, widened to the extreme values that lie within a fence of 1.5 times that
-  // spread (so a loss's first, high steps stay in view but a lone spike does not).
+  // percentiles, widened to the extreme values that lie within FENCE times that spread.
   function healthyRange(steps, values, anchors) {
     const excluded = new Uint8Array(values.length);
     const sortedAnchors = (anchors || []).slice().sort(function (a, b) { return a - b; });
@@ -45,7 +48,7 @@
     if (kept.length < 10) kept = finiteSorted(values, 0, values.length, null);
     if (!kept.length) return null;
     const lo = quantile(kept, 0.01), hi = quantile(kept, 0.99);
-    const fence = 1.5 * Math.max(hi - lo, Math.abs(hi) * 1e-3, 1e-12);
+    const fence = FENCE * Math.max(hi - lo, Math.abs(hi) * 1e-3, 1e-12);
     let min = lo, max = hi;
     kept.forEach(function (v) { if (v >= lo - fence && v < min) min = v; if (v <= hi + fence && v > max) max = v; });
     return { min: min, max: max };

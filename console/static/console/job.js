@@ -20,7 +20,10 @@
   function names(figure) { return figure.dataset.names.split(","); }
   // Counters (nonfinite.loss: how many NaN/Inf at a step) share the loss panel but not its
   // units: they get their own scale in the panel's lowest fifth, and mark anomalies.
-  function isCount(name) { return name.indexOf("nonfinite.") === 0; }
+  function isCount(name, shown) {
+    // A panel of counters only (nonfinite.grad on its own) keeps them on its one y axis.
+    return name.indexOf("nonfinite.") === 0 && (!shown || shown.some(function (n) { return n.indexOf("nonfinite.") !== 0; }));
+  }
   function num(v) { return typeof v === "number" && isFinite(v) ? v : null; }
   function height() { return window.innerWidth < 640 ? 200 : 250; }
 
@@ -52,7 +55,7 @@
     shown.forEach(function (name) {
       const s = state.series[name];
       s.values.forEach(function (v, i) {
-        if (typeof v === "string" || (isCount(name) && v > 0)) anchors.push(s.steps[i]);
+        if (typeof v === "string" || (name.indexOf("nonfinite.") === 0 && v > 0)) anchors.push(s.steps[i]);
       });
     });
     panelAlerts(figure, shown).forEach(function (a) { anchors.push(a.step); });
@@ -93,6 +96,22 @@
     return state.other ? state.other.label : "earlier run";
   }
 
+  // On the time axis a pause is a gap, not a line across it: a null point is put in the
+  // middle of every silence longer than 20 times the usual interval (and 5 s).
+  function gapped(table) {
+    if (state.x !== "time" || table[0].length < 3) return table;
+    const xs = table[0], steps = [];
+    for (let i = 1; i < xs.length; i++) steps.push(xs[i] - xs[i - 1]);
+    const usual = steps.slice().sort(function (a, b) { return a - b; })[steps.length >> 1];
+    const limit = Math.max(5, usual * 20);
+    const out = table.map(function () { return []; });
+    xs.forEach(function (x, i) {
+      if (i && x - xs[i - 1] > limit) out.forEach(function (col, c) { col.push(c ? null : (x + xs[i - 1]) / 2); });
+      out.forEach(function (col, c) { col.push(table[c][i]); });
+    });
+    return out;
+  }
+
   // One uPlot table per shown series; columns described in `meta` (what each is, its raw values).
   function groupData(figure) {
     const shown = names(figure).filter(function (n) { return state.series[n] && state.series[n].steps.length; });
@@ -105,11 +124,11 @@
       const cols = [xs], add = function (kind, values, extra) {
         cols.push(values); meta.push(Object.assign({ kind: kind, name: name, color: color }, extra || {}));
       };
-      if (isCount(name)) { add("count", s.values.map(num)); tables.push(cols); return; }
+      if (isCount(name, shown)) { add("count", s.values.map(num)); tables.push(gapped(cols)); return; }
       add("value", s.values);
       if (state.smoothing) add("smooth", s.values);
       if (s.band) { add("lower", s.band.lower, { band: s.band }); add("upper", s.band.upper, { band: s.band }); }
-      tables.push(cols);
+      tables.push(gapped(cols));
       const ghost = overlayOf(name);
       if (ghost) { tables.push([ghost.steps, ghost.values]); meta.push({ kind: "overlay", name: name, color: color }); }
     });
@@ -123,7 +142,7 @@
     let view = null;
     if (state.y === "healthy") {
       g.meta.forEach(function (m, c) {
-        if (m.kind !== "value") return;
+        if (m.kind !== "value" || m.name.indexOf("nonfinite.") === 0) return;  // counts: all of them
         const r = M.healthyRange(g.raw[0], g.raw[c + 1], g.anchors);
         if (r) view = view ? { min: Math.min(view.min, r.min), max: Math.max(view.max, r.max) } : r;
       });
@@ -290,7 +309,7 @@
   function markerItems(figure, shown) {
     const items = [], ref = shown[0];
     shown.forEach(function (name) {
-      if (isCount(name)) return;
+      if (isCount(name, shown)) return;
       const s = state.series[name];
       s.values.forEach(function (v, i) {
         if (typeof v === "string" && typeof s.values[i - 1] !== "string") {
