@@ -48,10 +48,13 @@ def test_the_page_shows_the_chain_the_timeline_and_the_curve(flow):
     assert '<span class="actor actor-person">' + flow.team.person("oncall").username in html
     assert '<span class="actor actor-agent">the training process</span>' in html
     # The loss around the episode, with the NaN marked and the chain's events as lines.
-    lines = re.findall(r'<polyline class="series" points="([\d., ]+)"/>', html)
+    # (Drawn twice: for a wide screen and for a phone; CSS shows one.)
+    curve = html[html.index('<svg id="curve" ') : html.index("</svg>")]
+    lines = re.findall(r'<polyline class="series" points="([\d., ]+)"/>', curve)
     assert len(lines) == 2  # broken at the NaN
-    assert html.count('class="nonfinite"') == 1
-    assert 'class="marker marker-checkpoint_saved"' in html
+    assert curve.count('class="nonfinite"') == 1
+    assert 'class="marker marker-checkpoint_saved"' in curve
+    assert '<svg id="curve-phone" class="phone"' in html
     assert "console/review.css" in html and 'id="edit-review"' not in html  # viewer: no form
 
 

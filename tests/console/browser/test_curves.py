@@ -168,6 +168,12 @@ def test_the_demo_curves_stay_readable_through_the_explosion_nan_pause_and_resum
 
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SCREENSHOTS / "curves-desktop.png"), full_page=True)
+        # Hovering: the legend names the step "step" and reads values like the ticks.
+        over = loss.locator(".u-over").bounding_box()
+        page.mouse.move(over["x"] + over["width"] * 0.3, over["y"] + over["height"] / 2)
+        legend = loss.locator(".u-legend .u-series")
+        expect(legend.nth(0)).to_contain_text(re.compile(r"step\s*\d+"))
+        expect(legend.nth(1)).to_contain_text(re.compile(r"loss\s*0\.\d{1,6}$"))
         # No flat line: the healthy loss (before the explosion and after the resume) fills
         # at least half the plot, and the exploded points are drawn clipped and said so.
         for key in ("loss", "grad"):
@@ -316,3 +322,34 @@ def test_a_decaying_sawtooth_loss_is_no_climb(
     g = page.evaluate(GEOMETRY, ["loss", 400, 400])
     assert (g["healthyBottom"] - g["healthyTop"]) / g["height"] >= 0.8, g
     assert loss.get_attribute("data-clipped") == "0"
+
+
+JS_CASES = """() => {
+  const M = BrakelineChartMath;
+  const numbers = [[0.25, 0.05], [1500, 500], [3.5e33, null], [1e33, 5e32], [0.00012, null],
+                   [2e6, 1e6], [-0.25, 0.05], ["NaN", null]].map(([v, s]) => M.formatNumber(v, s));
+  const items = Array.from({length: 20}, (_, i) => ({x: 100 + (i % 3), width: 50, label: "m" + i}));
+  const layout = M.layoutLabels(items, 400, 4, 4);
+  return {numbers, placed: layout.placed, hidden: layout.hidden.length};
+}"""
+
+
+def test_the_chart_rules_in_the_browser(page, live_console, people, log_in):
+    """chart-math.js as the page loads it: numbers, and labels that find a free place or are
+    counted as hidden."""
+    people("olga", "vision", Role.ONCALL)
+    log_in(page, "olga")
+    page.goto(f"{live_console}/")
+    page.add_script_tag(url=f"{live_console}/static/console/chart-math.js")
+    got = page.evaluate(JS_CASES)
+    assert got["numbers"] == ["0.25", "1.5k", "3.5e33", "1e33", "1.2e-4", "2M", "-0.25", "NaN"]
+    placed = got["placed"]
+    assert len(placed) + got["hidden"] == 20 and got["hidden"] > 0
+    for i, a in enumerate(placed):
+        assert a["left"] >= 0 and a["left"] + a["width"] <= 400
+        for b in placed[i + 1 :]:
+            assert (
+                a["row"] != b["row"]
+                or a["left"] + a["width"] <= b["left"]
+                or (b["left"] + b["width"] <= a["left"])
+            ), (a, b)
