@@ -287,6 +287,7 @@ def test_the_curves_and_the_review_chart_fit_a_phone(browser, live_console, demo
                 assert not boxes_overlap(a, b), boxes
         assert sideways(page) == 0
         page.screenshot(path=str(SCREENSHOTS / "curves-phone.png"), full_page=True)
+        page.locator("#charts").screenshot(path=str(SCREENSHOTS / "curves-phone-charts.png"))
 
         page.goto(f"{live_console}/incidents/{incident.pk}/review/")
         page.wait_for_selector("#curve-phone")
