@@ -236,7 +236,7 @@ def chart(
     points: Sequence[tuple[int, float]],
     events: Sequence[tuple[int, str, str]],
     *,
-    width: int = 560,
+    width: int = 460,
     height: int = 260,
     pad: int = 28,
     metric: str = "",

@@ -83,7 +83,8 @@ def test_the_demo_curve_is_no_flat_line_and_its_labels_are_short_and_apart():
     assert all(drawn.top - 1 <= t.at <= drawn.bottom + 1 for t in drawn.y_ticks)
     assert drawn.left >= max(len(t.text) for t in drawn.y_ticks) * 6  # room for the labels
     assert len(drawn.clipped_above) > 5 and drawn.clip_note.endswith("up to 3.52e33")
-    assert [t.text for t in drawn.x_ticks][:3] == ["300", "400", "500"]
+    steps = [int(t.text) for t in drawn.x_ticks]  # whole steps, round, left to right
+    assert len(steps) >= 3 and steps == sorted(steps) and all(s % 100 == 0 for s in steps)
     shown = [m for m in drawn.markers if m.shown]
     assert {m.label for m in shown} == {"first anomalous point", "alert", "stopped", "resumed"}
     for i, a in enumerate(shown):
