@@ -14,6 +14,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
 from breakers.checkpoints import record_from_acknowledgement
@@ -23,6 +24,7 @@ from breakers.control.timeline import (
     record_executor_outcome,
     record_issued,
 )
+from breakers.control.unapplied import clear_unapplied
 from breakers.executors.local import ExecutorOutcome, executor_for
 from breakers.executors.scheduler import route_to_scheduler
 from breakers.models import (
@@ -150,6 +152,7 @@ def mark_delivered(command_ids: list[int]) -> int:
         expected=[CommandStatus.PENDING],
         new=CommandStatus.DELIVERED,
         delivered_at=timezone.now(),
+        delivered_step=Subquery(Job.objects.filter(pk=OuterRef("job_id")).values("current_step")),
     )
 
 
@@ -206,6 +209,7 @@ def acknowledge_command(
                 record_from_acknowledgement(job_id, command.pk, command.result)
         if won:
             record_acknowledged(command)
+            clear_unapplied(job_id, command.result.get("step"))
             publish_after_commit(
                 job_group(job_id),
                 {
