@@ -333,7 +333,16 @@ def _update_alert(
     alert.value, alert.step, alert.last_seen_at = signal.value, signal.step, now
     alert.duration_seconds = (signal.time - alert.first_time).total_seconds()
     alert.duration_steps = signal.step - alert.first_step
-    fields = ["value", "step", "last_seen_at", "duration_seconds", "duration_steps"]
+    # The description follows the value and step it sits next to (they must not disagree).
+    alert.description = signal.description or alert.description
+    fields = [
+        "value",
+        "step",
+        "last_seen_at",
+        "duration_seconds",
+        "duration_steps",
+        "description",
+    ]
     previous = alert.severity
     escalated = signal.severity > previous  # "L1" < "L2" < "L3" < "L4"
     if escalated:
@@ -357,10 +366,13 @@ def _raise_incident_level(
     incident_was = incident.level
     if alert.severity > incident_was:
         # The incident row is locked by this transaction: a plain conditional update suffices.
+        # Its title follows the worst level reached: an L3 NaN incident is not named after the
+        # L1 notice that happened to come first.
+        title = fit(f"{alert.rule_name} ({alert.metric})", 300)
         Incident.objects.filter(pk=incident.pk, level__lt=alert.severity).update(
-            level=alert.severity
+            level=alert.severity, title=title
         )
-        incident.level = alert.severity
+        incident.level, incident.title = alert.severity, title
     if alert_was is None and incident.level == incident_was:
         return  # a new alert below the incident's level: its alert_raised row says it all
     parts = []
