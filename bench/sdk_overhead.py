@@ -77,17 +77,31 @@ def paired(run_factory: Callable[[], brakeline.Run], watch: bool, pairs: int, st
     """[(median plain step, median SDK step, median pair ratio) for wall clock and CPU time],
     and the median CPU time of the SDK calls per step."""
     model, optimizer, inputs, labels = build()
+    # The watched side trains its own copy: run.watch wraps the optimizer's step (the step
+    # guard) and hooks the model, which must not slow the plain side down too.
+    watched, watched_optimizer = (build()[:2]) if watch else (model, optimizer)
     run = run_factory()
     if watch:
-        run.watch(model=model, optimizer=optimizer)
-    block(model, optimizer, inputs, labels, steps, 0, run)  # warm-up: caches, allocator, HTTP
+        run.watch(model=watched, optimizer=watched_optimizer)
+    block(watched, watched_optimizer, inputs, labels, steps, 0, run)  # warm-up: caches, HTTP
     sides: dict[bool, list[tuple[float, float, float]]] = {False: [], True: []}
     step = steps
     for pair in range(pairs):
         # Alternate which side goes first, so a drift in machine load favours neither.
         for with_sdk in (False, True) if pair % 2 == 0 else (True, False):
+            pair_model, pair_optimizer = (
+                (watched, watched_optimizer) if with_sdk else (model, optimizer)
+            )
             sides[with_sdk].append(
-                block(model, optimizer, inputs, labels, steps, step, run if with_sdk else None)
+                block(
+                    pair_model,
+                    pair_optimizer,
+                    inputs,
+                    labels,
+                    steps,
+                    step,
+                    run if with_sdk else None,
+                )
             )
             step += steps
     run.finish(timeout=5.0)

@@ -45,17 +45,26 @@ def _gradients(optimizer: Any) -> list[Any]:
 
 
 def _nonfinite_flag(tensors: list[Any]) -> list[Any]:
-    """A 0-d tensor per device holding 1.0 if any element is NaN/±Inf (no host sync)."""
+    """A 0-d bool tensor per device: True if any element is NaN/±Inf (no host sync).
+
+    A tensor's min and max (one pass, ``aminmax``) are finite exactly when all its elements
+    are, and cannot overflow as a sum could: about 12x cheaper on the CPU than testing every
+    element with ``isfinite`` (bench/sdk_overhead.py)."""
     import torch
 
     by_device: dict[Any, list[Any]] = {}
     for tensor in tensors:
-        if tensor.is_floating_point() or tensor.is_complex():
+        if tensor.numel() and (tensor.is_floating_point() or tensor.is_complex()):
             by_device.setdefault(tensor.device, []).append(tensor)
     flags = []
     for group in by_device.values():
-        # One flag per device: a single host read per step on the CPU, none on an accelerator.
-        flags.append(torch.stack([torch.logical_not(torch.isfinite(g)).any() for g in group]).any())
+        extremes = []
+        for tensor in group:
+            try:
+                extremes.extend(torch.aminmax(tensor))
+            except (RuntimeError, TypeError):  # complex, or a dtype without aminmax here
+                extremes.append(torch.logical_not(torch.isfinite(tensor)).any().float())
+        flags.append(torch.logical_not(torch.isfinite(torch.stack(extremes))).any())
     return flags
 
 
