@@ -177,6 +177,10 @@ def celery_worker(django_db_setup):
     client.close()
     global _worker_started
     _worker_started = True
+    # In a thread of the test process the worker must let go of its connections after every
+    # task, as Celery's Django fixup does by default: tests flush the database between them.
+    # (Worker processes keep theirs: CELERY_DB_REUSE_MAX, test_worker_connections.py.)
+    app.conf.CELERY_DB_REUSE_MAX = None
     with start_worker(
         app,
         pool="solo",
