@@ -48,6 +48,19 @@ job_routes = [
     ),
     path(f"{V1}/jobs/<int:pk>/mitigate", actions.MitigateJobView.as_view(), name="job-mitigate"),
     path(
+        f"{V1}/jobs/<int:pk>/snapshots",
+        snapshots.JobSnapshotListView.as_view(),
+        name="job-snapshots",
+    ),
+    path(
+        f"{V1}/jobs/<int:pk>/snapshots/diff",
+        snapshots.JobSnapshotDiffView.as_view(),
+        name="job-snapshot-diff",
+    ),
+    path(
+        f"{V1}/jobs/<int:pk>/readiness", snapshots.JobReadinessView.as_view(), name="job-readiness"
+    ),
+    path(
         f"{V1}/jobs/<int:pk>/isolate-node",
         actions.IsolateNodeView.as_view(),
         name="job-isolate-node",

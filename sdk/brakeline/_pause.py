@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from brakeline._checkpoint import CheckpointResult
 from brakeline._commands import ACK_LATER, Command, CommandFailed
+from brakeline.snapshot import send_resume_snapshot
 
 if TYPE_CHECKING:
     from brakeline._run import Run
@@ -218,3 +219,5 @@ class PauseController:
             self._enter(PauseState.STOPPED if stopped else PauseState.RUNNING)
         if resumed:
             run.call_hooks("resume", info)
+            if info.checkpoint is not None:  # the console diffs it against the checkpoint's
+                send_resume_snapshot(run, info.checkpoint, step)
