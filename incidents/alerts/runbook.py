@@ -35,15 +35,16 @@ class RunbookEntry:
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready form, for alert payloads and the API."""
-        return {
+        entry: dict[str, object] = {
             "key": self.key,
             "title": self.title,
             "likely_causes": list(self.likely_causes),
             "what_to_check": list(self.what_to_check),
             "what_to_do": list(self.what_to_do),
-            "link": self.link,
-            "link_label": self.link_label,
         }
+        if self.link:
+            entry.update(link=self.link, link_label=self.link_label)
+        return entry
 
 
 LOSS_DIVERGENCE = RunbookEntry(
