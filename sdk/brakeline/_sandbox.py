@@ -270,10 +270,18 @@ def sandbox_facts(environ: Any, loader: Any = None, checkpoint_holds: Any = None
     container = container_context(environ)
     since = container["init_started_at"] if container["in_container"] else started
     command = command_line()
+    parent = command_line(os.getppid())
+    # Who started this process counts too: `sh -c "pip install … && python train.py"`.
+    started_by = [*(command or []), *(parent or []), *(container["init_command"] or [])]
     return {
-        "process": {"pid": os.getpid(), "started_at": started, "command": command},
+        "process": {
+            "pid": os.getpid(),
+            "started_at": started,
+            "command": command,
+            "parent_command": parent,
+        },
         "container": container,
-        "installers_in_command": installers_in((command or []) + (container["init_command"] or [])),
+        "installers_in_command": installers_in(started_by),
         "late_installed_packages": late_installed_packages(since),
         "cgroup": cgroup_limits(),
         "shm": shared_memory(),
