@@ -8,6 +8,11 @@ from breakers.models.control import (  # noqa: F401
     CommandKind,
     CommandStatus,
 )
+from breakers.models.inference import (  # noqa: F401
+    REPLICA_TRANSITIONS,
+    InferenceReplica,
+    ReplicaStatus,
+)
 from breakers.models.metrics import (  # noqa: F401
     EvaluationState,
     MetricPoint,
@@ -39,4 +44,7 @@ __all__ = [
     "NodeDrain",
     "SnapshotKind",
     "EnvironmentSnapshot",
+    "REPLICA_TRANSITIONS",
+    "InferenceReplica",
+    "ReplicaStatus",
 ]

@@ -9,6 +9,7 @@ from console.api import (
     audit,
     escalations,
     health,
+    inference,
     jobs,
     nodes,
     notifications,
@@ -31,6 +32,11 @@ agent_routes = [
         name="agent-command-ack",
     ),
     path(f"{V1}/agent/snapshots", snapshots.SnapshotView.as_view(), name="agent-snapshots"),
+    path(
+        f"{V1}/agent/replicas/heartbeat",
+        inference.ReplicaHeartbeatView.as_view(),
+        name="agent-replica-heartbeat",
+    ),
 ]
 
 job_routes = [
