@@ -8,6 +8,7 @@ of another job is "not found" here, exactly like one that does not exist.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC
 from typing import Any
 
 from breakers.models import EnvironmentSnapshot, SnapshotKind
@@ -25,6 +26,7 @@ def summary(snapshot: EnvironmentSnapshot) -> dict[str, Any]:
         "kind": snapshot.kind,
         "step": snapshot.step,
         "taken_at": snapshot.taken_at.isoformat(),
+        "taken_at_display": snapshot.taken_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
         "checkpoint": {"path": snapshot.checkpoint_path, "sha256": snapshot.checkpoint_sha256}
         if snapshot.checkpoint_sha256
         else None,

@@ -130,9 +130,13 @@ def _dependencies(sandbox: Mapping[str, Any]) -> Item:
     problems = []
     if installers:
         problems.append(f"the start-up command runs {' and '.join(installers)} install")
+    count = sandbox.get("late_installed_count")
+    count = count if isinstance(count, int) and count >= len(late) else len(late)
     if late:
-        names = ", ".join(str(name) for name in late[:5]) + (" …" if len(late) > 5 else "")
-        problems.append(f"{len(late)} package(s) installed after {since} started: {names}")
+        # The most recent first: the last install is the likeliest to matter.
+        recent = [str(name) for name in reversed(late[-5:])]
+        names = ", ".join(recent) + (" …" if count > len(recent) else "")
+        problems.append(f"{count} package(s) installed after {since} started: {names}")
     if problems:
         return Item(
             "dependencies",

@@ -230,7 +230,7 @@ def shared_memory(path: str = "/dev/shm") -> dict[str, int | None]:
     return {"total_bytes": usage.total, "free_bytes": usage.free}
 
 
-def late_installed_packages(since: float | None, limit: int = 50) -> list[dict[str, Any]]:
+def late_installed_packages(since: float | None) -> list[dict[str, Any]]:
     """Distributions whose metadata was written after ``since`` (the process's or container's
     start): installed while it ran, so a restart elsewhere would not have them."""
     if since is None:
@@ -254,7 +254,7 @@ def late_installed_packages(since: float | None, limit: int = 50) -> list[dict[s
             name = base.split("-", 1)[0] or base
             late.append({"name": name, "installed_at": written})
     late.sort(key=lambda item: item["installed_at"])
-    return late[:limit]
+    return late
 
 
 def loader_workers(loader: Any) -> int | None:
@@ -271,6 +271,7 @@ def sandbox_facts(environ: Any, loader: Any = None, checkpoint_holds: Any = None
     since = container["init_started_at"] if container["in_container"] else started
     command = command_line()
     parent = command_line(os.getppid())
+    late = late_installed_packages(since)
     # Who started this process counts too: `sh -c "pip install … && python train.py"`.
     started_by = [*(command or []), *(parent or []), *(container["init_command"] or [])]
     return {
@@ -282,7 +283,9 @@ def sandbox_facts(environ: Any, loader: Any = None, checkpoint_holds: Any = None
         },
         "container": container,
         "installers_in_command": installers_in(started_by),
-        "late_installed_packages": late_installed_packages(since),
+        # The count is every one of them; the list, the 50 most recent (a bounded snapshot).
+        "late_installed_count": len(late),
+        "late_installed_packages": late[-50:],
         "cgroup": cgroup_limits(),
         "shm": shared_memory(),
         "ulimits": ulimits(),

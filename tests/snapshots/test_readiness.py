@@ -77,7 +77,15 @@ CASES = [
         patched("sandbox.late_installed_packages", [{"name": "einops"}, {"name": "wandb"}]),
         "dependencies",
         "fail",
-        "2 package(s) installed after the container started: einops, wandb",
+        "2 package(s) installed after the container started: wandb, einops",
+    ),
+    (
+        "many installed: the count, the most recent names",
+        patched("sandbox.late_installed_packages", [{"name": f"p{i}"} for i in range(50)])
+        | {},
+        "dependencies",
+        "fail",
+        "50 package(s) installed after the container started: p49, p48, p47, p46, p45 …",
     ),
     ("no seed", {**GOOD, "seeds": {}}, "seeds", "fail", "no seed set"),
     (
@@ -190,3 +198,10 @@ def test_pause_warnings_name_what_a_resume_relies_on():
 )
 def test_sizes(value, text):
     assert size(value) == text
+
+
+def test_the_count_of_late_installs_is_all_of_them_though_the_list_is_bounded():
+    doc = patched("sandbox.late_installed_packages", [{"name": "a"}, {"name": "b"}])
+    doc["sandbox"]["late_installed_count"] = 120
+    reason = {i.key: i for i in grade(doc).items}["dependencies"].reason
+    assert reason.startswith("120 package(s) installed after the container started: b, a …")
