@@ -81,10 +81,14 @@ class DiffView:
         }
 
 
-def _one(job_id: int, raw: str, name: str) -> EnvironmentSnapshot:
-    if not raw.isdigit() or len(raw) > 18:
+def _check_id(raw: str, name: str) -> int:
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 18:
         raise InvalidInput(f"Bad {name}.", fields={name: "a snapshot id (a whole number)"})
-    found = EnvironmentSnapshot.objects.filter(job_id=job_id, pk=int(raw)).first()
+    return int(raw)
+
+
+def _one(job_id: int, raw: str, name: str) -> EnvironmentSnapshot:
+    found = EnvironmentSnapshot.objects.filter(job_id=job_id, pk=_check_id(raw, name)).first()
     if found is None:
         raise NotFound(f"This job has no snapshot {raw}.")
     return found
@@ -107,6 +111,7 @@ def choose_diff(job_id: int, a: str = "", b: str = "", mode: str = "") -> DiffVi
         if not (a and b):
             missing = "b" if a else "a"
             raise InvalidInput("Name both snapshots.", fields={missing: "a snapshot id"})
+        _check_id(a, "a"), _check_id(b, "b")  # the format of both before any lookup
         before, after = _one(job_id, a, "a"), _one(job_id, b, "b")
         return DiffView(before, after, diff_snapshots(before.data, after.data), "chosen")
     if mode not in ("", "resume", "latest"):

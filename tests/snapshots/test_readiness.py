@@ -81,8 +81,7 @@ CASES = [
     ),
     (
         "many installed: the count, the most recent names",
-        patched("sandbox.late_installed_packages", [{"name": f"p{i}"} for i in range(50)])
-        | {},
+        patched("sandbox.late_installed_packages", [{"name": f"p{i}"} for i in range(50)]) | {},
         "dependencies",
         "fail",
         "50 package(s) installed after the container started: p49, p48, p47, p46, p45 …",
