@@ -11,11 +11,12 @@ from dataclasses import dataclass
 from datetime import UTC
 from typing import Any
 
-from breakers.models import EnvironmentSnapshot, SnapshotKind
+from breakers.models import EnvironmentSnapshot, InferenceReplica, SnapshotKind
 from breakers.snapshots.diff import SnapshotDiff, diff_snapshots
 from breakers.snapshots.readiness import Readiness, grade
 from breakers.snapshots.resume import checkpoint_snapshot_for
 from core.errors import InvalidInput, NotFound
+from incidents.models import Job
 
 SUMMARY_FIELDS = ("id", "kind", "step", "taken_at", "checkpoint_path", "checkpoint_sha256")
 
@@ -39,13 +40,19 @@ def job_snapshots(job_id: int, limit: int = 200) -> list[EnvironmentSnapshot]:
     return list(rows.order_by("-taken_at", "-pk")[:limit])
 
 
+def job_replicas(job_id: int) -> list[InferenceReplica]:
+    """An inference job's replicas, as their heartbeats and the L3 response left them."""
+    return list(InferenceReplica.objects.filter(job_id=job_id).order_by("backend", "name"))
+
+
 def latest_snapshot(job_id: int) -> EnvironmentSnapshot | None:
     return EnvironmentSnapshot.objects.filter(job_id=job_id).order_by("-taken_at", "-pk").first()
 
 
 def job_readiness(job_id: int) -> Readiness:
     latest = latest_snapshot(job_id)
-    return grade(latest.data if latest is not None else None)
+    kind = Job.objects.values_list("kind", flat=True).get(pk=job_id)
+    return grade(latest.data if latest is not None else None, kind)
 
 
 def readiness_of_jobs(job_ids: list[int]) -> dict[int, Readiness]:
@@ -56,7 +63,11 @@ def readiness_of_jobs(job_ids: list[int]) -> dict[int, Readiness]:
     )
     for row in rows.distinct("job_id") if _postgres() else rows:
         latest.setdefault(row.job_id, row)
-    return {job_id: grade(latest[job_id].data if job_id in latest else None) for job_id in job_ids}
+    kinds = dict(Job.objects.filter(pk__in=job_ids).values_list("pk", "kind"))
+    return {
+        job_id: grade(latest[job_id].data if job_id in latest else None, kinds.get(job_id, ""))
+        for job_id in job_ids
+    }
 
 
 def _postgres() -> bool:

@@ -300,8 +300,14 @@ def _accelerators(snapshot: Mapping[str, Any]) -> Item:
     return Item("accelerators", title, "ok", shown)
 
 
-def grade(snapshot: Mapping[str, Any] | None) -> Readiness:
-    """The job's readiness from its latest snapshot document (None: no snapshot yet)."""
+def _stateless(item: Item) -> Item:
+    return Item(item.key, item.title, "na", "an inference replica holds no state to resume")
+
+
+def grade(snapshot: Mapping[str, Any] | None, kind: str = "training") -> Readiness:
+    """The job's readiness from its latest snapshot document (None: no snapshot yet). An
+    inference job's replicas are restarted, never resumed: seeds and loader state do not
+    apply to them."""
     if not snapshot:
         return Readiness(
             "unknown",
@@ -310,11 +316,14 @@ def grade(snapshot: Mapping[str, Any] | None) -> Readiness:
     sandbox = _dict(snapshot.get("sandbox"))
     holds = _dict(sandbox.get("checkpoint_holds"))
     memory, cpu = _cgroup(sandbox)
+    seeds, loader = _seeds(snapshot, holds), _loader_state(holds)
+    if kind == "inference":
+        seeds, loader = _stateless(seeds), _stateless(loader)
     items = (
         _image(snapshot, sandbox),
         _dependencies(sandbox),
-        _seeds(snapshot, holds),
-        _loader_state(holds),
+        seeds,
+        loader,
         memory,
         cpu,
         _shm(sandbox),

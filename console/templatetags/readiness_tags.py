@@ -31,6 +31,7 @@ def job_readiness(job: Any) -> dict[str, Any]:
         "readiness": queries.job_readiness(job_id).as_dict(),
         "snapshot_count": len(queries.job_snapshots(job_id, limit=1000)),
         "resume_alert": resume_alert,
+        "replicas": queries.job_replicas(job_id),
     }
 
 

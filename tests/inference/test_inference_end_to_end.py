@@ -106,7 +106,7 @@ def start_replica(name: str, port: int, env: dict, log: Path) -> subprocess.Pope
 
 
 def test_a_replica_answering_nan_is_drained_restarted_and_put_back(
-    live_console, make_agent, worker, settings, tmp_path
+    live_console, make_agent, worker, settings, tmp_path, client
 ):
     agent = make_agent(name="model-api", kind="inference")
     env = training_environment(live_console, agent.token)
@@ -121,7 +121,7 @@ def test_a_replica_answering_nan_is_drained_restarted_and_put_back(
     settings.EXECUTOR_GRACE_SECONDS = 5.0
     haproxy_api = HAProxyExecutor(str(socket_path))
     traffic = Traffic(ports["port"])
-    client = threading.Thread(target=traffic.run, daemon=True)
+    caller = threading.Thread(target=traffic.run, daemon=True)
     seen_states: list[tuple[float, str]] = []
     watching = threading.Event()
 
@@ -149,7 +149,7 @@ def test_a_replica_answering_nan_is_drained_restarted_and_put_back(
             job_id=agent.job_id, pid_start_time__isnull=False).count() == 2,
             "both replicas registered", context=context)  # fmt: skip
         first_pid = InferenceReplica.objects.get(job_id=agent.job_id, name="r1").pid
-        client.start()
+        caller.start()
         poller = threading.Thread(target=watch_runtime_api, daemon=True)
         poller.start()
         wait_for(lambda: traffic.served_by("r1") > 5 and traffic.served_by("r2") > 5,
@@ -172,7 +172,7 @@ def test_a_replica_answering_nan_is_drained_restarted_and_put_back(
     finally:
         traffic.stop.set()
         watching.set()
-        client.join(15)
+        caller.join(15)
         rows = InferenceReplica.objects.filter(job_id=agent.job_id, name="r1")
         restarted_pid = rows.values_list("pid", flat=True).first()
         for process in started:
@@ -214,6 +214,22 @@ def test_a_replica_answering_nan_is_drained_restarted_and_put_back(
     nan_sent = [sent for sent, _, replica, output in traffic.answers if output == "NaN"]
     assert nan_sent and max(nan_sent) < drained_at
     assert all(output != "NaN" for sent, _, _, output in traffic.answers if sent > back_in_at)
+    # The incident's timeline, as a person reads it; the job page lists the replicas.
+    from incidents.models import Team
+    from tests.support.authz import make_member
+
+    client.force_login(make_member(Team.objects.get(name="research"), "viewer"))
+    timeline = client.get(f"/incidents/{incident.pk}/").content.decode()
+    steps = (
+        "leaves traffic, restarts",
+        "Drained in haproxy (models/r1)",
+        "Restarted by the local executor",
+        f"after {out_of_traffic:.1f} s out of traffic",
+    )
+    for words in steps:
+        assert words in timeline, words
+    job_page = client.get(f"/jobs/{agent.job_id}/").content.decode()
+    assert 'data-replica="r1"' in job_page and "1 restart" in job_page
     print(
         f"inference L3: {len(traffic.answers)} requests, 0 failed; {len(nan_sent)} NaN answers "
         f"before the drain; {len(during)} answered by r2 alone while r1 was out; r1 out of "

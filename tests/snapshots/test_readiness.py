@@ -204,3 +204,12 @@ def test_the_count_of_late_installs_is_all_of_them_though_the_list_is_bounded():
     doc["sandbox"]["late_installed_count"] = 120
     reason = {i.key: i for i in grade(doc).items}["dependencies"].reason
     assert reason.startswith("120 package(s) installed after the container started: b, a …")
+
+
+def test_an_inference_replica_is_restarted_not_resumed():
+    doc = patched("sandbox.checkpoint_holds", {})
+    doc["seeds"] = {}
+    items = {i.key: i for i in grade(doc, "inference").items}
+    assert items["seeds"].status == items["loader_state"].status == "na"
+    assert grade(doc, "inference").grade == "ready"
+    assert grade(doc).grade == "not ready"
