@@ -31,12 +31,12 @@ from django.utils import timezone
 
 from breakers.executors.restart import restart_replica
 from breakers.executors.traffic import TrafficError, TrafficExecutor, traffic_executor
-from breakers.models import InferenceReplica, ReplicaStatus
+from breakers.models import CommandKind, InferenceReplica, ReplicaStatus
 from breakers.models.inference import REPLICA_TRANSITIONS
 from core.transitions import compare_and_swap
 from incidents.alerts.lifecycle import append_timeline, resolve_alert
 from incidents.models import Alert, TimelineKind
-from incidents.teams.authority import SYSTEM, decide
+from incidents.teams.authority import SYSTEM, action_for_command, decide
 
 DRAIN_POLL_SECONDS = 0.05
 
@@ -69,7 +69,8 @@ def _move(replica: InferenceReplica, expected: str, new: str, **fields: Any) -> 
 def take_replica_out(alert: Alert) -> list:
     """The L3 of an inference job (inside the alert's transaction). Returns no command: the
     response is the replica's, not the job's."""
-    decision = decide(SYSTEM, "pause_job", alert.severity)
+    # Judged as the pause it stands in for: what the system may do at the alert's level.
+    decision = decide(SYSTEM, action_for_command(CommandKind.CHECKPOINT_AND_PAUSE), alert.severity)
     replica = InferenceReplica.objects.filter(job_id=alert.job_id, name=alert.node).first()
     why = None if decision.allowed else decision.reason
     if why is None and replica is None:

@@ -1,8 +1,9 @@
 """What the console grades a job's sandbox from: the process, its container, its limits.
 
 Read from /proc and /sys only (stdlib, no subprocess): the whole probe takes ~16 ms with 147
-distributions installed, nearly all of it the scan for late installs (bench/sandbox_probe.py). Every probe answers None rather than raise, because a snapshot must never fail
-the run; the console says "unknown" for what is None.
+distributions installed, nearly all of it the scan for late installs (bench/sandbox_probe.py).
+Every probe answers None rather than raise, because a snapshot must never fail the run; the
+console says "unknown" for what is None.
 
 cgroups: the limits that count are those of the cgroup this process is in, and of each of its
 ancestors (a parent's limit caps its children), read from the v2 hierarchy when the process is
@@ -238,20 +239,25 @@ def late_installed_packages(since: float | None) -> list[dict[str, Any]]:
     import importlib.metadata
 
     late = []
+    seen: set[str] = set()
     for distribution in importlib.metadata.distributions():
         folder = getattr(distribution, "_path", None)
         if folder is None:
             continue
+        # "torch-2.13.0.dist-info": the folder's name, not METADATA (parsing each one costs a
+        # tenth of a second over a large environment).
+        base = Path(folder).name.removesuffix(".dist-info").removesuffix(".egg-info")
+        name = base.split("-", 1)[0] or base
+        key = name.lower().replace("-", "_")
+        if key in seen:
+            continue  # found again further down sys.path: the first one is what imports
+        seen.add(key)
         try:
             written = Path(folder).stat().st_mtime
         except OSError:
             continue
         # A second of slack: pip writes the metadata of the environment being started into.
         if written > since + 1.0:
-            # "torch-2.13.0.dist-info": the folder's name, not METADATA (parsing each one
-            # costs a tenth of a second over a large environment).
-            base = Path(folder).name.removesuffix(".dist-info").removesuffix(".egg-info")
-            name = base.split("-", 1)[0] or base
             late.append({"name": name, "installed_at": written})
     late.sort(key=lambda item: item["installed_at"])
     return late

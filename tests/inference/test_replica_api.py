@@ -76,3 +76,18 @@ def test_an_unhealthy_replica_in_traffic_raises_the_l3_and_leaves_traffic(client
     from breakers.models import Command
 
     assert not Command.objects.filter(job_id=inference.job_id).exists()  # no checkpoint
+
+
+def test_an_l3_naming_no_replica_is_a_timeline_note_not_a_pause(inference):
+    from breakers.control.braking import brake_for_alert
+    from breakers.models import Command
+    from incidents.models import TimelineEntry
+    from tests.support.authz import raise_alert
+
+    alert = raise_alert(inference.job_id, "L3", rule_key="some-l3")
+    assert brake_for_alert(alert) == []
+    note = TimelineEntry.objects.filter(incident_id=alert.incident_id, kind="note").last()
+    assert (
+        note.message == "No automatic replica restart: no replica named '' heartbeats for this job"
+    )
+    assert not Command.objects.filter(job_id=inference.job_id).exists()
