@@ -1,8 +1,10 @@
 """Environment snapshots from training agents: strict validation, then one row per snapshot.
 
-Body: ``{"kind": "start" | "checkpoint", "step": N, "snapshot": {...}, "checkpoint":
-{"path": "...", "sha256": "<64 hex>", "bytes": N}}`` — ``checkpoint`` is required for
-kind=checkpoint and refused for kind=start. The snapshot document itself is open (an agent in
+Body: ``{"kind": "start" | "checkpoint" | "resume", "step": N, "snapshot": {...},
+"checkpoint": {"path": "...", "sha256": "<64 hex>", "bytes": N}}`` — ``checkpoint`` is
+required for kind=checkpoint (the checkpoint written) and kind=resume (the one resumed from,
+whose snapshot it is then diffed against: ``breakers.snapshots.resume``), refused for
+kind=start. The snapshot document itself is open (an agent in
 another language may record more), but the sections the console reads are type-checked, and it
 is bounded in size (:data:`MAX_SNAPSHOT_BYTES`, 413 above) and in depth.
 

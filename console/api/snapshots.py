@@ -25,7 +25,7 @@ class SnapshotCheckpointDoc(serializers.Serializer):
 
 
 class SnapshotUploadDoc(serializers.Serializer):
-    kind = serializers.ChoiceField(choices=["start", "checkpoint"])
+    kind = serializers.ChoiceField(choices=["start", "checkpoint", "resume"])
     step = serializers.IntegerField(min_value=0)
     snapshot = serializers.DictField(
         help_text="The environment: packages, python, platform, environment (secrets "
@@ -34,7 +34,9 @@ class SnapshotUploadDoc(serializers.Serializer):
         "resources, data_position, taken_at (ISO 8601). At most 1 MiB (413 above)."
     )
     checkpoint = SnapshotCheckpointDoc(
-        required=False, help_text="Required with kind=checkpoint, refused with kind=start."
+        required=False,
+        help_text="Required with kind=checkpoint (the checkpoint written) and kind=resume (the "
+        "checkpoint resumed from), refused with kind=start.",
     )
 
 
@@ -55,7 +57,7 @@ class SnapshotView(AgentView):
             **ERRORS,
         },
         tags=["agent"],
-        summary="Store an environment snapshot (at start, at each checkpoint)",
+        summary="Store an environment snapshot (at start, at each checkpoint, after a resume)",
     )
     def post(self, request: Request) -> Response:
         job = request.user.job

@@ -73,3 +73,4 @@ def test_readiness_and_the_resume_diff(page, live_console, make_agent, people, l
     page.set_viewport_size({"width": 1400, "height": 1000})
     page.goto(f"{live_console}/")
     expect(page.locator("#readiness-summary")).to_contain_text("llm-7b-sft")
+    page.screenshot(path=str(SCREENSHOTS / "dashboard-readiness.png"), full_page=True)
