@@ -173,7 +173,13 @@ def recover_replica(replica_id: int) -> None:
             )
             return
         # Another host, or a pid not proven the replica's: the replica's SDK restarts itself.
-        _move(replica, ReplicaStatus.DRAINING, ReplicaStatus.RESTARTING, pending_action="restart")
+        _move(
+            replica,
+            ReplicaStatus.DRAINING,
+            ReplicaStatus.RESTARTING,
+            pending_action="restart",
+            restarts=replica.restarts + 1,
+        )
         _note(
             replica,
             f"Local restart {outcome.detail}; the replica is asked to restart itself",

@@ -105,11 +105,20 @@ def start_replica(name: str, port: int, env: dict, log: Path) -> subprocess.Pope
                             start_new_session=True)  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    "where",
+    [
+        "this host",  # the local executor restarts it from outside
+        "another host",  # it cannot: the replica's SDK is asked to restart itself
+    ],
+)
 def test_a_replica_answering_nan_is_drained_restarted_and_put_back(
-    live_console, make_agent, worker, settings, tmp_path, client
+    where, live_console, make_agent, worker, settings, tmp_path, client
 ):
-    agent = make_agent(name="model-api", kind="inference")
+    agent = make_agent(name=f"model-api-{where.split()[0]}", kind="inference")
     env = training_environment(live_console, agent.token)
+    if where == "another host":
+        env["REPLICA_HOSTNAME"] = "gpu-far-away"
     ports = {"r1": free_port(), "r2": free_port(), "port": free_port()}
     socket_path = tmp_path / "haproxy.sock"
     config = tmp_path / "haproxy.cfg"
@@ -145,8 +154,10 @@ def test_a_replica_answering_nan_is_drained_restarted_and_put_back(
         wait_for_port(ports["port"], haproxy)
         for name in ("r1", "r2"):
             wait_for_port(ports[name], started[0 if name == "r1" else 1])
+        # Registered; from this host, with the start time the local executor checks.
+        local = where == "this host"
         wait_for(lambda: InferenceReplica.objects.filter(
-            job_id=agent.job_id, pid_start_time__isnull=False).count() == 2,
+            job_id=agent.job_id, pid_start_time__isnull=not local).count() == 2,
             "both replicas registered", context=context)  # fmt: skip
         first_pid = InferenceReplica.objects.get(job_id=agent.job_id, name="r1").pid
         caller.start()
@@ -180,7 +191,8 @@ def test_a_replica_answering_nan_is_drained_restarted_and_put_back(
         for process in started:
             process.wait(10)
         if restarted_pid and restarted_pid != first_pid:
-            # Started by the console's executor during this test: ours to stop.
+            # Started during this test (by the console's executor, or by the replica's own
+            # restart): ours to stop.
             os.kill(restarted_pid, signal.SIGTERM)
 
     assert traffic.failures == [], traffic.failures[:5]
@@ -190,10 +202,13 @@ def test_a_replica_answering_nan_is_drained_restarted_and_put_back(
     assert "NaN/Inf outputs" in alert.description
     incident = Incident.objects.get(pk=alert.incident_id)
     notes = {row.data.get("event"): row for row in incident.timeline.all() if row.data}
-    for event in ("replica_response_started", "replica_drained", "replica_restarted",
-                  "replica_back"):  # fmt: skip
+    restarted = "replica_restarted" if where == "this host" else "replica_restart_requested"
+    for event in ("replica_response_started", "replica_drained", restarted, "replica_back"):
         assert event in notes, sorted(notes)
-    assert notes["replica_restarted"].data["new_pid"] == replica.pid
+    if where == "this host":
+        assert notes["replica_restarted"].data["new_pid"] == replica.pid
+    else:
+        assert "not on this worker's host" in notes[restarted].message
     out_of_traffic = notes["replica_back"].data["seconds_out_of_traffic"]
     assert out_of_traffic > 0 and f"after {out_of_traffic:.1f} s out of traffic" in (
         notes["replica_back"].message
@@ -223,7 +238,7 @@ def test_a_replica_answering_nan_is_drained_restarted_and_put_back(
     steps = (
         "leaves traffic, restarts",
         "Drained in haproxy (models/r1)",
-        "Restarted by the local executor",
+        "Restarted by the local executor" if where == "this host" else "asked to restart itself",
         f"after {out_of_traffic:.1f} s out of traffic",
     )
     for words in steps:
@@ -231,9 +246,10 @@ def test_a_replica_answering_nan_is_drained_restarted_and_put_back(
     job_page = client.get(f"/jobs/{agent.job_id}/").content.decode()
     assert 'data-replica="r1"' in job_page and "1 restart" in job_page
     print(
-        f"inference L3: {len(traffic.answers)} requests, 0 failed; {len(nan_sent)} NaN answers "
-        f"before the drain; {len(during)} answered by r2 alone while r1 was out; r1 out of "
-        f"traffic {out_of_traffic:.2f} s; drain to back {back_in_at - drained_at:.2f} s"
+        f"inference L3 ({where}): {len(traffic.answers)} requests, 0 failed; "
+        f"{len(nan_sent)} NaN answers before the drain; {len(during)} answered by r2 alone "
+        f"while r1 was out; r1 out of traffic {out_of_traffic:.2f} s; drain to back "
+        f"{back_in_at - drained_at:.2f} s"
     )
 
 

@@ -19,6 +19,8 @@ name, port = sys.argv[1], int(sys.argv[2])
 watch = OutputWatch(window=10, max_bad=0)
 replica = Replica(name, backend="models", health=watch.health, interval=0.5)
 watch.on_change = replica.poke  # a change of health is reported at once
+# A replica the console sees on another host (it cannot signal it): it restarts itself.
+replica.hostname = os.environ.get("REPLICA_HOSTNAME", replica.hostname)
 poisoned = threading.Event()
 
 
