@@ -60,7 +60,9 @@ class Readiness:
     def pause_warnings(self) -> list[str]:
         """Sentences to show before anyone relies on pausing the job."""
         return [
-            item.reason for item in self.items if item.key in PAUSE_ITEMS and item.status != "ok"
+            item.reason
+            for item in self.items
+            if item.key in PAUSE_ITEMS and item.status not in ("ok", "na")
         ]
 
     def as_dict(self) -> dict[str, Any]:
@@ -150,6 +152,13 @@ def _dependencies(sandbox: Mapping[str, Any]) -> Item:
 def _seeds(snapshot: Mapping[str, Any], holds: Mapping[str, Any]) -> Item:
     title = "Seeds set and recorded"
     seeds = _dict(snapshot.get("seeds"))
+    if not seeds and holds.get("at") == "start":
+        return Item(
+            "seeds",
+            title,
+            "unknown",
+            "none recorded yet at start; graded again at the first checkpoint",
+        )
     if not seeds:
         return Item("seeds", title, "fail", "no seed set (run.seed(n) sets and records them)")
     names = ", ".join(f"{name}={value}" for name, value in list(seeds.items())[:4])
@@ -174,6 +183,13 @@ def _loader_state(holds: Mapping[str, Any]) -> Item:
             title,
             "warn",
             "a custom saver: the SDK cannot tell whether it saves the loader's position",
+        )
+    if holds.get("data_loader_state") is False and holds.get("at") == "start":
+        return Item(
+            "loader_state",
+            title,
+            "unknown",
+            "no loader wrapped yet at start; graded again at the first checkpoint",
         )
     if holds.get("data_loader_state") is False:
         return Item(

@@ -487,7 +487,8 @@ class Run:
         self._snapshots_sent += 1
         key = f"snapshot:{kind}:{step}:{self._snapshots_sent}"
         seeds = dict(self.training.seeds)
-        loader, holds = self.training.loader, checkpoint_contents(self.training, bool(self._saver))
+        loader = self.training.loader
+        holds = checkpoint_contents(self.training, bool(self._saver), kind)
         settings = self.settings
         control = self.control
 

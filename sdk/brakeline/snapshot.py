@@ -312,16 +312,18 @@ def _guarded(probe: Any) -> dict[str, Any]:
         return {"error": f"{type(error).__name__}: {error}"}
 
 
-def checkpoint_contents(training: Any, custom_saver: bool) -> dict[str, Any]:
+def checkpoint_contents(training: Any, custom_saver: bool, kind: str = "") -> dict[str, Any]:
     """What this run's checkpoints save, as far as the SDK knows: the default saver writes the
     seeds and, with a wrapped loader, its position; a saver of your own is yours to say
-    (``None``: unknown)."""
+    (``None``: unknown). ``at`` is the snapshot's kind: at start, seeds and a loader are
+    usually registered a moment later, so the console grades them from the first checkpoint."""
     if custom_saver:
-        return {"saver": "custom", "seeds": None, "data_loader_state": None}
+        return {"saver": "custom", "seeds": None, "data_loader_state": None, "at": kind}
     return {
         "saver": "brakeline",
         "seeds": bool(getattr(training, "seeds", None)),
         "data_loader_state": getattr(training, "loader", None) is not None,
+        "at": kind,
     }
 
 

@@ -213,3 +213,20 @@ def test_an_inference_replica_is_restarted_not_resumed():
     assert items["seeds"].status == items["loader_state"].status == "na"
     assert grade(doc, "inference").grade == "ready"
     assert grade(doc).grade == "not ready"
+
+
+def test_at_start_seeds_and_loader_are_graded_from_the_first_checkpoint():
+    doc = patched("sandbox.checkpoint_holds", {"saver": "brakeline", "seeds": False,
+                                               "data_loader_state": False, "at": "start"})  # fmt: skip
+    doc["seeds"] = {}
+    items = {i.key: i for i in grade(doc).items}
+    assert items["seeds"].status == items["loader_state"].status == "unknown"
+    assert "first checkpoint" in items["loader_state"].reason
+    doc["sandbox"]["checkpoint_holds"]["at"] = "checkpoint"
+    items = {i.key: i for i in grade(doc).items}
+    assert items["seeds"].status == items["loader_state"].status == "fail"
+
+
+def test_not_in_a_container_is_no_pause_warning():
+    doc = patched("sandbox.container", {"in_container": False}) | {"image": {}}
+    assert grade(doc).pause_warnings == []
