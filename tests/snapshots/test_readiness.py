@@ -216,8 +216,8 @@ def test_an_inference_replica_is_restarted_not_resumed():
 
 
 def test_at_start_seeds_and_loader_are_graded_from_the_first_checkpoint():
-    doc = patched("sandbox.checkpoint_holds", {"saver": "brakeline", "seeds": False,
-                                               "data_loader_state": False, "at": "start"})  # fmt: skip
+    holds = {"saver": "brakeline", "seeds": False, "data_loader_state": False, "at": "start"}
+    doc = patched("sandbox.checkpoint_holds", holds)
     doc["seeds"] = {}
     items = {i.key: i for i in grade(doc).items}
     assert items["seeds"].status == items["loader_state"].status == "unknown"
