@@ -22,11 +22,12 @@ traffic, with a row saying why: a person takes it from there.
 from __future__ import annotations
 
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from breakers.executors.restart import restart_replica
@@ -95,6 +96,7 @@ def take_replica_out(alert: Alert) -> list:
         response_alert_id=alert.pk,
         incident_id=alert.incident_id,
         pid_before_restart=replica.pid,
+        recovery_claimed_at=None,
     )
     if not moved:
         return []  # already out of traffic: one response at a time
@@ -130,10 +132,25 @@ def _drain(executor: TrafficExecutor, replica: InferenceReplica) -> float:
     return time.monotonic() - started
 
 
+def _claim(replica: InferenceReplica) -> bool:
+    """One worker at a time drains and restarts a replica (a redelivered task, a second
+    worker): a compare-and-swap on the claim, which expires after the longest the response
+    can take, so a worker killed on the way does not leave the replica stuck for ever."""
+    now = timezone.now()
+    lease = settings.INFERENCE_DRAIN_SECONDS + settings.EXECUTOR_GRACE_SECONDS + 60.0
+    expired = Q(recovery_claimed_at__isnull=True) | Q(
+        recovery_claimed_at__lt=now - timedelta(seconds=lease)
+    )
+    claimed = InferenceReplica.objects.filter(
+        expired, pk=replica.pk, status=ReplicaStatus.DRAINING
+    ).update(recovery_claimed_at=now)
+    return claimed == 1
+
+
 def recover_replica(replica_id: int) -> None:
     """Steps 2 of the response (idempotent: only a replica still ``draining`` is acted on)."""
     replica = InferenceReplica.objects.filter(pk=replica_id).first()
-    if replica is None or replica.status != ReplicaStatus.DRAINING:
+    if replica is None or replica.status != ReplicaStatus.DRAINING or not _claim(replica):
         return
     executor = traffic_executor()
     if executor is None:

@@ -57,6 +57,9 @@ class InferenceReplica(models.Model):
         Incident, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     pid_before_restart = models.IntegerField(null=True, blank=True)
+    # The worker carrying out the response claims it (a lease: a worker killed on the way
+    # leaves it to the task's redelivery once the lease has run out, never to two at once).
+    recovery_claimed_at = models.DateTimeField(null=True, blank=True)
     # Asked of the replica's SDK in its next heartbeat reply ("drain", "restart"), when the
     # console cannot act from outside (the replica runs on another host).
     pending_action = models.CharField(max_length=16, blank=True)

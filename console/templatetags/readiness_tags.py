@@ -39,4 +39,6 @@ def job_readiness(job: Any) -> dict[str, Any]:
 def jobs_readiness(rows: list[dict[str, Any]]) -> dict[str, Any]:
     jobs = [row["job"] for row in rows]
     grades = queries.readiness_of_jobs([job["id"] for job in jobs])
-    return {"entries": [{"job": job, "readiness": grades[job["id"]].as_dict()} for job in jobs]}
+    entries = [{"job": job, "readiness": grades[job["id"]].as_dict()} for job in jobs]
+    graded = [entry for entry in entries if entry["readiness"]["grade"] != "unknown"]
+    return {"entries": graded, "without_snapshot": len(entries) - len(graded)}

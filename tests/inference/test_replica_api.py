@@ -91,3 +91,14 @@ def test_an_l3_naming_no_replica_is_a_timeline_note_not_a_pause(inference):
         note.message == "No automatic replica restart: no replica named '' heartbeats for this job"
     )
     assert not Command.objects.filter(job_id=inference.job_id).exists()
+
+
+def test_one_worker_at_a_time_carries_out_the_response(client, inference, settings):
+    from breakers.control.inference import _claim
+
+    post(client, inference, GOOD)
+    post(client, inference, {**GOOD, "healthy": False, "detail": "NaN"})
+    replica = InferenceReplica.objects.get(job_id=inference.job_id)
+    assert _claim(replica) and not _claim(replica)  # the second worker finds it claimed
+    settings.INFERENCE_DRAIN_SECONDS = -10_000.0  # the lease has run out: a redelivery may
+    assert _claim(replica)
