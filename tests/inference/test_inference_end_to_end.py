@@ -183,7 +183,8 @@ def test_a_replica_answering_nan_is_drained_restarted_and_put_back(
     finally:
         traffic.stop.set()
         watching.set()
-        caller.join(15)
+        if caller.ident is not None:  # started (a failure may come before)
+            caller.join(15)
         rows = InferenceReplica.objects.filter(job_id=agent.job_id, name="r1")
         restarted_pid = rows.values_list("pid", flat=True).first()
         for process in started:
