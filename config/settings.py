@@ -400,6 +400,9 @@ SPECTACULAR_SETTINGS = {
 
 # --- Agent protocol limits (documented in the README and the OpenAPI schema) --------------
 AGENT_MAX_BATCH_POINTS = _env_int("BRAKELINE_MAX_BATCH_POINTS", 10_000)
+# /metrics for Prometheus (docs/monitoring.md): a bearer token, or public on an internal port.
+METRICS_TOKEN = os.environ.get("BRAKELINE_METRICS_TOKEN", "")
+METRICS_PUBLIC = _env_bool("BRAKELINE_METRICS_PUBLIC", False)
 AGENT_MAX_BATCH_BYTES = _env_int("BRAKELINE_MAX_BATCH_BYTES", 4 * 1024 * 1024)
 AGENT_MAX_SNAPSHOT_BYTES = _env_int("BRAKELINE_MAX_SNAPSHOT_BYTES", 1024 * 1024)
 # Point and snapshot times further than this from the server's clock are refused (400).

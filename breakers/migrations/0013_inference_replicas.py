@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('breakers', '0008_snapshot_kind_resume'),
+        ('breakers', '0012_snapshot_kind_resume'),
         ('incidents', '0009_agent_pid_start_time'),
     ]
 
