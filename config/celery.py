@@ -15,5 +15,6 @@ app.autodiscover_tasks(
         "breakers.detection",
         "breakers.control",
         "breakers.executors.slurm",
+        "breakers.executors.traffic",
     ]
 )

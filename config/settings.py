@@ -462,6 +462,11 @@ COMMAND_ACK_TIMEOUT_SECONDS = _env_seconds_by_kind(
 )
 # Between the executor's polite stop (SIGTERM, Slurm's USR1) and the forced one.
 EXECUTOR_GRACE_SECONDS = _env_seconds("BRAKELINE_EXECUTOR_GRACE_SECONDS", 10.0)
+# Inference jobs (breakers.control.inference): HAProxy's runtime API (a UNIX socket path or
+# host:port; empty: no traffic executor), and how long a drained replica's requests in
+# flight may take to finish before it is put in maintenance anyway.
+HAPROXY_SOCKET = os.environ.get("BRAKELINE_HAPROXY_SOCKET", "").strip()
+INFERENCE_DRAIN_SECONDS = _env_seconds("BRAKELINE_INFERENCE_DRAIN_SECONDS", 30.0)
 # A job's heartbeat deadline: its own timeout, else 8 measured step times but never below the
 # floor (a fast toy job must not be declared hung by one slow garbage collection), and the
 # default until a step time has been measured.

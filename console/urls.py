@@ -6,7 +6,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from console import metrics_endpoint, monitoring_views, review_views, views
+from console import metrics_endpoint, monitoring_views, review_views, snapshot_views, views
 
 urlpatterns = [
     path("", include("console.api.urls")),
@@ -17,6 +17,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", views.dashboard, name="dashboard"),
     path("jobs/<int:pk>/", views.job_page, name="job-page"),
+    path("jobs/<int:pk>/snapshots/", snapshot_views.job_snapshots_page, name="job-snapshots-page"),
     path("alerts/", views.alerts_page, name="alerts-page"),
     path("approvals/", views.approvals_page, name="approvals-page"),
     path("incidents/<int:pk>/", views.incident_page, name="incident-page"),

@@ -13,13 +13,14 @@ from __future__ import annotations
 from django.db import transaction
 
 from breakers.control.commands import IDEMPOTENCY_KEY_LENGTH, issue_command
+from breakers.control.inference import take_replica_out
 from breakers.control.job_state import ACCEPTED_IN
 from breakers.control.timeline import active_incident
 from breakers.models import Command, CommandKind
 from core.errors import Conflict
 from core.text import fit
 from incidents.alerts.lifecycle import append_timeline
-from incidents.models import Alert, Job, TimelineKind
+from incidents.models import Alert, Job, JobKind, TimelineKind
 from incidents.teams.authority import SYSTEM, action_for_command, decide
 
 SYSTEM_VERBS: dict[str, str] = {
@@ -104,6 +105,8 @@ def _incident_of(job_id: int) -> int | None:
 
 def brake_for_alert(alert: Alert) -> list[Command]:
     """Issue the commands the alert's rule asks for, as the system; once per alert and level."""
+    if alert.severity == "L3" and alert.job.kind == JobKind.INFERENCE:
+        return take_replica_out(alert)  # the inference profile: no checkpoint, a restart
     commands = []
     for kind in ACTION_COMMANDS.get(alert.action, ()):
         targets = _failing_nodes(alert) if kind == CommandKind.ISOLATE_NODE else [None]

@@ -12,6 +12,11 @@ from breakers.models.control import (  # noqa: F401
     CommandKind,
     CommandStatus,
 )
+from breakers.models.inference import (  # noqa: F401
+    REPLICA_TRANSITIONS,
+    InferenceReplica,
+    ReplicaStatus,
+)
 from breakers.models.metrics import (  # noqa: F401
     EvaluationState,
     MetricPoint,
@@ -55,4 +60,7 @@ __all__ = [
     "ExternalAlertStatus",
     "EXTERNAL_ALERT_TRANSITIONS",
     "ExternalAlert",
+    "REPLICA_TRANSITIONS",
+    "InferenceReplica",
+    "ReplicaStatus",
 ]

@@ -13,12 +13,20 @@ from django.db import models
 
 from incidents.models import Job
 
-__all__ = ["EnvironmentSnapshot", "SnapshotKind"]
+__all__ = ["KINDS_WITH_CHECKPOINT", "EnvironmentSnapshot", "SnapshotKind"]
 
 
 class SnapshotKind(models.TextChoices):
     START = "start", "At start"
     CHECKPOINT = "checkpoint", "At a checkpoint"
+    # After a run resumed from a checkpoint (a pause ended, or a new process restored it):
+    # checkpoint_path/sha256 name the checkpoint it resumed from, whose snapshot it is diffed
+    # against (breakers.snapshots.resume).
+    RESUME = "resume", "After a resume"
+
+
+# Kinds that name a checkpoint: the one written, or the one resumed from.
+KINDS_WITH_CHECKPOINT = (SnapshotKind.CHECKPOINT, SnapshotKind.RESUME)
 
 
 class EnvironmentSnapshot(models.Model):

@@ -1,8 +1,10 @@
 """Environment snapshots from training agents: strict validation, then one row per snapshot.
 
-Body: ``{"kind": "start" | "checkpoint", "step": N, "snapshot": {...}, "checkpoint":
-{"path": "...", "sha256": "<64 hex>", "bytes": N}}`` — ``checkpoint`` is required for
-kind=checkpoint and refused for kind=start. The snapshot document itself is open (an agent in
+Body: ``{"kind": "start" | "checkpoint" | "resume", "step": N, "snapshot": {...},
+"checkpoint": {"path": "...", "sha256": "<64 hex>", "bytes": N}}`` — ``checkpoint`` is
+required for kind=checkpoint (the checkpoint written) and kind=resume (the one resumed from,
+whose snapshot it is then diffed against: ``breakers.snapshots.resume``), refused for
+kind=start. The snapshot document itself is open (an agent in
 another language may record more), but the sections the console reads are type-checked, and it
 is bounded in size (:data:`MAX_SNAPSHOT_BYTES`, 413 above) and in depth.
 
@@ -37,6 +39,8 @@ from breakers.agent.protocol import (
     unstorable_json,
 )
 from breakers.models import EnvironmentSnapshot, SnapshotKind
+from breakers.models.snapshots import KINDS_WITH_CHECKPOINT
+from breakers.snapshots.resume import check_resume
 from core.errors import InvalidInput, PayloadTooLarge
 
 # A snapshot with every installed package of a large environment is ~50 KB; 1 MiB leaves
@@ -50,7 +54,8 @@ SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "KEY")
 SECTION_TYPES: dict[str, type | tuple[type, ...]] = {
     "packages": dict, "environment": dict, "seeds": dict, "git": dict, "image": dict,
     "scheduler": dict, "resources": dict, "python": dict, "platform": dict, "sdk": dict,
-    "data_position": (dict, type(None)), "taken_at": str, "schema": int,
+    "data_position": (dict, type(None)), "taken_at": str, "schema": int, "hardware": dict,
+    "sandbox": dict,
 }  # fmt: skip
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _URL_PASSWORD = re.compile(r"[a-z][a-z0-9+.\-]*://[^:/@\s]+:(?P<password>[^@/\s]+)@", re.I)
@@ -176,12 +181,12 @@ def _check_snapshot(snapshot: Any, errors: dict[str, str], window: TimeWindow) -
 
 
 def _check_checkpoint(kind: Any, checkpoint: Any, errors: dict[str, str]) -> tuple[str, str]:
-    if kind != SnapshotKind.CHECKPOINT:
+    if kind not in KINDS_WITH_CHECKPOINT:
         if checkpoint is not None:
-            errors["checkpoint"] = "is only sent with kind 'checkpoint'"
+            errors["checkpoint"] = "is only sent with kind 'checkpoint' or 'resume'"
         return "", ""
     if not isinstance(checkpoint, dict):
-        errors["checkpoint"] = "is required for kind 'checkpoint': an object with path, sha256"
+        errors["checkpoint"] = f"is required for kind {kind!r}: an object with path, sha256"
         return "", ""
     for key in checkpoint.keys() - {"path", "sha256", "bytes"}:
         errors[f"checkpoint.{key}"] = "is not a field of a checkpoint (path, sha256, bytes)"
@@ -258,6 +263,9 @@ def record_snapshot(job_id: int, raw_body: bytes) -> tuple[EnvironmentSnapshot, 
                 checkpoint_path=snapshot.checkpoint_path,
                 checkpoint_sha256=snapshot.checkpoint_sha256,
             )
+            if row.kind == SnapshotKind.RESUME:
+                # Once per stored resume (a retried upload is the IntegrityError below).
+                check_resume(row)
     except IntegrityError:
         return EnvironmentSnapshot.objects.get(**fields), False
     return row, True

@@ -4,14 +4,18 @@ HTTP shape."""
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from breakers.snapshots import intake as snapshots
+from breakers.snapshots import queries
 from console.api.agent import ERRORS, AgentView
-from core.errors import PayloadTooLarge
+from console.api.person_auth import PersonView
+from console.api.series import scoped_job
+from core.errors import NotFound, PayloadTooLarge
 
 
 class SnapshotCheckpointDoc(serializers.Serializer):
@@ -21,7 +25,7 @@ class SnapshotCheckpointDoc(serializers.Serializer):
 
 
 class SnapshotUploadDoc(serializers.Serializer):
-    kind = serializers.ChoiceField(choices=["start", "checkpoint"])
+    kind = serializers.ChoiceField(choices=["start", "checkpoint", "resume"])
     step = serializers.IntegerField(min_value=0)
     snapshot = serializers.DictField(
         help_text="The environment: packages, python, platform, environment (secrets "
@@ -30,7 +34,9 @@ class SnapshotUploadDoc(serializers.Serializer):
         "resources, data_position, taken_at (ISO 8601). At most 1 MiB (413 above)."
     )
     checkpoint = SnapshotCheckpointDoc(
-        required=False, help_text="Required with kind=checkpoint, refused with kind=start."
+        required=False,
+        help_text="Required with kind=checkpoint (the checkpoint written) and kind=resume (the "
+        "checkpoint resumed from), refused with kind=start.",
     )
 
 
@@ -51,7 +57,7 @@ class SnapshotView(AgentView):
             **ERRORS,
         },
         tags=["agent"],
-        summary="Store an environment snapshot (at start, at each checkpoint)",
+        summary="Store an environment snapshot (at start, at each checkpoint, after a resume)",
     )
     def post(self, request: Request) -> Response:
         job = request.user.job
@@ -69,3 +75,54 @@ class SnapshotView(AgentView):
                 fields={"snapshot": f"at most {limit} bytes"},
             )
         return super().raw_body(request)
+
+
+# -- people: a job's snapshots, the diff between two, the readiness grade ---------------------
+
+
+class JobSnapshotListView(PersonView):
+    @extend_schema(
+        tags=["snapshots"],
+        summary="A job's environment snapshots (at start, at each checkpoint, after resumes)",
+        responses={200: OpenApiTypes.OBJECT},
+    )
+    def get(self, request: Request, pk: int) -> Response:
+        job = scoped_job(request, pk)
+        rows = [queries.summary(row) for row in queries.job_snapshots(job.pk)]
+        return Response({"job_id": job.pk, "snapshots": rows})
+
+
+class JobSnapshotDiffView(PersonView):
+    @extend_schema(
+        tags=["snapshots"],
+        summary="The difference between two snapshots of a job, grouped",
+        description="`a` and `b` name two snapshots of the job. Without them: the latest "
+        "resume against its checkpoint's snapshot (`diff=resume`, the default), else the two "
+        "latest snapshots (`diff=latest`). 404 when the job has fewer than two snapshots.",
+        parameters=[
+            OpenApiParameter("a", OpenApiTypes.INT, required=False),
+            OpenApiParameter("b", OpenApiTypes.INT, required=False),
+            OpenApiParameter("diff", OpenApiTypes.STR, enum=["resume", "latest"], required=False),
+        ],
+        responses={200: OpenApiTypes.OBJECT},
+    )
+    def get(self, request: Request, pk: int) -> Response:
+        job = scoped_job(request, pk)
+        params = request.query_params
+        chosen = queries.choose_diff(
+            job.pk, params.get("a", ""), params.get("b", ""), params.get("diff", "")
+        )
+        if chosen is None:
+            raise NotFound("This job has fewer than two snapshots: nothing to compare yet.")
+        return Response({"job_id": job.pk, **chosen.as_dict()})
+
+
+class JobReadinessView(PersonView):
+    @extend_schema(
+        tags=["snapshots"],
+        summary="The job's sandbox readiness, graded from its latest snapshot",
+        responses={200: OpenApiTypes.OBJECT},
+    )
+    def get(self, request: Request, pk: int) -> Response:
+        job = scoped_job(request, pk)
+        return Response({"job_id": job.pk, **queries.job_readiness(job.pk).as_dict()})

@@ -10,6 +10,7 @@ from console.api import (
     checkpoints,
     escalations,
     health,
+    inference,
     integrations,
     jobs,
     nodes,
@@ -38,6 +39,11 @@ agent_routes = [
         checkpoints.AgentCheckpointView.as_view(),
         name="agent-checkpoints",
     ),
+    path(
+        f"{V1}/agent/replicas/heartbeat",
+        inference.ReplicaHeartbeatView.as_view(),
+        name="agent-replica-heartbeat",
+    ),
 ]
 
 job_routes = [
@@ -59,6 +65,19 @@ job_routes = [
         name="job-confirm-pause",
     ),
     path(f"{V1}/jobs/<int:pk>/mitigate", actions.MitigateJobView.as_view(), name="job-mitigate"),
+    path(
+        f"{V1}/jobs/<int:pk>/snapshots",
+        snapshots.JobSnapshotListView.as_view(),
+        name="job-snapshots",
+    ),
+    path(
+        f"{V1}/jobs/<int:pk>/snapshots/diff",
+        snapshots.JobSnapshotDiffView.as_view(),
+        name="job-snapshot-diff",
+    ),
+    path(
+        f"{V1}/jobs/<int:pk>/readiness", snapshots.JobReadinessView.as_view(), name="job-readiness"
+    ),
     path(
         f"{V1}/jobs/<int:pk>/isolate-node",
         actions.IsolateNodeView.as_view(),

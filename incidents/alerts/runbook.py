@@ -28,16 +28,23 @@ class RunbookEntry:
     likely_causes: tuple[str, ...]
     what_to_check: tuple[str, ...]
     what_to_do: tuple[str, ...]
+    # Where the console shows what to check: a page of the alert's job, relative to
+    # /jobs/<id>/ ("" when there is none), and its label.
+    link: str = ""
+    link_label: str = ""
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready form, for alert payloads and the API."""
-        return {
+        entry: dict[str, object] = {
             "key": self.key,
             "title": self.title,
             "likely_causes": list(self.likely_causes),
             "what_to_check": list(self.what_to_check),
             "what_to_do": list(self.what_to_do),
         }
+        if self.link:
+            entry.update(link=self.link, link_label=self.link_label)
+        return entry
 
 
 LOSS_DIVERGENCE = RunbookEntry(
@@ -74,6 +81,8 @@ METRICS_DIFFER_AFTER_RESUME = RunbookEntry(
     likely_causes=("random seeds not fixed", "data order changed"),
     what_to_check=("the environment snapshot diff across the resume",),
     what_to_do=("fix the random seeds", "restore the data-loader state"),
+    link="snapshots/?diff=resume",
+    link_label="the snapshot diff across the resume",
 )
 # For every alert the five symptoms do not cover: where to look first, and a safe default.
 GENERIC = RunbookEntry(

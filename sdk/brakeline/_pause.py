@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from brakeline._checkpoint import CheckpointResult
 from brakeline._commands import ACK_LATER, Command, CommandFailed
+from brakeline.snapshot import send_resume_snapshot
 
 if TYPE_CHECKING:
     from brakeline._run import Run
@@ -197,6 +198,7 @@ class PauseController:
         self._enter(PauseState.HELD)
         started = time.monotonic()
         resumed = False
+        resume_command: Command | None = None
         try:
             while not (run.finished or run.stopping or resumed):
                 command = run.inbox.take()
@@ -204,6 +206,7 @@ class PauseController:
                     run.inbox.wait(HOLD_POLL_SECONDS)
                 elif command.kind == "resume":
                     resumed = self._resume(command, step, started)
+                    resume_command = command
                 else:
                     run._apply(command, step)
         finally:
@@ -212,6 +215,12 @@ class PauseController:
             self._enter(PauseState.STOPPED if stopped else PauseState.RUNNING)
         if resumed:
             run.call_hooks("resume", info)
+            # The console diffs it against the snapshot of the checkpoint resumed from: the
+            # one the resume rolled back to, else the one this pause saved.
+            rolled_back_to = resume_command.params.get("checkpoint") if resume_command else None
+            resumed_from = rolled_back_to or info.checkpoint
+            if resumed_from is not None:
+                send_resume_snapshot(run, resumed_from, run.step)
 
     def _resume(self, command: Command, step: int, held_since: float) -> bool:
         """End the hold: your resume handler first (it may refuse by raising), then the roll

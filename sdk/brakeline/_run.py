@@ -44,7 +44,12 @@ from brakeline._sender import MetricsSender
 from brakeline._settings import EXIT_TERMINATED, Settings, resolve_settings
 from brakeline._spool import PointSpool, open_spill_directory
 from brakeline._transport import HttpTransport, Transport, encode_json
-from brakeline.snapshot import checkpoint_reference, heartbeat_scheduler_fields, take_snapshot
+from brakeline.snapshot import (
+    checkpoint_contents,
+    checkpoint_reference,
+    heartbeat_scheduler_fields,
+    take_snapshot,
+)
 
 logger = logging.getLogger("brakeline")
 
@@ -623,11 +628,13 @@ class Run:
         is then hashed in the background thread, never in the training thread)."""
         if self.control is None or not self.settings.send_snapshots:
             return
-        if kind == "checkpoint" and checkpoint is None:
-            raise ValueError("a checkpoint snapshot needs the checkpoint (result or path)")
+        if kind in ("checkpoint", "resume") and checkpoint is None:
+            raise ValueError(f"a {kind} snapshot needs the checkpoint (result or path)")
         self._snapshots_sent += 1
         key = f"snapshot:{kind}:{step}:{self._snapshots_sent}"
         seeds = dict(self.training.seeds)
+        loader = self.training.loader
+        holds = checkpoint_contents(self.training, bool(self._saver), kind)
         settings = self.settings
         control = self.control
 
@@ -641,6 +648,8 @@ class Run:
                     seeds=seeds,
                     data_position=data_position,
                     scratch_dir=settings.checkpoint_dir,
+                    loader=loader,
+                    checkpoint_holds=holds,
                 )
                 body: dict[str, Any] = {"kind": kind, "step": step, "snapshot": snapshot}
                 if checkpoint is not None:

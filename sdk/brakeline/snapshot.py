@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from brakeline._sandbox import hardware, sandbox_facts
 from brakeline._version import __version__
 
 REDACTED = "<redacted>"
@@ -281,8 +282,12 @@ def take_snapshot(
     scratch_dir: str | None = None,
     environ: Mapping[str, str] | None = None,
     extra_env_prefixes: Iterable[str] = (),
+    loader: Any = None,
+    checkpoint_holds: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Everything the console shows and diffs for one moment of a run."""
+    """Everything the console shows and diffs for one moment of a run. ``loader`` (its
+    workers) and ``checkpoint_holds`` (what a checkpoint saves: seeds, data-loader state) feed
+    the sandbox section the console grades readiness from."""
     environ = os.environ if environ is None else environ
     return {
         "schema": 1,
@@ -306,7 +311,49 @@ def take_snapshot(
         "scheduler": scheduler_context(environ, rank, node),
         "resources": resource_limits(scratch_dir),
         "data_position": dict(data_position) if data_position is not None else None,
+        "hardware": _guarded(hardware),
+        "sandbox": _guarded(lambda: sandbox_facts(environ, loader, checkpoint_holds)),
     }
+
+
+def _guarded(probe: Any) -> dict[str, Any]:
+    try:
+        return probe()
+    except Exception as error:  # a probe must never fail the snapshot, let alone the run
+        return {"error": f"{type(error).__name__}: {error}"}
+
+
+def checkpoint_contents(training: Any, custom_saver: bool, kind: str = "") -> dict[str, Any]:
+    """What this run's checkpoints save, as far as the SDK knows: the default saver writes the
+    seeds and, with a wrapped loader, its position; a saver of your own is yours to say
+    (``None``: unknown). ``at`` is the snapshot's kind: at start, seeds and a loader are
+    usually registered a moment later, so the console grades them from the first checkpoint."""
+    if custom_saver:
+        return {"saver": "custom", "seeds": None, "data_loader_state": None, "at": kind}
+    return {
+        "saver": "brakeline",
+        "seeds": bool(getattr(training, "seeds", None)),
+        "data_loader_state": getattr(training, "loader", None) is not None,
+        "at": kind,
+    }
+
+
+def send_resume_snapshot(
+    run: Any, checkpoint: Any, step: int | None = None, data_position: Any = None
+) -> None:
+    """After a run resumed from ``checkpoint`` (a CheckpointResult or a path: after
+    ``brakeline.restore`` in a new process, or at the end of a pause), send a ``resume``
+    snapshot naming it. The console diffs it against that checkpoint's snapshot and raises an
+    L1 when packages, seeds, the image or the data-loader state differ."""
+    loader = getattr(getattr(run, "training", None), "loader", None)
+    # Right after restore() the loader holds the saved position until its next loop replays
+    # it: that pending position is the one the run resumes at.
+    pending = getattr(loader, "_resume", None)
+    if data_position is None and isinstance(pending, dict):
+        data_position = {key: value for key, value in pending.items() if key != "epoch_start_rng"}
+    elif data_position is None and loader is not None and hasattr(loader, "position"):
+        data_position = loader.position()
+    run.send_snapshot("resume", run.step if step is None else step, data_position, checkpoint)
 
 
 def checkpoint_reference(checkpoint: Any) -> dict[str, Any]:

@@ -1,0 +1,245 @@
+"""The inference profile's L3 response: out of traffic, restart, back in when healthy.
+
+An inference replica holds no training state, so its L3 is aggressive and needs no
+checkpoint. For a job of kind ``inference``, ``breakers.control.braking.brake_for_alert`` hands
+any L3 to :func:`take_replica_out` instead of issuing checkpoint_and_pause:
+
+1. in the alert's transaction: the replica ``serving → draining`` (compare-and-swap, its
+   timeline row), and the recovery queued after commit;
+2. :func:`recover_replica` (Celery): the traffic executor drains the server (no new requests,
+   those in flight finish), waits until none is in flight (bounded), puts it in maintenance,
+   then restarts the process through the local executor (``draining → restarting``); when the
+   local executor may not (another host), the replica's SDK is asked to restart itself;
+3. :func:`reenable_if_healthy`, on each replica heartbeat: the first healthy heartbeat from the
+   restarted process puts the server back (``ready``; ``restarting → serving``), resolves the
+   alert and writes the time the replica spent out of traffic.
+
+Every step is a timeline row of the alert's incident. A failure on the way (HAProxy
+unreachable, the restart refused and the SDK silent) leaves the replica ``failed`` and out of
+traffic, with a row saying why: a person takes it from there.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from breakers.executors.restart import restart_replica
+from breakers.executors.traffic import TrafficError, TrafficExecutor, traffic_executor
+from breakers.models import CommandKind, InferenceReplica, ReplicaStatus
+from breakers.models.inference import REPLICA_TRANSITIONS
+from core.transitions import compare_and_swap
+from incidents.alerts.lifecycle import append_timeline, resolve_alert
+from incidents.models import Alert, TimelineKind
+from incidents.teams.authority import SYSTEM, action_for_command, decide
+
+DRAIN_POLL_SECONDS = 0.05
+
+
+def _note(replica: InferenceReplica, message: str, event: str, **data: object) -> None:
+    if replica.incident_id is not None:
+        append_timeline(
+            replica.incident_id,
+            TimelineKind.NOTE,
+            message,
+            alert_id=replica.response_alert_id,
+            data={"event": event, "replica": replica.name, "backend": replica.backend, **data},
+        )
+
+
+def _move(replica: InferenceReplica, expected: str, new: str, **fields: Any) -> bool:
+    won = compare_and_swap(
+        InferenceReplica,
+        replica.pk,
+        table=REPLICA_TRANSITIONS,
+        expected=[expected],
+        new=new,
+        **fields,
+    )
+    if won:
+        replica.refresh_from_db()
+    return won
+
+
+def take_replica_out(alert: Alert) -> list:
+    """The L3 of an inference job (inside the alert's transaction). Returns no command: the
+    response is the replica's, not the job's."""
+    # Judged as the pause it stands in for: what the system may do at the alert's level.
+    decision = decide(SYSTEM, action_for_command(CommandKind.CHECKPOINT_AND_PAUSE), alert.severity)
+    replica = InferenceReplica.objects.filter(job_id=alert.job_id, name=alert.node).first()
+    why = None if decision.allowed else decision.reason
+    if why is None and replica is None:
+        why = f"no replica named {alert.node!r} heartbeats for this job"
+    if why is not None:
+        if alert.incident_id is not None:
+            append_timeline(
+                alert.incident_id,
+                TimelineKind.NOTE,
+                f"No automatic replica restart: {why}",
+                alert_id=alert.pk,
+                data={"event": "replica_response_refused"},
+            )
+        return []
+    assert replica is not None
+    now = timezone.now()
+    moved = _move(
+        replica,
+        ReplicaStatus.SERVING,
+        ReplicaStatus.DRAINING,
+        out_of_traffic_since=now,
+        response_alert_id=alert.pk,
+        incident_id=alert.incident_id,
+        pid_before_restart=replica.pid,
+        recovery_claimed_at=None,
+    )
+    if not moved:
+        return []  # already out of traffic: one response at a time
+    _note(
+        replica,
+        f"Inference L3: replica {replica.backend}/{replica.name} leaves traffic, "
+        "restarts and comes back when healthy (no checkpoint)",
+        "replica_response_started",
+    )
+    from breakers.executors.traffic.tasks import recover_replica_task
+
+    replica_id = replica.pk
+    transaction.on_commit(lambda: recover_replica_task.delay(replica_id))
+    return []
+
+
+def _fail(replica: InferenceReplica, expected: str, why: str) -> None:
+    with transaction.atomic():
+        if _move(replica, expected, ReplicaStatus.FAILED):
+            _note(replica, f"Replica {replica.name} stays out of traffic: {why}", "replica_failed")
+
+
+def _drain(executor: TrafficExecutor, replica: InferenceReplica) -> float:
+    """Drain, wait (bounded) until no request is in flight, then maintenance; the seconds."""
+    started = time.monotonic()
+    executor.drain(replica.backend, replica.name)
+    deadline = started + settings.INFERENCE_DRAIN_SECONDS
+    state = executor.state(replica.backend, replica.name)
+    while state.sessions > 0 and time.monotonic() < deadline:
+        time.sleep(DRAIN_POLL_SECONDS)
+        state = executor.state(replica.backend, replica.name)
+    executor.maintenance(replica.backend, replica.name)
+    return time.monotonic() - started
+
+
+def _claim(replica: InferenceReplica) -> bool:
+    """One worker at a time drains and restarts a replica (a redelivered task, a second
+    worker): a compare-and-swap on the claim, which expires after the longest the response
+    can take, so a worker killed on the way does not leave the replica stuck for ever."""
+    now = timezone.now()
+    lease = settings.INFERENCE_DRAIN_SECONDS + settings.EXECUTOR_GRACE_SECONDS + 60.0
+    expired = Q(recovery_claimed_at__isnull=True) | Q(
+        recovery_claimed_at__lt=now - timedelta(seconds=lease)
+    )
+    claimed = InferenceReplica.objects.filter(
+        expired, pk=replica.pk, status=ReplicaStatus.DRAINING
+    ).update(recovery_claimed_at=now)
+    return claimed == 1
+
+
+def recover_replica(replica_id: int) -> None:
+    """Steps 2 of the response (idempotent: only a replica still ``draining`` is acted on)."""
+    replica = InferenceReplica.objects.filter(pk=replica_id).first()
+    if replica is None or replica.status != ReplicaStatus.DRAINING or not _claim(replica):
+        return
+    executor = traffic_executor()
+    if executor is None:
+        _fail(
+            replica,
+            ReplicaStatus.DRAINING,
+            "no traffic executor is configured (BRAKELINE_HAPROXY_SOCKET): it could not be drained",
+        )
+        return
+    try:
+        seconds = _drain(executor, replica)
+    except TrafficError as error:
+        _fail(replica, ReplicaStatus.DRAINING, str(error))
+        return
+    with transaction.atomic():
+        _note(
+            replica,
+            f"Drained in {executor.name} ({replica.backend}/{replica.name}): no "
+            f"request in flight after {seconds:.2f} s; in maintenance",
+            "replica_drained",
+            seconds=round(seconds, 3),
+        )
+    outcome = restart_replica(replica, grace_seconds=settings.EXECUTOR_GRACE_SECONDS)
+    with transaction.atomic():
+        if outcome.stopped:
+            _move(
+                replica,
+                ReplicaStatus.DRAINING,
+                ReplicaStatus.RESTARTING,
+                restarts=replica.restarts + 1,
+            )
+            _note(
+                replica,
+                "Restarted by the local executor: " + "; ".join(outcome.steps),
+                "replica_restarted",
+                new_pid=int(outcome.detail),
+            )
+            return
+        # Another host, or a pid not proven the replica's: the replica's SDK restarts itself.
+        _move(
+            replica,
+            ReplicaStatus.DRAINING,
+            ReplicaStatus.RESTARTING,
+            pending_action="restart",
+            restarts=replica.restarts + 1,
+        )
+        _note(
+            replica,
+            f"Local restart {outcome.detail}; the replica is asked to restart itself",
+            "replica_restart_requested",
+        )
+
+
+def reenable_if_healthy(replica: InferenceReplica, now: datetime | None = None) -> bool:
+    """Step 3, after a heartbeat: back in traffic once the restarted process is healthy.
+    True when this call put it back."""
+    restarted = replica.pid is not None and replica.pid != replica.pid_before_restart
+    if replica.status != ReplicaStatus.RESTARTING or not (replica.healthy and restarted):
+        return False
+    executor = traffic_executor()
+    try:
+        if executor is None:
+            raise TrafficError("no traffic executor is configured")
+        executor.ready(replica.backend, replica.name)
+        in_traffic = executor.state(replica.backend, replica.name).in_traffic
+    except TrafficError as error:
+        _fail(replica, ReplicaStatus.RESTARTING, f"could not be put back: {error}")
+        return False
+    now = now or timezone.now()
+    out_since = replica.out_of_traffic_since
+    seconds = (now - out_since).total_seconds() if out_since else 0.0
+    alert_id = replica.response_alert_id
+    with transaction.atomic():
+        if not _move(
+            replica,
+            ReplicaStatus.RESTARTING,
+            ReplicaStatus.SERVING,
+            out_of_traffic_since=None,
+            pending_action="",
+        ):
+            return False
+        _note(
+            replica,
+            f"Back in traffic ({replica.backend}/{replica.name} ready, "
+            f"{'confirmed' if in_traffic else 'not yet confirmed'} by the load balancer) as "
+            f"process {replica.pid}, after {seconds:.1f} s out of traffic",
+            "replica_back",
+            seconds_out_of_traffic=round(seconds, 3),
+        )
+    if alert_id is not None:
+        resolve_alert(alert_id, reason=f"replica {replica.name} restarted and healthy again")
+    return True
