@@ -110,7 +110,8 @@ def test_pausing_then_paused_with_the_checkpoint_and_confirm_buttons(client, mem
     assert buttons(state.encode()) == ["Acknowledge"]  # nothing to pause; the alert fires
     acknowledge_command(
         job.job_id, command.pk, status="succeeded",
-        result={"path": "/ckpt/step-10.pt", "bytes": 2_500_000, "seconds": 1.5, "step": 10},
+        result={"path": "/ckpt/step-10.pt", "bytes": 2_500_000, "seconds": 1.5, "step": 10,
+                "sha256": "ab" * 32},  # with its hash it is in the catalogue: Roll back… offers it
     )  # fmt: skip
     state = client.get(f"/jobs/{job.job_id}/?partial=state").content.decode()
     assert 'data-status="paused"' in state and "/ckpt/step-10.pt" in state
