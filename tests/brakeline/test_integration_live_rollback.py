@@ -17,7 +17,9 @@ from breakers.control.commands import issue_command
 from breakers.control.job_actions import confirm_pause
 from breakers.models import Command, CommandKind, CommandStatus, MetricPoint
 from core.errors import InvalidInput
+from incidents.alerts.acknowledge import acknowledge_alert
 from incidents.models import Incident, IncidentStatus, Job, JobStatus, TimelineEntry
+from incidents.reviews.writeup import load_review
 from tests.brakeline.live import wait_for
 from tests.support.authz import make_member
 
@@ -80,6 +82,7 @@ def test_a_poisoned_batch_is_braked_clean_and_rolled_back_bit_for_bit(
     assert result["sha256"] in saved.message and saved.data["clean"] is True
 
     oncall = make_member(Job.objects.get(pk=agent.job_id).team, "oncall")
+    acknowledge_alert(oncall, pause.alert_id, note="poisoned batch: rolling back")
     with pytest.raises(InvalidInput) as refused:
         confirm_pause(oncall, agent.job_id, decision="roll_back", checkpoint="/nonexistent/ckpt.pt")
     assert "checkpoint" in refused.value.fields
@@ -102,6 +105,11 @@ def test_a_poisoned_batch_is_braked_clean_and_rolled_back_bit_for_bit(
     )
     kinds = set(TimelineEntry.objects.filter(incident=incident).values_list("kind", flat=True))
     assert {"command_issued", "checkpoint_saved", "resumed", "incident_resolved"} <= kinds
+    # The review measures every link of the chain and shows the checkpoint's hash.
+    review = load_review(oncall, incident.pk)
+    for key in ("detect", "acknowledge", "brake", "recover"):
+        assert review.durations.link(key).measured, key
+    assert any(result["sha256"] in row.message for row in review.rows)
 
 
 def test_a_recurrence_after_resume_brakes_again(live_console, agent, training):

@@ -164,3 +164,25 @@ def test_push_messages_feed_the_inbox_and_junk_is_ignored():
 def test_without_websockets_the_push_listener_steps_aside(monkeypatch):
     monkeypatch.setitem(sys.modules, "websockets.sync.client", None)
     assert PushListener("ws://x/ws/agent/", "t", CommandInbox()).start() is False
+
+
+def test_a_half_imported_torch_does_not_break_the_snapshot(monkeypatch):
+    """``import torch`` after ``brakeline.init``: the snapshot thread may run while torch is
+    still initialising in the training thread; touching it then raises "partially initialized
+    module". The snapshot leaves the accelerators out instead of failing."""
+    import importlib.machinery
+    import types
+
+    from brakeline.snapshot import take_snapshot
+
+    class HalfImported(types.ModuleType):
+        def __getattr__(self, name):
+            raise AttributeError(f"partially initialized module 'torch' has no attribute {name!r}")
+
+    half = HalfImported("torch")
+    half.__spec__ = importlib.machinery.ModuleSpec("torch", None)
+    half.__spec__._initializing = True  # what importlib sets while the module is executing
+    monkeypatch.setitem(sys.modules, "torch", half)
+    snapshot = take_snapshot(rank=0, node="n", seeds={}, data_position=None)
+    assert "accelerators" not in snapshot["resources"]
+    json.dumps(snapshot)
