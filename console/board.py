@@ -34,6 +34,8 @@ from incidents.models import (
     JobStatus,
     Membership,
     PauseConfirmation,
+    TimelineEntry,
+    TimelineKind,
 )
 from incidents.teams.access import role_in_team
 from incidents.teams.authority import Action, decide, decide_on_escalation
@@ -92,9 +94,25 @@ def job_buttons(role: str | None, job: Job, pause: Command | None = None) -> lis
             )
         )
     awaiting = pause is not None and job.status == JobStatus.PAUSED and not _confirmed(pause)
-    if awaiting and decide(role, Action.CONFIRM_PAUSE, pause_level(pause)).allowed:
+    confirms = awaiting and decide(role, Action.CONFIRM_PAUSE, pause_level(pause)).allowed
+    if confirms:
         buttons += _confirm_buttons(base, job)
-    if job.status in ACCEPTED_IN[CommandKind.RESUME] and decide(role, Action.RESUME_JOB).allowed:
+    elif awaiting and decide(role, Action.PAUSE_JOB).allowed:
+        buttons.append(
+            Button(
+                "Ask a manager to confirm",
+                f"{base}/ask-confirmation",
+                "primary",
+                ask=[{"name": "note", "label": "Note for the managers", "required": False}],
+                title=f"Page the managers: confirm the pause of {job.name}",
+            )
+        )
+    # "Confirm & resume" already resumes (and records the confirmation): one resume button.
+    if (
+        not confirms
+        and job.status in ACCEPTED_IN[CommandKind.RESUME]
+        and decide(role, Action.RESUME_JOB).allowed
+    ):
         buttons.append(
             Button("Resume", f"{base}/resume", "primary", ask=[REASON], title=f"Resume {job.name}")
         )
@@ -190,6 +208,14 @@ def alert_buttons(role: str | None, alert: Alert) -> list[Button]:
     return buttons
 
 
+def acknowledged_by(alert_ids: list[int]) -> dict[int, str]:
+    """Who acknowledged each alert (the acknowledgement's timeline row names its person)."""
+    rows = TimelineEntry.objects.filter(
+        alert_id__in=alert_ids, kind=TimelineKind.ACKNOWLEDGED
+    ).select_related("actor")
+    return {r.alert_id: (r.actor.get_username() if r.actor else "someone") for r in rows}
+
+
 def escalation_buttons(user: Any, role: str | None, request: EscalationRequest) -> list[Button]:
     if request.status != EscalationStatus.PENDING:
         return []
@@ -237,7 +263,24 @@ def pause_progress(pause: Command | None) -> dict[str, Any] | None:
         "seconds": result.get("seconds"),
         "error": pause.error,
         "confirmed": _confirmed(pause),
+        "confirmers": who_confirms(pause),
     }
+
+
+def who_confirms(pause: Command) -> str:
+    """Who may confirm this pause, in words, with the names of the team's managers."""
+    decision = decide(None, Action.CONFIRM_PAUSE, pause_level(pause))
+    managers = ", ".join(
+        Membership.objects.filter(team__jobs__pk=pause.job_id, role__in=["manager", "admin"])
+        .order_by("role", "user__username")
+        .values_list("user__username", flat=True)
+    )
+    names = f" ({managers})" if managers else ""
+    if decision.required_role == "oncall":
+        return f"the on-call engineer or a manager{names}"
+    if decision.required_role is None:
+        return "nobody: there is no pause to confirm"
+    return f"a manager{names}"
 
 
 def job_state(user: Any, job: Job) -> dict[str, Any]:

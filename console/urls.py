@@ -7,6 +7,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from console import review_views, views
+from console.pages import lists, teams
 
 urlpatterns = [
     path("", include("console.api.urls")),
@@ -22,4 +23,9 @@ urlpatterns = [
     path("incidents/<int:pk>/", views.incident_page, name="incident-page"),
     path("incidents/<int:pk>/review/", review_views.incident_review, name="incident-review"),
     path("teams/<int:pk>/report/", review_views.team_report, name="team-report"),
+    path("teams/", teams.teams_page, name="teams-page"),
+    path("teams/<int:pk>/paging/", teams.paging_page, name="team-paging"),
+    path("silences/", lists.silences_page, name="silences-page"),
+    path("incidents/", lists.incidents_page, name="incidents-page"),
+    path("audit/", lists.audit_page, name="audit-page"),
 ]
