@@ -23,7 +23,7 @@ from incidents.teams.authority import Action, decide
 from incidents.teams.oncall import create_shift, delete_shift, team_shifts, who_is_on_call
 
 GRID_LAYERS = ("health", "stability")
-GRID_CHANNELS = {"health": ("email", "sms", "phone"), "stability": CHANNELS}
+GRID_CHANNELS = {"health": CHANNELS, "stability": CHANNELS}
 
 
 @login_required

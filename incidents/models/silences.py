@@ -53,4 +53,7 @@ class Silence(models.Model):
     def __str__(self) -> str:
         scope = self.job.name if self.job_id and self.job else "every job"
         rule = self.rule_key or "every rule"
-        return f"silence #{self.pk} of {self.team} ({scope}, {rule}) until {self.ends_at}"
+        return (
+            f"silence #{self.pk} of {self.team} ({scope}, {rule}) "
+            f"until {self.ends_at:%Y-%m-%d %H:%M} UTC"
+        )

@@ -59,6 +59,7 @@ def paging_reach(team: Team, now: datetime | None = None) -> Reach:
         Contact.objects.filter(user__in=[p.pk for p in people]).values_list("user_id", "phone")
     )
     reached: dict[str, None] = {}
+    missing: dict[tuple[str, str], list[str]] = {}  # (person, address) -> channels failing
     for layer in PAGING_LAYERS:
         for channel in channels_for(policy.rules, layer, "L3"):
             if channel == DIGEST:
@@ -73,7 +74,11 @@ def paging_reach(team: Team, now: datetime | None = None) -> Reach:
                     _add(reach, "No chat webhook is set: chat pages fail.")
                 elif person is not None:
                     what = "e-mail address" if channel == "email" else "phone number"
-                    _add(reach, f"{person} has no {what}: {channel} pages to them fail.")
+                    failing = missing.setdefault((str(person), what), [])
+                    if channel not in failing:
+                        failing.append(channel)
+    for (person, what), failing in missing.items():
+        _add(reach, f"{person} has no {what}: {' and '.join(failing)} pages to them fail.")
     reach.reached = list(reached)
     reach.pages_nobody = not reach.reached
     return reach
