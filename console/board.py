@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
+from django.db.models import Q
 from django.utils import timezone
 
 from breakers.control.job_actions import CONFIRMABLE, latest_pause, pause_level
@@ -22,6 +23,7 @@ from breakers.control.job_state import ACCEPTED_IN
 from breakers.metrics import recent_points
 from breakers.models import Command, CommandKind
 from console.api.jobs import JobSerializer, visible_jobs
+from incidents import silences as silencing
 from incidents.alerts.lifecycle import alert_payload
 from incidents.models import (
     ACTIVE_ALERT_STATUSES,
@@ -292,6 +294,13 @@ def job_state(user: Any, job: Job) -> dict[str, Any]:
         .select_related("job")
         .order_by("-severity", "-raised_at")
     )
+    acked = acknowledged_by([a.pk for a in alerts])
+    silences = (
+        silencing.active()
+        .filter(team_id=job.team_id)
+        .filter(Q(job__isnull=True) | Q(job_id=job.pk))
+        .select_related("created_by")
+    )
     incident = Incident.objects.filter(job=job).order_by("-opened_at").first()
     escalations = EscalationRequest.objects.filter(
         job=job, status=EscalationStatus.PENDING
@@ -302,8 +311,16 @@ def job_state(user: Any, job: Job) -> dict[str, Any]:
         "role": role,
         "buttons": job_buttons(role, job, pause),
         "pause": pause_progress(pause),
-        "alerts": [{"alert": alert_payload(a), "buttons": alert_buttons(role, a)} for a in alerts],
+        "alerts": [
+            {
+                "alert": alert_payload(a),
+                "buttons": alert_buttons(role, a),
+                "acknowledged_by": acked.get(a.pk),
+            }
+            for a in alerts
+        ],  # fmt: skip
         "incident": incident,
+        "silences": list(silences),
         "escalations": [
             {"request": r, "buttons": escalation_buttons(user, role, r)} for r in escalations
         ],

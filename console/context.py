@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.http import HttpRequest
+from django.utils.functional import SimpleLazyObject
 
 from incidents.models import EscalationRequest, EscalationStatus, Membership
 from incidents.notifications.reach import teams_paging_nobody
@@ -15,9 +16,19 @@ from incidents.teams.authority import Action, decide
 
 
 def console(request: HttpRequest) -> dict[str, Any]:
+    """Lazy: a page's live part (``?partial=``, fetched again on every event) never shows the
+    frame, so it never pays for these queries."""
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
         return {}
+    frame = SimpleLazyObject(lambda: _frame(user))
+    return {
+        "nav": SimpleLazyObject(lambda: frame["nav"]),
+        "paging_nobody": SimpleLazyObject(lambda: frame["paging_nobody"]),
+    }
+
+
+def _frame(user: Any) -> dict[str, Any]:
     roles = dict(Membership.objects.filter(user=user).values_list("team_id", "role"))
     teams = [t for t, r in roles.items() if decide(r, Action.VIEW).allowed]
     pending = EscalationRequest.objects.filter(

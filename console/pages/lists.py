@@ -5,13 +5,14 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 
 from console.api.reviews import audit_context
 from console.board import roles_by_team
 from console.pages.forms import attempt, int_field, utc_field
+from core.errors import NotFound
 from incidents.models import AuditEntry, Incident, Job, Team
 from incidents.silences import create_silence, end_silence, visible_silences
 from incidents.teams.access import visible_team_ids
@@ -57,7 +58,13 @@ def silences_page(request: HttpRequest) -> HttpResponse:
         return redirect("/silences/")
     now = timezone.now()
     roles = roles_by_team(request.user)
-    silences = list(visible_silences(request.user).order_by("-ends_at", "-id")[:PAGE])
+    team = request.GET.get("team", "")
+    only = int(team) if team.isascii() and team.isdigit() and len(team) < 12 else None
+    try:
+        found = visible_silences(request.user, team_id=only)
+    except NotFound:
+        raise Http404("There is no such team.") from None
+    silences = list(found.order_by("-ends_at", "-id")[:PAGE])
     managed = [t for t in visible_team_ids(request.user)
                if decide(roles.get(t), Action.MANAGE_SILENCES).allowed]  # fmt: skip
     context = {
