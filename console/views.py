@@ -88,6 +88,9 @@ def approvals_page(request: HttpRequest) -> HttpResponse:
         "job", "requested_by", "decided_by", "alert"
     )
     pending = requests.filter(status=EscalationStatus.PENDING).order_by("requested_at")
+    if _partial(request) == "badge":  # the nav's count, kept live on every page
+        context = {"pending_count": pending.count(), "team_ids": teams}
+        return render(request, "partials/approvals_badge.html", context)
     decided = requests.exclude(status=EscalationStatus.PENDING).order_by("-requested_at")[:RECENT]
 
     def rows(items):

@@ -163,7 +163,10 @@ def test_incidents_list_audit_for_managers_and_the_nav(client, crew):
     )  # fmt: skip
     client.force_login(people["max"])
     page = client.get("/alerts/").content.decode()
-    assert 'id="pending-badge"' in page and 'href="/audit/"' in page
+    assert re.search(r'id="pending-badge" class="count" title[^>]*>1</span>', page)
+    assert 'href="/audit/"' in page
+    badge = client.get("/approvals/?partial=badge").content.decode()
+    assert badge.startswith('<span id="pending-badge"') and ">1</span>" in badge
     audit = client.get("/audit/").content.decode()
     assert "<table" in audit and "UTC" in audit
     assert client.get("/teams/").status_code == 200

@@ -85,7 +85,7 @@ def test_a_manager_silences_a_job_and_its_nan_is_braked_and_shown_silenced(
     agent.metrics([(100, "NaN")])
     agent.wait_for_command("checkpoint_and_pause", 100)  # the brake is never silenced
     page.goto(f"{live_console}/alerts/")
-    expect(page.locator("#open-alerts tr.alert-silenced")).to_contain_text("silenced until")
+    expect(page.locator("#open-alerts tr.alert-silenced")).to_contain_text("Silenced until")
     expect(page.locator("#health-banner")).to_be_hidden(timeout=15_000)
     screenshot(page, "alerts-silenced.png")
     page.goto(f"{live_console}/silences/")
