@@ -160,3 +160,25 @@ def test_a_new_l3_is_a_browser_notification_for_a_signed_in_oncall(
         ]  # the L2 before it did not notify
     finally:
         context.close()
+
+
+def test_the_pending_approvals_badge_follows_requests_live(
+    page, live_console, celery_worker, scripted_agent, people, log_in
+):
+    from incidents.escalations import request_escalation
+
+    agent = scripted_agent(name="llm-70b-pretrain")
+    agent.heartbeat(10)
+    olga = people("olga", "vision", Role.ONCALL)
+    people("max", "vision", Role.MANAGER)
+    alert = in_thread(raise_or_update_alert, agent.job_id, signal("L2", rule="loss-sustained"))
+    log_in(page, "max")
+    page.goto(f"{live_console}/incidents/")
+    page.evaluate("window.__sameDocument = true")
+    badge = page.locator("#pending-badge")
+    expect(badge).to_be_hidden()
+    expect(page.locator("#live-indicator")).to_have_text("live")
+    in_thread(request_escalation, olga, agent.job_id, kind="checkpoint_and_pause",
+              reason="loss keeps climbing", alert_id=alert.alert.pk)  # fmt: skip
+    expect(badge).to_have_text("1")  # no reload: the escalation event refreshed it
+    assert page.evaluate("window.__sameDocument === true")
