@@ -14,6 +14,10 @@ from core.errors import InvalidInput, ServiceError
 
 def attempt(request: HttpRequest, done: str, call: Callable[[], Any]) -> bool:
     """Run ``call``; a success or the refusal's sentence becomes the page's message."""
+    nul = next((k for k, v in request.POST.items() if "\x00" in k or "\x00" in v), None)
+    if nul is not None:  # PostgreSQL text holds no NUL: refuse it here, never a 500
+        messages.error(request, f"A NUL character is not allowed ({nul}).")
+        return False
     try:
         call()
     except ServiceError as error:

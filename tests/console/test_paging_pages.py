@@ -43,7 +43,8 @@ def crew():
 
 
 def banner(html: bytes) -> list[str]:
-    return re.findall(r'<div class="banner paging-nobody"[^>]*>\s*([^<]+)', html.decode())
+    found = re.findall(r'<div class="banner paging-nobody"[^>]*>(.*?)</div>', html.decode(), re.S)
+    return [re.sub(r"<[^>]+>", "", text).strip() for text in found]
 
 
 def test_the_banner_says_a_team_pages_nobody_until_the_paging_is_fixed(client, crew, receiver):
@@ -134,6 +135,8 @@ def test_silences_page_creates_lists_and_ends_and_oncall_cannot(client, crew):
         b"A silence needs a reason"
         in client.post("/silences/", {**body, "reason": ""}, follow=True).content
     )
+    nul = client.post("/silences/", {**body, "reason": "a\x00b"}, follow=True)
+    assert b"A NUL character is not allowed (reason)." in nul.content
     page = client.post("/silences/", body, follow=True).content.decode()
     silence = Silence.objects.get()
     assert silence.ends_at - silence.starts_at == timedelta(hours=2) and silence.job == job
