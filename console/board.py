@@ -279,10 +279,10 @@ def who_confirms(pause: Command) -> str:
     )
     names = f" ({managers})" if managers else ""
     if decision.required_role == "oncall":
-        return f"the on-call engineer or a manager{names}"
+        return f"the on-call engineer, a manager or an admin{names}"
     if decision.required_role is None:
         return "nobody: there is no pause to confirm"
-    return f"a manager{names}"
+    return f"a manager or an admin{names}"
 
 
 def job_state(user: Any, job: Job) -> dict[str, Any]:

@@ -117,7 +117,7 @@ def test_oncall_sees_who_confirms_a_pause_asks_for_it_and_a_manager_sees_one_res
         page.click("#act-submit")
         agent.ack_checkpoint(agent.wait_for_command("checkpoint_and_pause", 50), 50)
         expect(page.locator("#awaiting")).to_contain_text(
-            "awaiting confirmation by a manager (max)"
+            "awaiting confirmation by a manager or an admin (max)"
         )
         page.click("#job-state button.act:has-text('Ask a manager to confirm')")
         page.fill("#act-fields textarea[name=note]", "please have a look")

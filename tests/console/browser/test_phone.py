@@ -25,7 +25,7 @@ def sideways(page) -> int:
 
 
 def test_every_page_fits_a_phone_and_oncall_can_act_one_handed(
-    browser, live_console, celery_worker, scripted_agent, people, log_in
+    browser, live_console, celery_worker, beat, scripted_agent, people, log_in
 ):
     install_default_pack()
     agent = scripted_agent(name="llm-70b-pretrain-with-a-long-descriptive-name")
