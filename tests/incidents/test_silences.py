@@ -260,3 +260,34 @@ def test_an_alert_storm_from_many_nodes_pages_once_per_level(paging, receiver, w
     assert len(receiver.to("/hooks/chat")) == 1 and len(receiver.to("/Calls.json")) == 1
     assert len({a.incident_id for a in Alert.objects.filter(job_id=job.pk)}) == 1
     NotificationRound.objects.filter(status="scheduled").update(status="cancelled")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_workers_dispatching_one_storm_at_once_page_once(paging, worker):
+    """The incident's row lock orders the two: the second finds the first one's round."""
+    import threading
+
+    from django.db import connection
+
+    job = paging[0]
+    alerts = [
+        raise_or_update_alert(job.pk, signal(node=f"node-{n}"), now=T0).alert for n in range(2)
+    ]
+    barrier, results = threading.Barrier(2), {}
+
+    def run(alert_id: int) -> None:
+        try:
+            barrier.wait(timeout=10)
+            results[alert_id] = dispatch_alert(alert_id)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(a.pk,)) for a in alerts]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert NotificationRound.objects.filter(alert__in=alerts, number=0).count() == 1
+    assert sorted(bool(ids) for ids in results.values()) == [False, True]
+    wait_for(settle, "the deliveries to finish")
+    NotificationRound.objects.filter(status="scheduled").update(status="cancelled")
