@@ -355,8 +355,11 @@ def sparkline(points: list[tuple[int, float]], width: int = 120, height: int = 2
     return {"path": path, "marks": marks, "width": width, "height": height}
 
 
-def attention(status: str, open_alerts: list[Alert], awaiting_confirmation: bool) -> tuple:
-    """Sort key, most urgent first, with the one-line reason shown in the row."""
+def attention(
+    status: str, open_alerts: list[Alert], awaiting_confirmation: bool, confirmer: str = ""
+) -> tuple:
+    """Sort key, most urgent first, with the one-line reason shown in the row (``confirmer``:
+    who confirms the pause awaiting it, "on-call" or "a manager")."""
     firing = sorted(
         (a.severity for a in open_alerts if a.status == AlertStatus.FIRING), reverse=True
     )
@@ -366,7 +369,7 @@ def attention(status: str, open_alerts: list[Alert], awaiting_confirmation: bool
     if status == JobStatus.PAUSING:
         return 1, "pausing: waiting for the checkpoint"
     if awaiting_confirmation:
-        return 1, "paused: confirm keep / resume / roll back"
+        return 1, f"paused: {confirmer or 'someone'} confirms keep / resume / roll back"
     if status == "silent":
         return 2, "silent: no heartbeat"
     if top == "L2":
@@ -391,7 +394,12 @@ def dashboard_rows(user: Any) -> list[dict[str, Any]]:
         status = display_status(job)
         pause = latest_pause(job.pk) if job.status in CONFIRMABLE else None
         waiting = job.status == JobStatus.PAUSED and pause is not None and not _confirmed(pause)
-        rank, why = attention(status, alerts[job.pk], waiting)
+        confirmer = ""
+        if waiting and pause is not None:
+            level = pause_level(pause)
+            confirmer = "on-call" if decide("oncall", Action.CONFIRM_PAUSE, level).allowed else (
+                "a manager")  # fmt: skip
+        rank, why = attention(status, alerts[job.pk], waiting, confirmer)
         levels = {level: 0 for level in ("L4", "L3", "L2", "L1")}
         for alert in alerts[job.pk]:
             levels[alert.severity] += 1
