@@ -55,7 +55,6 @@ class Team:
 @pytest.fixture
 def team(db) -> Team:
     from incidents.jobs import create_job
-
     from incidents.models import NotificationPolicy
 
     created = create_job("research", f"llm-{next(_names)}")
