@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
+from django.db.models import Q
 from django.utils import timezone
 
 from breakers.checkpoints import catalogue
@@ -23,6 +24,7 @@ from breakers.control.job_state import ACCEPTED_IN
 from breakers.metrics import recent_points
 from breakers.models import Command, CommandKind
 from console.api.jobs import JobSerializer, visible_jobs
+from incidents import silences as silencing
 from incidents.alerts.lifecycle import alert_payload
 from incidents.models import (
     ACTIVE_ALERT_STATUSES,
@@ -35,6 +37,8 @@ from incidents.models import (
     JobStatus,
     Membership,
     PauseConfirmation,
+    TimelineEntry,
+    TimelineKind,
 )
 from incidents.teams.access import role_in_team
 from incidents.teams.authority import Action, decide, decide_on_escalation
@@ -93,9 +97,25 @@ def job_buttons(role: str | None, job: Job, pause: Command | None = None) -> lis
             )
         )
     awaiting = pause is not None and job.status == JobStatus.PAUSED and not _confirmed(pause)
-    if awaiting and decide(role, Action.CONFIRM_PAUSE, pause_level(pause)).allowed:
+    confirms = awaiting and decide(role, Action.CONFIRM_PAUSE, pause_level(pause)).allowed
+    if confirms:
         buttons += _confirm_buttons(base, job)
-    if job.status in ACCEPTED_IN[CommandKind.RESUME] and decide(role, Action.RESUME_JOB).allowed:
+    elif awaiting and decide(role, Action.PAUSE_JOB).allowed:
+        buttons.append(
+            Button(
+                "Ask a manager to confirm",
+                f"{base}/ask-confirmation",
+                "primary",
+                ask=[{"name": "note", "label": "Note for the managers", "required": False}],
+                title=f"Page the managers: confirm the pause of {job.name}",
+            )
+        )
+    # "Confirm & resume" already resumes (and records the confirmation): one resume button.
+    if (
+        not confirms
+        and job.status in ACCEPTED_IN[CommandKind.RESUME]
+        and decide(role, Action.RESUME_JOB).allowed
+    ):
         buttons.append(
             Button("Resume", f"{base}/resume", "primary", ask=[REASON], title=f"Resume {job.name}")
         )
@@ -211,6 +231,14 @@ def alert_buttons(role: str | None, alert: Alert) -> list[Button]:
     return buttons
 
 
+def acknowledged_by(alert_ids: list[int]) -> dict[int, str]:
+    """Who acknowledged each alert (the acknowledgement's timeline row names its person)."""
+    rows = TimelineEntry.objects.filter(
+        alert_id__in=alert_ids, kind=TimelineKind.ACKNOWLEDGED
+    ).select_related("actor")
+    return {r.alert_id: (r.actor.get_username() if r.actor else "someone") for r in rows}
+
+
 def escalation_buttons(user: Any, role: str | None, request: EscalationRequest) -> list[Button]:
     if request.status != EscalationStatus.PENDING:
         return []
@@ -258,7 +286,24 @@ def pause_progress(pause: Command | None) -> dict[str, Any] | None:
         "seconds": result.get("seconds"),
         "error": pause.error,
         "confirmed": _confirmed(pause),
+        "confirmers": who_confirms(pause),
     }
+
+
+def who_confirms(pause: Command) -> str:
+    """Who may confirm this pause, in words, with the names of the team's managers."""
+    decision = decide(None, Action.CONFIRM_PAUSE, pause_level(pause))
+    managers = ", ".join(
+        Membership.objects.filter(team__jobs__pk=pause.job_id, role__in=["manager", "admin"])
+        .order_by("role", "user__username")
+        .values_list("user__username", flat=True)
+    )
+    names = f" ({managers})" if managers else ""
+    if decision.required_role == "oncall":
+        return f"the on-call engineer, a manager or an admin{names}"
+    if decision.required_role is None:
+        return "nobody: there is no pause to confirm"
+    return f"a manager or an admin{names}"
 
 
 def job_state(user: Any, job: Job) -> dict[str, Any]:
@@ -270,6 +315,13 @@ def job_state(user: Any, job: Job) -> dict[str, Any]:
         .select_related("job")
         .order_by("-severity", "-raised_at")
     )
+    acked = acknowledged_by([a.pk for a in alerts])
+    silences = (
+        silencing.active()
+        .filter(team_id=job.team_id)
+        .filter(Q(job__isnull=True) | Q(job_id=job.pk))
+        .select_related("created_by")
+    )
     incident = Incident.objects.filter(job=job).order_by("-opened_at").first()
     escalations = EscalationRequest.objects.filter(
         job=job, status=EscalationStatus.PENDING
@@ -280,8 +332,16 @@ def job_state(user: Any, job: Job) -> dict[str, Any]:
         "role": role,
         "buttons": job_buttons(role, job, pause),
         "pause": pause_progress(pause),
-        "alerts": [{"alert": alert_payload(a), "buttons": alert_buttons(role, a)} for a in alerts],
+        "alerts": [
+            {
+                "alert": alert_payload(a),
+                "buttons": alert_buttons(role, a),
+                "acknowledged_by": acked.get(a.pk),
+            }
+            for a in alerts
+        ],  # fmt: skip
         "incident": incident,
+        "silences": list(silences),
         "escalations": [
             {"request": r, "buttons": escalation_buttons(user, role, r)} for r in escalations
         ],
@@ -316,8 +376,11 @@ def sparkline(points: list[tuple[int, float]], width: int = 120, height: int = 2
     return {"path": path, "marks": marks, "width": width, "height": height}
 
 
-def attention(status: str, open_alerts: list[Alert], awaiting_confirmation: bool) -> tuple:
-    """Sort key, most urgent first, with the one-line reason shown in the row."""
+def attention(
+    status: str, open_alerts: list[Alert], awaiting_confirmation: bool, confirmer: str = ""
+) -> tuple:
+    """Sort key, most urgent first, with the one-line reason shown in the row (``confirmer``:
+    who confirms the pause awaiting it, "on-call" or "a manager")."""
     firing = sorted(
         (a.severity for a in open_alerts if a.status == AlertStatus.FIRING), reverse=True
     )
@@ -327,7 +390,7 @@ def attention(status: str, open_alerts: list[Alert], awaiting_confirmation: bool
     if status == JobStatus.PAUSING:
         return 1, "pausing: waiting for the checkpoint"
     if awaiting_confirmation:
-        return 1, "paused: confirm keep / resume / roll back"
+        return 1, f"paused: {confirmer or 'someone'} confirms keep / resume / roll back"
     if status == "silent":
         return 2, "silent: no heartbeat"
     if top == "L2":
@@ -352,7 +415,12 @@ def dashboard_rows(user: Any) -> list[dict[str, Any]]:
         status = display_status(job)
         pause = latest_pause(job.pk) if job.status in CONFIRMABLE else None
         waiting = job.status == JobStatus.PAUSED and pause is not None and not _confirmed(pause)
-        rank, why = attention(status, alerts[job.pk], waiting)
+        confirmer = ""
+        if waiting and pause is not None:
+            level = pause_level(pause)
+            confirmer = "on-call" if decide("oncall", Action.CONFIRM_PAUSE, level).allowed else (
+                "a manager")  # fmt: skip
+        rank, why = attention(status, alerts[job.pk], waiting, confirmer)
         levels = {level: 0 for level in ("L4", "L3", "L2", "L1")}
         for alert in alerts[job.pk]:
             levels[alert.severity] += 1

@@ -7,6 +7,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from console import metrics_endpoint, monitoring_views, review_views, snapshot_views, views
+from console.pages import lists, teams
 
 urlpatterns = [
     path("", include("console.api.urls")),
@@ -25,4 +26,9 @@ urlpatterns = [
     path("teams/<int:pk>/report/", review_views.team_report, name="team-report"),
     path("monitoring/", monitoring_views.monitoring_page, name="monitoring-page"),
     path("metrics", metrics_endpoint.metrics, name="metrics"),
+    path("teams/", teams.teams_page, name="teams-page"),
+    path("teams/<int:pk>/paging/", teams.paging_page, name="team-paging"),
+    path("silences/", lists.silences_page, name="silences-page"),
+    path("incidents/", lists.incidents_page, name="incidents-page"),
+    path("audit/", lists.audit_page, name="audit-page"),
 ]

@@ -15,6 +15,7 @@ from django.shortcuts import get_object_or_404, render
 from breakers import metrics as history
 from console import board
 from console.api.jobs import visible_jobs
+from incidents import silences as silencing
 from incidents.alerts.lifecycle import alert_payload
 from incidents.models import (
     ACTIVE_ALERT_STATUSES,
@@ -61,11 +62,18 @@ def alerts_page(request: HttpRequest) -> HttpResponse:
     active = visible.filter(status__in=ACTIVE_ALERT_STATUSES).order_by("-severity", "-raised_at")
     resolved = visible.filter(status=AlertStatus.RESOLVED).order_by("-resolved_at")[:RECENT]
 
+    silences = list(silencing.active().filter(team_id__in=teams).select_related("created_by"))
+
     def rows(alerts):
+        alerts = list(alerts)
+        acked = board.acknowledged_by([a.pk for a in alerts])
         return [
-            {"alert": alert_payload(a), "buttons": board.alert_buttons(roles.get(a.job.team_id), a)}
+            {"alert": alert_payload(a), "buttons": board.alert_buttons(roles.get(a.job.team_id), a),
+             "silence": None if a.status == AlertStatus.RESOLVED
+             else silencing.matching(silences, a),
+             "acknowledged_by": acked.get(a.pk)}
             for a in alerts
-        ]
+        ]  # fmt: skip
 
     context = {"active": rows(active), "resolved": rows(resolved), "team_ids": teams}
     template = "partials/alerts_list.html" if _partial(request) else "alerts.html"
@@ -80,6 +88,9 @@ def approvals_page(request: HttpRequest) -> HttpResponse:
         "job", "requested_by", "decided_by", "alert"
     )
     pending = requests.filter(status=EscalationStatus.PENDING).order_by("requested_at")
+    if _partial(request) == "badge":  # the nav's count, kept live on every page
+        context = {"pending_count": pending.count(), "team_ids": teams}
+        return render(request, "partials/approvals_badge.html", context)
     decided = requests.exclude(status=EscalationStatus.PENDING).order_by("-requested_at")[:RECENT]
 
     def rows(items):

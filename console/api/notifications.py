@@ -22,7 +22,12 @@ from incidents.notifications.delivery import (
     policy_for,
     record_receipt,
 )
-from incidents.notifications.policy import save_policy, send_test_notification, set_contact
+from incidents.notifications.policy import (
+    ask_for_confirmation,
+    save_policy,
+    send_test_notification,
+    set_contact,
+)
 from incidents.notifications.routing import CHANNELS
 from incidents.notifications.senders import provider_signature, receipt_url
 from incidents.teams.access import role_in_team, scoped_get
@@ -183,6 +188,30 @@ class TestNotificationView(PersonView):
             context=audit_context(request),
         )
         return Response(delivery_out(delivery, admin=True), status=202)
+
+
+class AskIn(serializers.Serializer):
+    note = serializers.CharField(required=False, allow_blank=True, max_length=1000)
+
+
+class AskOut(serializers.Serializer):
+    deliveries = serializers.ListField(child=serializers.IntegerField())
+
+
+class AskConfirmationView(PersonView):
+    @extend_schema(
+        tags=["notifications"],
+        summary="Ask the managers to confirm a pause (whoever may pause the job)",
+        request=AskIn,
+        responses={202: AskOut, **error_responses(400, 401, 403, 404, 409)},
+    )
+    def post(self, request: Request, pk: int) -> Response:
+        body = AskIn(data=request.data)
+        body.is_valid(raise_exception=True)
+        ids = ask_for_confirmation(
+            request.user, pk, body.validated_data.get("note", ""), context=audit_context(request)
+        )
+        return Response({"deliveries": ids}, status=202)
 
 
 class AlertDeliveriesView(PersonView):

@@ -17,6 +17,7 @@ from console.api import (
     notifications,
     reviews,
     series,
+    silences,
     snapshots,
     teams,
     tokens,
@@ -63,6 +64,11 @@ job_routes = [
         f"{V1}/jobs/<int:pk>/confirm-pause",
         actions.ConfirmPauseView.as_view(),
         name="job-confirm-pause",
+    ),
+    path(
+        f"{V1}/jobs/<int:pk>/ask-confirmation",
+        notifications.AskConfirmationView.as_view(),
+        name="job-ask-confirmation",
     ),
     path(f"{V1}/jobs/<int:pk>/mitigate", actions.MitigateJobView.as_view(), name="job-mitigate"),
     path(
@@ -168,6 +174,11 @@ team_routes = [
     ),
 ]
 
+silence_routes = [
+    path(f"{V1}/silences", silences.SilenceListView.as_view(), name="silence-list"),
+    path(f"{V1}/silences/<int:pk>/end", silences.EndSilenceView.as_view(), name="silence-end"),
+]
+
 # The person's own things, the system's health, and the providers' delivery receipts.
 other_routes = [
     path(f"{V1}/tokens", tokens.TokenListView.as_view(), name="token-list"),
@@ -213,6 +224,7 @@ urlpatterns = [
     *escalation_routes,
     *incident_routes,
     *team_routes,
+    *silence_routes,
     *other_routes,
     *integration_routes,
 ]

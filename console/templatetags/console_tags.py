@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 from django import template
@@ -37,6 +38,29 @@ def seconds(value: Any) -> str:
     if total < 3600:
         return f"{total // 60} min {total % 60} s"
     return f"{total // 3600} h {total % 3600 // 60} min"
+
+
+@register.filter
+def utc(value: Any) -> str:
+    """A moment as every server-rendered page shows it: UTC, labelled ("2026-11-29 12:00:05
+    UTC"). Takes a datetime or an ISO 8601 string (the payloads carry those)."""
+    if value in (None, ""):
+        return "–"
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return value
+    if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(UTC)
+        return value.strftime("%Y-%m-%d %H:%M:%S UTC")
+    return str(value)
+
+
+@register.filter
+def split(value: str) -> list[str]:
+    return value.split()
 
 
 @register.simple_tag

@@ -71,6 +71,7 @@ from incidents.models.reviews import (  # noqa: F401
     ReviewRevision,
     ReviewStatus,
 )
+from incidents.models.silences import Silence  # noqa: F401
 
 # isort: on
 
@@ -129,6 +130,7 @@ __all__ = [
     "DELIVERY_TRANSITIONS",
     "OPEN_DELIVERY_STATUSES",
     "Delivery",
+    "Silence",
     "JobSize",
     "ReviewStatus",
     "REVIEW_TRANSITIONS",

@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from core.text import fit
 from core.transitions import compare_and_swap, compare_and_swap_all
+from incidents import silences
 from incidents.alerts.lifecycle import append_timeline
 from incidents.models import (
     DELIVERY_TRANSITIONS,
@@ -38,6 +39,7 @@ from incidents.models import (
     RoundStatus,
     TimelineKind,
 )
+from incidents.notifications import grouping
 from incidents.notifications import senders as channels
 from incidents.notifications.routing import (
     DIGEST,
@@ -124,6 +126,10 @@ def dispatch_alert(alert_id: int, *, now: datetime | None = None) -> list[int]:
         return []
     try:
         with transaction.atomic():
+            leader = grouping.page_leader(alert)  # an alert storm pages once per level
+            if leader is not None:
+                grouping.record_grouped(alert, leader, now)
+                return []
             round_ = NotificationRound.objects.create(
                 alert=alert, severity=alert.severity, number=0, due_at=now
             )
@@ -152,6 +158,8 @@ def fire_round(round_id: int, *, now: datetime | None = None) -> list[int] | Non
         if alert.status != AlertStatus.FIRING or alert.severity != round_.severity:
             _cancel_round(round_.pk)
             return []
+        if silences.hold_back(alert, round_, now):
+            return []  # a silence holds the page (never the brake) until it ends
         if not compare_and_swap(
             NotificationRound,
             round_.pk,
@@ -287,6 +295,11 @@ def _plan_deliveries(
                 _finish(delivery, "failed", f"no {channel} address for {person}", None, now)
             else:
                 ids.append(delivery.pk)
+    if not ids:  # the console's banner says so too (incidents.notifications.reach)
+        log.warning(
+            "team %r (id %s): %s alert %s round %s pages nobody (no address on any channel)",
+            alert.job.team.name, alert.job.team_id, alert.severity, alert.pk, round_.number,
+        )  # fmt: skip
     return ids
 
 

@@ -14,7 +14,8 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
-from core.errors import InvalidInput
+from core.errors import Conflict, InvalidInput
+from incidents.alerts.lifecycle import append_timeline
 from incidents.models import (
     Alert,
     ChatFormat,
@@ -22,9 +23,12 @@ from incidents.models import (
     Delivery,
     EscalationRequest,
     Incident,
+    Job,
+    JobStatus,
     Membership,
     NotificationPolicy,
     Team,
+    TimelineKind,
 )
 from incidents.notifications.delivery import (
     job_link,
@@ -154,6 +158,47 @@ def send_test_notification(
         delivery = queue_message(team.pk, person, channel, message, purpose="test")
         attempt.succeeded(f"test {channel} to {person}: delivery #{delivery.pk}")
     return delivery
+
+
+ASK_CONFIRMATION = "ask_confirmation"  # audit action; allowed to whoever may pause the job
+
+
+def ask_for_confirmation(
+    user: User, job_id: int, note: str = "", *, context: AuditContext | None = None
+) -> list[int]:
+    """A paused job waits for a manager's confirmation (keep, resume, roll back): page the
+    managers by chat and e-mail that someone asks for it, and note it on the timeline."""
+    with audited(user, ASK_CONFIRMATION, "job", job_id, context) as attempt:
+        job = scoped_get(
+            Job.objects.select_related("team"), user, job_id, team_path="team_id", noun="job",
+            attempt=attempt,
+        )  # fmt: skip
+        attempt.check(decide(role_in_team(user, job.team_id), Action.PAUSE_JOB))
+        if job.status != JobStatus.PAUSED:
+            raise Conflict(f"Job {job.name!r} is {job.status}, not paused: nothing to confirm.")
+        managers = managers_of(job.team_id)
+        incident = Incident.objects.filter(job=job).order_by("-opened_at", "-id").first()
+        message = Message(
+            f"{job.team.name}/{job.name} is paused: {user} asks a manager to confirm it "
+            "(keep paused, resume or roll back)",
+            (f"Note: {note.strip()}\n" if note.strip() else "") + f"Open: {job_link(job.pk)}",
+        )
+        with transaction.atomic():
+            ids = [
+                queue_message(job.team_id, person, channel, message, purpose="confirmation",
+                              incident_id=incident.pk if incident else None).pk
+                for person in managers
+                for channel in ("chat", "email")
+            ]  # fmt: skip
+            names = ", ".join(p.get_username() for p in managers) or "nobody (no manager)"
+            if incident is not None:
+                append_timeline(
+                    incident.pk, TimelineKind.NOTE,
+                    f"{user} asked a manager to confirm the pause; paged {names}",
+                    actor_kind="person", actor=user,
+                )  # fmt: skip
+            attempt.succeeded(f"asked {names} to confirm the pause of {job.name}")
+    return ids
 
 
 def notify_escalation_request(request_id: int, *, expired: bool) -> list[int]:

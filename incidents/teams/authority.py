@@ -73,6 +73,7 @@ class Action(enum.StrEnum):
     EDIT_REVIEW = "edit_review"
     CREATE_JOB = "create_job"
     MANAGE_SHIFTS = "manage_shifts"
+    MANAGE_SILENCES = "manage_silences"
     EDIT_RULES = "edit_rules"
     RUN_DRILL = "run_drill"
     MANAGE_MEMBERS = "manage_members"
@@ -267,6 +268,14 @@ MATRIX: Mapping[Action, ActionPolicy] = MappingProxyType(
             _same_everywhere(Role.MANAGER),
             "Managers arrange who is on call: a shift decides who is paged, not who is "
             "authorised, so it grants nobody a role. Roles stay with admins (manage_members).",
+        ),
+        Action.MANAGE_SILENCES: ActionPolicy(
+            "silence the team's pages (maintenance windows)",
+            _same_everywhere(Role.MANAGER),
+            "A silence (per team, job or rule, with an end and a reason) stops pages, never a "
+            "brake: like a shift it decides who is woken, not what the breakers do, so it is "
+            "the managers'. On-call asks a manager; the silenced alerts are still recorded, "
+            "audited and shown as silenced.",
         ),
         Action.EDIT_RULES: ActionPolicy(
             "edit the team's rules",

@@ -78,8 +78,8 @@ def on_call(agent, receiver, settings):
         starts_at=now - timedelta(hours=8),
         ends_at=now + timedelta(hours=8),
     )
-    NotificationPolicy.objects.create(
-        team=job.team, chat_webhook_url=receiver.url + "/hooks/chat", ack_timeout_seconds=300
+    NotificationPolicy.objects.filter(team=job.team).update(
+        chat_webhook_url=receiver.url + "/hooks/chat", ack_timeout_seconds=300
     )
     return alice
 

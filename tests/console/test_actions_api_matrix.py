@@ -115,6 +115,12 @@ def shifts(scene: Scene, level: str | None) -> Call:
     return Call("post", f"/api/v1/teams/{scene.team.pk}/shifts", body)
 
 
+def silence(scene: Scene, level: str | None) -> Call:
+    ends = timezone.now() + timedelta(hours=2)
+    body = {"team_id": scene.team.pk, "ends_at": ends.isoformat(), "reason": "maintenance"}
+    return Call("post", "/api/v1/silences", body)
+
+
 # action → (how to make the call at a level, the levels the API can express for it)
 CASES: dict[Action, tuple[Callable[[Scene, str | None], Call], tuple]] = {
     Action.VIEW: (view, LEVELS),
@@ -134,6 +140,8 @@ CASES: dict[Action, tuple[Callable[[Scene, str | None], Call], tuple]] = {
     Action.ISOLATE_NODE: (job_command("isolate-node", node="node-3"), LEVELS),
     # Shifts concern no alert.
     Action.MANAGE_SHIFTS: (shifts, (None,)),
+    # Silences concern no alert either.
+    Action.MANAGE_SILENCES: (silence, (None,)),
 }
 # Actions of later issues (reviews, job creation by API, rules, drills, members, channels):
 # they have no endpoint yet. When one gets an endpoint, it must join CASES.

@@ -169,4 +169,4 @@ def test_the_demos_console_prints_the_summary_and_the_warning(tmp_path):
     warnings = [line for line in lines if " WARNING " in line]
     assert len(warnings) == 1, output  # the one that matters, and no noise around it
     assert "WARNING incidents.notifications.delivery: team 'quiet' (id " in warnings[0], output
-    assert "has no notification policy: L3 alert " in warnings[0] and "pages nobody" in warnings[0]
+    assert ": L3 alert " in warnings[0] and "pages nobody" in warnings[0]

@@ -51,6 +51,7 @@ EXPECTED: dict[str, dict[str | None, str]] = {
     "edit_review": {"*": ONCALL_UP},
     "create_job": {"*": MANAGER_UP},
     "manage_shifts": {"*": MANAGER_UP},
+    "manage_silences": {"*": MANAGER_UP},
     "edit_rules": {"*": ADMIN},
     "run_drill": {"*": ADMIN},
     "manage_members": {"*": ADMIN},

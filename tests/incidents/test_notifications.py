@@ -82,8 +82,8 @@ def team(receiver, settings):
         starts_at=min(T0, now) - timedelta(hours=8),
         ends_at=max(T0, now) + timedelta(hours=8),
     )
-    NotificationPolicy.objects.create(
-        team=job.team, chat_webhook_url=receiver.url + "/hooks/chat", ack_timeout_seconds=300
+    NotificationPolicy.objects.filter(team=job.team).update(
+        chat_webhook_url=receiver.url + "/hooks/chat", ack_timeout_seconds=300
     )
     return job.team, job, alice, bob
 
@@ -189,6 +189,8 @@ def test_a_permanent_failure_and_a_missing_number_are_failed_deliveries(team, re
     assert len(receiver.to("/Calls.json")) == 1
 
     Contact.objects.filter(user=alice).delete()
+    # Resolved: an open L3 of the same incident would group the next L3 with its page.
+    Alert.objects.filter(pk=alert.pk).update(status="resolved")
     other = AlertSignal(**{**nan_signal().__dict__, "rule_key": "loss-inf"})
     alert = raise_or_update_alert(job.pk, other, now=T0).alert
     ids = dispatch_alert(alert.pk)

@@ -35,7 +35,7 @@ def test_a_policy_breaking_the_l3_rule_is_refused_with_the_reason(scene):
     assert "L3 stability alerts must go to at least two channels, one of them phone" in (
         response.content.decode()
     )
-    assert not NotificationPolicy.objects.filter(team=scene.team).exists()
+    assert NotificationPolicy.objects.get(team=scene.team).rules == DEFAULT_RULES  # unchanged
     response = put(admin, path, {"rules": DEFAULT_RULES, "chat_webhook_url": "http://x/hook"})
     assert response.status_code == 200, response.content
     assert response.json()["configured"] is True
@@ -48,7 +48,8 @@ def test_only_admins_change_the_policy_members_read_it(scene):
     assert put(scene.api("manager"), path, {"ack_timeout_seconds": 60}).status_code == 403
     assert AuditEntry.objects.filter(action="manage_notifications", allowed=False).exists()
     body = scene.api("viewer").get(path).json()
-    assert body["configured"] is False and body["rules"] == DEFAULT_RULES
+    # A new team has the default policy, saved (incidents.teams.defaults).
+    assert body["configured"] is True and body["rules"] == DEFAULT_RULES
     assert body["last_delivered"] == {"chat": None, "email": None, "sms": None, "phone": None}
     assert scene.api(None).get(path).status_code == 404
 
@@ -78,7 +79,9 @@ def test_test_message_contacts_deliveries_and_last_delivered(scene, receiver, se
 
 @pytest.mark.django_db
 def test_an_escalation_request_is_chatted_and_mailed_to_the_managers(scene, receiver):
-    NotificationPolicy.objects.create(team=scene.team, chat_webhook_url=receiver.url + "/hook")
+    NotificationPolicy.objects.filter(team=scene.team).update(
+        chat_webhook_url=receiver.url + "/hook"
+    )
     manager = scene.person("manager")
     manager.email = "boss@example.org"
     manager.save()

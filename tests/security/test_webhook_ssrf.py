@@ -84,7 +84,9 @@ def test_a_host_that_resolves_to_a_private_address_is_refused(scene, settings, m
 def test_an_internal_url_stored_earlier_is_refused_again_at_send(scene, internal, settings):
     """DNS can change after the save (or the row predates the check): nothing is sent."""
     settings.NOTIFY_ALLOW_PRIVATE_URLS = False
-    NotificationPolicy.objects.create(team=scene.team, chat_webhook_url=internal.url + "/internal")
+    NotificationPolicy.objects.filter(team=scene.team).update(
+        chat_webhook_url=internal.url + "/internal"
+    )
     alert = raise_alert(scene.job_id, "L2")
     (chat_id,) = dispatch_alert(alert.pk)
     assert attempt_delivery(chat_id) is None  # not retried: a refusal is final
@@ -140,7 +142,7 @@ def test_the_webhook_does_not_follow_redirects(scene, settings):
     try:
         settings.NOTIFY_ALLOW_PRIVATE_URLS = True
         url = f"http://127.0.0.1:{server.server_address[1]}/hook"
-        NotificationPolicy.objects.create(team=scene.team, chat_webhook_url=url)
+        NotificationPolicy.objects.filter(team=scene.team).update(chat_webhook_url=url)
         alert = raise_alert(scene.job_id, "L2")
         (chat_id,) = dispatch_alert(alert.pk)
         attempt_delivery(chat_id)

@@ -55,8 +55,12 @@ class Team:
 @pytest.fixture
 def team(db) -> Team:
     from incidents.jobs import create_job
+    from incidents.models import NotificationPolicy
 
     created = create_job("research", f"llm-{next(_names)}")
+    # No paging: the review's timeline holds the chain's rows alone, whether or not a worker
+    # happens to run the dispatch (a new team's default policy would add failed deliveries).
+    NotificationPolicy.objects.filter(team=created.job.team).delete()
     return Team(team=created.job.team, job_id=created.job.pk)
 
 

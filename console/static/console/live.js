@@ -279,7 +279,40 @@
     document.getElementById("act-cancel").addEventListener("click", function () { dialog.close(); });
   }
 
+  // --- Browser notifications: a new L3/L4 alert in the person's teams (on-call and above,
+  // once they allowed it with the button; the browser only asks after a click). -------------
+  const notified = [];
+
+  function setUpBrowserNotifications() {
+    const teams = document.getElementById("notify-teams");
+    if (!teams || !("Notification" in window)) return;
+    JSON.parse(teams.textContent).forEach(function (id) { subscribe("team", id); });
+    const offer = document.getElementById("notify-offer");
+    if (offer && Notification.permission === "default") offer.hidden = false;
+    const enable = document.getElementById("notify-enable");
+    if (enable) enable.addEventListener("click", function () {
+      Notification.requestPermission().then(function () { if (offer) offer.hidden = true; });
+    });
+    const seen = new Set();  // the job and the team group both carry the same event
+    on("alert", function (message) {
+      const a = message.alert;
+      if (!a || ["alert.raised", "alert.escalated"].indexOf(message.type) < 0) return;
+      if (["L3", "L4"].indexOf(a.severity) < 0 || Notification.permission !== "granted") return;
+      const key = a.id + ":" + a.severity;
+      if (seen.has(key)) return;
+      seen.add(key);
+      const title = a.severity + " " + a.job.name + ": " + a.rule.name;
+      const shown = new Notification(title, {
+        body: a.description + " (step " + a.step + ")", tag: "alert-" + key,
+        requireInteraction: true,
+      });
+      shown.onclick = function () { window.focus(); location.href = "/jobs/" + a.job.id + "/"; };
+      notified.push(title);
+    });
+  }
+
   window.Brakeline = {
+    notified: notified,
     on: on, onReconnect: onReconnect, subscribe: subscribe, refused: refused,
     refreshRegion: refreshRegion, tick: tick,
     get connected() { return !!socket && socket.readyState === WebSocket.OPEN; },
@@ -287,6 +320,7 @@
 
   if (indicator) {
     setUpRegions();
+    setUpBrowserNotifications();
     connect();
     tick();
     setInterval(tick, 1000);

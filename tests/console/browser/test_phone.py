@@ -25,7 +25,7 @@ def sideways(page) -> int:
 
 
 def test_every_page_fits_a_phone_and_oncall_can_act_one_handed(
-    browser, live_console, celery_worker, scripted_agent, people, log_in
+    browser, live_console, celery_worker, beat, scripted_agent, people, log_in
 ):
     install_default_pack()
     agent = scripted_agent(name="llm-70b-pretrain-with-a-long-descriptive-name")
@@ -35,12 +35,16 @@ def test_every_page_fits_a_phone_and_oncall_can_act_one_handed(
     agent.metrics([(200, "NaN")])
     command = agent.wait_for_command("checkpoint_and_pause", 200)
     agent.ack_checkpoint(command, 200)
-    scripted_agent(name="vit-huge-finetune").heartbeat(5)
+    running = scripted_agent(name="vit-huge-finetune")
+    running.heartbeat(5)
+    people("ana", "vision", Role.ADMIN)
     incident = in_thread(lambda: Incident.objects.get(job_id=agent.job_id))
     team_id = in_thread(lambda: incident.job.team_id)
     alert_id = in_thread(lambda: Alert.objects.filter(job_id=agent.job_id).first().pk)
 
-    context = browser.new_context(viewport=PHONE, device_scale_factor=2, is_mobile=True)
+    context = browser.new_context(
+        viewport=PHONE, device_scale_factor=2, is_mobile=True, has_touch=True
+    )
     page = context.new_page()
     try:
         log_in(page, "olga")
@@ -52,22 +56,66 @@ def test_every_page_fits_a_phone_and_oncall_can_act_one_handed(
             "incident": f"/incidents/{incident.pk}/",
             "review": f"/incidents/{incident.pk}/review/",
             "team-report": f"/teams/{team_id}/report/",
+            "incidents": "/incidents/",
+            "silences": "/silences/",
+            "teams": "/teams/",
+            "paging": f"/teams/{team_id}/paging/",
+            "audit": "/audit/",  # on-call: the refusal page
         }
+        # The admin sees every form: the paging page's policy grid, contacts and test pages,
+        # the silences form, the audit trail.
+        admin_pages = {"paging-admin": f"/teams/{team_id}/paging/",
+                       "silences-manager": "/silences/", "audit-manager": "/audit/"}  # fmt: skip
         wide = {}
         for name, path in pages.items():
-            page.goto(live_console + path)
-            page.wait_for_load_state("networkidle")
-            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(SCREENSHOTS / f"phone-{name}.png"), full_page=True)
-            if sideways(page) > 0:
-                wide[name] = sideways(page)
+            wide.update(measure(page, live_console + path, name))
+
+        admin = browser.new_context(viewport=PHONE, device_scale_factor=2, is_mobile=True)
+        try:
+            admin_page = admin.new_page()
+            log_in(admin_page, "ana")
+            for name, path in admin_pages.items():
+                wide.update(measure(admin_page, live_console + path, name))
+        finally:
+            admin.close()
         assert wide == {}, f"pages wider than a 390 px phone (px too wide): {wide}"
 
-        # One-handed: the alert's Acknowledge is on the screen without scrolling sideways.
+        # One-handed: the alert's Acknowledge is on the screen and works with a thumb.
         page.goto(f"{live_console}/alerts/")
         button = page.locator(f'[data-alert-id="{alert_id}"] button.act:has-text("Acknowledge")')
-        expect(button.first).to_be_visible()
-        box = button.first.bounding_box()
-        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"]
+        assert_thumb_reachable(button.first)
+        button.first.tap()
+        page.locator("#act-submit").tap()
+        expect(page.locator(f'[data-alert-id="{alert_id}"] .ack-by')).to_have_text("by olga")
+
+        # … and Pause, from the dashboard's row of the running job.
+        page.goto(f"{live_console}/")
+        pause = page.locator(f'tr[data-job-id="{running.job_id}"] button.act:has-text("Pause")')
+        assert_thumb_reachable(pause)
+        pause.tap()
+        expect(page.locator("#act-dialog")).to_be_visible()
+        assert_thumb_reachable(page.locator("#act-submit"))
+        page.fill("#act-fields textarea[name=reason]", "paused from my phone")
+        page.locator("#act-submit").tap()
+        row = page.locator(f'tr[data-job-id="{running.job_id}"] .badge')
+        expect(row).to_have_text("pausing")
+        assert sideways(page) == 0
     finally:
         context.close()
+
+
+def measure(page, url: str, name: str) -> dict[str, int]:
+    page.goto(url)
+    page.wait_for_load_state("networkidle")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"phone-{name}.png"), full_page=True)
+    return {name: sideways(page)} if sideways(page) > 0 else {}
+
+
+def assert_thumb_reachable(button) -> None:
+    """Visible, inside the screen's width, and at least 44 px tall (a thumb's target)."""
+    expect(button).to_be_visible()
+    button.scroll_into_view_if_needed()
+    box = button.bounding_box()
+    assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"], box
+    assert box["height"] >= 44, box

@@ -1,0 +1,154 @@
+"""Teams and their paging: who the next L3 reaches, the policy, contacts, on-call shifts and
+a "send a test page" button (issue 23: until now an API only)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+
+from console.api.notifications import delivery_out, is_admin, policy_out
+from console.api.reviews import audit_context
+from console.pages.forms import attempt, int_field, utc_field
+from incidents.models import Contact, Delivery, Membership, Team
+from incidents.notifications.policy import save_policy, send_test_notification, set_contact
+from incidents.notifications.reach import paging_reach
+from incidents.notifications.routing import CHANNELS, DIGEST, LEVELS
+from incidents.teams.access import role_in_team, visible_team_ids
+from incidents.teams.authority import Action, decide
+from incidents.teams.oncall import create_shift, delete_shift, team_shifts, who_is_on_call
+
+GRID_LAYERS = ("health", "stability")
+GRID_CHANNELS = {"health": CHANNELS, "stability": CHANNELS}
+
+
+@login_required
+def teams_page(request: HttpRequest) -> HttpResponse:
+    ids = visible_team_ids(request.user)
+    rows = []
+    for team in Team.objects.filter(pk__in=ids).order_by("name"):
+        rows.append(
+            {
+                "team": team,
+                "role": role_in_team(request.user, team.pk),
+                "reach": paging_reach(team),
+                "on_call": who_is_on_call(team.pk)[:1],
+            }
+        )
+    return render(request, "teams.html", {"rows": rows})
+
+
+def _team(request: HttpRequest, pk: int) -> Team:
+    team = Team.objects.filter(pk=pk, pk__in=visible_team_ids(request.user)).first()
+    if team is None:
+        raise Http404("There is no such team.")
+    return team
+
+
+def policy_grid(rules: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per layer and channel, the lowest level that uses it ("" when none): the form's cells."""
+    grid = []
+    for layer in GRID_LAYERS:
+        cells = []
+        for channel in GRID_CHANNELS[layer]:
+            levels = [
+                r["min_level"] for r in rules if r["layer"] == layer and channel in r["channels"]
+            ]
+            cells.append({"channel": channel, "level": min(levels, default="")})
+        grid.append({"layer": layer, "cells": cells})
+    return grid
+
+
+def rules_from_form(request: HttpRequest) -> list[dict[str, Any]]:
+    """The grid back into rules: one rule per layer, level and channel chosen."""
+    rules = []
+    for layer in GRID_LAYERS:
+        for channel in GRID_CHANNELS[layer]:
+            level = request.POST.get(f"rule-{layer}-{channel}", "")
+            if level in LEVELS:
+                rules.append({"layer": layer, "min_level": level, "channels": [channel]})
+    if request.POST.get("digest"):
+        rules.append({"layer": "performance", "min_level": "L1", "channels": [DIGEST]})
+    return rules
+
+
+def _post(request: HttpRequest, team: Team) -> None:
+    form, user, context = request.POST.get("form"), request.user, audit_context(request)
+    if form == "policy":
+
+        def policy() -> None:
+            timeout = request.POST.get("ack_timeout_seconds", "").strip()
+            save_policy(user, team.pk, {
+                "rules": rules_from_form(request),
+                "chat_webhook_url": request.POST.get("chat_webhook_url", "").strip(),
+                "chat_format": request.POST.get("chat_format", ""),
+                "ack_timeout_seconds": int(timeout) if timeout.isdigit() else timeout,
+            }, context=context)  # fmt: skip
+
+        attempt(request, "Notification policy saved.", policy)
+    elif form == "contact":
+        attempt(request, "Phone number saved.", lambda: set_contact(
+            user, team.pk, int_field(request, "user_id") or 0,
+            request.POST.get("phone", ""), context=context))  # fmt: skip
+    elif form == "shift":
+        attempt(request, "Shift added.", lambda: create_shift(
+            user, team.pk, person_id=int_field(request, "user_id") or 0,
+            starts_at=utc_field(request, "starts_at"), ends_at=utc_field(request, "ends_at"),
+            context=context))  # fmt: skip
+    elif form == "delete_shift":
+        attempt(request, "Shift removed.", lambda: delete_shift(
+            user, team.pk, int_field(request, "shift_id") or 0, context=context))  # fmt: skip
+    elif form == "test":
+        attempt(request, "Test page queued: its delivery is listed below.", lambda:
+                send_test_notification(user, team.pk, int_field(request, "user_id") or 0,
+                                       request.POST.get("channel", ""),
+                                       context=context))  # fmt: skip
+
+
+@login_required
+def paging_page(request: HttpRequest, pk: int) -> HttpResponse:
+    team = _team(request, pk)
+    if request.method == "POST":
+        _post(request, team)
+        return redirect(f"/teams/{team.pk}/paging/")
+    role = role_in_team(request.user, team.pk)
+    admin = is_admin(request.user, team.pk)
+    tests = Delivery.objects.filter(team=team, purpose="test").select_related("recipient")
+    context = {
+        "team": team,
+        "tests": [delivery_out(d, admin=admin) for d in tests.order_by("-id")[:10]],
+    }
+    if request.GET.get("partial") == "tests":
+        return render(request, "partials/test_deliveries.html", context)
+    policy = policy_out(team.pk, admin=admin)
+    members = (
+        Membership.objects.filter(team=team)
+        .select_related("user")
+        .order_by("role", "user__username")
+    )
+    phones = dict(
+        Contact.objects.filter(user__memberships__team=team).values_list("user_id", "phone")
+    )
+    now = timezone.now()
+    context.update(
+        role=role,
+        admin=admin,
+        manages_shifts=decide(role, Action.MANAGE_SHIFTS).allowed,
+        reach=paging_reach(team, now),
+        policy=policy,
+        grid=policy_grid(policy["rules"]),
+        digest=any(r["layer"] == "performance" for r in policy["rules"]),
+        levels=LEVELS,
+        channels=CHANNELS,
+        members=[{"user": m.user, "role": m.role, "phone": phones.get(m.user_id, "")}
+                 for m in members],
+        on_call=who_is_on_call(team.pk, now),
+        shifts=team_shifts(team, ending_after=now),
+        shift_start=now.strftime("%Y-%m-%dT%H:%M"),
+        shift_end=(now + timedelta(hours=12)).strftime("%Y-%m-%dT%H:%M"),
+    )  # fmt: skip
+    return render(request, "paging.html", context)
