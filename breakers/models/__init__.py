@@ -10,6 +10,7 @@ from breakers.models.control import (  # noqa: F401
 )
 from breakers.models.metrics import (  # noqa: F401
     EvaluationState,
+    MetricBatch,
     MetricPoint,
     Rule,
 )
@@ -26,6 +27,7 @@ from breakers.models.snapshots import (  # noqa: F401
 # isort: on
 
 __all__ = [
+    "MetricBatch",
     "MetricPoint",
     "Rule",
     "EvaluationState",
