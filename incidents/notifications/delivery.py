@@ -29,7 +29,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
 from core.text import fit
@@ -64,6 +64,8 @@ from incidents.teams.oncall import who_is_on_call
 
 # Queued deliveries a sweep re-queues at most: the rest wait for the next sweep.
 SWEEP_LIMIT = 500
+# Alerts older than this are not looked at by the sweep for a lost dispatch.
+SWEEP_ALERTS_WITHIN = timedelta(days=1)
 
 log = logging.getLogger(__name__)
 
@@ -336,8 +338,26 @@ def lease(now: datetime, extra_seconds: float = 0.0) -> datetime:
     return now + timedelta(seconds=float(settings.NOTIFY_DELIVERY_LEASE_SECONDS) + extra_seconds)
 
 
+def undispatched_alerts(now: datetime) -> list[int]:
+    """Firing alerts that should page and have no round 0 at their level: their dispatch task
+    was lost (published while Redis was down, or lost with it). dispatch_alert is idempotent
+    (the round's unique constraint), so sending it again never pages twice."""
+    rounds = NotificationRound.objects.filter(
+        alert=OuterRef("pk"), severity=OuterRef("severity"), number=0
+    )
+    alerts = Alert.objects.filter(
+        status=AlertStatus.FIRING,
+        # A lease's grace: a dispatch on its way is not raced (it would be harmless anyway).
+        raised_at__lt=now - timedelta(seconds=float(settings.NOTIFY_DELIVERY_LEASE_SECONDS)),
+        raised_at__gte=now - SWEEP_ALERTS_WITHIN,
+        job__team__notification_policy__isnull=False,
+    ).exclude(layer="performance")
+    return list(alerts.filter(~Exists(rounds)).values_list("pk", flat=True)[:SWEEP_LIMIT])
+
+
 def sweep_deliveries(*, now: datetime | None = None) -> list[int]:
-    """Re-queue every queued delivery whose lease ran out; the ids re-queued.
+    """Re-queue every queued delivery whose lease ran out; the ids re-queued. Also dispatch
+    again the alerts whose dispatch was lost (see undispatched_alerts).
 
     The next attempt is the row's current ``attempts``: if the dead worker's claim somehow
     finishes after all, the new task finds its attempt taken. The lease is moved forward by a
@@ -353,6 +373,10 @@ def sweep_deliveries(*, now: datetime | None = None) -> list[int]:
         ).update(lease_until=lease(now))
         if won:
             requeued.append((delivery_id, attempts))
+    lost = undispatched_alerts(now)
+    if lost:
+        log.warning("dispatching %d alerts whose dispatch was lost: %s", len(lost), lost)
+        transaction.on_commit(lambda: [_tasks().dispatch_alert_task.delay(pk) for pk in lost])
     if requeued:
         log.warning("re-queued %d deliveries whose lease ran out: %s", len(requeued), requeued)
         transaction.on_commit(
