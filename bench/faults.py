@@ -5,8 +5,9 @@
 
 Simulated jobs stream through the real ``brakeline`` SDK at a steady rate to a whole console of
 this script's own (bench/_faultstack.py: its own PostgreSQL cluster, Redis, Daphne, two Celery
-workers, beat, and a fake provider). In each fault some jobs go NaN at a known step (one of
-them while the part is down), one stops heartbeating; then one part is killed or restarted.
+workers, beat, and a fake provider). In each fault two jobs go NaN at a known step (one while
+the part is down, one after; the second is a real tiny PyTorch training whose loss turns NaN),
+one stops heartbeating as the part goes down; the others stay healthy.
 After each fault the table says, per fault: brake latency (NaN logged → command in the SDK)
 for the NaN that fell inside the fault and the one after it, time until the console was healthy
 again, and the counts that must be zero: points lost and duplicated (per job, against the steps
@@ -84,6 +85,7 @@ class SimJob:
     step: int = 0
     stop: threading.Event = field(default_factory=threading.Event)
     run: object = None
+    torch: bool = False  # a real tiny PyTorch training: its loss is a real (NaN) tensor
 
     def start(self, url: str, spill: Path) -> None:
         import brakeline
@@ -110,6 +112,7 @@ class SimJob:
 
     def _loop(self) -> None:
         run = self.run
+        train = _torch_step() if self.torch else None
         while not self.stop.is_set():
             if self.braked or (self.hang is not None and self.hang.is_set()):
                 time.sleep(0.1)  # paused, or hung: no more steps
@@ -117,7 +120,8 @@ class SimJob:
             nan = self.nan_at is not None and self.step >= self.nan_at
             if nan and self.nan_logged_at is None:
                 self.nan_logged_at = time.monotonic()
-            run.log({"loss": math.nan if nan else 2.0 + 1.0 / (self.step + 1)}, step=self.step)
+            loss = train(nan) if train else (math.nan if nan else 2.0 + 1.0 / (self.step + 1))
+            run.log({"loss": loss}, step=self.step)
             self.logged.append(self.step)
             run.step_boundary(self.step)
             self.step += 1
@@ -134,6 +138,37 @@ class SimJob:
         if self.nan_logged_at is None or not self.brakes:
             return None
         return self.brakes[0][0] - self.nan_logged_at
+
+
+def _torch_step() -> Callable[[bool], object]:
+    """One optimiser step of a tiny regression per call; poisoned inputs make the loss NaN."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step(poisoned: bool) -> object:
+        inputs = torch.randn(16, 8)
+        target = inputs.sum(dim=1, keepdim=True)
+        if poisoned:
+            inputs = inputs * float("nan")
+        loss = torch.nn.functional.mse_loss(model(inputs), target)
+        optimizer.zero_grad()
+        loss.backward()
+        if not poisoned:
+            optimizer.step()
+        return loss.detach()
+
+    return step
+
+
+def torch_available() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 # --- One fault ------------------------------------------------------------------------------
@@ -192,6 +227,7 @@ def make_jobs(
     created = created or create_jobs(stack, names)
     jobs = [SimJob(name, *created[name]) for name in names]
     jobs[2].hang = threading.Event()
+    jobs[1].torch = torch_available()  # the NaN after the fault comes out of real PyTorch
     scenario = Scenario(stack, jobs, nan_during=jobs[0], nan_after=jobs[1], hung=jobs[2])
     for job in jobs:
         job.start(stack.url, spill / job.name)
