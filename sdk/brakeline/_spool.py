@@ -23,6 +23,7 @@ import fcntl
 import itertools
 import logging
 import os
+import re
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -53,10 +54,16 @@ def segment_name(sequence: int, batch_id: str) -> str:
     return f"{sequence:012d}.{batch_id}{SEGMENT_SUFFIX}"
 
 
+# What this SDK writes into ids (so a batch body needs no escaping); a file named otherwise was
+# not written by it, and its points get a fresh id.
+_BATCH_ID = re.compile(r"[A-Za-z0-9:-]{1,100}")
+
+
 def parse_segment_name(path: Path) -> tuple[int | None, str | None]:
     """(sequence, batch id) of a segment file; an SDK before batch ids wrote no id."""
     sequence, _, batch_id = path.name[: -len(SEGMENT_SUFFIX)].partition(".")
-    return (int(sequence) if sequence.isdigit() else None), (batch_id or None)
+    valid = batch_id if _BATCH_ID.fullmatch(batch_id) else None
+    return (int(sequence) if sequence.isdigit() else None), valid
 
 
 def open_spill_directory(base: str | Path, job: str, rank: int) -> tuple[Path, IO[str]]:

@@ -116,3 +116,9 @@ def test_a_batch_of_an_older_sdk_on_disk_gets_an_id_when_adopted(tmp_path):
     spool = PointSpool(tmp_path, batch_points=10)
     batch = spool.next_batch()
     assert batch.batch_id and _steps(batch) == [0, 1, 2]
+
+
+def test_a_spill_file_with_a_strange_name_gets_a_fresh_id(tmp_path):
+    (tmp_path / '000000000001.a"b.jsonl').write_text("\n".join(_lines(0, 2)) + "\n")
+    batch = PointSpool(tmp_path, batch_points=10).next_batch()
+    assert json.loads(batch.body())["batch"] != 'a"b' and _steps(batch) == [0, 1]
