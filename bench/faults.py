@@ -435,8 +435,6 @@ def worker_mid_delivery(stack: Stack, scenario: Scenario) -> None:
     provider.hold = threading.Event()
     scenario.nan_now()
     wait_until(provider.arrived.is_set, "a page to be under way", 60, 0.01)
-    with provider.lock:
-        print(f"held: {provider.requests[-1]}", file=sys.stderr)
     scenario.mark_down()
     for name in stack.worker_names:  # whichever holds the send
         stack.kill(name)
