@@ -1,7 +1,9 @@
 """Protocol 2: a metrics batch with an id is stored once, however often and however it comes.
 
 Over HTTP and over the agent websocket, one after the other (a lost answer, then the retry)
-and at the same moment on two connections (a retry racing a first copy still in flight).
+and at the same moment on two connections (a retry racing a first copy still in flight). One
+Daphne process runs the sync views on one thread, so the race between two console processes is
+also played out directly on two database connections, the first copy held uncommitted.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import pytest
 from websockets.sync.client import connect
 
 from breakers.models import MetricBatch, MetricPoint
+from tests.support.waiting import wait_for
 
 URL = "/api/v1/agent/metrics"
 
@@ -184,3 +187,51 @@ def test_over_the_websocket_a_bad_batch_is_refused_and_nothing_stored(
         answer = json.loads(socket.recv(timeout=30))
     assert answer["type"] == "error" and field in json.dumps(answer["fields"])
     assert stored(agent.job_id) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_copy_arriving_while_the_first_is_uncommitted_waits_and_is_not_stored(agent):
+    """What two console processes do with two copies of one batch: the second copy's
+    transaction waits for the first (the job row, then the unique index) and finds its record.
+    One Daphne runs sync views on one thread, so this races two database connections
+    directly, with the first held open across the second's arrival."""
+    from django.db import connection, transaction
+
+    from breakers.agent.protocol import PointIn
+    from breakers.agent.store import store_batch
+
+    points = [PointIn("loss", step, 1.0, None, None) for step in range(50)]
+    first_stored, release = threading.Event(), threading.Event()
+    results: dict[str, object] = {}
+
+    def first() -> None:
+        with transaction.atomic():
+            results["first"] = store_batch(agent.job_id, points, "held-1")
+            first_stored.set()
+            release.wait(30)  # uncommitted while the second copy arrives
+        connection.close()
+
+    def second() -> None:
+        results["second"] = store_batch(agent.job_id, points, "held-1")
+        connection.close()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    threads[0].start()
+    assert first_stored.wait(30)
+    threads[1].start()
+
+    def second_waits_on_a_lock() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock'"
+            )
+            return cursor.fetchone()[0] >= 1
+
+    wait_for(second_waits_on_a_lock, "the second copy to wait for the first's transaction")
+    assert "second" not in results
+    release.set()
+    for thread in threads:
+        thread.join(30)
+    assert results["first"] == (50, False) and results["second"] == (50, True)
+    assert stored(agent.job_id) == 50
