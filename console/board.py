@@ -17,6 +17,7 @@ from typing import Any
 
 from django.utils import timezone
 
+from breakers.checkpoints import catalogue
 from breakers.control.job_actions import CONFIRMABLE, latest_pause, pause_level
 from breakers.control.job_state import ACCEPTED_IN
 from breakers.metrics import recent_points
@@ -114,15 +115,31 @@ def job_buttons(role: str | None, job: Job, pause: Command | None = None) -> lis
     return buttons
 
 
+def _roll_back_choices(job: Job) -> list[tuple[int, str]]:
+    """The catalogue, the last clean checkpoint first (what the dialog preselects)."""
+    entries = catalogue(job.pk)
+    entries.sort(key=lambda entry: not entry["preselected"])
+    return [
+        (
+            entry["id"],
+            f"step {entry['step']} · {'clean' if entry['clean'] else 'after the anomaly'} · "
+            f"{entry['reason']} · sha256 {entry['sha256'][:12]}…",
+        )
+        for entry in entries
+    ]
+
+
 def _confirm_buttons(base: str, job: Job) -> list[Button]:
     url = f"{base}/confirm-pause"
     optional = {**REASON, "required": False}
+    choices = _roll_back_choices(job)
     checkpoint = {
         "name": "checkpoint",
-        "label": "Checkpoint path to roll back to",
+        "label": "Checkpoint to roll back to (the job's catalogue)",
         "required": True,
+        "choices": choices,
     }
-    return [
+    buttons = [
         Button(
             "Keep paused",
             url,
@@ -139,15 +156,19 @@ def _confirm_buttons(base: str, job: Job) -> list[Button]:
             [optional],
             f"Confirm the pause of {job.name}: resume (a false alarm)",
         ),
-        Button(
-            "Roll back…",
-            url,
-            "plain",
-            {"decision": "roll_back"},
-            [checkpoint, optional],
-            f"Roll {job.name} back to a checkpoint and resume",
-        ),
     ]
+    if choices:  # only checkpoints the job reported can be named
+        buttons.append(
+            Button(
+                "Roll back…",
+                url,
+                "plain",
+                {"decision": "roll_back"},
+                [checkpoint, optional],
+                f"Roll {job.name} back to a checkpoint and resume",
+            )
+        )
+    return buttons
 
 
 def _confirmed(pause: Command) -> bool:

@@ -6,7 +6,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from console import review_views, views
+from console import metrics_endpoint, monitoring_views, review_views, views
 
 urlpatterns = [
     path("", include("console.api.urls")),
@@ -22,4 +22,6 @@ urlpatterns = [
     path("incidents/<int:pk>/", views.incident_page, name="incident-page"),
     path("incidents/<int:pk>/review/", review_views.incident_review, name="incident-review"),
     path("teams/<int:pk>/report/", review_views.team_report, name="team-report"),
+    path("monitoring/", monitoring_views.monitoring_page, name="monitoring-page"),
+    path("metrics", metrics_endpoint.metrics, name="metrics"),
 ]

@@ -14,14 +14,17 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
+from breakers.checkpoints import record_from_acknowledgement
 from breakers.control.job_state import ON_ISSUE, ON_SUCCESS, refusal
 from breakers.control.timeline import (
     record_acknowledged,
     record_executor_outcome,
     record_issued,
 )
+from breakers.control.unapplied import clear_unapplied
 from breakers.executors.local import ExecutorOutcome, executor_for
 from breakers.executors.scheduler import route_to_scheduler
 from breakers.models import (
@@ -35,6 +38,7 @@ from core.errors import Conflict, InvalidInput, NotFound
 from core.realtime import agent_group, job_group, publish_after_commit
 from core.text import fit
 from core.transitions import compare_and_swap, compare_and_swap_all
+from incidents.alerts.lifecycle import settle_incident
 from incidents.jobs import move_job
 from incidents.models import (
     ISOLATABLE_NODE_STATUSES,
@@ -148,6 +152,7 @@ def mark_delivered(command_ids: list[int]) -> int:
         expected=[CommandStatus.PENDING],
         new=CommandStatus.DELIVERED,
         delivered_at=timezone.now(),
+        delivered_step=Subquery(Job.objects.filter(pk=OuterRef("job_id")).values("current_step")),
     )
 
 
@@ -200,8 +205,11 @@ def acknowledge_command(
         command.refresh_from_db()
         if won and status == CommandStatus.SUCCEEDED:
             _job_effect_on_success(command)
+            if command.kind == CommandKind.CHECKPOINT_AND_PAUSE:
+                record_from_acknowledgement(job_id, command.pk, command.result)
         if won:
             record_acknowledged(command)
+            clear_unapplied(job_id, command.result.get("step"))
             publish_after_commit(
                 job_group(job_id),
                 {
@@ -254,6 +262,7 @@ def stop_hung_job(command_id: int, *, grace_seconds: float | None = None) -> Exe
         record_executor_outcome(command, outcome)
         if outcome.stopped:
             move_job(command.job_id, "terminate", heartbeat_deadline=None)
+            settle_incident(command.job_id, None)  # stopped: the episode is over
         publish_after_commit(
             job_group(command.job_id),
             {

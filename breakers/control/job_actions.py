@@ -18,6 +18,7 @@ from uuid import uuid4
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from breakers.checkpoints import roll_back_params, roll_back_target
 from breakers.control.commands import issue_command
 from breakers.control.timeline import active_incident
 from breakers.executors.scheduler import slurm_binding
@@ -297,10 +298,12 @@ def confirm_pause(
     decision: str,
     reason: str = "",
     checkpoint: str = "",
+    skip_steps: list[int] | None = None,
     context: AuditContext | None = None,
 ) -> PauseConfirmation:
-    """Keep paused, resume, or roll back to a named checkpoint (resume with
-    ``{"checkpoint": path}``). Once per pause: a second confirmation is 409."""
+    """Keep paused, resume, or roll back to a checkpoint of the job's catalogue (named by id
+    or path; the resume carries its path, hash and step, and ``skip_steps``: later batches the
+    job drops). Once per pause: a second confirmation is 409."""
     with audited(user, Action.CONFIRM_PAUSE, "job", job_id, context) as attempt:
         job = scoped_get(
             Job.objects, user, job_id, team_path="team_id", noun="job", attempt=attempt
@@ -311,15 +314,18 @@ def confirm_pause(
         level = pause_level(pause)
         attempt.check(decide(role_in_team(user, job.team_id), Action.CONFIRM_PAUSE, level))
         checkpoint = _clean_confirmation(decision, checkpoint)
+        target = roll_back_target(job.pk, checkpoint) if checkpoint else None
         with transaction.atomic():
             job = _locked_job(job.pk)
             newest = latest_pause(job.pk)
             if job.status not in CONFIRMABLE or newest is None or newest.pk != pause.pk:
                 raise Conflict(f"Job {job.name!r} changed meanwhile ({job.status}); look again.")
-            confirmation = _record_confirmation(job, pause, user, decision, checkpoint, reason)
+            path = target.path if target is not None else ""
+            confirmation = _record_confirmation(job, pause, user, decision, path, reason)
             if decision != PauseDecision.KEEP_PAUSED:
+                params = roll_back_params(target, skip_steps) if target is not None else {}
                 confirmation.command_id = _resume_after_confirmation(
-                    user, job, pause, checkpoint, reason
+                    user, job, pause, params, reason
                 ).pk
                 PauseConfirmation.objects.filter(pk=confirmation.pk).update(
                     command_id=confirmation.command_id
@@ -374,18 +380,18 @@ def _record_confirmation(
 
 
 def _resume_after_confirmation(
-    user: Any, job: Job, pause: Command, checkpoint: str, reason: str
+    user: Any, job: Job, pause: Command, params: dict[str, Any], reason: str
 ) -> Command:
     why = reason.strip() or "pause confirmed"
-    if checkpoint:
-        why = f"roll back to {checkpoint}: {why}"
+    if params:
+        why = f"roll back to step {params['step']} ({params['checkpoint']}): {why}"
     return _issue(
         user,
         job,
         CommandKind.RESUME,
         reason=f"Pause #{pause.pk} confirmed by {user}, {why}",
         alert=pause.alert,
-        params={"checkpoint": checkpoint} if checkpoint else {},
+        params=params,
         key=f"confirm-pause:{pause.pk}",
     )
 

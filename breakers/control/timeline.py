@@ -8,10 +8,12 @@ were released.
 
 from __future__ import annotations
 
+from typing import Any
+
 from breakers.executors.local import ExecutorOutcome
 from breakers.models import Command, CommandKind, CommandStatus
 from core.transitions import compare_and_swap
-from incidents.alerts.lifecycle import append_timeline
+from incidents.alerts.lifecycle import append_timeline, rearm_after_resume, settle_incident
 from incidents.models import (
     ACTIVE_INCIDENT_STATUSES,
     INCIDENT_TRANSITIONS,
@@ -68,6 +70,8 @@ def record_acknowledged(command: Command) -> None:
     if incident is None:
         return
     result, at, step = command.result, command.acknowledged_at, command.result.get("step")
+    if command.kind == CommandKind.RESUME and isinstance(result.get("restored_step"), int):
+        step = result["restored_step"]  # training goes on from there: health counts from it
 
     def row(kind: str, message: str, data: dict | None = None) -> None:
         append_timeline(
@@ -90,24 +94,60 @@ def record_acknowledged(command: Command) -> None:
     if command.status != CommandStatus.SUCCEEDED:
         return
     if command.kind == CommandKind.CHECKPOINT_AND_PAUSE:
+        holds = result.get("weights_step")
+        through = holds if isinstance(holds, int) else step  # the updates the weights hold
+        clean = isinstance(through, int) and through < incident.first_step
         row(
             TimelineKind.CHECKPOINT_SAVED,
             f"Checkpoint saved at {result.get('path', '?')} ({result.get('bytes', '?')} bytes "
-            f"in {result.get('seconds', '?')} s); training paused",
-            {key: result.get(key) for key in ("path", "bytes", "seconds", "sha256", "step")},
+            f"in {result.get('seconds', '?')} s, sha256 {result.get('sha256', '?')}); "
+            + ("clean: no update from the anomaly on" if clean else "after the anomaly")
+            + "; training paused",
+            {
+                **{key: result.get(key) for key in ("path", "bytes", "seconds", "sha256", "step")},
+                "weights_step": holds,
+                "clean": clean,
+            },
         )
         if result.get("released"):
             row(TimelineKind.RESOURCES_RELEASED, "Accelerators released")
         _mitigate(incident)
     elif command.kind == CommandKind.RESUME:
-        row(TimelineKind.RESUMED, "Training resumed")
+        _record_resumed(command, row)
+        rearm_after_resume(incident.pk, step if isinstance(step, int) else None, now=at)
     elif command.kind == CommandKind.TERMINATE:
         row(TimelineKind.TERMINATED, "Training terminated")
         _mitigate(incident)
+        settle_incident(command.job_id, step if isinstance(step, int) else None, now=at)
     elif command.kind in (CommandKind.LOWER_LR, CommandKind.PAUSE_DATA):
         # An acknowledged soft mitigation mitigates too (issue 9): the job applied it, though
         # the training goes on; the command_acknowledged row above records it.
         _mitigate(incident)
+
+
+def _record_resumed(command: Command, row: Any) -> None:
+    """Resumed, or rolled back and resumed: the SDK's restored step and hash are checked
+    against the catalogue entry the console named."""
+    result, params = command.result, command.params
+    if not params.get("checkpoint"):
+        row(TimelineKind.RESUMED, "Training resumed")
+        return
+    named = {"step": params.get("step"), "sha256": params.get("sha256")}
+    reported = {"step": result.get("restored_step"), "sha256": result.get("sha256")}
+    if result.get("rolled_back") and reported == named:
+        row(
+            TimelineKind.RESUMED,
+            f"Rolled back to step {reported['step']} (sha256 {reported['sha256']}) and resumed",
+            {"event": "rolled_back", "checkpoint": params.get("checkpoint"), **reported},
+        )
+        return
+    row(
+        TimelineKind.NOTE,
+        f"Resumed, but the roll back was NOT confirmed: asked for step {named['step']} "
+        f"(sha256 {named['sha256']}), the job reported step {reported['step']} "
+        f"(sha256 {reported['sha256']})",
+        {"event": "roll_back_unconfirmed", "named": named, "reported": reported},
+    )
 
 
 def record_executor_outcome(command: Command, outcome: ExecutorOutcome) -> None:

@@ -11,6 +11,7 @@ from django.db import transaction
 from breakers.control import liveness
 from breakers.control.commands import expire_overdue_commands
 from breakers.control.heartbeats import check_heartbeats
+from breakers.control.unapplied import flag_unapplied_commands
 
 log = logging.getLogger(__name__)
 BEAT = "beat"
@@ -21,6 +22,7 @@ def watchdog_tick(stop_job: Callable[[int], object]) -> list[int]:
     ``stop_job(command_id)``."""
     liveness.record(BEAT)
     check_heartbeats()
+    flag_unapplied_commands()
     with transaction.atomic():
         to_stop = expire_overdue_commands()
         for command_id in to_stop:

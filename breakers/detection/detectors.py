@@ -48,6 +48,10 @@ from breakers.detection.detectors_time import (  # noqa: F401  (re-exported)
     SilenceDetector,
 )
 from breakers.detection.rolling import RollingStats  # noqa: F401  (re-exported)
+from breakers.monitoring.dcgm_detectors import (  # DCGM's semantics (docs/monitoring.md)
+    CounterRiseDetector,
+    XidChangeDetector,
+)
 
 
 @dataclass(frozen=True)
@@ -409,6 +413,8 @@ DETECTORS: dict[str, type[Detector]] = {
         RisingDetector,
         SilenceDetector,
         NodeFailureDetector,
+        XidChangeDetector,
+        CounterRiseDetector,
     )
 }
 

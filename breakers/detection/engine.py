@@ -360,6 +360,17 @@ class JobEvaluator:
             if s.episode.firing
         ]
 
+    def rearm(self, rule_key: str, node: str | None) -> int:
+        """Forget the open episodes of a rule (on a node): the next anomalous point fires
+        again. For an alert closed from outside the engine (re-armed when training resumed
+        after its brake). Returns how many series were re-armed."""
+        rearmed = 0
+        for key, series in self._series.items():
+            if key[0] == rule_key and (key[2] or "") == (node or "") and series.episode.firing:
+                series.episode = _Episode()
+                rearmed += 1
+        return rearmed
+
     def _add_series(self, rule: RuleSpec, key: tuple[str, str, str | None]) -> _Series:
         series = self._series[key] = _Series(rule, key)
         if series.detector.time_based:

@@ -41,6 +41,7 @@ from incidents.alerts.lifecycle import (
     active_alert,
     raise_or_update_alert,
     resolve_alert,
+    settle_incident,
 )
 from incidents.models import Job, Layer
 from incidents.notifications.delivery import notify_alert
@@ -152,6 +153,9 @@ def evaluate_job(
             if last_chunk and tick_at is not None:
                 run.tick(tick_at)
             run.save(rows)
+        if rows:
+            # A braked episode ends on healthy points after its resume (episode.py).
+            settle_incident(job_id, max(row[2] for row in rows))
         if last_chunk:
             return report
 
@@ -189,7 +193,13 @@ class _Run:
         self.evaluator = _restore(rules, state.state, job_id)
         self.open: dict[tuple[str, str], set[str]] = defaultdict(set)
         for episode in self.evaluator.open_episodes():
-            self.open[(episode["rule"], episode["node"] or "")].add(episode["metric"])
+            fingerprint = (episode["rule"], episode["node"] or "")
+            if fingerprint not in self.open and active_alert(job_id, *fingerprint) is None:
+                # Its alert was closed from outside (re-armed when training resumed after
+                # its brake): a recurrence must fire, and brake, again.
+                self.evaluator.rearm(*fingerprint)
+                continue
+            self.open[fingerprint].add(episode["metric"])
         for orphan in self.evaluator.orphaned:
             # Its rule was removed or disabled, or now keys its series differently.
             self._series_cleared(

@@ -25,6 +25,7 @@ from dataclasses import fields, replace
 from typing import Any
 
 from breakers.detection.engine import RuleSpec
+from breakers.monitoring.dcgm import agent_rules
 
 PACK_VERSION = "2026.1"
 
@@ -97,6 +98,21 @@ DEFAULT_RULES: tuple[dict[str, Any], ...] = (
         "metric": "loss|grad_norm",
         "detector": "non_finite",
         "params": {},
+        "per_node": True,
+        "severity": "L3",
+        "action": "checkpoint_and_pause",
+        "clear_after": 10,
+        "runbook": "nan-inf",
+    },
+    {
+        # The SDK's step guard refused an update computed from NaN/Inf (a gradient the loss
+        # does not show, or run.guard(loss)) and holds at that boundary for this rule's answer.
+        "key": "update-refused-by-guard",
+        "name": "Non-finite update refused by the step guard",
+        "layer": "stability",
+        "metric": "guard.skipped_updates",
+        "detector": "threshold",
+        "params": {"above": 0.0},
         "per_node": True,
         "severity": "L3",
         "action": "checkpoint_and_pause",
@@ -193,6 +209,8 @@ DEFAULT_RULES: tuple[dict[str, Any], ...] = (
         "action": "record",
         "clear_after": 60,
     },
+    # NVIDIA DCGM's field names, pushed as they are (breakers.monitoring.dcgm, docs/monitoring.md).
+    *agent_rules(),
 )
 
 

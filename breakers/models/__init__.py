@@ -1,6 +1,10 @@
 """The breakers app's models, one module per domain; Django finds them all through here."""
 
 # isort: off  (the order is the order of their foreign keys)
+from breakers.models.checkpoints import (  # noqa: F401
+    Checkpoint,
+    CheckpointReason,
+)
 from breakers.models.control import (  # noqa: F401
     COMMAND_TRANSITIONS,
     OPEN_COMMAND_STATUSES,
@@ -13,6 +17,12 @@ from breakers.models.metrics import (  # noqa: F401
     MetricBatch,
     MetricPoint,
     Rule,
+)
+from breakers.models.monitoring import (  # noqa: F401
+    EXTERNAL_ALERT_TRANSITIONS,
+    ExternalAlert,
+    ExternalAlertStatus,
+    IntegrationToken,
 )
 from breakers.models.scheduler import (  # noqa: F401
     ExecutorKind,
@@ -41,4 +51,10 @@ __all__ = [
     "NodeDrain",
     "SnapshotKind",
     "EnvironmentSnapshot",
+    "Checkpoint",
+    "CheckpointReason",
+    "IntegrationToken",
+    "ExternalAlertStatus",
+    "EXTERNAL_ALERT_TRANSITIONS",
+    "ExternalAlert",
 ]

@@ -76,6 +76,9 @@ class Command(models.Model):
     issued_at = models.DateTimeField()
     deliver_by = models.DateTimeField(help_text="Unacknowledged after this, the job is hung.")
     delivered_at = models.DateTimeField(null=True, blank=True)
+    # The job's step when the command reached it: metrics far past it with no acknowledgement
+    # mean the training loop never applies commands (breakers.control.unapplied).
+    delivered_step = models.BigIntegerField(null=True, blank=True)
     acknowledged_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(default=dict, blank=True)
     error = models.TextField(blank=True)

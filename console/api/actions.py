@@ -51,7 +51,15 @@ class ConfirmPauseIn(serializers.Serializer):
         required=False,
         allow_blank=True,
         max_length=1000,
-        help_text="roll_back only: the checkpoint to resume from (sent as the resume's params).",
+        help_text="roll_back only: the checkpoint to resume from, by its catalogue id or path "
+        "(GET /api/v1/jobs/{id}/checkpoints); anything else is 400.",
+    )
+    skip_steps = serializers.ListField(
+        child=serializers.IntegerField(min_value=0, max_value=2**62),
+        required=False,
+        max_length=1000,
+        help_text="roll_back only: steps after the checkpoint whose batches the job drops "
+        "(the poisoned batch).",
     )
     reason = serializers.CharField(required=False, allow_blank=True, max_length=2000)
 
@@ -200,6 +208,7 @@ class ConfirmPauseView(PersonView):
             pk,
             decision=body["decision"],
             checkpoint=body.get("checkpoint", ""),
+            skip_steps=body.get("skip_steps"),
             reason=body.get("reason", ""),
             context=audit_context(request),
         )

@@ -7,8 +7,10 @@ from console.api import (
     agent,
     alerts,
     audit,
+    checkpoints,
     escalations,
     health,
+    integrations,
     jobs,
     nodes,
     notifications,
@@ -31,6 +33,11 @@ agent_routes = [
         name="agent-command-ack",
     ),
     path(f"{V1}/agent/snapshots", snapshots.SnapshotView.as_view(), name="agent-snapshots"),
+    path(
+        f"{V1}/agent/checkpoints",
+        checkpoints.AgentCheckpointView.as_view(),
+        name="agent-checkpoints",
+    ),
 ]
 
 job_routes = [
@@ -38,6 +45,11 @@ job_routes = [
     path(f"{V1}/jobs/<int:pk>", jobs.JobDetailView.as_view(), name="job-detail"),
     path(f"{V1}/jobs/<int:pk>/series", series.SeriesView.as_view(), name="job-series"),
     path(f"{V1}/jobs/<int:pk>/markers", series.MarkersView.as_view(), name="job-markers"),
+    path(
+        f"{V1}/jobs/<int:pk>/checkpoints",
+        checkpoints.JobCheckpointsView.as_view(),
+        name="job-checkpoints",
+    ),
     path(f"{V1}/jobs/<int:pk>/pause", actions.PauseJobView.as_view(), name="job-pause"),
     path(f"{V1}/jobs/<int:pk>/resume", actions.ResumeJobView.as_view(), name="job-resume"),
     path(f"{V1}/jobs/<int:pk>/terminate", actions.TerminateJobView.as_view(), name="job-terminate"),
@@ -150,6 +162,30 @@ other_routes = [
     ),
 ]
 
+# The cluster's monitoring (docs/monitoring.md).
+integration_routes = [
+    path(
+        f"{V1}/integrations/alertmanager",
+        integrations.AlertmanagerWebhookView.as_view(),
+        name="integrations-alertmanager",
+    ),
+    path(
+        f"{V1}/integrations/alertmanager/unrouted",
+        integrations.UnroutedAlertListView.as_view(),
+        name="integrations-unrouted",
+    ),
+    path(
+        f"{V1}/teams/<int:pk>/integration-tokens",
+        integrations.IntegrationTokenListView.as_view(),
+        name="integration-token-list",
+    ),
+    path(
+        f"{V1}/integration-tokens/<int:pk>",
+        integrations.IntegrationTokenView.as_view(),
+        name="integration-token-detail",
+    ),
+]
+
 urlpatterns = [
     *agent_routes,
     *job_routes,
@@ -159,4 +195,5 @@ urlpatterns = [
     *incident_routes,
     *team_routes,
     *other_routes,
+    *integration_routes,
 ]

@@ -37,3 +37,11 @@ def seconds(value: Any) -> str:
     if total < 3600:
         return f"{total // 60} min {total % 60} s"
     return f"{total // 3600} h {total % 3600 // 60} min"
+
+
+@register.simple_tag
+def checkpoint_catalogue(job_id: int) -> list[dict[str, Any]]:
+    """The job's checkpoints, newest first, clean or after the anomaly (breakers.checkpoints)."""
+    from breakers.checkpoints import catalogue
+
+    return catalogue(job_id)

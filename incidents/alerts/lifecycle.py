@@ -29,6 +29,7 @@ from core.nonfinite import encode
 from core.realtime import job_group, publish_after_commit, team_group
 from core.text import fit
 from core.transitions import compare_and_swap
+from incidents.alerts.episode import episode_facts, episode_over
 from incidents.alerts.runbook import GENERIC, RunbookEntry, format_suggestion, suggestion_for
 from incidents.models import (
     ACTIVE_ALERT_STATUSES,
@@ -91,6 +92,10 @@ class AlertOutcome:
     @property
     def action_due(self) -> bool:
         return self.created or self.escalated
+
+
+# Rule actions that brake: their alert is spent once training resumes (rearm_after_resume).
+REARMED_ACTIONS = ("checkpoint_and_pause", "pause_data", "terminate_and_isolate")
 
 
 def alert_fingerprint(job_id: int, rule_key: str, node: str) -> str:
@@ -328,7 +333,16 @@ def _update_alert(
     alert.value, alert.step, alert.last_seen_at = signal.value, signal.step, now
     alert.duration_seconds = (signal.time - alert.first_time).total_seconds()
     alert.duration_steps = signal.step - alert.first_step
-    fields = ["value", "step", "last_seen_at", "duration_seconds", "duration_steps"]
+    # The description follows the value and step it sits next to (they must not disagree).
+    alert.description = signal.description or alert.description
+    fields = [
+        "value",
+        "step",
+        "last_seen_at",
+        "duration_seconds",
+        "duration_steps",
+        "description",
+    ]
     previous = alert.severity
     escalated = signal.severity > previous  # "L1" < "L2" < "L3" < "L4"
     if escalated:
@@ -352,10 +366,13 @@ def _raise_incident_level(
     incident_was = incident.level
     if alert.severity > incident_was:
         # The incident row is locked by this transaction: a plain conditional update suffices.
+        # Its title follows the worst level reached: an L3 NaN incident is not named after the
+        # L1 notice that happened to come first.
+        title = fit(f"{alert.rule_name} ({alert.metric})", 300)
         Incident.objects.filter(pk=incident.pk, level__lt=alert.severity).update(
-            level=alert.severity
+            level=alert.severity, title=title
         )
-        incident.level = alert.severity
+        incident.level, incident.title = alert.severity, title
     if alert_was is None and incident.level == incident_was:
         return  # a new alert below the incident's level: its alert_raised row says it all
     parts = []
@@ -379,8 +396,10 @@ def _raise_incident_level(
 
 
 def _resolve_incident_if_quiet(incident: Incident, now: datetime, step: int | None) -> None:
-    """The episode is over when none of the incident's alerts is active any more."""
-    if incident.alerts.filter(status__in=ACTIVE_ALERT_STATUSES).exists():
+    """The episode is over when none of the incident's alerts is active any more and, if it
+    braked the job, the job is final or trains healthy again after a resume
+    (incidents.alerts.episode)."""
+    if not episode_over(episode_facts(incident), step):
         return
     won = compare_and_swap(
         Incident,
@@ -399,6 +418,47 @@ def _resolve_incident_if_quiet(incident: Incident, now: datetime, step: int | No
             at=now,
             step=step,
         )
+
+
+def settle_incident(job_id: int, step: int | None, now: datetime | None = None) -> bool:
+    """Resolve the job's active incident if its episode is over now (after a resume, a
+    terminate, healthy points). True if it was resolved."""
+    with transaction.atomic():
+        # The incident row only: FOR UPDATE over a join would lock the job's row too, and a
+        # command being issued holds the job and waits for the incident (deadlock).
+        incident = (
+            Incident.objects.select_for_update()
+            .filter(job_id=job_id, status__in=ACTIVE_INCIDENT_STATUSES)
+            .first()
+        )
+        if incident is None:
+            return False
+        before = incident.status
+        _resolve_incident_if_quiet(incident, now or timezone.now(), step)
+        return Incident.objects.filter(pk=incident.pk).exclude(status=before).exists()
+
+
+def rearm_after_resume(incident_id: int, step: int | None, now: datetime | None = None) -> int:
+    """Training resumed after a brake: close the alerts whose brake was spent, so a
+    recurrence raises a new alert and brakes again (the evaluator re-arms the rule when it
+    finds its episode without an alert). The incident stays open until healthy. Returns how
+    many alerts were re-armed."""
+    alert_ids = list(
+        Alert.objects.filter(
+            incident_id=incident_id,
+            status__in=ACTIVE_ALERT_STATUSES,
+            action__in=REARMED_ACTIONS,
+        ).values_list("pk", flat=True)
+    )
+    for alert_id in alert_ids:
+        resolve_alert(
+            alert_id,
+            reason=f"training resumed at step {step}: a recurrence brakes again",
+            step=step,
+            now=now,
+            data={"event": "rearmed"},
+        )
+    return len(alert_ids)
 
 
 def _runbook_entry(signal: AlertSignal) -> RunbookEntry:

@@ -10,8 +10,11 @@ clock), so a slow link shows both how long people waited and how much training r
 * brake       — alert → training actually stopped: the confirmed checkpoint, or terminated
 * recover     — training stopped → resumed
 
-Every link starts at the *first* alert of the episode: when an L1 notice precedes the L3
-that braked, the time people let pass after the first alarm is exactly what a review is for.
+Each link that starts at an alert starts at the alert that *caused* its end: the brake at the
+alert (or the escalation of it) whose command stopped training, the acknowledgement at the
+alert acknowledged. An L1 notice raised long before the L3 that braked does not make the brake
+look slow; the time people let pass after the first alarm shows in "detect" and in the
+timeline. When the end row names no alert, the link starts at the episode's first alert.
 ``recover`` starts at the stop (not the alert) so the links do not count the same time twice.
 Rows are taken in timeline order; an end row is the first of its kinds after the start row.
 """
@@ -32,6 +35,7 @@ ACKNOWLEDGED = "acknowledged"
 CHECKPOINT_SAVED = "checkpoint_saved"
 TERMINATED = "terminated"
 RESUMED = "resumed"
+SEVERITY_CHANGED = "severity_changed"
 
 # The stop counts only once it is confirmed: a checkpoint saved (the agent's acknowledgement
 # of checkpoint_and_pause) or the job terminated (by the agent or an out-of-band executor).
@@ -159,9 +163,12 @@ def measure(
             "alert": (alert, None if alert_index is None else alert_index + 1),
             "stop": (stop, None if stop_index is None else stop_index + 1),
         }[spec.start]
-        end = None
+        end_index = None
         if start is not None and after is not None:
-            end = _first_of(rows, after, spec.ends)
+            end_index = _first_index_of(rows, after, spec.ends)
+        end = rows[end_index] if end_index is not None else None
+        if spec.start == "alert" and end_index is not None:
+            start = _causing_alert(rows, end_index) or start
         links.append(_link(spec, start, end))
     hours = None
     if size is not None and stop is not None:
@@ -174,11 +181,25 @@ def _find(rows: Sequence[Row], start: int, kinds: Iterable[str]) -> int | None:
     return next((i for i in range(start, len(rows)) if rows[i].kind in kinds), None)
 
 
-def _first_of(rows: Sequence[Row], start: int, groups: tuple[tuple[str, ...], ...]) -> Row | None:
+def _first_index_of(
+    rows: Sequence[Row], start: int, groups: tuple[tuple[str, ...], ...]
+) -> int | None:
     for kinds in groups:
         index = _find(rows, start, kinds)
         if index is not None:
-            return rows[index]
+            return index
+    return None
+
+
+def _causing_alert(rows: Sequence[Row], end_index: int) -> Row | None:
+    """The latest raise or escalation, before the end row, of the alert the end row names."""
+    alert_id = rows[end_index].alert_id
+    if alert_id is None:
+        return None
+    for index in range(end_index - 1, -1, -1):
+        row = rows[index]
+        if row.alert_id == alert_id and row.kind in (ALERT_RAISED, SEVERITY_CHANGED):
+            return row
     return None
 
 

@@ -34,9 +34,14 @@ class CheckpointResult:
     seconds: float
     sha256: str
     step: int
+    # The last step whose optimizer update the weights hold (the step guard knows it): below
+    # ``step`` when the update of a non-finite step was skipped. None: not known.
+    weights_step: int | None = None
+    # Why it was taken: "brake" (checkpoint_and_pause), "manual" (run.checkpoint), ...
+    reason: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {key: value for key, value in dataclasses.asdict(self).items() if value is not None}
 
 
 @dataclasses.dataclass

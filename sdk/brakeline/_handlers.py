@@ -78,7 +78,8 @@ def pause_data(run: Run, command: Command, step: int) -> Any:
 def resume(run: Run, command: Command, step: int) -> dict[str, Any]:
     # Reached only when nothing was held (a pause's own hold takes the resume that ends it).
     run._pause.data_paused = False
-    return {"step": step, "was_paused": False}
+    restored = run.roll_back(command.params) if command.params.get("checkpoint") else {}
+    return {"step": step, "was_paused": False, **restored}
 
 
 def checkpoint_and_pause(run: Run, command: Command, step: int) -> Any:
@@ -86,7 +87,7 @@ def checkpoint_and_pause(run: Run, command: Command, step: int) -> Any:
     refusal = run._pause.refusal(step)
     if refusal is not None:
         return refusal
-    run._pause.checkpoint_and_pause(command, step, lambda: run.checkpoint(step))
+    run._pause.checkpoint_and_pause(command, step, lambda: run.checkpoint(step, reason="brake"))
     return ACK_LATER
 
 
@@ -117,4 +118,41 @@ def unknown_kind(run: Run, command: Command, step: int) -> Any:
     raise CommandFailed(f"unknown command kind {command.kind!r}; this SDK knows {', '.join(KINDS)}")
 
 
-__all__ = ["ACK_LATER", "BUILTIN_HANDLERS", "CommandFailed", "PauseInfo", "unknown_kind"]
+# Kinds whose built-in behaviour is only "not applicable here": a handler replaces it.
+FALLBACK_KINDS = frozenset({"isolate_node"})
+
+
+def composed(custom: Handler | None, kind: str) -> Handler:
+    """What applying a command of ``kind`` runs: your handler first, then the built-in
+    behaviour, so a handler for ``resume`` cannot leave the run paused by accident.
+
+    Your handler's answer decides: a dict (or None) → the built-in behaviour follows and the
+    acknowledgement carries both results; ``ACK_LATER`` → your handler took the command over
+    (it acknowledges itself, the built-in behaviour does not run); an exception → the
+    acknowledgement is failed and nothing else happens (a failed resume leaves the run paused).
+    """
+    builtin = BUILTIN_HANDLERS.get(kind)
+    if custom is None:
+        return builtin or unknown_kind
+    if builtin is None or kind in FALLBACK_KINDS:
+        return custom
+
+    def both(run: Run, command: Command, step: int) -> Any:
+        mine = custom(run, command, step)
+        if mine is ACK_LATER:
+            return ACK_LATER
+        # Merged into this command's acknowledgement, whoever sends it (a pause acks itself).
+        run.handler_results[str(command.id)] = dict(mine) if isinstance(mine, dict) else {}
+        return builtin(run, command, step)
+
+    return both
+
+
+__all__ = [
+    "ACK_LATER",
+    "BUILTIN_HANDLERS",
+    "CommandFailed",
+    "PauseInfo",
+    "composed",
+    "unknown_kind",
+]

@@ -28,8 +28,14 @@ class PausableLoader:
     Thread-safety: used only from the training thread (iteration, state_dict, load_state_dict).
     """
 
-    def __init__(self, loader: Iterable[Any], before_fetch: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        loader: Iterable[Any],
+        before_fetch: Callable[[], None] | None = None,
+        skip: Callable[[], bool] | None = None,
+    ):
         self.loader = loader
+        self._skip = skip or (lambda: False)
         self.epoch = -1  # the first __iter__ makes it 0
         self.batch_in_epoch = 0
         self.total_batches = 0
@@ -54,12 +60,18 @@ class PausableLoader:
         iterator = self._start_epoch()
         while True:
             self._before_fetch()
+            if self._resume is not None:
+                # Rolled back while this loop was running (a hold inside the gate or at the
+                # step boundary): continue from the restored position in this same loop.
+                iterator = self._resume_epoch()
             try:
                 batch = next(iterator)
             except StopIteration:
                 return
             self.batch_in_epoch += 1
             self.total_batches += 1
+            if self._skip():
+                continue  # a batch the roll back said to drop: fetched, never trained on
             yield batch
 
     def _start_epoch(self) -> Iterator[Any]:

@@ -202,14 +202,8 @@ class PauseController:
                 command = run.inbox.take()
                 if command is None:
                     run.inbox.wait(HOLD_POLL_SECONDS)
-                elif command.kind == "resume" and "resume" not in run._handlers:
-                    self.data_paused = False
-                    run.ack(
-                        command.id,
-                        "succeeded",
-                        {"step": step, "paused_seconds": round(time.monotonic() - started, 3)},
-                    )
-                    resumed = True
+                elif command.kind == "resume":
+                    resumed = self._resume(command, step, started)
                 else:
                     run._apply(command, step)
         finally:
@@ -218,3 +212,31 @@ class PauseController:
             self._enter(PauseState.STOPPED if stopped else PauseState.RUNNING)
         if resumed:
             run.call_hooks("resume", info)
+
+    def _resume(self, command: Command, step: int, held_since: float) -> bool:
+        """End the hold: your resume handler first (it may refuse by raising), then the roll
+        back the command names, if any. False (still held) when either fails."""
+        run = self._run
+        custom = run._handlers.get("resume")
+        paused_seconds = round(time.monotonic() - held_since, 3)
+        try:
+            mine = custom(run, command, step) if custom is not None else None
+            done_by_handler = isinstance(mine, dict) and "rolled_back" in mine
+            wanted = command.params.get("checkpoint") and not done_by_handler
+            restored = run.roll_back(command.params) if wanted else {}
+        except Exception as error:  # CommandFailed or not: the run stays paused, and says so
+            result = error.result if isinstance(error, CommandFailed) else {}
+            text = str(error)
+            if not isinstance(error, CommandFailed):
+                text = f"{type(error).__name__}: {error}"
+            run.ack(command.id, "failed", {**result, "step": step, "paused": True}, text)
+            return False
+        self.data_paused = False
+        if mine is not ACK_LATER:  # ACK_LATER: your handler acknowledges it itself
+            extra = mine if isinstance(mine, dict) else {}
+            run.ack(
+                command.id,
+                "succeeded",
+                {**extra, "step": step, "paused_seconds": paused_seconds, **restored},
+            )
+        return True

@@ -31,6 +31,7 @@ ENVIRONMENT_VARIABLES: dict[str, str] = {
     "BRAKELINE_HTTP_TIMEOUT": "http_timeout",
     "BRAKELINE_WEBSOCKET": "use_websocket",
     "BRAKELINE_SNAPSHOTS": "send_snapshots",
+    "BRAKELINE_GUARD": "guard",
 }
 
 
@@ -69,6 +70,13 @@ class Settings:
     # How long finish() and terminate wait for the console before giving up (data stays spilled).
     finish_timeout: float = 10.0
     ack_wait_before_release: float = 5.0
+    # The step guard (docs/sdk.md "The step guard"): skip optimizer updates computed from
+    # NaN/Inf, then hold at the boundary for up to guard_hold_seconds for the console's rules.
+    guard: bool = True
+    guard_hold_seconds: float = 30.0
+    # A delivered command still waiting after this many run.log calls: step_boundary is not
+    # being called (a warning in the training log, once per command).
+    unapplied_command_logs: int = 50
 
     @property
     def enabled(self) -> bool:

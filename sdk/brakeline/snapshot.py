@@ -249,7 +249,7 @@ def resource_limits(scratch_dir: str | None = None) -> dict[str, Any]:
         else None,
         "scratch_free_bytes": _free_bytes(scratch_dir or os.getcwd()),
     }
-    torch = sys.modules.get("torch")
+    torch = _fully_imported("torch")
     if torch is not None and torch.cuda.is_available():
         limits["accelerators"] = [
             {
@@ -259,6 +259,17 @@ def resource_limits(scratch_dir: str | None = None) -> dict[str, Any]:
             for i in range(torch.cuda.device_count())
         ]
     return limits
+
+
+def _fully_imported(name: str) -> Any:
+    """The module if its import has finished, else None. The snapshot thread runs while the
+    training thread may still be importing torch (``import torch`` after ``brakeline.init``):
+    touching a half-initialised module raises "partially initialized module"."""
+    module = sys.modules.get(name)
+    spec = getattr(module, "__spec__", None)
+    if module is None or getattr(spec, "_initializing", False):
+        return None
+    return module
 
 
 def take_snapshot(

@@ -167,7 +167,8 @@ def test_checkpoint_and_pause_saves_confirms_releases_then_holds(make_run, trans
     assert time.monotonic() - started >= 0.5  # held until resume
     ack = acks_by_id(run)[30]
     assert ack["status"] == "succeeded"
-    assert set(ack["result"]) == {"path", "bytes", "seconds", "sha256", "step"}
+    assert set(ack["result"]) == {"path", "bytes", "seconds", "sha256", "step", "reason"}
+    assert ack["result"]["reason"] == "brake"  # why the checkpoint was taken (catalogue)
     assert ack["result"]["step"] == 4512 and ack["result"]["bytes"] == len(b"weights at step 4512")
     assert ack["result"]["path"].endswith("step-00004512.bin")
     # Released only after the acknowledgement reached the console, resumed after the resume ack.

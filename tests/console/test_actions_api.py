@@ -11,6 +11,7 @@ from django.core.management import call_command
 from django.test import Client
 from django.utils import timezone
 
+from breakers.checkpoints import CheckpointReport, record_checkpoint
 from breakers.control.commands import acknowledge_command, issue_command
 from breakers.models import Command
 from incidents.models import (
@@ -95,8 +96,17 @@ def automatic_l3_pause(scene: Scene) -> Command:
 
 def test_oncall_rolls_back_an_automatic_l3_pause_to_a_named_checkpoint(scene):
     pause = automatic_l3_pause(scene)
-    acknowledge_command(scene.job_id, pause.pk, status="succeeded", result={"path": "/ck/4500"})
+    brake = {"path": "/ck/4500", "sha256": "b" * 64, "step": 4500, "weights_step": 4500}
+    acknowledge_command(scene.job_id, pause.pk, status="succeeded", result=brake)
+    earlier = record_checkpoint(
+        scene.job_id, CheckpointReport(path="/ck/4000", sha256="a" * 64, step=4000)
+    )[0]
     oncall = scene.api("oncall")
+    listed = oncall.get(f"/api/v1/jobs/{scene.job_id}/checkpoints").json()
+    assert [(e["path"], e["reason"]) for e in listed] == [
+        ("/ck/4500", "brake"),
+        ("/ck/4000", "manual"),
+    ]
     response = oncall.post(
         f"/api/v1/jobs/{scene.job_id}/confirm-pause",
         {"decision": "roll_back", "checkpoint": "/ck/4000", "reason": "4500 already diverged"},
@@ -109,12 +119,27 @@ def test_oncall_rolls_back_an_automatic_l3_pause_to_a_named_checkpoint(scene):
         pause.pk,
     )
     assert body["command"]["kind"] == "resume"
-    assert body["command"]["params"] == {"checkpoint": "/ck/4000"}
-    assert [(c["kind"], c["params"]) for c in heartbeat_commands(scene)] == [
-        ("resume", {"checkpoint": "/ck/4000"})
-    ]
+    params = {
+        "checkpoint": "/ck/4000",
+        "sha256": "a" * 64,
+        "step": 4000,
+        "catalogue_id": earlier.pk,
+    }
+    assert body["command"]["params"] == params
+    assert [(c["kind"], c["params"]) for c in heartbeat_commands(scene)] == [("resume", params)]
     note = TimelineEntry.objects.filter(kind="note", actor=oncall.user).get()
     assert note.data["decision"] == "roll_back" and note.data["checkpoint"] == "/ck/4000"
+
+
+def test_a_roll_back_names_only_a_checkpoint_of_the_catalogue(scene):
+    automatic_l3_pause(scene)
+    response = scene.api("oncall").post(
+        f"/api/v1/jobs/{scene.job_id}/confirm-pause",
+        {"decision": "roll_back", "checkpoint": "/nonexistent/ckpt.pt"},
+    )
+    assert response.status_code == 400
+    assert "catalogue" in response.json()["fields"]["checkpoint"]
+    assert not Command.objects.filter(job_id=scene.job_id, kind="resume").exists()
 
 
 def test_keep_paused_sends_nothing_and_a_second_confirmation_is_409(scene):

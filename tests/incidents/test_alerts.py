@@ -268,3 +268,20 @@ def test_the_admin_shows_alerts_incidents_and_timelines_read_only(admin_client, 
     page = admin_client.get(f"/admin/incidents/incident/{alert.incident_id}/change/")
     assert page.status_code == 200 and b"First anomalous point" in page.content
     assert admin_client.post(f"/admin/incidents/alert/{alert.pk}/delete/").status_code == 403
+
+
+def test_the_incident_is_titled_after_the_worst_level_it_reached(agent):
+    raise_or_update_alert(agent.job_id, NOTICE, now=T0 + timedelta(seconds=20))
+    incident = Incident.objects.get(job_id=agent.job_id)
+    assert incident.title.startswith("Loss deviates")
+    raise_or_update_alert(agent.job_id, NAN_SIGNAL, now=T0 + timedelta(seconds=30))
+    incident.refresh_from_db()
+    assert (incident.level, incident.title) == ("L3", "NaN/Inf in loss or gradients (loss)")
+
+
+def test_an_updated_alert_describes_the_value_and_step_it_shows(agent):
+    raise_or_update_alert(agent.job_id, NOTICE, now=T0 + timedelta(seconds=20))
+    later = replace(NOTICE, value=3.4, step=4501, description="loss 3.4 is 2.9σ above")
+    raise_or_update_alert(agent.job_id, later, now=T0 + timedelta(seconds=21))
+    alert = Alert.objects.get(job_id=agent.job_id)
+    assert (alert.value, alert.step, alert.description) == (3.4, 4501, "loss 3.4 is 2.9σ above")

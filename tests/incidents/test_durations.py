@@ -23,6 +23,10 @@ def r(kind: str, seconds: float, step: int | None = None) -> Row:
     return Row(kind, T0 + timedelta(seconds=seconds), step)
 
 
+def ra(kind: str, seconds: float, step: int | None = None, *, alert: int) -> Row:
+    return Row(kind, T0 + timedelta(seconds=seconds), step, alert_id=alert)
+
+
 FULL = [
     r("first_anomalous_point", 0, 100),
     r("alert_raised", 4, 100),
@@ -82,6 +86,29 @@ CASES = [
         "the first alert of the episode starts the links, not the one that braked",
         [r("alert_raised", 5, 100), r("alert_raised", 65, 160), r("checkpoint_saved", 70, 161)],
         {"detect": (5, 0, "alert_raised"), "brake": (65, 61, "checkpoint_saved")},
+    ),
+    (
+        "the brake is measured from the alert whose command stopped training",
+        [
+            ra("alert_raised", 5, 100, alert=1),  # L1, notify only
+            ra("alert_raised", 6.9, 119, alert=2),  # L3: its checkpoint_and_pause braked
+            ra("acknowledged", 30, 130, alert=1),
+            ra("checkpoint_saved", 6.91, 119, alert=2),
+        ],
+        {
+            "detect": (5, 0, "alert_raised"),
+            "acknowledge": (25, 30, "acknowledged"),
+            "brake": (pytest.approx(0.01), 0, "checkpoint_saved"),
+        },
+    ),
+    (
+        "an escalated alert: the brake is measured from its escalation",
+        [
+            ra("alert_raised", 1, 100, alert=1),
+            ra("severity_changed", 40, 140, alert=1),  # L2 → L3
+            ra("checkpoint_saved", 41, 141, alert=1),
+        ],
+        {"brake": (1, 1, "checkpoint_saved")},
     ),
     (
         "an end row without a step: seconds only",

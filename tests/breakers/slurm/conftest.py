@@ -85,6 +85,9 @@ class SlurmCluster:
     def run(
         self, *arguments: str, check: bool = True, env: dict[str, str] | None = None
     ) -> subprocess.CompletedProcess:
+        if arguments[0] == "sbatch" and not any(a.startswith("--output") for a in arguments):
+            # Else Slurm writes slurm-<id>.out into the current folder: the repository.
+            arguments = (arguments[0], f"--output={self.root}/slurm-%j.out", *arguments[1:])
         return subprocess.run(
             [binary(arguments[0]), *arguments[1:]],
             env=env or self.env(),

@@ -96,8 +96,15 @@ class ScriptedAgent:
         raise AssertionError(f"no {kind} command reached the agent in {timeout} s")
 
     def ack_checkpoint(self, command: dict, step: int) -> None:
-        result = {"path": f"/ckpt/step-{step}.pt", "bytes": 734_003_200, "seconds": 4.2,
-                  "sha256": "ab" * 32, "step": step, "released": True}  # fmt: skip
+        result = {
+            "path": f"/ckpt/step-{step}.pt",
+            "bytes": 734_003_200,
+            "seconds": 4.2,
+            "sha256": "ab" * 32,
+            "step": step,
+            "released": True,
+            "weights_step": step - 1,
+        }  # fmt: skip  (the step guard skipped the NaN update)
         self.post(f"/api/v1/agent/commands/{command['id']}/ack",
                   {"status": "succeeded", "result": result})  # fmt: skip
 

@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("breakers", "0007_scheduler_bindings_node_drains"),
+        ("breakers", "0011_command_delivered_step"),
         ("incidents", "0009_agent_pid_start_time"),
     ]
 

@@ -1,0 +1,190 @@
+"""The step guard: a non-finite loss or gradient never reaches the weights.
+
+``run.watch(optimizer=...)`` wraps each watched optimizer's ``step`` (and each watched
+scheduler's ``step``). Before the optimizer applies an update, the guard checks the gradients
+it is about to use (and the loss given to ``run.guard(loss)``): if any value is NaN or ±Inf,
+the update is skipped, as AMP's GradScaler skips an overflowing step, and the scheduler's step
+that follows is skipped too, so the step leaves no trace in the training state. At the step
+boundary that follows, the run flushes the offending point to the console at once and holds
+until the console's rules answer (usually ``checkpoint_and_pause``, which then saves this last
+good state) or ``guard_hold_seconds`` pass.
+
+On the CPU the check reads its flag at once: the tensors are already in host memory. On an
+accelerator, reading the flag in the same step would force a device synchronisation every step,
+so the flag is copied to host memory without blocking and read at the next step: the guard is
+then at most one step late, and reports the update it could not stop (``poisoned_updates``), so
+the console marks checkpoints taken after it as "after the anomaly".
+
+Thread-safety: everything here runs in the training thread (optimizer.step, scheduler.step,
+step_boundary); nothing is shared with the background threads.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+import math
+import types
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger("brakeline")
+
+MAX_RECORDED_STEPS = 100
+
+
+def _gradients(optimizer: Any) -> list[Any]:
+    grads = []
+    for group in optimizer.param_groups:
+        for parameter in group["params"]:
+            grad = getattr(parameter, "grad", None)
+            if grad is not None:
+                grads.append(grad.coalesce().values() if grad.is_sparse else grad)
+    return grads
+
+
+def _nonfinite_flag(tensors: list[Any]) -> list[Any]:
+    """A 0-d tensor per device holding 1.0 if any element is NaN/±Inf (no host sync)."""
+    import torch
+
+    by_device: dict[Any, list[Any]] = {}
+    for tensor in tensors:
+        if tensor.is_floating_point() or tensor.is_complex():
+            by_device.setdefault(tensor.device, []).append(tensor)
+    flags = []
+    for group in by_device.values():
+        # One flag per device: a single host read per step on the CPU, none on an accelerator.
+        flags.append(torch.stack([torch.logical_not(torch.isfinite(g)).any() for g in group]).any())
+    return flags
+
+
+class StepGuard:
+    """Skips optimizer (and scheduler) steps whose inputs are not finite; see the module doc."""
+
+    def __init__(self, current_step: Callable[[], int]) -> None:
+        self._current_step = current_step  # the step being computed: run.step + 1
+        self.enabled = True
+        # The step whose update was skipped and not yet handed to the console (a hold).
+        self.tripped_step: int | None = None
+        self.skipped_updates: list[int] = []  # steps whose update never reached the weights
+        self.poisoned_updates: list[int] = []  # accelerators: updates the lagging flag let by
+        self.weights_step: int | None = None  # the last step whose update was applied
+        self._loss_flags: list[Any] = []
+        self._deferred: list[tuple[int, Any]] = []  # (step, host flag) read one step late
+        self._wrapped: set[int] = set()
+        self._schedulers: list[Any] = []
+        # (scheduler, its state before the skipped step, its optimizer's lrs): rewound at the
+        # step boundary, so the schedule does not advance for an update that never happened.
+        self._rewind: list[tuple[Any, dict[str, Any], list[Any]]] = []
+
+    # -- installation ----------------------------------------------------------------------------
+    def watch_optimizer(self, optimizer: Any) -> None:
+        if id(optimizer) in self._wrapped or not hasattr(optimizer, "param_groups"):
+            return
+        self._wrapped.add(id(optimizer))
+        original = optimizer.step
+        guard = self
+
+        # wraps: keeps what an LR scheduler marked on the step it wrapped (no false warning).
+        @functools.wraps(original)
+        def guarded_step(opt: Any, *args: Any, **kwargs: Any) -> Any:
+            if not guard.enabled or args or "closure" in kwargs:
+                return original(*args, **kwargs)  # a closure computes its grads inside step
+            if guard._must_skip(opt):
+                return None
+            result = original(*args, **kwargs)
+            guard.weights_step = guard._current_step()
+            return result
+
+        # A bound method, like the original: LR schedulers wrap ``step.__func__``.
+        optimizer.step = types.MethodType(guarded_step, optimizer)
+
+    def watch_scheduler(self, scheduler: Any) -> None:
+        # Not wrapped: a scheduler's state_dict is its __dict__, which would then carry the
+        # wrapper into every checkpoint. Its step after a skipped update is rewound instead.
+        if getattr(scheduler, "optimizer", None) is not None and scheduler not in self._schedulers:
+            self._schedulers.append(scheduler)
+
+    # -- the check -------------------------------------------------------------------------------
+    def guard_loss(self, loss: Any) -> None:
+        """Also refuse this step's update when ``loss`` is not finite (``run.guard(loss)``)."""
+        if hasattr(loss, "detach"):
+            self._loss_flags.extend(_nonfinite_flag([loss.detach().reshape(-1)]))
+        elif isinstance(loss, float) and not math.isfinite(loss):
+            import torch
+
+            self._loss_flags.append(torch.ones((), dtype=torch.bool))
+
+    def _must_skip(self, optimizer: Any) -> bool:
+        step = self._current_step()
+        self._read_deferred(step)
+        flags = _nonfinite_flag(_gradients(optimizer)) + self._loss_flags
+        self._loss_flags = []
+        bad = False
+        for flag in flags:
+            if flag.device.type == "cpu":
+                bad = bad or bool(flag)
+            else:
+                # No sync: copy to host memory now, read at the next step (one step of lag).
+                host = flag.to("cpu", non_blocking=True)
+                self._deferred.append((step, host))
+        if bad:
+            self._skip(optimizer, step)
+        return bad
+
+    def _read_deferred(self, step: int) -> None:
+        late = [s for s, host in self._deferred if s < step and bool(host)]
+        self._deferred = [(s, host) for s, host in self._deferred if s >= step]
+        for earlier in sorted(set(late)):
+            _remember(self.poisoned_updates, earlier)
+            if self.tripped_step is None:
+                self.tripped_step = earlier
+            logger.error(
+                "brakeline: a non-finite value reached the weights at step %d (the check on an "
+                "accelerator is read one step late); holding for the console",
+                earlier,
+            )
+
+    def _skip(self, optimizer: Any, step: int) -> None:
+        for scheduler in self._schedulers:
+            if scheduler.optimizer is optimizer:
+                lrs = [group.get("lr") for group in optimizer.param_groups]
+                self._rewind.append((scheduler, copy.deepcopy(scheduler.state_dict()), lrs))
+        _remember(self.skipped_updates, step)
+        if self.tripped_step is None:
+            self.tripped_step = step
+            logger.error(
+                "brakeline: non-finite loss or gradients at step %d: the update was skipped "
+                "(the weights keep the last good state); holding for the console",
+                step,
+            )
+
+    def take_trip(self) -> int | None:
+        """The step that tripped the guard since the last call, if any (step boundary); the
+        schedulers stepped after the skipped update are rewound first."""
+        rewind, self._rewind = self._rewind, []
+        for scheduler, state, lrs in rewind:
+            scheduler.load_state_dict(state)
+            for group, lr in zip(scheduler.optimizer.param_groups, lrs, strict=False):
+                group["lr"] = lr
+        tripped, self.tripped_step = self.tripped_step, None
+        return tripped
+
+    def refused_count(self) -> int:
+        """Updates refused (or, one step late, let by) so far: at least 1 after a trip."""
+        return max(1, len(self.skipped_updates) + len(self.poisoned_updates))
+
+    def report(self) -> dict[str, Any]:
+        """What a checkpoint's acknowledgement says about the weights it holds."""
+        return {
+            "weights_step": self.weights_step,
+            "skipped_updates": list(self.skipped_updates[-10:]),
+            "poisoned_updates": list(self.poisoned_updates[-10:]),
+        }
+
+
+def _remember(steps: list[int], step: int) -> None:
+    if not steps or steps[-1] != step:
+        steps.append(step)
+        del steps[:-MAX_RECORDED_STEPS]

@@ -1,0 +1,248 @@
+"""The step guard keeps NaN/±Inf out of the weights; roll back restores in place; custom
+handlers compose with the built-in behaviour. Real torch on the CPU, no console (the recording
+transport stands in for the network)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import brakeline  # noqa: E402
+
+POISON = {
+    "nan_loss": lambda loss, model: loss * float("nan"),
+    "inf_loss": lambda loss, model: loss + float("inf"),
+    "minus_inf_loss": lambda loss, model: loss - float("inf"),
+}
+
+
+def _setup(seed: int = 0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+    generator = torch.Generator().manual_seed(seed)
+    data = torch.randn(256, 4, generator=generator)
+    target = data.sum(dim=1, keepdim=True).sin()
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(data, target), batch_size=16, shuffle=True
+    )
+    return model, optimizer, scheduler, loader
+
+
+def _state(model, optimizer):
+    return [p.detach().clone() for p in model.parameters()], optimizer.state_dict()
+
+
+def _train(run, model, optimizer, scheduler, loader, steps, fault=None, at=None, guard_loss=True):
+    """The loop docs/sdk.md shows; ``fault`` poisons the loss or a gradient at step ``at``."""
+    losses = {}
+    wrapped = run.wrap_loader(loader) if run is not None else loader
+    step = run.step if run is not None else 0
+    for inputs, target in wrapped:
+        step = (run.step if run is not None else step) + 1
+        if step > steps:
+            break
+        loss = torch.nn.functional.mse_loss(model(inputs), target)
+        if fault in POISON and step == at:
+            loss = POISON[fault](loss, model)
+        if run is not None and guard_loss:
+            run.guard(loss)
+        optimizer.zero_grad()
+        loss.backward()
+        if fault in ("nan_grad", "inf_grad") and step == at:
+            next(model.parameters()).grad[0, 0] = float("nan" if fault == "nan_grad" else "inf")
+        optimizer.step()
+        scheduler.step()
+        losses[step] = loss.item()
+        if run is not None:
+            run.log({"loss": loss}, step=step)
+            run.step_boundary(step)
+    return losses
+
+
+@pytest.mark.parametrize(
+    "fault", ["nan_loss", "inf_loss", "minus_inf_loss", "nan_grad", "inf_grad"]
+)
+def test_a_non_finite_step_never_reaches_the_weights_or_the_schedule(make_run, fault):
+    model, optimizer, scheduler, loader = _setup()
+    run = make_run(guard_hold_seconds=0.0)
+    run.watch(model=model, optimizer=optimizer, scheduler=scheduler)
+    _train(run, model, optimizer, scheduler, loader, steps=4)
+    weights, moments = _state(model, optimizer)
+    lr = scheduler.get_last_lr()
+    _train(run, model, optimizer, scheduler, loader, steps=5, fault=fault, at=5)
+    after, after_moments = _state(model, optimizer)
+    assert all(torch.equal(a, b) for a, b in zip(weights, after, strict=True))
+    assert after_moments["state"][0]["step"] == moments["state"][0]["step"]  # Adam's count
+    assert scheduler.get_last_lr() == lr
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert run._guard.skipped_updates == [5] and run._guard.weights_step == 4
+
+
+def test_a_clean_run_is_unaffected_bit_for_bit(make_run):
+    plain = _setup()
+    expected = _train(None, *plain, steps=12)
+    guarded = _setup()
+    run = make_run()
+    run.watch(model=guarded[0], optimizer=guarded[1], scheduler=guarded[2])
+    losses = _train(run, *guarded, steps=12)
+    assert losses == expected
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(plain[0].parameters(), guarded[0].parameters(), strict=True)
+    )
+
+
+def test_the_offending_point_is_sent_at_once_and_the_run_holds_for_the_console(make_run, transport):
+    model, optimizer, scheduler, loader = _setup()
+    run = make_run(guard_hold_seconds=60.0, flush_interval=30.0)
+    run.watch(model=model, optimizer=optimizer, scheduler=scheduler)
+    seen_at_decision = []
+
+    def console(path, body):
+        # The console sees the NaN point and answers with its rule's checkpoint_and_pause.
+        if path == "metrics" and any(
+            isinstance(p.get("value"), str) and p["name"] == "loss" for p in body["points"]
+        ):
+            seen_at_decision.append(run.step)
+            transport.commands = [
+                {"id": 7, "kind": "checkpoint_and_pause", "severity": "L3"},
+                {"id": 8, "kind": "resume"},  # ends the pause, so the test goes on
+            ]
+        return None
+
+    transport.responder = console
+    _train(run, model, optimizer, scheduler, loader, steps=3, fault="nan_loss", at=3)
+    assert seen_at_decision == [3]  # sent during the hold, not after a flush interval
+    ack = next(a for a in run.acknowledgements if a["id"] == 7)
+    assert ack["status"] == "succeeded" and ack["result"]["step"] == 3
+    assert ack["result"]["weights_step"] == 2 and ack["result"]["reason"] == "brake"
+
+
+def test_roll_back_restores_in_place_and_skips_the_named_batch(make_run, tmp_path):
+    """Uninterrupted run that skips the batch of step 7 == run poisoned at 7, rolled back to
+    its checkpoint of step 4 with skip_steps=[7] (the guard off: the poison reached it)."""
+    reference = _setup()
+    run_a = make_run(guard=False, checkpoint_dir=str(tmp_path / "a"))
+    run_a.watch(model=reference[0], optimizer=reference[1], scheduler=reference[2])
+    expected = {}
+    loader = run_a.wrap_loader(reference[3])
+    for inputs, target in loader:
+        step = run_a.step + 1
+        if step > 12:
+            break
+        if step == 7:
+            run_a.step_boundary(step)  # the bad batch: fetched, never trained on
+            continue
+        loss = torch.nn.functional.mse_loss(reference[0](inputs), target)
+        reference[1].zero_grad()
+        loss.backward()
+        reference[1].step()
+        reference[2].step()
+        expected[step] = loss.item()
+        run_a.step_boundary(step)
+
+    model, optimizer, scheduler, base_loader = _setup()
+    run = make_run(guard=False, checkpoint_dir=str(tmp_path / "b"), guard_hold_seconds=0.0)
+    run.watch(model=model, optimizer=optimizer, scheduler=scheduler)
+    losses = {}
+    wrapped = run.wrap_loader(base_loader)
+    clean = None
+    for inputs, target in wrapped:
+        step = run.step + 1
+        if step > 12:
+            break
+        loss = torch.nn.functional.mse_loss(model(inputs), target)
+        if step == 7 and not run._skip_steps and clean is not None and step not in losses:
+            loss = loss * float("nan")
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        losses[step] = loss.item()
+        if step == 4:
+            clean = run.checkpoint(step)
+        if step == 8:  # braked a step late (no guard): roll back to step 4, drop batch 7
+            run.inbox.offer({"id": 1, "kind": "pause_data"})
+            run.inbox.offer(
+                {
+                    "id": 2,
+                    "kind": "resume",
+                    "params": {"checkpoint": clean.path, "sha256": clean.sha256, "skip_steps": [7]},
+                }
+            )
+        run.step_boundary(step)
+    ack = next(a for a in run.acknowledgements if a["id"] == 2)
+    assert ack["status"] == "succeeded", ack
+    assert ack["result"]["restored_step"] == 4 and ack["result"]["sha256"] == clean.sha256
+    after = {s: v for s, v in losses.items() if s >= 8}
+    assert after == {s: v for s, v in expected.items() if s >= 8}
+
+
+def test_a_roll_back_to_a_wrong_hash_fails_and_the_run_stays_paused(make_run, tmp_path):
+    model, optimizer, scheduler, loader = _setup()
+    run = make_run(checkpoint_dir=str(tmp_path))
+    run.watch(model=model, optimizer=optimizer, scheduler=scheduler)
+    saved = run.checkpoint(0)
+    run.inbox.offer({"id": 1, "kind": "pause_data"})
+    run.inbox.offer(
+        {"id": 2, "kind": "resume", "params": {"checkpoint": saved.path, "sha256": "0" * 64}}
+    )
+    run.inbox.offer({"id": 3, "kind": "resume", "params": {"checkpoint": "/nonexistent/ckpt.pt"}})
+    run.inbox.offer({"id": 4, "kind": "resume"})
+    run.step_boundary(1)
+    acks = {a["id"]: a for a in run.acknowledgements}
+    assert acks[2]["status"] == "failed" and "sha256" in acks[2]["error"]
+    assert acks[3]["status"] == "failed" and acks[3]["result"]["paused"] is True
+    assert acks[4]["status"] == "succeeded"  # still paused until then
+
+
+def test_a_custom_resume_handler_composes_with_the_built_in_resume(make_run):
+    run = make_run()
+    calls = []
+    run.on_command("resume", lambda r, c, s: calls.append(s) or {"mine": True})
+    run.inbox.offer({"id": 1, "kind": "pause_data"})
+    run.inbox.offer({"id": 2, "kind": "resume"})
+    run.step_boundary(5)  # returns: the pause ended
+    assert calls == [5] and run.pause_state is brakeline.PauseState.RUNNING
+    ack = next(a for a in run.acknowledgements if a["id"] == 2)
+    assert ack["status"] == "succeeded" and ack["result"]["mine"] is True
+    assert "paused_seconds" in ack["result"]
+
+
+def test_a_resume_handler_that_raises_keeps_the_run_paused(make_run):
+    run = make_run()
+
+    def refuse(r, c, s):
+        raise brakeline.CommandFailed("not yet: the data is still being fixed")
+
+    run.on_command("resume", refuse)
+    run.inbox.offer({"id": 1, "kind": "pause_data"})
+    run.inbox.offer({"id": 2, "kind": "resume"})
+    run.inbox.offer({"id": 3, "kind": "terminate"})  # how the test gets out of the hold
+    run.step_boundary(5)
+    acks = {a["id"]: a for a in run.acknowledgements}
+    assert acks[2]["status"] == "failed" and "not yet" in acks[2]["error"]
+    assert acks[3]["status"] == "succeeded"
+
+
+def test_a_custom_handler_for_lower_lr_runs_before_the_built_in(make_run):
+    model, optimizer, scheduler, _ = _setup()
+    run = make_run()
+    run.watch(model=model, optimizer=optimizer)
+    run.on_command("lower_lr", lambda r, c, s: {"noted": s})
+    run.inbox.offer({"id": 1, "kind": "lower_lr", "params": {"factor": 0.5}})
+    run.step_boundary(2)
+    ack = run.acknowledgements[-1]
+    assert ack["result"]["noted"] == 2 and ack["result"]["factor"] == 0.5
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.005)
+
+
+def test_a_command_left_unapplied_while_metrics_flow_is_said_loudly(make_run, caplog):
+    run = make_run(unapplied_command_logs=5)
+    run.inbox.offer({"id": 1, "kind": "lower_lr"})
+    for step in range(1, 10):
+        run.log({"loss": 1.0}, step=step)  # no step_boundary: the loop forgot it
+    assert "is run.step_boundary(step) called" in caplog.text

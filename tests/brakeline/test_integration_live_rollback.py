@@ -1,0 +1,125 @@
+"""The brake keeps the last good state, and a roll back rolls back (issue 14), on the real stack.
+
+A training subprocess (tests/brakeline/scripts/train_rollback.py) meets a poisoned batch at
+step POISON_AT: its inputs are NaN, so are the loss and the gradients. The SDK's step guard
+skips that update, sends the point at once and holds at the boundary; the console's L3 rule
+answers checkpoint_and_pause; the checkpoint lands in the catalogue, clean. A person rolls back
+to the preselected entry through the same service the API and the pages use; training goes on
+and its losses equal, bit for bit, those of an uninterrupted run that skipped the same batch.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from breakers import checkpoints
+from breakers.control.commands import issue_command
+from breakers.control.job_actions import confirm_pause
+from breakers.models import Command, CommandKind, CommandStatus, MetricPoint
+from core.errors import InvalidInput
+from incidents.models import Incident, IncidentStatus, Job, JobStatus, TimelineEntry
+from tests.brakeline.live import wait_for
+from tests.support.authz import make_member
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.slow,
+    pytest.mark.usefixtures("worker"),
+]
+
+STEPS = 80
+POISON_AT = 30
+
+
+def _succeeded_pauses(job_id: int) -> list[Command]:
+    return list(
+        Command.objects.filter(
+            job_id=job_id, kind=CommandKind.CHECKPOINT_AND_PAUSE, status=CommandStatus.SUCCEEDED
+        ).order_by("pk")
+    )
+
+
+def _paused(job_id: int, training, count: int = 1) -> Command:
+    wait_for(
+        lambda: (
+            len(_succeeded_pauses(job_id)) >= count
+            and Job.objects.get(pk=job_id).status == JobStatus.PAUSED
+        ),
+        f"checkpoint_and_pause #{count} to be acknowledged",
+        timeout=90,
+        training=training,
+    )
+    return _succeeded_pauses(job_id)[count - 1]
+
+
+def test_a_poisoned_batch_is_braked_clean_and_rolled_back_bit_for_bit(
+    live_console, agent, training
+):
+    reference = training.start(
+        "train_rollback.py", "reference", "--steps", STEPS, "--skip-step", POISON_AT
+    )
+    console = {"url": live_console, "token": agent.token}
+    braked = training.start(
+        "train_rollback.py", "braked", "--steps", STEPS, "--poison-at", POISON_AT,
+        "--checkpoint-every", 7, "--step-seconds", 0.02, **console,
+    )  # fmt: skip
+    pause = _paused(agent.job_id, braked)
+    result = pause.result
+    # Zero poisoned steps, zero steps past the anomaly: held at the poisoned step's boundary,
+    # and the saved weights hold no update from it.
+    assert result["step"] == POISON_AT and result["weights_step"] == POISON_AT - 1
+    assert braked.steps_done() == POISON_AT
+    assert not MetricPoint.objects.filter(job_id=agent.job_id, step__gt=POISON_AT).exists()
+
+    entries = checkpoints.catalogue(agent.job_id)
+    brake = next(e for e in entries if e["sha256"] == result["sha256"])
+    assert brake["clean"] and brake["preselected"] and brake["reason"] == "brake"
+    assert [e["step"] for e in entries if e["reason"] == "manual"] == [28, 21, 14, 7]
+    incident = Incident.objects.get(job_id=agent.job_id)
+    saved = TimelineEntry.objects.get(incident=incident, kind="checkpoint_saved")
+    assert result["sha256"] in saved.message and saved.data["clean"] is True
+
+    oncall = make_member(Job.objects.get(pk=agent.job_id).team, "oncall")
+    with pytest.raises(InvalidInput) as refused:
+        confirm_pause(oncall, agent.job_id, decision="roll_back", checkpoint="/nonexistent/ckpt.pt")
+    assert "checkpoint" in refused.value.fields
+    confirm_pause(oncall, agent.job_id, decision="roll_back", checkpoint=str(brake["id"]))
+
+    assert braked.wait(timeout=120) == 0, braked.tail()
+    assert reference.wait(timeout=120) == 0, reference.tail()
+    expected, after = reference.losses_by_step(), braked.losses_by_step()
+    assert {s: v for s, v in after.items() if s > POISON_AT} == {
+        s: v for s, v in expected.items() if s > POISON_AT
+    }
+    assert len([s for s in after if s > POISON_AT]) == STEPS - POISON_AT
+    rolled = TimelineEntry.objects.get(incident=incident, data__event="rolled_back")
+    assert f"Rolled back to step {POISON_AT}" in rolled.message
+    # The episode ended on healthy points after the resume; every step is on its timeline.
+    wait_for(
+        lambda: Incident.objects.get(pk=incident.pk).status == IncidentStatus.RESOLVED,
+        "the incident to resolve once the job trains healthy again",
+        timeout=60,
+    )
+    kinds = set(TimelineEntry.objects.filter(incident=incident).values_list("kind", flat=True))
+    assert {"command_issued", "checkpoint_saved", "resumed", "incident_resolved"} <= kinds
+
+
+def test_a_recurrence_after_resume_brakes_again(live_console, agent, training):
+    """Without the guard the NaN reaches the weights; resumed as it is, the NaN recurs at once
+    and must be braked a second time (its rule re-armed on the resume)."""
+    console = {"url": live_console, "token": agent.token}
+    braked = training.start(
+        "train_rollback.py", "recurrence", "--steps", STEPS, "--poison-at", POISON_AT,
+        "--no-guard", "--step-seconds", 0.02, **console,
+    )  # fmt: skip
+    first = _paused(agent.job_id, braked)
+    # No guard: the SDK cannot vouch for the weights, the catalogue judges by the step.
+    assert "weights_step" not in first.result and first.result["step"] > POISON_AT
+    entry = next(e for e in checkpoints.catalogue(agent.job_id) if e["reason"] == "brake")
+    assert entry["clean"] is False
+    oncall = make_member(Job.objects.get(pk=agent.job_id).team, "oncall")
+    confirm_pause(oncall, agent.job_id, decision="resume")
+    second = _paused(agent.job_id, braked, count=2)
+    assert second.pk != first.pk and second.result["step"] > first.result["step"]
+    issue_command(agent.job_id, CommandKind.TERMINATE, reason="weights are NaN: stop")
+    assert braked.wait(timeout=60) == 75, braked.tail()
