@@ -7,7 +7,7 @@ Simulated jobs stream through the real ``brakeline`` SDK at a steady rate to a w
 this script's own (bench/_faultstack.py: its own PostgreSQL cluster, Redis, Daphne, two Celery
 workers, beat, and a fake provider). In each fault two jobs go NaN at a known step (one while
 the part is down, one after; the second is a real tiny PyTorch training whose loss turns NaN),
-one stops heartbeating as the part goes down; the others stay healthy.
+one stops heartbeating a second before the part goes down; the others stay healthy.
 After each fault the table says, per fault: brake latency (NaN logged → command in the SDK)
 for the NaN that fell inside the fault and the one after it, time until the console was healthy
 again, and the counts that must be zero: points lost and duplicated (per job, against the steps
@@ -41,6 +41,7 @@ HEALTHY_TIMEOUT = 120.0  # every other job's: longer than any outage here
 # Killed workers stay away this long: longer than the health endpoint's 5 s worker cache, so
 # the endpoint can see that nobody answers.
 WORKERS_DOWN = 6.0
+HANG_LEAD = 1.0  # seconds between the hung job's last step and the fault (two heartbeats)
 
 SETUP = """
 import json, sys
@@ -100,11 +101,15 @@ class SimJob:
         self.thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
         self.thread.start()
 
-    def _braked(self, run, command, step: int) -> dict:
-        # The simulated checkpoint: note the moment, pause (heartbeats say "paused").
+    def _braked(self, run, command, step: int) -> object:
+        # The simulated checkpoint: note the moment, acknowledge, pause (heartbeats say
+        # "paused"). ACK_LATER: this handler takes the command over from the built-in pause.
+        from brakeline._commands import ACK_LATER
+
         self.brakes.append((time.monotonic(), command.id))
         run.set_status("paused")
-        return {"step": step, "simulated": True}
+        run.ack(command.id, "succeeded", {"step": step, "simulated": True})
+        return ACK_LATER
 
     @property
     def braked(self) -> bool:
@@ -199,7 +204,6 @@ class Scenario:
 
     def mark_down(self) -> None:
         self.fault_started = time.monotonic()
-        self.hung.hang.set()  # type: ignore[union-attr]
 
     def mark_up(self) -> None:
         self.fault_ended = time.monotonic()
@@ -249,6 +253,11 @@ def run_fault(
     poller.start()
     try:
         wait_until(lambda: all(len(j.logged) > 20 for j in scenario.jobs), "jobs to stream", 60)
+        # The hung job stops a little before the fault, so its last heartbeat has landed: one
+        # still in flight when the part dies would arrive after the deadline, resolve the
+        # alert (it does report progress) and the job would be alerted a second time.
+        scenario.hung.hang.set()  # type: ignore[union-attr]
+        time.sleep(HANG_LEAD)
         fault.inject(stack, scenario)
         scenario.mark_up()
         # After the fault: the second NaN, then everything the console owes.
