@@ -357,6 +357,14 @@ def measure(stack: Stack, scenario: Scenario, recovered: float | None) -> dict:
         "'performance' AND NOT EXISTS (SELECT 1 FROM incidents_delivery d WHERE d.alert_id = a.id)",
         (ids,),
     )[0][0]
+    # Alerts no scenario asked for: any rule on a healthy job, any other rule on the others.
+    expected = {scenario.nan_during.job_id: "non-finite-loss-or-gradients",
+                scenario.nan_after.job_id: "non-finite-loss-or-gradients",
+                scenario.hung.job_id: "heartbeat-timeout"}  # fmt: skip
+    alerts = stack.sql(
+        "SELECT job_id, rule_key FROM incidents_alert WHERE job_id = ANY(%s)", (ids,)
+    )
+    unexpected = sum(1 for job_id, rule in alerts if expected.get(job_id) != rule)
     keys = stack.provider.pages()
     unsent = [p for p in pages if p[1] not in ("sent", "delivered")]
     doubled_pages = len(pages) - len({(p[2], p[3], p[4]) for p in pages})
@@ -379,6 +387,7 @@ def measure(stack: Stack, scenario: Scenario, recovered: float | None) -> dict:
             if job not in (*nan_jobs, scenario.hung) and commands.get(job.job_id, 0)
         ),  # fmt: skip
         "alerts_doubled": alerts_doubled,
+        "other_alerts": unexpected,
         "pages": len(pages),
         "pages_missed": len(unsent) + undelivered + unpaged,
         "pages_doubled": doubled_pages,
@@ -500,7 +509,7 @@ def faults(beat_seconds: float = 20.0, console_seconds: float = 30.0) -> list[Fa
 
 ZERO_COLUMNS = (
     "lost", "duplicated", "nan_missed", "nan_doubled", "hung_missed", "commands_doubled",
-    "false_brakes", "alerts_doubled", "pages_missed", "pages_doubled",
+    "false_brakes", "alerts_doubled", "other_alerts", "pages_missed", "pages_doubled",
 )  # fmt: skip
 
 
@@ -520,7 +529,7 @@ def _seconds(value: float | None) -> str:
 def table(results: list[tuple[Fault, dict]]) -> str:
     header = (
         f"{'fault':<44} {'brake during':>12} {'after':>6} {'recover':>8} {'lost':>5} "
-        f"{'dup':>4} {'missed':>6} {'2x':>3} {'hung':>4} {'false':>5} {'pages':>5} "
+        f"{'dup':>4} {'missed':>6} {'2x':>3} {'hung':>4} {'false':>5} {'other':>5} {'pages':>5} "
         f"{'p-miss':>6} {'p-2x':>4} {'resent':>6} {'red':>4} {'green':>5}"
     )
     lines = [header, "-" * len(header)]
@@ -530,7 +539,8 @@ def table(results: list[tuple[Fault, dict]]) -> str:
             f"{fault.title:<44} {_seconds(r['brake_during']):>12} {_seconds(r['brake_after']):>6} "
             f"{_seconds(r['recover']):>8} {r['lost']:>5} {r['duplicated']:>4} "
             f"{r['nan_missed']:>6} {doubled:>3} "
-            f"{r['hung_missed']:>4} {r['false_brakes']:>5} {r['pages']:>5} {r['pages_missed']:>6} "
+            f"{r['hung_missed']:>4} {r['false_brakes']:>5} {r['other_alerts']:>5} "
+            f"{r['pages']:>5} {r['pages_missed']:>6} "
             f"{r['pages_doubled']:>4} {r['pages_resent']:>6} "
             f"{'yes' if r['health_red'] else 'NO' if r['health_red'] is False else '—':>4} "
             f"{'yes' if r['health_green'] else 'NO':>5}"
@@ -539,7 +549,8 @@ def table(results: list[tuple[Fault, dict]]) -> str:
         "brake: seconds from the NaN logged to the command in the SDK (during the fault / after "
         "it); recover: seconds from the part's return to a healthy console that braked, "
         "detected and paged everything; missed/2x: NaNs not braked / alerts or commands "
-        "doubled; hung: hung jobs missed; false: healthy jobs braked; p-miss/p-2x: pages not "
+        "doubled; hung: hung jobs missed; false: healthy jobs braked; other: alerts of a rule "
+        "the scenario did not provoke (a breakers-failing alert, say); p-miss/p-2x: pages not "
         "delivered / doubled; resent: pages sent again with the same idempotency key "
         "(once for the person); red/green: /api/v1/health while the part was down / after."
     )
