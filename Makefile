@@ -50,6 +50,7 @@ bench: install
 	cd bench && $(TEST_ENV) ../$(BIN)/python page.py
 	cd bench && $(TEST_ENV) ../$(BIN)/python sdk_overhead.py
 	cd bench && $(TEST_ENV) ../$(BIN)/python guard.py
+	cd bench && ../$(BIN)/python faults.py
 
 clean:
 	rm -rf $(VENV) var

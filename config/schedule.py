@@ -50,6 +50,8 @@ PERIODIC: tuple[Periodic, ...] = (
              expires=10, why="a tick per running job: pending points, time-based detectors"),
     Periodic("notification-rounds", "notifications.fire_due_rounds", every=15.0, expires=14,
              why="notification rounds that are due (a safety net for lost ETA tasks)"),
+    Periodic("notification-sweeper", "notifications.sweep_deliveries", every=10.0, expires=9,
+             why="re-queue deliveries whose lease ran out (a worker died mid-send, a lost task)"),
     Periodic("notification-digest", "notifications.daily_digest", at=crontab(hour=8, minute=0),
              why="e-mail each team's performance findings of the last 24 h"),
 )  # fmt: skip

@@ -496,6 +496,15 @@ if NOTIFY_MAX_ATTEMPTS < 1:
     raise ImproperlyConfigured(f"BRAKELINE_NOTIFY_MAX_ATTEMPTS={NOTIFY_MAX_ATTEMPTS} is below 1.")
 NOTIFY_RETRY_BASE_SECONDS = _env_seconds("BRAKELINE_NOTIFY_RETRY_BASE_SECONDS", 2.0)
 NOTIFY_HTTP_TIMEOUT_SECONDS = _env_seconds("BRAKELINE_NOTIFY_HTTP_TIMEOUT_SECONDS", 10.0)
+# A queued delivery not finished by its lease (claimed by a worker that died mid-send, or whose
+# task message was lost with Redis) is re-queued by the sweeper. Far above the HTTP timeout: a
+# live worker's send must end long before its lease does, or it could be sent twice.
+NOTIFY_DELIVERY_LEASE_SECONDS = _env_seconds("BRAKELINE_NOTIFY_LEASE_SECONDS", 120.0)
+if NOTIFY_DELIVERY_LEASE_SECONDS < 3 * NOTIFY_HTTP_TIMEOUT_SECONDS:
+    raise ImproperlyConfigured(
+        f"BRAKELINE_NOTIFY_LEASE_SECONDS={NOTIFY_DELIVERY_LEASE_SECONDS:g} must be at least "
+        "3 times BRAKELINE_NOTIFY_HTTP_TIMEOUT_SECONDS: a live send must end within its lease."
+    )
 # A team's chat webhook may point at loopback, link-local and private addresses only when the
 # operator says so (a chat server on the private network; the test suite's own receivers).
 NOTIFY_ALLOW_PRIVATE_URLS = _env_bool("BRAKELINE_NOTIFY_ALLOW_PRIVATE_URLS", False)

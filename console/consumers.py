@@ -8,13 +8,19 @@ from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
+from rest_framework.settings import api_settings
 
 from breakers.agent import service as breaker_services
+from breakers.agent.protocol import parse_json_object
+from breakers.agent.store import Stored
 from breakers.control.commands import deliverable_commands, mark_delivered
 from console.api.agent_auth import bearer_token
-from core.errors import ServiceError
+from console.ratelimit import parse_rate, rate_counter
+from core.errors import InvalidInput, PayloadTooLarge, ServiceError
 from core.realtime import agent_group
 from incidents.jobs import authenticate_agent
+from incidents.models import Job
 
 CLOSE_UNAUTHENTICATED = 4401
 # The token is checked again on every message received and at least this often (seconds): a
@@ -86,16 +92,38 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json({"type": "command", "command": event["command"]})
         await database_sync_to_async(mark_delivered)([event["command"]["id"]])
 
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        """Every message is hostile until parsed, as on the HTTP endpoints: within the byte
+        limit, UTF-8 JSON without duplicate keys, an object."""
+        raw = text_data.encode("utf-8", "surrogatepass") if text_data is not None else b""
+        raw = raw or bytes_data or b""
+        try:
+            limit = settings.AGENT_MAX_BATCH_BYTES
+            if len(raw) > limit:
+                raise PayloadTooLarge(
+                    f"A message holds at most {limit} bytes.", fields={"body": f"at most {limit}"}
+                )
+            content = parse_json_object(raw)
+        except ServiceError as error:
+            await self.send_json({"type": "error", **error.as_body()})
+            return
+        await self.receive_json(content)
+
     async def receive_json(self, content: dict, **kwargs) -> None:
-        """Acks may come over the websocket too: {"type": "ack", "id": 17, "status": …}."""
+        """Acks, {"type": "ack", "id": 17, "status": …}, and metrics batches,
+        {"type": "metrics", "batch": "<id>", "points": […]} (the same rules as over HTTP)."""
         if not await self._recheck():
+            return
+        if content.get("type") == "metrics":
+            await self._receive_metrics(content)
             return
         if content.get("type") != "ack" or not isinstance(content.get("id"), int):
             await self.send_json(
                 {
                     "type": "error",
                     "error": "invalid",
-                    "detail": 'Send {"type": "ack", "id": <command id>, …}.',
+                    "detail": 'Send {"type": "ack", "id": <command id>, …} or '
+                    '{"type": "metrics", "batch": …, "points": […]}.',
                 }
             )
             return
@@ -108,3 +136,24 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json({"type": "error", **error.as_body()})
             return
         await self.send_json({"type": "acked", "id": command.pk, "status": command.status})
+
+    async def _receive_metrics(self, content: dict) -> None:
+        body = {key: value for key, value in content.items() if key != "type"}
+        batch = body.get("batch")
+        try:
+            stored = await database_sync_to_async(self._ingest)(body)
+        except ServiceError as error:
+            await self.send_json({"type": "error", "batch": batch, **error.as_body()})
+            return
+        await self.send_json({"type": "accepted", "batch": batch, "accepted": stored.accepted})
+
+    def _ingest(self, body: dict) -> Stored:
+        """The HTTP endpoint's rate limit and service, for a batch sent over the socket."""
+        limit, period = parse_rate(api_settings.DEFAULT_THROTTLE_RATES["agent"])
+        wait = rate_counter().hit(f"agent:{self.job_id}", limit, period)
+        if wait:
+            raise InvalidInput(
+                f"Rate limited: retry in {wait:.0f} s.", code="rate_limited", fields={}
+            )
+        job = Job.objects.get(pk=self.job_id)
+        return breaker_services.ingest_metrics_body(job, body)

@@ -26,6 +26,9 @@ from core.errors import InvalidInput, PayloadTooLarge
 from core.nodes import HOSTLIST_CHARACTERS
 from core.nonfinite import DECODE
 
+# 1: the first protocol. 2: a metrics batch may carry a batch id, stored once
+# (docs/protocol.md "Versions"); everything of 1 is still accepted as it was.
+PROTOCOL_VERSION = 2
 MAX_NAME_LENGTH = 200
 MAX_STEP = 2**63 - 1
 # The largest whole number a float holds without overflowing (rounding is fine).
@@ -396,6 +399,29 @@ def _fast_point(item: object, window: TimeWindow, names: set[str]) -> PointIn | 
     return PointIn(name, step, value, time, node)
 
 
+# A batch id (protocol 2): the agent's name for one batch, the same on every retry of it. The
+# SDK writes "<run id>-<sequence>"; any printable id of these characters is accepted.
+BATCH_ID = re.compile(r"[A-Za-z0-9._:+/-]{1,128}")
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsBatchIn:
+    points: list[PointIn]
+    batch_id: str | None  # None: an agent of protocol 1 (each send is stored)
+
+
+def _check_batch_id(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        problem = f"must be a string or null, not {_json_type(value)}"
+    elif not BATCH_ID.fullmatch(value):
+        problem = "must be 1 to 128 characters among A-Z a-z 0-9 . _ : + / -"
+    else:
+        return value
+    raise InvalidInput("The batch id is not valid.", fields={"batch": problem})
+
+
 def parse_metrics(
     raw: bytes,
     *,
@@ -403,13 +429,27 @@ def parse_metrics(
     now: datetime | None = None,
     time_window_seconds: float = DEFAULT_TIME_WINDOW_SECONDS,
 ) -> list[PointIn]:
-    """Validate a metrics batch; raise InvalidInput / PayloadTooLarge, or return every point.
+    """The points of a metrics batch (see parse_metrics_body)."""
+    body = parse_json_object(raw)
+    return parse_metrics_body(
+        body, max_points=max_points, now=now, time_window_seconds=time_window_seconds
+    ).points
+
+
+def parse_metrics_body(
+    body: dict,
+    *,
+    max_points: int,
+    now: datetime | None = None,
+    time_window_seconds: float = DEFAULT_TIME_WINDOW_SECONDS,
+) -> MetricsBatchIn:
+    """Validate a decoded metrics batch; raise InvalidInput / PayloadTooLarge, or return every
+    point and the batch id.
 
     A point's ``time``, when sent, must lie within ``time_window_seconds`` of ``now`` (the
     server's clock; the current time when None)."""
     window = TimeWindow.around(now, time_window_seconds)
-    body = parse_json_object(raw)
-    extra = body.keys() - {"points"}
+    extra = body.keys() - {"points", "batch"}
     if "points" not in body:
         raise InvalidInput("The body must have a 'points' array.", fields={"points": "is required"})
     if extra:
@@ -417,6 +457,7 @@ def parse_metrics(
             "The body has fields the protocol does not know.",
             fields={safe_text(key): "is not a field of a metrics batch" for key in sorted(extra)},
         )
+    batch_id = _check_batch_id(body.get("batch"))
     items = body["points"]
     if not isinstance(items, list):
         raise InvalidInput(
@@ -432,7 +473,7 @@ def parse_metrics(
     names: set[str] = set()
     points = [_fast_point(item, window, names) for item in items]
     if None not in points:
-        return cast("list[PointIn]", points)
+        return MetricsBatchIn(cast("list[PointIn]", points), batch_id)
     errors: dict[str, str] = {}
     for index, item in enumerate(items):
         if points[index] is None:

@@ -7,8 +7,15 @@ from collections.abc import Sequence
 from django.conf import settings
 from django.db import transaction
 
-from breakers.agent.protocol import MAX_STEP, PointIn, parse_ack, parse_heartbeat, parse_metrics
-from breakers.agent.store import store_points
+from breakers.agent.protocol import (
+    MAX_STEP,
+    PointIn,
+    parse_ack,
+    parse_heartbeat,
+    parse_json_object,
+    parse_metrics_body,
+)
+from breakers.agent.store import Stored, store_batch
 from breakers.control.commands import acknowledge_command, deliverable_commands
 from breakers.detection.tasks import schedule_evaluation
 from breakers.executors.scheduler import record_scheduler_context
@@ -20,16 +27,25 @@ from incidents.jobs import record_heartbeat
 from incidents.models import Job, JobStatus
 
 
-def ingest_metrics(job: Job, raw_body: bytes) -> int:
-    """Validate and store one metrics batch of ``job``: all of it or nothing."""
-    points = parse_metrics(
-        raw_body,
+def ingest_metrics(job: Job, raw_body: bytes) -> Stored:
+    """Validate and store one metrics batch of ``job``: all of it or nothing, and once per
+    batch id (a retried batch answers what its first copy stored)."""
+    return ingest_metrics_body(job, parse_json_object(raw_body))
+
+
+def ingest_metrics_body(job: Job, body: dict) -> Stored:
+    """The same for a batch already decoded (the websocket's metrics messages)."""
+    batch = parse_metrics_body(
+        body,
         max_points=settings.AGENT_MAX_BATCH_POINTS,
         time_window_seconds=settings.AGENT_TIME_WINDOW_SECONDS,
     )
-    stored = store_points(job.pk, points, job_is_pending=job.status == JobStatus.PENDING)
-    if stored:
-        # After commit, so the worker always finds the batch it was woken for (store_points
+    points = batch.points
+    stored = store_batch(
+        job.pk, points, batch.batch_id, job_is_pending=job.status == JobStatus.PENDING
+    )
+    if stored.accepted and not stored.duplicate:
+        # After commit, so the worker always finds the batch it was woken for (store_batch
         # has committed, or will with an outer transaction). robust: a broker hiccup must not
         # turn a stored batch into an error the agent would answer by resending it; the
         # periodic tick evaluates whatever is pending anyway.

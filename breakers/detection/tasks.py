@@ -14,6 +14,7 @@ import logging
 import time
 from functools import cache
 
+import redis.exceptions
 from celery import shared_task
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
@@ -28,8 +29,14 @@ QUEUED_TTL_SECONDS = 60
 # point arrives. A paused job's open alerts stay open: nothing has shown them to clear.
 TICKED_JOB_STATUSES = (JobStatus.RUNNING, JobStatus.PAUSING)
 # Connection loss, deadlock, serialisation failure: retrying the whole evaluation is safe
-# because it commits all or nothing.
-TRANSIENT_ERRORS = (OperationalError, InterfaceError)
+# because it commits all or nothing. Redis unreachable too: an outage of the console's Redis is
+# not "this job's breakers are failing" (it would page the on-call for every running job).
+TRANSIENT_ERRORS = (
+    OperationalError,
+    InterfaceError,
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+)
 
 
 @cache

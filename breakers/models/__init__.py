@@ -19,6 +19,7 @@ from breakers.models.inference import (  # noqa: F401
 )
 from breakers.models.metrics import (  # noqa: F401
     EvaluationState,
+    MetricBatch,
     MetricPoint,
     Rule,
 )
@@ -41,6 +42,7 @@ from breakers.models.snapshots import (  # noqa: F401
 # isort: on
 
 __all__ = [
+    "MetricBatch",
     "MetricPoint",
     "Rule",
     "EvaluationState",

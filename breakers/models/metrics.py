@@ -40,6 +40,30 @@ class MetricPoint(models.Model):
         return f"{self.name}@{self.step}={self.value}"
 
 
+class MetricBatch(models.Model):
+    """The record that a metrics batch with this id was stored (protocol 2's idempotency).
+
+    Inserted by ``breakers.agent.store`` in the transaction that writes the batch's points, so
+    the record exists exactly when the points do: a console that dies between the commit and
+    its reply finds the record when the agent retries, and answers as it did the first time
+    instead of storing the points again. Unique per job: ids are the agent's, not global.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="+", db_index=False)
+    batch_id = models.CharField(max_length=128)
+    accepted = models.PositiveIntegerField()
+    received_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "batch_id"], name="metric_batch_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"batch {self.batch_id} of job {self.job_id} ({self.accepted} points)"
+
+
 # --- Rules as data, and the evaluator's per-job state ---------------------------------------
 
 

@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from breakers.agent import service as breaker_services
+from breakers.agent.protocol import PROTOCOL_VERSION
 from console.api.agent_auth import AgentRateThrottle, AgentTokenAuthentication
 from console.api.agent_schema import (
     AckDoc,
@@ -74,6 +75,12 @@ class AgentView(APIView):
     parser_classes = [RawJSONParser]
     renderer_classes = [JSONRenderer]
 
+    def finalize_response(self, request, response, *args, **kwargs):
+        # The protocol's version (docs/protocol.md "Versions"): 2 stores a batch id once.
+        response = super().finalize_response(request, response, *args, **kwargs)
+        response["Brakeline-Protocol"] = str(PROTOCOL_VERSION)
+        return response
+
     def raw_body(self, request: Request) -> bytes:
         """The request body, read only now: after authentication, permission and the rate
         limit (DRF's ``initial``), and only when it is JSON within the byte limit."""
@@ -107,9 +114,11 @@ class MetricsView(AgentView):
     )
     def post(self, request: Request) -> Response:
         job = request.user.job
-        accepted = breaker_services.ingest_metrics(job, self.raw_body(request))
+        stored = breaker_services.ingest_metrics(job, self.raw_body(request))
+        # A retried batch (same id) gets the same answer as its first copy: nothing tells the
+        # agent apart from the first reply, so an agent has no duplicate case to handle.
         return Response(
-            {"accepted": accepted, "commands": breaker_services.pending_commands(job.pk)},
+            {"accepted": stored.accepted, "commands": breaker_services.pending_commands(job.pk)},
             status=202,
         )
 

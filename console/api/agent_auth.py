@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
@@ -13,6 +14,8 @@ from console.ratelimit import parse_rate, rate_counter
 from core.errors import Unauthenticated
 from incidents.jobs import authenticate_agent
 from incidents.models import Job
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -89,7 +92,13 @@ class AgentRateThrottle(BaseThrottle):
         if not isinstance(principal, AgentPrincipal):
             return True
         limit, period = parse_rate(api_settings.DEFAULT_THROTTLE_RATES["agent"])
-        self.wait_seconds = rate_counter().hit(f"agent:{principal.job.pk}", limit, period)
+        try:
+            self.wait_seconds = rate_counter().hit(f"agent:{principal.job.pk}", limit, period)
+        except Exception as error:  # redis-py's errors: the counter lives in Redis
+            # Fails open: with Redis down, metrics and heartbeats still land in PostgreSQL
+            # (and heartbeat replies still carry commands); a rate limit is not worth a NaN.
+            log.warning("agent rate limit not counted (Redis: %s); request allowed", error)
+            self.wait_seconds = 0.0
         return self.wait_seconds == 0
 
     def wait(self) -> float | None:

@@ -27,6 +27,14 @@ class MetricPointDoc(serializers.Serializer):
 
 
 class MetricsBatchDoc(serializers.Serializer):
+    batch = serializers.RegexField(
+        r"^[A-Za-z0-9._:+/-]{1,128}$",
+        max_length=128,
+        required=False,
+        allow_null=True,
+        help_text="Protocol 2: the batch's id, the same on every retry; a batch id this job "
+        "sent before is not stored again, and answers what its first copy stored.",
+    )
     points = MetricPointDoc(
         many=True,
         help_text="At most 10,000 points and 4 MiB per request (413 above); accepted whole or "

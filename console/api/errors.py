@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import db
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -48,9 +49,44 @@ def _flatten(detail: Any, prefix: str = "") -> dict[str, str]:
     return {prefix or "non_field_errors": str(detail)}
 
 
+# SQLSTATE read_only_sql_transaction: a write reached a read-only database.
+READ_ONLY = "25006"
+
+
+def _outage(exc: Exception) -> str | None:
+    """The part that is down when ``exc`` says the database or Redis cannot be reached."""
+    if isinstance(exc, db.OperationalError | db.InterfaceError):
+        return "database"
+    if isinstance(exc, db.Error) and getattr(exc.__cause__, "sqlstate", None) == READ_ONLY:
+        return "database (read-only)"  # a standby, or default_transaction_read_only
+    try:
+        import redis
+    except ImportError:  # pragma: no cover - the server mode always has it
+        return None
+    if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+        return "redis"
+    return None
+
+
+def outage_response(part: str) -> Response:
+    """503, not 500: the request was fine and nothing of it was written (its transaction
+    rolled back), so a client retries it without limit (an agent drops a batch answered 500
+    five times), and the health endpoint says which part is down."""
+    response = Response(
+        {"error": "unavailable", "detail": f"The console's {part} is unreachable; retry.",
+         "fields": {}},
+        status=503,
+    )  # fmt: skip
+    response["Retry-After"] = "1"
+    return response
+
+
 def exception_handler(exc: Exception, context: dict) -> Response | None:
     if isinstance(exc, ServiceError):
         return error_response(exc)
+    part = _outage(exc)
+    if part is not None:
+        return outage_response(part)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     response = drf_exception_handler(exc, context)

@@ -1,4 +1,6 @@
-"""GET /api/v1/health: is anything watching? The beat's age, the queue, the workers."""
+"""GET /api/v1/health: is anything watching? The beat's age, the queue, the workers, and
+whether the database and Redis answer at all (each part is asked on its own: one that is down
+makes the answer 503 naming it, never a 500)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,8 @@ import time
 
 from celery import current_app
 from django.conf import settings
+from django.db import Error as DatabaseError
+from django.db import connection
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.permissions import AllowAny
@@ -47,24 +51,60 @@ def failing_breakers() -> list[dict]:
     ]
 
 
+def _redis_part() -> tuple[dict, dict, float | None]:
+    """(redis, queue, last beat): all read from Redis, all unknown while it is down."""
+    queue: dict = {"name": settings.CELERY_TASK_DEFAULT_QUEUE, "depth": None}
+    try:
+        last_beat = liveness.last(BEAT)
+        queue["depth"] = liveness.queue_depth(settings.CELERY_TASK_DEFAULT_QUEUE)
+        queue["watchdog_depth"] = liveness.queue_depth(settings.WATCHDOG_QUEUE)
+    except Exception as error:  # redis-py's errors, whatever the client version raises
+        return {"ok": False, "error": type(error).__name__}, queue, None
+    return {"ok": True}, queue, last_beat
+
+
+def _database_part() -> tuple[dict, list[dict]]:
+    """Reachable, and writable: a read-only database (a standby, or one set read-only) takes
+    no metric, no heartbeat and no brake."""
+    try:
+        failing = failing_breakers()
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT current_setting('transaction_read_only')")
+                if cursor.fetchone()[0] == "on":
+                    return {"ok": False, "error": "read_only"}, failing
+        return {"ok": True}, failing
+    except DatabaseError as error:
+        connection.close_if_unusable_or_obsolete()
+        return {"ok": False, "error": type(error).__name__}, []
+
+
+def _workers(redis_ok: bool) -> int:
+    if not redis_ok:
+        return 0  # no broker: no worker can be reached, nor receive anything
+    try:
+        return worker_count()
+    except Exception:  # the broker went away between the two questions
+        return 0
+
+
 def health_report(workers: int | None = None) -> tuple[dict, bool]:
-    last_beat = liveness.last(BEAT)
+    redis_part, queue, last_beat = _redis_part()
+    database_part, failing = _database_part()
     beat_age = None if last_beat is None else max(0.0, time.time() - last_beat)
     beat_stale = beat_age is None or beat_age > BEAT_STALE_SECONDS
-    workers = worker_count() if workers is None else workers
+    workers = _workers(redis_part["ok"]) if workers is None else workers
     report = {
         "status": "ok",
         "mode": "embedded" if settings.EMBEDDED else "server",
+        "database": database_part,
+        "redis": redis_part,
         "beat": {"last_run_age_seconds": beat_age, "stale": beat_stale},
-        "queue": {
-            "name": settings.CELERY_TASK_DEFAULT_QUEUE,
-            "depth": liveness.queue_depth(settings.CELERY_TASK_DEFAULT_QUEUE),
-            "watchdog_depth": liveness.queue_depth(settings.WATCHDOG_QUEUE),
-        },
+        "queue": queue,
         "workers": {"count": workers, "stale": workers == 0},
-        "failing_breakers": failing_breakers(),
+        "failing_breakers": failing,
     }
-    healthy = not beat_stale and workers > 0
+    healthy = not beat_stale and workers > 0 and redis_part["ok"] and database_part["ok"]
     # A job whose breakers fail degrades the status; the answer stays 200 (503 says that
     # nothing watches at all, and a load balancer must not take the console away for it).
     report["status"] = "ok" if healthy and not report["failing_breakers"] else "degraded"

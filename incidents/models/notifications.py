@@ -158,6 +158,9 @@ class Delivery(models.Model):
         max_length=10, choices=DeliveryStatus.choices, default=DeliveryStatus.QUEUED
     )
     attempts = models.PositiveIntegerField(default=0)
+    # While queued: the moment by which a worker must have finished (or been handed) the next
+    # attempt; past it, the sweeper re-queues the delivery (incidents.notifications.delivery).
+    lease_until = models.DateTimeField(null=True, blank=True)
     provider_id = models.CharField(max_length=200, blank=True)
     provider_response = models.TextField(blank=True)
     latency_ms = models.FloatField(null=True, blank=True)
@@ -170,6 +173,12 @@ class Delivery(models.Model):
         indexes = [
             models.Index(fields=["alert", "status"], name="delivery_alert_status"),
             models.Index(fields=["team", "channel", "status"], name="delivery_team_channel"),
+            # the sweeper's "queued, lease run out"
+            models.Index(
+                fields=["lease_until"],
+                condition=models.Q(status="queued"),
+                name="delivery_queued_lease",
+            ),
         ]
         verbose_name_plural = "deliveries"
 

@@ -7,6 +7,18 @@ so a failing channel never delays the others. Unacknowledged after the policy's 
 pages the managers, and so on until someone acknowledges. Acknowledging stops everything: each
 delivery and each round re-checks, in the same UPDATE that claims it, that the alert is still
 firing, and cancels itself (and the alert's other pending rows) when it is not.
+
+A queued delivery holds a lease (``lease_until``): its task must claim it, and a claimed
+attempt must be finished, before the lease runs out. A worker SIGKILLed mid-send leaves its
+row queued with a claimed attempt that nobody will finish (the redelivered task message finds
+its attempt taken and stops, rightly: it cannot know whether the page went out); a task
+message lost with Redis leaves a row nobody claims. ``sweep_deliveries`` (on the beat) hands
+each such row the next attempt, at most once per lease (a compare-and-swap on the lease).
+
+Delivery is therefore at least once. A send that reached the provider before its worker died
+is sent again by the sweeper; the page goes out once only where the provider honours the
+``Idempotency-Key`` header (the same key on every attempt of a delivery). A live worker is
+never raced: its lease is far longer than the HTTP timeout of one send.
 """
 
 from __future__ import annotations
@@ -17,7 +29,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
 from core.text import fit
@@ -51,6 +63,11 @@ from incidents.notifications.routing import (
     render,
 )
 from incidents.teams.oncall import who_is_on_call
+
+# Queued deliveries a sweep re-queues at most: the rest wait for the next sweep.
+SWEEP_LIMIT = 500
+# Alerts older than this are not looked at by the sweep for a lost dispatch.
+SWEEP_ALERTS_WITHIN = timedelta(days=1)
 
 log = logging.getLogger(__name__)
 
@@ -290,6 +307,7 @@ def _plan_deliveries(
                 purpose="alert" if round_.number == 0 else "escalation",
                 first_line=fit(message.first_line, FIRST_LINE_LENGTH),
                 body=body,
+                lease_until=lease(now),
             )
             if not address:
                 _finish(delivery, "failed", f"no {channel} address for {person}", None, now)
@@ -319,12 +337,65 @@ def queue_message(
             purpose=purpose,
             first_line=fit(message.first_line, FIRST_LINE_LENGTH),
             body=message.body,
+            lease_until=lease(timezone.now()),
         )
         if not address:
             _finish(delivery, "failed", f"no {channel} address for {person}", None, timezone.now())
         else:
             transaction.on_commit(lambda: fan_out([delivery.pk]))
     return delivery
+
+
+def lease(now: datetime, extra_seconds: float = 0.0) -> datetime:
+    """When a delivery handed out (or claimed) now must be finished by."""
+    return now + timedelta(seconds=float(settings.NOTIFY_DELIVERY_LEASE_SECONDS) + extra_seconds)
+
+
+def undispatched_alerts(now: datetime) -> list[int]:
+    """Firing alerts that should page and have no round 0 at their level: their dispatch task
+    was lost (published while Redis was down, or lost with it). dispatch_alert is idempotent
+    (the round's unique constraint), so sending it again never pages twice."""
+    rounds = NotificationRound.objects.filter(
+        alert=OuterRef("pk"), severity=OuterRef("severity"), number=0
+    )
+    alerts = Alert.objects.filter(
+        status=AlertStatus.FIRING,
+        # A lease's grace: a dispatch on its way is not raced (it would be harmless anyway).
+        raised_at__lt=now - timedelta(seconds=float(settings.NOTIFY_DELIVERY_LEASE_SECONDS)),
+        raised_at__gte=now - SWEEP_ALERTS_WITHIN,
+        job__team__notification_policy__isnull=False,
+    ).exclude(layer="performance")
+    return list(alerts.filter(~Exists(rounds)).values_list("pk", flat=True)[:SWEEP_LIMIT])
+
+
+def sweep_deliveries(*, now: datetime | None = None) -> list[int]:
+    """Re-queue every queued delivery whose lease ran out; the ids re-queued. Also dispatch
+    again the alerts whose dispatch was lost (see undispatched_alerts).
+
+    The next attempt is the row's current ``attempts``: if the dead worker's claim somehow
+    finishes after all, the new task finds its attempt taken. The lease is moved forward by a
+    compare-and-swap first, so two sweepers (or two beats) re-queue a row once."""
+    now = now or timezone.now()
+    expired = Delivery.objects.filter(status=DeliveryStatus.QUEUED, lease_until__lt=now)
+    requeued: list[tuple[int, int]] = []
+    for delivery_id, attempts, until in expired.values_list("pk", "attempts", "lease_until")[
+        :SWEEP_LIMIT
+    ]:
+        won = Delivery.objects.filter(
+            pk=delivery_id, status=DeliveryStatus.QUEUED, attempts=attempts, lease_until=until
+        ).update(lease_until=lease(now))
+        if won:
+            requeued.append((delivery_id, attempts))
+    lost = undispatched_alerts(now)
+    if lost:
+        log.warning("dispatching %d alerts whose dispatch was lost: %s", len(lost), lost)
+        transaction.on_commit(lambda: [_tasks().dispatch_alert_task.delay(pk) for pk in lost])
+    if requeued:
+        log.warning("re-queued %d deliveries whose lease ran out: %s", len(requeued), requeued)
+        transaction.on_commit(
+            lambda: [_tasks().send_delivery_task.delay(pk, attempt) for pk, attempt in requeued]
+        )
+    return [pk for pk, _ in requeued]
 
 
 def fan_out(delivery_ids: list[int]) -> None:
@@ -334,13 +405,14 @@ def fan_out(delivery_ids: list[int]) -> None:
 
 def _claim(delivery: Delivery) -> bool:
     """Take the next attempt (attempts is the compare-and-swap counter), and only while the
-    alert still fires: the acknowledgement check and the claim are one UPDATE."""
+    alert still fires: the acknowledgement check and the claim are one UPDATE. The claim
+    renews the lease: the sweeper leaves this attempt alone until it runs out."""
     rows = Delivery.objects.filter(
         pk=delivery.pk, status=DeliveryStatus.QUEUED, attempts=delivery.attempts
     )
     if delivery.alert_id is not None:
         rows = rows.filter(alert__status=AlertStatus.FIRING)
-    return rows.update(attempts=F("attempts") + 1) == 1
+    return rows.update(attempts=F("attempts") + 1, lease_until=lease(timezone.now())) == 1
 
 
 def attempt_delivery(
@@ -368,15 +440,20 @@ def attempt_delivery(
         delivery.address,
         Message(delivery.first_line, delivery.body),
         policy.chat_format,
+        idempotency_key=f"brakeline-delivery-{delivery.pk}",
     )
     result = channels.send(outgoing)
     max_attempts = int(settings.NOTIFY_MAX_ATTEMPTS)
     if result.outcome == "failed" and result.transient and delivery.attempts < max_attempts:
-        Delivery.objects.filter(pk=delivery.pk).update(
-            provider_response=result.provider_response, latency_ms=result.latency_ms
-        )
         base = float(settings.NOTIFY_RETRY_BASE_SECONDS)
-        return backoff_seconds(delivery.attempts, base=base)
+        retry_in = backoff_seconds(delivery.attempts, base=base)
+        # The lease covers the wait: the retry's ETA message (lost only with Redis) claims it.
+        Delivery.objects.filter(pk=delivery.pk).update(
+            provider_response=result.provider_response,
+            latency_ms=result.latency_ms,
+            lease_until=lease(timezone.now(), retry_in),
+        )
+        return retry_in
     with transaction.atomic():
         _finish(delivery, result.outcome, result.provider_response, result, now or timezone.now())
     return None

@@ -51,6 +51,11 @@ def send_delivery_task(self, delivery_id: int, attempt: int = 0) -> None:
         raise self.retry(args=(delivery_id, attempt + 1), countdown=retry_in)
 
 
+@shared_task(name="notifications.sweep_deliveries", acks_late=True, ignore_result=True)
+def sweep_deliveries_task() -> None:
+    notifications.sweep_deliveries()
+
+
 @shared_task(name="notifications.daily_digest", acks_late=True, ignore_result=True)
 def daily_digest_task() -> None:
     for team_id in NotificationPolicy.objects.values_list("team_id", flat=True):

@@ -241,8 +241,10 @@ class MetricsSender:
                 self._on_commands(response.commands)
             return True
         if response.status == 413 and len(batch.lines) > 1:
-            # The console's limit is lower than ours: halve the batches and go on at once.
+            # The console's limit is lower than ours: halve the batches and go on at once. A
+            # 413 stored nothing, so the sealed batch may be cut into new ones (new ids).
             self.spool.batch_points = max(1, len(batch.lines) // 2)
+            self.spool.unseal()
             return True
         if refused_for_good(response.status):
             self._refuse(batch, response, "refused")

@@ -5,6 +5,13 @@ numbered segment files (JSON lines, one batch per file) in the spill directory. 
 point on disk is older than every point in memory, so sending the oldest segment first, then the
 memory head, replays everything in the order it was logged.
 
+Batch ids (protocol 2): every batch handed out carries an id, ``<run id>-<sequence>``, and a
+batch that is sent again carries the same id *and the same points*, so the console stores it
+once however often its answer is lost. That is why the memory head is *sealed* once handed
+out (points logged meanwhile wait behind it), why a spilled batch keeps its id in its file name
+(``<sequence>.<batch id>.jsonl``, so a restarted process replays it under the same id), and
+why only a 413 (which stored nothing) may cut a sealed batch into new ones.
+
 Thread-safety: a PointSpool is owned by the single sender thread; nothing else touches it.
 """
 
@@ -16,6 +23,8 @@ import fcntl
 import itertools
 import logging
 import os
+import re
+import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import IO
@@ -33,9 +42,28 @@ class Batch:
     segment: Path | None = None
     # Lines the segment file holds in total; a batch may be only its first part.
     segment_lines: int = 0
+    batch_id: str | None = None
 
     def body(self) -> bytes:
-        return ('{"points":[' + ",".join(self.lines) + "]}").encode("utf-8")
+        # The id is made of [A-Za-z0-9:-] only (see PointSpool.new_batch_id): no escaping.
+        head = f'{{"batch":"{self.batch_id}","points":[' if self.batch_id else '{"points":['
+        return (head + ",".join(self.lines) + "]}").encode("utf-8")
+
+
+def segment_name(sequence: int, batch_id: str) -> str:
+    return f"{sequence:012d}.{batch_id}{SEGMENT_SUFFIX}"
+
+
+# What this SDK writes into ids (so a batch body needs no escaping); a file named otherwise was
+# not written by it, and its points get a fresh id.
+_BATCH_ID = re.compile(r"[A-Za-z0-9:-]{1,100}")
+
+
+def parse_segment_name(path: Path) -> tuple[int | None, str | None]:
+    """(sequence, batch id) of a segment file; an SDK before batch ids wrote no id."""
+    sequence, _, batch_id = path.name[: -len(SEGMENT_SUFFIX)].partition(".")
+    valid = batch_id if _BATCH_ID.fullmatch(batch_id) else None
+    return (int(sequence) if sequence.isdigit() else None), valid
 
 
 def open_spill_directory(base: str | Path, job: str, rank: int) -> tuple[Path, IO[str]]:
@@ -68,6 +96,7 @@ class PointSpool:
         batch_bytes: int = 1024 * 1024,
         max_memory_points: int = 50_000,
         max_spill_bytes: int = 512 * 1024 * 1024,
+        run_id: str | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -82,6 +111,11 @@ class PointSpool:
         self._spilled_points = 0
         self._spilled_bytes = 0
         self._next_sequence = 0
+        # Unique per process: a restarted process never reuses its predecessor's ids.
+        self.run_id = run_id or uuid.uuid4().hex[:16]
+        self._batches_made = 0
+        self._sealed: Batch | None = None  # the memory head, handed out, not yet committed
+        self._segment_ids: dict[Path, str] = {}
         self._adopt_existing_segments()
 
     # -- state ---------------------------------------------------------------------------------
@@ -124,18 +158,36 @@ class PointSpool:
             self._spill_head()
 
     # -- consumer side ---------------------------------------------------------------------------
+    def new_batch_id(self) -> str:
+        self._batches_made += 1
+        return f"{self.run_id}-{self._batches_made}"
+
     def next_batch(self) -> Batch | None:
-        """The oldest pending batch, or None. It stays pending until :meth:`commit`."""
+        """The oldest pending batch, or None. It stays pending until :meth:`commit`, and until
+        then every call hands out the same points under the same id."""
         while self._segments:
             segment = next(iter(self._segments))
             lines = self._read_segment(segment)
             if lines:
                 prefix = self._limit(lines)
-                return Batch(lines=prefix, segment=segment, segment_lines=len(lines))
+                batch_id = self._segment_ids[segment]
+                if len(prefix) < len(lines):
+                    # Only a 413 makes batches smaller than a segment; the same cut then
+                    # gets the same id on every retry.
+                    batch_id = f"{batch_id}:{len(prefix)}"
+                return Batch(prefix, segment, segment_lines=len(lines), batch_id=batch_id)
             self._forget_segment(segment)
+        if self._sealed is not None:
+            return self._sealed
         if not self._memory:
             return None
-        return Batch(lines=self._limit(self._memory))
+        self._sealed = Batch(lines=self._limit(self._memory), batch_id=self.new_batch_id())
+        return self._sealed
+
+    def unseal(self) -> None:
+        """Forget the sealed head: the console stored none of it (413), so its points may be
+        cut into smaller batches under new ids."""
+        self._sealed = None
 
     def commit(self, batch: Batch) -> None:
         """Remove a batch that the console accepted (or that must be dropped)."""
@@ -146,6 +198,7 @@ class PointSpool:
         else:
             for _ in range(len(batch.lines)):
                 self._memory.popleft()
+            self._sealed = None
 
     def drop(self, batch: Batch, why: str) -> None:
         """Remove a batch the console refused for good, counting and reporting the loss."""
@@ -156,7 +209,7 @@ class PointSpool:
     def _limit(self, source: Iterable[str]) -> list[str]:
         """The longest prefix of source within the batch limits (always at least one line)."""
         lines: list[str] = []
-        size = 16
+        size = 176  # the envelope: {"batch":"<id of up to 150 characters>","points":[]}
         for line in itertools.islice(source, self.batch_points):
             if lines and size + len(line) + 1 > self.batch_bytes:
                 break
@@ -165,16 +218,20 @@ class PointSpool:
         return lines
 
     def _spill_head(self) -> None:
-        lines = self._limit(self._memory)
+        # The sealed head may have reached the console already: on disk it keeps its id.
+        sealed, self._sealed = self._sealed, None
+        lines = sealed.lines if sealed is not None else self._limit(self._memory)
+        batch_id = sealed.batch_id if sealed is not None else self.new_batch_id()
         for _ in lines:
             self._memory.popleft()
-        path = self.directory / f"{self._next_sequence:012d}{SEGMENT_SUFFIX}"
+        path = self.directory / segment_name(self._next_sequence, str(batch_id))
         self._next_sequence += 1
         try:
             size = self._write_segment(path, lines)
         except OSError as error:
             self._count_dropped(len(lines), f"spill file not writable: {error}")
             return
+        self._segment_ids[path] = str(batch_id)
         self._track_segment(path, len(lines), size)
         while self.spilled_bytes > self.max_spill_bytes and len(self._segments) > 1:
             oldest = next(iter(self._segments))
@@ -192,17 +249,30 @@ class PointSpool:
         return len(payload)
 
     def _rewrite_segment(self, segment: Path, sent: int) -> None:
+        """Keep the unsent rest of a segment: a new batch (new id), in the segment's place."""
         remaining = self._read_segment(segment)[sent:]
+        sequence, _ = parse_segment_name(segment)
+        batch_id = self.new_batch_id()
+        renamed = self.directory / segment_name(sequence or 0, batch_id)
         try:
-            size = self._write_segment(segment, remaining)
-            # Rewritten in place: it keeps its age (position) among the segments.
-            old_points, old_size = self._segments[segment]
-            self._segments[segment] = (len(remaining), size)
-            self._spilled_points += len(remaining) - old_points
-            self._spilled_bytes += size - old_size
+            size = self._write_segment(renamed, remaining)
         except OSError as error:
             self._forget_segment(segment)
             self._count_dropped(len(remaining), f"spill file not writable: {error}")
+            return
+        # It keeps its age (position) among the segments: the dict is rebuilt in order.
+        old_points, old_size = self._segments[segment]
+        self._segments = {
+            (renamed if path == segment else path): (
+                (len(remaining), size) if path == segment else sizes
+            )
+            for path, sizes in self._segments.items()
+        }
+        self._segment_ids[renamed] = batch_id
+        self._segment_ids.pop(segment, None)
+        self._spilled_points += len(remaining) - old_points
+        self._spilled_bytes += size - old_size
+        segment.unlink(missing_ok=True)
 
     def _read_segment(self, segment: Path) -> list[str]:
         try:
@@ -214,6 +284,7 @@ class PointSpool:
 
     def _forget_segment(self, segment: Path) -> None:
         self._track_segment(segment, 0, 0)
+        self._segment_ids.pop(segment, None)
         try:
             segment.unlink()
         except FileNotFoundError:
@@ -236,9 +307,12 @@ class PointSpool:
             stale.unlink(missing_ok=True)
         for segment in existing:
             lines = self._read_segment(segment)
+            sequence, batch_id = parse_segment_name(segment)
+            # A segment of an SDK before batch ids gets one now (it may be stored twice).
+            self._segment_ids[segment] = batch_id or self.new_batch_id()
             self._track_segment(segment, len(lines), segment.stat().st_size)
-            if segment.stem.isdigit():
-                self._next_sequence = max(self._next_sequence, int(segment.stem) + 1)
+            if sequence is not None:
+                self._next_sequence = max(self._next_sequence, sequence + 1)
         if existing:
             logger.info(
                 "brakeline: replaying %d points left in %s by an earlier process",

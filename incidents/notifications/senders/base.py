@@ -20,6 +20,12 @@ class Outgoing:
     address: str  # webhook URL, e-mail address or phone number
     message: Message
     chat_format: str = "slack"
+    # The same on every attempt of one delivery: a provider that honours the Idempotency-Key
+    # header then pages once even when a worker died between its send and its record.
+    idempotency_key: str = ""
+
+    def key_header(self) -> dict[str, str]:
+        return {"Idempotency-Key": self.idempotency_key} if self.idempotency_key else {}
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,9 @@ def send_chat(outgoing: Outgoing) -> DeliveryResult:
     data = json.dumps(chat_payload(outgoing)).encode()
     try:
         outbound.check_url(outgoing.address)  # again: DNS may have changed since it was saved
-        status, body, latency = http_post(outgoing.address, data, "application/json", guarded=True)
+        status, body, latency = http_post(
+            outgoing.address, data, "application/json", outgoing.key_header(), guarded=True
+        )
     except outbound.RefusedURL as refused:
         return DeliveryResult("failed", f"webhook URL refused: {refused}", 0.0)
     # A webhook that answers 2xx has posted the message: that is delivery for a chat.

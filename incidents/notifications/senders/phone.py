@@ -16,4 +16,4 @@ def send_phone(outgoing: Outgoing) -> DeliveryResult:
     speech = f"Brakeline alert. {message.first_line}. Acknowledge it in the console."
     twiml = f"<Response><Say>{escape(speech)}</Say></Response>"
     form = {"To": outgoing.address, "From": sender, "Twiml": twiml}
-    return post_to_provider("Calls.json", with_callback(form))
+    return post_to_provider("Calls.json", with_callback(form), outgoing.key_header())

@@ -15,7 +15,9 @@ from django.conf import settings
 from incidents.notifications.senders.base import DeliveryResult, http_post, http_result
 
 
-def post_to_provider(path: str, form: dict[str, str]) -> DeliveryResult:
+def post_to_provider(
+    path: str, form: dict[str, str], headers: dict[str, str] | None = None
+) -> DeliveryResult:
     base = str(settings.NOTIFY_PROVIDER_BASE_URL).rstrip("/")
     if not base:
         return DeliveryResult("failed", "NOTIFY_PROVIDER_BASE_URL is not set", 0.0)
@@ -26,7 +28,7 @@ def post_to_provider(path: str, form: dict[str, str]) -> DeliveryResult:
         f"{base}/{path}",
         data,
         "application/x-www-form-urlencoded",
-        {"Authorization": f"Basic {auth}"},
+        {"Authorization": f"Basic {auth}", **(headers or {})},
     )
     provider_id, state = "", ""
     try:

@@ -11,4 +11,4 @@ from incidents.notifications.senders.provider import post_to_provider, with_call
 def send_sms(outgoing: Outgoing) -> DeliveryResult:
     sender = str(settings.NOTIFY_PROVIDER_FROM_NUMBER)
     form = {"To": outgoing.address, "From": sender, "Body": outgoing.message.sms()}
-    return post_to_provider("Messages.json", with_callback(form))
+    return post_to_provider("Messages.json", with_callback(form), outgoing.key_header())

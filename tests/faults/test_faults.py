@@ -1,0 +1,57 @@
+"""The fault suite, CI-sized: each fault once, three SDK-driven jobs, shorter outages.
+
+bench/faults.py is the full run (more jobs, beat down 20 s, the console down 30 s); this is the
+same code on a stack of its own (its own PostgreSQL cluster and Redis on free ports: the
+machine's shared services are never touched). For each fault the test fails if any count of
+the table is not zero: points lost or duplicated, NaNs not braked or braked twice, the hung
+job missed, pages missed or doubled, alerts or commands doubled, a healthy job braked, the
+health endpoint green while the part was down or not green after. The table is printed in
+the terminal summary (tests/faults/conftest.py).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bench import faults as bench
+from bench._faultstack import Stack, pg_bin
+
+JOBS = 3
+BEAT_DOWN = 8.0
+CONSOLE_DOWN = 10.0
+FAULTS = bench.faults(BEAT_DOWN, CONSOLE_DOWN)
+RESULTS: list[tuple[bench.Fault, dict]] = []
+
+
+def _missing() -> str | None:
+    try:
+        pg_bin()
+    except RuntimeError as error:
+        return str(error)
+    return None if shutil.which("redis-server") else "redis-server is not installed"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory) -> Iterator[tuple[Stack, dict, Path]]:
+    missing = _missing()
+    if missing:
+        pytest.fail(f"the fault suite needs PostgreSQL's and Redis's servers: {missing}")
+    own = Stack()
+    try:
+        own.start()
+        names = [name for fault in FAULTS for name in bench.job_names(fault.key, JOBS)]
+        yield own, bench.create_jobs(own, names), tmp_path_factory.mktemp("spill")
+    finally:
+        own.close()
+
+
+@pytest.mark.parametrize("fault", FAULTS, ids=[fault.key for fault in FAULTS])
+def test_the_fault_loses_nothing_doubles_nothing_and_misses_no_brake(stack, fault):
+    running, created, spill = stack
+    result = bench.run_fault(running, fault, JOBS, spill, created)
+    RESULTS.append((fault, result))
+    assert bench.failures(result) == [], f"{bench.table([(fault, result)])}\n{running.logs()}"
