@@ -11,11 +11,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from breakers.models import IntegrationToken
-from core.errors import InvalidInput
 from incidents.models import Team
 from incidents.teams.access import role_in_team, scoped_get
 from incidents.teams.audit import AuditContext, audited
 from incidents.teams.authority import Action, decide
+from incidents.teams.tokens import clean_token_name
 
 
 @dataclass(frozen=True)
@@ -31,11 +31,7 @@ def issue_integration_token(
     with audited(user, Action.MANAGE_NOTIFICATIONS, "team", team_id, context) as attempt:
         team = scoped_get(Team.objects, user, team_id, team_path="id", noun="team", attempt=attempt)
         attempt.check(decide(role_in_team(user, team.pk), Action.MANAGE_NOTIFICATIONS))
-        name = (name or "").strip()
-        if not name or len(name) > 100:
-            raise InvalidInput(
-                "Name the token (what sends with it).", fields={"name": "1 to 100 characters"}
-            )
+        name = clean_token_name(name, "Name the token (what sends with it).")
         with transaction.atomic():
             token, raw = IntegrationToken.issue(team, name)
             attempt.succeeded(f"integration token {token.prefix}… ({name}) issued")

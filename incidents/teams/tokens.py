@@ -30,17 +30,21 @@ class IssuedToken:
     raw: str  # shown once
 
 
+def clean_token_name(name: str | None, message: str) -> str:
+    """A token's name, as every kind of token takes it: 1 to 100 characters (400 otherwise)."""
+    name = (name or "").strip()
+    if not name or len(name) > 100:
+        raise InvalidInput(message, fields={"name": "1 to 100 characters"})
+    return name
+
+
 def issue_personal_token(
     user: User, name: str, *, context: AuditContext | None = None
 ) -> IssuedToken:
     """A new token for ``user`` (themselves: nobody mints tokens for somebody else)."""
     with audited(user, ISSUE_TOKEN, "user", user.pk, context) as attempt:
         attempt.allowed, attempt.reason = True, "Everyone may create their own tokens."
-        name = (name or "").strip()
-        if not name or len(name) > 100:
-            raise InvalidInput(
-                "Name the token (what it is for).", fields={"name": "1 to 100 characters"}
-            )
+        name = clean_token_name(name, "Name the token (what it is for).")
         with transaction.atomic():
             token, raw = PersonalToken.issue(user, name)
             attempt.succeeded(f"token {token.prefix}… ({name}) issued")
