@@ -52,15 +52,18 @@ from incidents.jobs import create_job
 from incidents.models import Contact, Job, Membership, NotificationPolicy, OnCallShift, Team
 spec = json.loads(sys.stdin.readline())
 team, _ = Team.objects.get_or_create(name="faults")
-if not NotificationPolicy.objects.filter(team=team).exists():
+if not Membership.objects.filter(team=team).exists():
+    # A new team already has the default policy (incidents.teams): this one pages the fake
+    # provider's chat webhook and the on-call's phone, and waits an hour before escalating.
     person = get_user_model().objects.create(username="oncall", email="oncall@example.org")
     Membership.objects.create(user=person, team=team, role="oncall")
     Contact.objects.create(user=person, phone="+15551110001")
     now = timezone.now()
     OnCallShift.objects.create(team=team, user=person, starts_at=now - timedelta(hours=1),
                                ends_at=now + timedelta(days=2))
-    NotificationPolicy.objects.create(team=team, chat_webhook_url=spec["chat"],
-                                      ack_timeout_seconds=3600)
+    NotificationPolicy.objects.update_or_create(
+        team=team, defaults={"chat_webhook_url": spec["chat"], "ack_timeout_seconds": 3600}
+    )
 jobs = {}
 for name, timeout in spec["jobs"]:
     created = create_job("faults", name, "training")

@@ -88,7 +88,7 @@ def test_an_alert_whose_dispatch_was_lost_is_dispatched_by_the_sweep(
     django_capture_on_commit_callbacks,
 ):
     job = create_job("research", "lost-dispatch", "training").job
-    NotificationPolicy.objects.create(team=job.team)
+    assert NotificationPolicy.objects.filter(team=job.team).exists()  # every team has one
     raised = timezone.now() - timedelta(minutes=10)
     alert = raise_or_update_alert(job.pk, nan_signal(), now=raised).alert
     assert undispatched_alerts(timezone.now()) == [alert.pk]
@@ -101,6 +101,7 @@ def test_an_alert_whose_dispatch_was_lost_is_dispatched_by_the_sweep(
 
 def test_a_team_without_a_policy_is_not_swept_for_dispatch():
     job = create_job("research", "no-policy", "training").job
+    NotificationPolicy.objects.filter(team=job.team).delete()  # an admin removed it
     raise_or_update_alert(job.pk, nan_signal(), now=timezone.now() - timedelta(minutes=10))
     assert undispatched_alerts(timezone.now()) == []
 
