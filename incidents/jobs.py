@@ -267,7 +267,7 @@ def record_heartbeat(
         job.heartbeat_deadline = _earliest_deadline(job)
         job.save(update_fields=[*JOB_HEARTBEAT_FIELDS])
         advance_current_step(job_id, step)
-        if _every_rank_finished(job):
+        if status == AgentStatus.FINISHED and _every_rank_finished(job):
             move_job(job_id, "finish", heartbeat_deadline=None)
         else:
             mark_job_running(job_id)

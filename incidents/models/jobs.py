@@ -178,6 +178,9 @@ class JobRank(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["job", "rank"], name="rank_unique_in_job")]
+        # Every heartbeat reads its job's earliest rank deadline: one index probe, not a scan
+        # of a thousand ranks.
+        indexes = [models.Index(fields=["job", "heartbeat_deadline"], name="rank_deadline")]
         ordering = ["job", "rank"]
 
     def __str__(self) -> str:
