@@ -70,7 +70,17 @@ def _who(silence: Silence, job: Job) -> str:
     )
     more = f" and {len(silence.ranks) - 8} more" if len(silence.ranks) > 8 else ""
     rest = f"; {silence.others} other rank(s) still heartbeating" if silence.others else ""
-    return f"{named}{more}{rest}: "
+    return f"{named}{more}{rest}{_behind(silence.ranks)}: "
+
+
+def _behind(silent: tuple[JobRank, ...]) -> str:
+    """Silent ranks at different steps: in lockstep training the ones at the lowest step are
+    the likely culprits, the others blocked behind them in a collective of the next step."""
+    lowest = min(r.step for r in silent)
+    if all(r.step == lowest for r in silent):
+        return ""
+    behind = [str(r.rank) for r in silent if r.step == lowest][:8]
+    return f"; behind at step {lowest}: rank(s) {', '.join(behind)} (the others wait for them)"
 
 
 def heartbeat_signal(job: Job, now: datetime) -> AlertSignal:

@@ -94,3 +94,12 @@ def test_a_paused_job_gone_silent_altogether_alerts(two_ranks):
     (raised,) = check_heartbeats()
     description = Alert.objects.get(pk=raised).description
     assert "rank 0 (node-0" in description and "rank 1 (node-1" in description
+
+
+def test_silent_ranks_at_different_steps_name_the_one_behind(two_ranks):
+    agent, clock, beat = two_ranks
+    beat(0, 11)  # rank 0 got one step further, then both hung (rank 1 inside step 11)
+    clock.shift(60)
+    (raised,) = check_heartbeats()
+    description = Alert.objects.get(pk=raised).description
+    assert "behind at step 10: rank(s) 1 (the others wait for them)" in description
