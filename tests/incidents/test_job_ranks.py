@@ -107,3 +107,17 @@ def test_a_bad_world_size_is_a_400_naming_it_and_changes_nothing(agent, agent_po
 
 def test_world_size_of_one_without_rank_is_accepted(agent, agent_post):
     assert agent_post(URL, {"step": 1, "status": "running", "world_size": 1}).status_code == 200
+
+
+def test_the_jobs_api_shows_the_world_size(agent, agent_post, client):
+    from django.contrib.auth import get_user_model
+
+    from incidents.models import Membership, Role
+
+    beat(agent_post, 1, 4, world_size=8)
+    user = get_user_model().objects.create_user("vera", password="pw-for-tests")
+    Membership.objects.create(
+        user=user, team=Job.objects.get(pk=agent.job_id).team, role=Role.VIEWER
+    )
+    client.force_login(user)
+    assert client.get(f"/api/v1/jobs/{agent.job_id}").json()["world_size"] == 8
