@@ -249,7 +249,8 @@ def record_heartbeat(
 ) -> Job:
     """Store one rank's heartbeat (no rank: rank 0): its row, the job's world size, and the
     job's deadline — the earliest of its unfinished ranks'. The job-level agent fields
-    (pid, host, status, step time) are rank 0's; the job finishes when every rank has."""
+    (pid, host, status, step time) are rank 0's (until rank 0 speaks, the reporting rank's);
+    the job finishes when every rank has."""
     now = now or timezone.now()
     with transaction.atomic():
         # The job's row lock serialises the heartbeats of all its ranks: each rank's step time
@@ -260,7 +261,9 @@ def record_heartbeat(
             JobRank.objects.filter(job=job, rank__gte=world_size).delete()  # a smaller restart
         seat = _record_rank(job, rank or 0, step, status, pid, hostname, now)
         job.last_heartbeat_at = now
-        if seat.rank == 0:
+        if seat.rank == 0 or not JobRank.objects.filter(job=job, rank=0).exists():
+            # Rank 0's, or — until rank 0 speaks — the reporting rank's: a lone process that
+            # inherited RANK=3 still gets its pid on the job for the executor.
             job.step_time_seconds, job.last_heartbeat_step = seat.step_time_seconds, step
             job.agent_status, job.agent_pid = status, seat.pid
             job.agent_hostname, job.agent_pid_start_time = seat.hostname, seat.pid_start_time

@@ -121,3 +121,13 @@ def test_the_jobs_api_shows_the_world_size(agent, agent_post, client):
     )
     client.force_login(user)
     assert client.get(f"/api/v1/jobs/{agent.job_id}").json()["world_size"] == 8
+
+
+def test_until_rank_0_speaks_the_job_fields_are_the_reporting_ranks(agent, agent_post):
+    beat(agent_post, 3, 7, world_size=4)  # a lone process that inherited RANK=3
+    job = Job.objects.get(pk=agent.job_id)
+    assert (job.agent_pid, job.agent_hostname, job.last_heartbeat_step) == (1003, "gpu-3", 7)
+    beat(agent_post, 0, 8, world_size=4)
+    beat(agent_post, 3, 9, world_size=4)
+    job = Job.objects.get(pk=agent.job_id)
+    assert (job.agent_pid, job.agent_hostname, job.last_heartbeat_step) == (1000, "gpu-0", 8)
