@@ -5,6 +5,7 @@ from incidents.models import (
     Alert,
     Incident,
     Job,
+    JobRank,
     Membership,
     Node,
     Team,
@@ -28,6 +29,13 @@ class JobAdmin(admin.ModelAdmin):
     list_display = ["name", "team", "kind", "status", "current_step", "last_heartbeat_at"]
     list_filter = ["team", "kind", "status"]
     readonly_fields = ["status", "agent_status", "last_heartbeat_at", "current_step"]
+
+
+@admin.register(JobRank)
+class JobRankAdmin(admin.ModelAdmin):
+    # Written by heartbeats only (incidents.jobs.record_heartbeat).
+    list_display = ["job", "rank", "hostname", "pid", "step", "status", "last_heartbeat_at"]
+    readonly_fields = [field.name for field in JobRank._meta.fields]
 
 
 @admin.register(Node)

@@ -11,7 +11,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Min
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
@@ -34,9 +34,11 @@ from incidents.alerts.lifecycle import (  # noqa: F401
 from incidents.models import (
     JOB_EVENTS,
     JOB_TRANSITIONS,
+    AgentStatus,
     AgentToken,
     Job,
     JobKind,
+    JobRank,
     Membership,
     Role,
     Team,
@@ -208,25 +210,30 @@ def advance_current_step(job_id: int, step: int | None, **other_fields: object) 
     Job.objects.filter(pk=job_id).update(**other_fields)
 
 
-def heartbeat_timeout_seconds(job: Job) -> float:
+def heartbeat_timeout_seconds(job: Job, step_time: float | None = None) -> float:
+    """The job's own timeout, else 8 step times (``step_time``: one rank's; by default the
+    job's, rank 0's), never below the floor; the default until a step time is measured."""
     if job.heartbeat_timeout_seconds:
         return job.heartbeat_timeout_seconds
-    if job.step_time_seconds:
+    step_time = job.step_time_seconds if step_time is None else step_time
+    if step_time:
         return max(
-            settings.HEARTBEAT_TIMEOUT_FLOOR_SECONDS,
-            HEARTBEAT_STEP_TIME_MULTIPLIER * job.step_time_seconds,
+            settings.HEARTBEAT_TIMEOUT_FLOOR_SECONDS, HEARTBEAT_STEP_TIME_MULTIPLIER * step_time
         )
     return settings.HEARTBEAT_TIMEOUT_DEFAULT_SECONDS
 
 
-def _measured_step_time(job: Job, step: int, now: datetime) -> float | None:
-    previous_step, previous_time = job.last_heartbeat_step, job.last_heartbeat_at
-    if previous_step is None or previous_time is None or step <= previous_step:
-        return job.step_time_seconds
-    sample = (now - previous_time).total_seconds() / (step - previous_step)
-    if job.step_time_seconds is None:
+def _measured_step_time(seat: JobRank | None, step: int, now: datetime) -> float | None:
+    """The rank's step time, measured between two heartbeats of that same rank (ranks
+    interleave, so two heartbeats of different ranks measure nothing)."""
+    if seat is None:
+        return None
+    if step <= seat.step:
+        return seat.step_time_seconds
+    sample = (now - seat.last_heartbeat_at).total_seconds() / (step - seat.step)
+    if seat.step_time_seconds is None:
         return sample
-    return (1 - STEP_TIME_SMOOTHING) * job.step_time_seconds + STEP_TIME_SMOOTHING * sample
+    return (1 - STEP_TIME_SMOOTHING) * seat.step_time_seconds + STEP_TIME_SMOOTHING * sample
 
 
 def record_heartbeat(
@@ -236,59 +243,129 @@ def record_heartbeat(
     status: str,
     pid: int | None = None,
     hostname: str = "",
+    rank: int | None = None,
+    world_size: int | None = None,
     now: datetime | None = None,
 ) -> Job:
-    """Store a heartbeat: last seen, step, measured step time and the next deadline."""
+    """Store one rank's heartbeat (no rank: rank 0): its row, the job's world size, and the
+    job's deadline — the earliest of its unfinished ranks'. The job-level agent fields
+    (pid, host, status, step time) are rank 0's (until rank 0 speaks, the reporting rank's);
+    the job finishes when every rank has."""
     now = now or timezone.now()
     with transaction.atomic():
-        # The row lock keeps two heartbeats of one job from measuring against the same previous.
+        # The job's row lock serialises the heartbeats of all its ranks: each rank's step time
+        # is measured against its own previous beat, and the earliest deadline is read whole.
         job = Job.objects.select_for_update().get(pk=job_id)
-        job.step_time_seconds = _measured_step_time(job, step, now)
+        if world_size is not None:
+            job.world_size = world_size
+            JobRank.objects.filter(job=job, rank__gte=world_size).delete()  # a smaller restart
+        seat = _record_rank(job, rank or 0, step, status, pid, hostname, now)
         job.last_heartbeat_at = now
-        job.last_heartbeat_step = step
-        job.agent_status = status
-        if pid is not None:
-            _register_process(job, pid, hostname)
-        if hostname:
-            job.agent_hostname = hostname
-        job.heartbeat_deadline = now + timedelta(seconds=heartbeat_timeout_seconds(job))
-        job.save(
-            update_fields=[
-                "step_time_seconds",
-                "last_heartbeat_at",
-                "last_heartbeat_step",
-                "agent_status",
-                "agent_pid",
-                "agent_hostname",
-                "agent_pid_start_time",
-                "heartbeat_deadline",
-            ]
-        )
+        if seat.rank == 0 or not JobRank.objects.filter(job=job, rank=0).exists():
+            # Rank 0's, or — until rank 0 speaks — the reporting rank's: a lone process that
+            # inherited RANK=3 still gets its pid on the job for the executor.
+            job.step_time_seconds, job.last_heartbeat_step = seat.step_time_seconds, step
+            job.agent_status, job.agent_pid = status, seat.pid
+            job.agent_hostname, job.agent_pid_start_time = seat.hostname, seat.pid_start_time
+        job.heartbeat_deadline = _earliest_deadline(job)
+        job.save(update_fields=[*JOB_HEARTBEAT_FIELDS])
         advance_current_step(job_id, step)
-        if status == "finished":
+        if status == AgentStatus.FINISHED and _every_rank_finished(job):
             move_job(job_id, "finish", heartbeat_deadline=None)
         else:
             mark_job_running(job_id)
-        if job.heartbeat_overdue_since is not None:
+        back = job.heartbeat_deadline is None or job.heartbeat_deadline >= now
+        if job.heartbeat_overdue_since is not None and back:
             _end_heartbeat_silence(job, now)
     job.refresh_from_db()
     return job
 
 
-def _register_process(job: Job, pid: int, hostname: str) -> None:
+JOB_HEARTBEAT_FIELDS = (
+    "world_size",
+    "step_time_seconds",
+    "last_heartbeat_at",
+    "last_heartbeat_step",
+    "agent_status",
+    "agent_pid",
+    "agent_hostname",
+    "agent_pid_start_time",
+    "heartbeat_deadline",
+)
+
+
+def _record_rank(
+    job: Job, rank: int, step: int, status: str, pid: int | None, hostname: str, now: datetime
+) -> JobRank:
+    seat = JobRank.objects.filter(job=job, rank=rank).first()
+    step_time = _measured_step_time(seat, step, now)
+    if seat is None:
+        seat = JobRank(job=job, rank=rank)
+    seat.step_time_seconds, seat.step, seat.status, seat.last_heartbeat_at = (
+        step_time,
+        step,
+        status,
+        now,
+    )
+    if pid is not None:
+        _register_process(seat, pid, hostname)
+    if hostname:
+        seat.hostname = hostname
+    finished = status == AgentStatus.FINISHED
+    timeout = timedelta(seconds=heartbeat_timeout_seconds(job, step_time))
+    seat.heartbeat_deadline = None if finished else now + timeout
+    seat.save()
+    return seat
+
+
+def _earliest_deadline(job: Job) -> datetime | None:
+    deadlines = JobRank.objects.filter(job=job, heartbeat_deadline__isnull=False)
+    return deadlines.aggregate(earliest=Min("heartbeat_deadline"))["earliest"]
+
+
+def _every_rank_finished(job: Job) -> bool:
+    """Every rank said "finished": all of the world size when it is known, else all ranks
+    that ever heartbeated (a job of one process finishes with its one heartbeat)."""
+    ranks = JobRank.objects.filter(job=job)
+    if ranks.exclude(status=AgentStatus.FINISHED).exists():
+        return False
+    return job.world_size is None or ranks.count() >= job.world_size
+
+
+def _register_process(seat: JobRank, pid: int, hostname: str) -> None:
     """The reported pid, with its identity (start time) read here, server-side, only when the
     heartbeat says it comes from this very host: only then is /proc the process's own. A pid
     reported from elsewhere, or without a hostname, is kept with no identity, and the local
     executor never signals it (``breakers.executors.local``)."""
     same_process = (
-        pid == job.agent_pid
-        and job.agent_pid_start_time is not None
-        and hostname in ("", job.agent_hostname)
+        pid == seat.pid and seat.pid_start_time is not None and hostname in ("", seat.hostname)
     )
     if same_process:
         return  # registered already: its identity was read when it was first reported
-    job.agent_pid = pid
-    job.agent_pid_start_time = process_start_time(pid) if hostname == this_host() else None
+    seat.pid = pid
+    seat.pid_start_time = process_start_time(pid) if hostname == this_host() else None
+
+
+@dataclass(frozen=True)
+class RanksView:
+    ranks: list[JobRank]  # each with ``silent``: past its deadline now
+    world_size: int | None
+    missing: list[int]  # ranks below the world size that never heartbeated
+
+
+def job_ranks(job_id: int, now: datetime | None = None) -> RanksView:
+    """The job's ranks as its page shows them."""
+    now = now or timezone.now()
+    ranks = list(JobRank.objects.filter(job_id=job_id).order_by("rank")[:MAX_RANKS_SHOWN])
+    for seat in ranks:
+        seat.silent = seat.heartbeat_deadline is not None and seat.heartbeat_deadline < now
+    world_size = Job.objects.filter(pk=job_id).values_list("world_size", flat=True).first()
+    seen = {seat.rank for seat in ranks}
+    missing = [r for r in range(min(world_size or 0, MAX_RANKS_SHOWN)) if r not in seen]
+    return RanksView(ranks, world_size, missing)
+
+
+MAX_RANKS_SHOWN = 512  # a page, not a census: thousands of ranks are summed up by the alert
 
 
 def _end_heartbeat_silence(job: Job, now: datetime) -> None:

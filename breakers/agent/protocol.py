@@ -66,6 +66,8 @@ class HeartbeatIn:
     pid: int | None
     hostname: str
     rank: int | None
+    # How many ranks the job runs (WORLD_SIZE), when the rank knows it.
+    world_size: int | None = None
     # The Slurm context (SLURM_JOB_ID, SLURM_JOB_NODELIST, SLURM_STEP_ID); "" outside Slurm.
     slurm_job_id: str = ""
     slurm_nodelist: str = ""
@@ -490,7 +492,8 @@ def parse_metrics_body(
 
 
 HEARTBEAT_KEYS = (
-    "step", "status", "pid", "hostname", "rank", "slurm_job_id", "slurm_nodelist", "slurm_step_id",
+    "step", "status", "pid", "hostname", "rank", "world_size",
+    "slurm_job_id", "slurm_nodelist", "slurm_step_id",
 )  # fmt: skip
 # Slurm job ids are numbers ("123"); step ids are numbers or names ("0", "batch", "1+0").
 _SLURM_JOB_ID = re.compile(r"[0-9]{1,20}")
@@ -546,6 +549,11 @@ def parse_heartbeat(raw: bytes) -> HeartbeatIn:
     rank = body.get("rank")
     if rank is not None and not (is_whole_number(rank) and 0 <= rank <= MAX_RANK):
         errors["rank"] = f"must be a whole number from 0 to {MAX_RANK}"
+    world_size = body.get("world_size")
+    if world_size is not None and not (is_whole_number(world_size) and 0 < world_size <= MAX_RANK):
+        errors["world_size"] = f"must be a whole number from 1 to {MAX_RANK}"
+    elif world_size is not None and "rank" not in errors and (rank or 0) >= world_size:
+        errors["world_size"] = f"must be above the rank ({rank or 0}): ranks count from 0"
     slurm_job_id, slurm_nodelist, slurm_step_id = _check_slurm(body, errors)
     if errors:
         raise InvalidInput("The heartbeat was refused.", fields=errors)
@@ -556,6 +564,7 @@ def parse_heartbeat(raw: bytes) -> HeartbeatIn:
         pid=pid,
         hostname=hostname,
         rank=rank,
+        world_size=world_size,
         slurm_job_id=slurm_job_id,
         slurm_nodelist=slurm_nodelist,
         slurm_step_id=slurm_step_id,

@@ -82,6 +82,8 @@ def receive_heartbeat(job_id: int, raw_body: bytes) -> Job:
         status=heartbeat.status,
         pid=heartbeat.pid,
         hostname=heartbeat.hostname,
+        rank=heartbeat.rank,
+        world_size=heartbeat.world_size,
     )
     record_scheduler_context(job_id, heartbeat)
     return job

@@ -1,15 +1,19 @@
 """The heartbeat watchdog: a job whose agent went silent past its deadline is braked (L3).
 
 One indexed query per tick finds the overdue jobs (the ``heartbeat_deadline`` column, not a
-scan of heartbeats). Each silence raises its alert once — the claim on
-``heartbeat_overdue_since`` is a compare-and-swap, so two watchdogs never both raise it — and
-the next heartbeat clears it (``incidents.jobs.record_heartbeat``). The alert's action is
-checkpoint_and_pause: a job that is merely slow answers it; a hung one does not, its command
-expires, and the executor stops it from the outside.
+scan of heartbeats): a job's deadline is the earliest of its ranks' (``JobRank``), so one
+silent rank among heartbeating ones is found, and named, by the same query. Paused jobs are
+watched too: their ranks heartbeat while they hold. Each silence raises its alert once — the
+claim on ``heartbeat_overdue_since`` is a compare-and-swap, so two watchdogs never both raise
+it — and the heartbeat that leaves no rank overdue clears it
+(``incidents.jobs.record_heartbeat``). The alert's action is checkpoint_and_pause: a job that
+is merely slow answers it; a hung one does not, its command expires, and the executor stops
+it from the outside. A paused job is not paused again: its alert calls a person.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import transaction
@@ -18,23 +22,78 @@ from django.utils import timezone
 from breakers.control.braking import brake_for_alert
 from incidents.alerts.lifecycle import AlertSignal, raise_or_update_alert
 from incidents.jobs import HEARTBEAT_RULE_KEY, heartbeat_timeout_seconds
-from incidents.models import Job, JobStatus
+from incidents.models import Job, JobRank, JobStatus
 from incidents.notifications.delivery import notify_alert
 
-WATCHED_STATUSES = (JobStatus.RUNNING, JobStatus.PAUSING)
+# Paused jobs too: a paused rank goes on heartbeating ("paused"), so silence there is a rank
+# that died or hung in a collective while the others hold.
+WATCHED_STATUSES = (JobStatus.RUNNING, JobStatus.PAUSING, JobStatus.PAUSED)
+
+
+@dataclass(frozen=True)
+class Silence:
+    """Who went silent: the ranks past their deadline (none for a job whose heartbeats
+    predate per-rank records: then the job's own last heartbeat)."""
+
+    since: datetime  # the earliest last heartbeat among the silent
+    step: int
+    step_time: float | None  # the silent ranks' slowest measured step time
+    ranks: tuple[JobRank, ...]
+    others: int  # ranks still heartbeating
+
+
+def silence_of(job: Job, now: datetime) -> Silence:
+    ranks = list(JobRank.objects.filter(job=job).order_by("rank"))
+    silent = tuple(r for r in ranks if r.heartbeat_deadline and r.heartbeat_deadline < now)
+    others = sum(1 for r in ranks if r.heartbeat_deadline and r.heartbeat_deadline >= now)
+    if not silent:
+        # Only jobs that heartbeated have a deadline, so only they are ever overdue.
+        assert job.last_heartbeat_at is not None
+        return Silence(job.last_heartbeat_at, job.last_heartbeat_step or 0, None, (), others)
+    step_times = [r.step_time_seconds for r in silent if r.step_time_seconds]
+    return Silence(
+        since=min(r.last_heartbeat_at for r in silent),
+        step=min(r.step for r in silent),
+        step_time=max(step_times) if step_times else None,
+        ranks=silent,
+        others=others,
+    )
+
+
+def _who(silence: Silence, job: Job) -> str:
+    """ "rank 1 (gpu-2, pid 77), ranks 0 and 2 still heartbeating", or "" for one process."""
+    if not silence.ranks or ((job.world_size or 1) == 1 and silence.ranks[0].rank == 0):
+        return ""
+    named = ", ".join(
+        f"rank {r.rank} ({r.hostname or 'unknown host'}{f', pid {r.pid}' if r.pid else ''})"
+        for r in silence.ranks[:8]
+    )
+    more = f" and {len(silence.ranks) - 8} more" if len(silence.ranks) > 8 else ""
+    rest = f"; {silence.others} other rank(s) still heartbeating" if silence.others else ""
+    return f"{named}{more}{rest}{_behind(silence.ranks)}: "
+
+
+def _behind(silent: tuple[JobRank, ...]) -> str:
+    """Silent ranks at different steps: in lockstep training the ones at the lowest step are
+    the likely culprits, the others blocked behind them in a collective of the next step."""
+    lowest = min(r.step for r in silent)
+    if all(r.step == lowest for r in silent):
+        return ""
+    behind = [str(r.rank) for r in silent if r.step == lowest][:8]
+    return f"; behind at step {lowest}: rank(s) {', '.join(behind)} (the others wait for them)"
 
 
 def heartbeat_signal(job: Job, now: datetime) -> AlertSignal:
-    timeout = heartbeat_timeout_seconds(job)
-    # Only jobs that heartbeated have a deadline, so only they are ever overdue.
-    assert job.last_heartbeat_at is not None
-    silent = (now - job.last_heartbeat_at).total_seconds()
-    step = job.last_heartbeat_step or 0
+    silence = silence_of(job, now)
+    timeout = heartbeat_timeout_seconds(job, silence.step_time)
+    silent = (now - silence.since).total_seconds()
+    step_time = silence.step_time or job.step_time_seconds
     basis = (
-        f"8× the measured step time {job.step_time_seconds:.3g} s"
-        if job.step_time_seconds and not job.heartbeat_timeout_seconds
+        f"8× the measured step time {step_time:.3g} s"
+        if step_time and not job.heartbeat_timeout_seconds
         else "the job's timeout"
     )
+    paused = job.status == JobStatus.PAUSED
     return AlertSignal(
         rule_key=HEARTBEAT_RULE_KEY,
         rule_name="Heartbeat timeout",
@@ -44,14 +103,17 @@ def heartbeat_signal(job: Job, now: datetime) -> AlertSignal:
         node="",
         value=silent,
         threshold=timeout,
-        description=f"no heartbeat for {silent:.1f} s (timeout {timeout:.3g} s, {basis}); "
-        f"last step {step}",
-        step=step,
+        description=f"{_who(silence, job)}no heartbeat for {silent:.1f} s "
+        f"(timeout {timeout:.3g} s, {basis}){' while paused' if paused else ''}; "
+        f"last step {silence.step}",
+        step=silence.step,
         time=now,
-        first_step=step,
-        first_time=job.last_heartbeat_at,
+        first_step=silence.step,
+        first_time=silence.since,
         duration_seconds=silent,
-        action="checkpoint_and_pause",
+        # A paused job is not paused again: the alert calls a person (and the executor).
+        action="none" if paused else "checkpoint_and_pause",
+        nodes=tuple(dict.fromkeys(r.hostname for r in silence.ranks if r.hostname)),
         runbook_hint="hung_no_logs",
     )
 

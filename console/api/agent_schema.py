@@ -76,6 +76,12 @@ class HeartbeatDoc(serializers.Serializer):
     )
     hostname = serializers.CharField(required=False)
     rank = serializers.IntegerField(required=False, min_value=0, max_value=MAX_INT32)
+    world_size = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=MAX_INT32,
+        help_text="WORLD_SIZE: how many ranks the job runs; above the rank.",
+    )
     slurm_job_id = serializers.CharField(
         required=False, help_text="SLURM_JOB_ID: binds the job to the Slurm executor."
     )

@@ -31,6 +31,7 @@ class JobSerializer(serializers.ModelSerializer):
             "last_heartbeat_at",
             "last_metric_at",
             "heartbeat_deadline",
+            "world_size",
             "latest_loss",
         ]
 

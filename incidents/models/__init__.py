@@ -28,6 +28,7 @@ from incidents.models.jobs import (  # noqa: F401
     AgentToken,
     Job,
     JobKind,
+    JobRank,
     JobStatus,
     Membership,
     Node,

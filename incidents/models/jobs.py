@@ -143,6 +143,8 @@ class Job(models.Model):
     # pid from this very host; None when it did not (another host, no hostname, no such
     # process). The local executor signals only a process whose start time is still this one.
     agent_pid_start_time = models.BigIntegerField(null=True, blank=True)
+    # How many ranks the job runs, as its ranks report it (WORLD_SIZE); None when none said.
+    world_size = models.IntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -151,6 +153,38 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"{self.team.name}/{self.name}"
+
+
+class JobRank(models.Model):
+    """One rank (process) of a job as its heartbeats describe it: written by
+    ``incidents.jobs.record_heartbeat`` only. The job's own ``heartbeat_deadline`` is the
+    earliest deadline of its unfinished ranks, so the watchdog's one indexed query on jobs
+    still finds a job with one silent rank while the others go on heartbeating."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="ranks")
+    rank = models.IntegerField()
+    pid = models.IntegerField(null=True, blank=True)
+    # As Job.agent_pid_start_time: read by the console, only for a pid on the console's host.
+    pid_start_time = models.BigIntegerField(null=True, blank=True)
+    hostname = models.CharField(max_length=255, blank=True)
+    step = models.BigIntegerField()
+    step_time_seconds = models.FloatField(null=True, blank=True)
+    last_heartbeat_at = models.DateTimeField()
+    # None once the rank said it finished: a finished rank is never overdue.
+    heartbeat_deadline = models.DateTimeField(null=True, blank=True)
+    status = models.CharField(max_length=16, choices=AgentStatus.choices)
+    # Not a column: past its deadline at the time of reading (``incidents.jobs.job_ranks``).
+    silent: bool = False
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "rank"], name="rank_unique_in_job")]
+        # Every heartbeat reads its job's earliest rank deadline: one index probe, not a scan
+        # of a thousand ranks.
+        indexes = [models.Index(fields=["job", "heartbeat_deadline"], name="rank_deadline")]
+        ordering = ["job", "rank"]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} rank {self.rank}"
 
 
 class NodeStatus(models.TextChoices):

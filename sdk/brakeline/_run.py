@@ -78,6 +78,16 @@ def _capture(value: Any) -> Any:
     return value.detach().clone()
 
 
+def world_size_field(environ: Mapping[str, str], rank: int) -> dict[str, int]:
+    """``{"world_size": N}`` from WORLD_SIZE (torchrun, many launchers), or nothing when it is
+    unset or unusable: the console refuses a heartbeat whose world size is not above its rank,
+    and a stray variable must not cost the run its heartbeats."""
+    value = environ.get("WORLD_SIZE", "").strip()
+    if not value.isdigit() or not 0 <= rank < int(value) < 2**31:
+        return {}
+    return {"world_size": int(value)}
+
+
 class Run:
     """One training process's connection to the console. Create it with :func:`init`."""
 
@@ -109,6 +119,7 @@ class Run:
         self.hostname = socket.gethostname()
         # Read once: the scheduler context of a process does not change while it runs.
         self.scheduler_fields = heartbeat_scheduler_fields(os.environ)
+        self._world_size = world_size_field(os.environ, settings.rank)
         # A forked child (os.fork, fork-started workers) inherits this object but not its
         # threads; it must never finish the parent's run (final "finished" heartbeat, spill).
         self._owner_pid = os.getpid()
@@ -213,6 +224,7 @@ class Run:
             "pid": os.getpid(),
             "hostname": self.hostname,
             "rank": self.settings.rank,
+            **self._world_size,
             **self.scheduler_fields,
         }
 

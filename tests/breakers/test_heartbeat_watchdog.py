@@ -70,7 +70,7 @@ def test_heartbeats_coming_back_resolve_it_and_a_new_silence_alerts_again(beatin
     assert len(second) == 1 and second != first
 
 
-@pytest.mark.parametrize("status", [JobStatus.PAUSED, JobStatus.FINISHED, JobStatus.TERMINATED])
+@pytest.mark.parametrize("status", [JobStatus.FINISHED, JobStatus.TERMINATED])
 def test_jobs_that_are_not_running_are_not_watched(beating, status):
     agent, clock = beating
     Job.objects.filter(pk=agent.job_id).update(status=status)
