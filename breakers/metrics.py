@@ -58,7 +58,7 @@ GROUP BY bucket ORDER BY bucket
 # The same row shape from the rollups: a bucket of whole steps groups the rollup rows whose first
 # step falls in it; extremes keep their steps, times are their rollup bucket's start.
 _ROLLUP_BUCKETS_SQL = f"""
-SELECT (first_step - %(origin)s) / %(width)s AS bucket,
+SELECT (first_step - %(origin)s) / %(width)s AS grid_bucket,
   min(ARRAY[min_value, min_step, date_part('epoch', bucket)]) FILTER (WHERE count > 0),
   max(ARRAY[max_value, max_step, date_part('epoch', bucket)]) FILTER (WHERE count > 0),
   sum(count), sum(total), sum(squares),
@@ -68,7 +68,7 @@ SELECT (first_step - %(origin)s) / %(width)s AS bucket,
 FROM {ROLLUPS}
 WHERE job_id = %(job)s AND name = %(name)s AND seconds = %(seconds)s
   AND first_step BETWEEN %(low)s AND %(high)s
-GROUP BY bucket ORDER BY bucket
+GROUP BY grid_bucket ORDER BY grid_bucket
 """
 
 _NAMES_SQL = f"""
