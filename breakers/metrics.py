@@ -29,7 +29,7 @@ from django.db.models import OuterRef, Subquery
 
 from breakers.detection.engine import RuleSpec
 from breakers.detection.rules import effective_rules
-from breakers.history.rollups import ROLLUPS
+from breakers.history.rollups import CURSORS, ROLLUPS
 from breakers.history.rollups import supported as rollups_supported
 from breakers.models import Command, MetricPoint
 from core.nonfinite import encode
@@ -52,6 +52,7 @@ SELECT (step - %(origin)s) / %(width)s AS bucket,
   min(ARRAY[step, date_part('epoch', time)]) FILTER (WHERE value = '-Infinity'::float8)
 FROM {TABLE}
 WHERE job_id = %(job)s AND name = %(name)s AND step BETWEEN %(low)s AND %(high)s
+  AND id > %(after)s
 GROUP BY bucket ORDER BY bucket
 """
 
@@ -123,15 +124,23 @@ def step_range(job_id: int, name: str) -> tuple[int, int] | None:
     return None if low is None else (int(low), int(high))
 
 
+_ONE_SERIES = "job_id = %(job)s AND name = %(name)s AND seconds = 60"
+
+
 def rollup_range(job_id: int, name: str) -> tuple[int, int] | None:
     """First and last step merged into the job's rollups of a series (None: none yet)."""
     if not rollups_supported():
         return None
     with connection.cursor() as cursor:
+        # Two probes of the (job, name, seconds, first_step) index, not a scan of the series:
+        # the last step is the newest bucket's (steps only go back on a resume, whose points
+        # then fill buckets up to it again).
         cursor.execute(
-            f"SELECT min(first_step), max(last_step) FROM {ROLLUPS} "
-            "WHERE job_id = %s AND name = %s AND seconds = 60",
-            [job_id, name],
+            f"SELECT (SELECT first_step FROM {ROLLUPS} WHERE {_ONE_SERIES} "
+            "ORDER BY first_step LIMIT 1), "
+            f"(SELECT last_step FROM {ROLLUPS} WHERE {_ONE_SERIES} "
+            "ORDER BY first_step DESC LIMIT 1)",
+            {"job": job_id, "name": name},
         )
         low, high = cursor.fetchone()
     return None if low is None else (int(low), int(high))
@@ -176,9 +185,10 @@ def fetch_buckets(
     low: int,
     high: int,
     seconds: int | None = None,
+    after: int = 0,
 ) -> list[Bucket]:
     """One grouped scan of the series between ``low`` and ``high`` (inclusive): of the raw
-    points, or with ``seconds`` of the rollups of that width."""
+    points (with an id above ``after``), or with ``seconds`` of the rollups of that width."""
     if connection.vendor != "postgresql":
         return _fetch_buckets_python(job_id, name, origin=origin, width=width, low=low, high=high)
     with transaction.atomic(), connection.cursor() as cursor:
@@ -188,6 +198,7 @@ def fetch_buckets(
             _BUCKETS_SQL if seconds is None else _ROLLUP_BUCKETS_SQL,
             {
                 "seconds": seconds,
+                "after": after,
                 "origin": origin,
                 "width": width,
                 "job": job_id,
@@ -318,25 +329,53 @@ def _rollup_width(job_id: int, name: str, low: int, high: int, buckets: int) -> 
     return None
 
 
+def _unrolled(job_id: int, name: str) -> tuple[int, int] | None:
+    """(the job's rollup cursor, the least step of the series' points above it): the raw points
+    not merged yet, found on the (job, id) index — a few seconds of ingest, not the series."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT c.cursor, (SELECT min(step) FROM {TABLE} WHERE job_id = %(job)s "
+            "AND name = %(name)s AND id > c.cursor) "
+            f"FROM {CURSORS} c WHERE c.job_id = %(job)s",
+            {"job": job_id, "name": name},
+        )
+        row = cursor.fetchone()
+    if row is None or row[1] is None:
+        return None
+    return int(row[0]), int(row[1])
+
+
 def _read_buckets(
     job_id: int, name: str, raw: tuple[int, int] | None, rolled: tuple[int, int] | None, **grid
 ) -> list[Bucket]:
     """Raw points when they cover the range finely enough; otherwise the rollups (beyond the
-    raw window, or more points than buckets asked), stitched to the raw tail not merged yet."""
+    raw window, or more points than buckets asked), joined by the raw points not merged yet
+    (above the rollup cursor: each point is read from exactly one of the two)."""
     low, high = grid["low"], grid["high"]
-    if rolled is None or grid["width"] == 1 and raw is not None and raw[0] <= low:
+    raw_covers = raw is not None and raw[0] <= low
+    if rolled is None or grid["width"] == 1 and raw_covers:
         return fetch_buckets(job_id, name, **grid)
     wanted = max(1, (high - low + 1) // grid["width"])
-    seconds = _rollup_width(job_id, name, low, min(high, rolled[1]), wanted)
-    if seconds is None and raw is not None and raw[0] <= low:
+    seconds = _rollup_width(job_id, name, low, high, wanted)
+    if seconds is None and raw_covers:
         return fetch_buckets(job_id, name, **grid)
-    rolled_part = fetch_buckets(
-        job_id, name, **{**grid, "high": min(high, rolled[1])}, seconds=seconds or 10
-    )
-    if raw is None or high <= rolled[1]:
+    rolled_part = fetch_buckets(job_id, name, **grid, seconds=seconds or 10)
+    pending = _unrolled(job_id, name)
+    if pending is None or pending[1] > high:
         return rolled_part
-    tail = fetch_buckets(job_id, name, **{**grid, "low": max(low, rolled[1] + 1)})
+    cursor, first = pending
+    tail = fetch_buckets(job_id, name, **{**grid, "low": max(low, first)}, after=cursor)
     return _merge_buckets(rolled_part, tail)
+
+
+def _drawn(point: tuple[int, float, float | str], edge: tuple[float, float] | None) -> tuple:
+    """(step, time, value as JSON, band lower, band upper) of one drawn point."""
+    step, epoch, value = point
+    finite = isinstance(value, float) and math.isfinite(value)
+    shown = encode(value) if isinstance(value, float) else value
+    if edge is None or not finite:
+        return step, round(epoch, 3), shown, None, None
+    return step, round(epoch, 3), shown, edge[0], edge[1]
 
 
 def series(
@@ -369,16 +408,17 @@ def series(
     )
     bands = band_for(buckets, rule) if rule is not None else {}
     shown = [b for b in buckets if b.index >= lookback]
-    steps, times, values, lower, upper = [], [], [], [], []
-    for bucket in shown:
-        edge = bands.get(bucket.index)
-        for step, epoch, value in bucket.points:
-            steps.append(step)
-            times.append(round(epoch, 3))
-            values.append(encode(value) if isinstance(value, float) else value)
-            finite = isinstance(value, float) and math.isfinite(value)
-            lower.append(edge[0] if edge and finite else None)
-            upper.append(edge[1] if edge and finite else None)
+    rows = sorted(
+        # Step order for the chart: raw buckets already are; rollup rows of two attempts (a
+        # resume went back in steps) overlap, and a row's extreme may sit past its bucket.
+        (_drawn(point, bands.get(bucket.index)) for bucket in shown for point in bucket.points),
+        key=lambda row: row[0],
+    )
+    steps = [row[0] for row in rows]
+    times = [row[1] for row in rows]
+    values = [row[2] for row in rows]
+    lower = [row[3] for row in rows]
+    upper = [row[4] for row in rows]
     band = None
     if rule is not None:
         band = {

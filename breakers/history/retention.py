@@ -34,7 +34,7 @@ DELETE FROM {POINTS} WHERE id IN (
       WHERE i.job_id = p.job_id AND p.step >= i.first_step - %(margin)s
         AND (i.status = ANY(%(active)s) OR i.resolved_at IS NULL OR p.time <= i.resolved_at)
     )
-  LIMIT %(batch)s
+  ORDER BY p.id LIMIT %(batch)s  -- oldest first: the (job, id) order is commit order
 )
 """
 

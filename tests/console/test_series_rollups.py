@@ -112,3 +112,21 @@ def test_the_loss_band_is_drawn_from_rollups_too(client, viewer):
     assert len(band["lower"]) == len(band["upper"]) == len(loss["steps"])
     drawn = [(lo, up) for lo, up in zip(band["lower"], band["upper"], strict=True) if lo]
     assert len(drawn) > 150 and all(lo < up for lo, up in drawn)
+
+
+def test_points_after_a_resume_to_an_earlier_step_show_before_they_are_merged(client, viewer):
+    long_run(viewer.job_id, 10_000)
+    rollups.roll_up_all()
+    resumed = [  # resumed from the checkpoint of step 9,000, an hour later: not merged yet
+        PointIn("loss", s, 80.0 if s == 9_100 else 1.0, T0 + timedelta(seconds=s + 3600), None)
+        for s in range(9_000, 9_500)
+    ]
+    store_points(viewer.job_id, resumed)
+    loss = get_loss(client, viewer.job_id, max_points=200)
+    by_step = dict(zip(loss["steps"], loss["values"], strict=True))
+    assert by_step[9_100] == 80.0 and by_step[7_777] == 50.0
+    assert loss["steps"] == sorted(loss["steps"])
+    rollups.roll_up_all()  # merged now: read from the rollups alone, still there, still in order
+    merged = get_loss(client, viewer.job_id, max_points=200)
+    assert dict(zip(merged["steps"], merged["values"], strict=True))[9_100] == 80.0
+    assert merged["steps"] == sorted(merged["steps"])
