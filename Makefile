@@ -48,7 +48,6 @@ bench: install
 	cd bench && $(TEST_ENV) ../$(BIN)/python evaluation.py
 	cd bench && $(TEST_ENV) ../$(BIN)/python brake.py
 	cd bench && $(TEST_ENV) ../$(BIN)/python page.py
-	cd bench && $(TEST_ENV) ../$(BIN)/python rollups.py
 	cd bench && $(TEST_ENV) ../$(BIN)/python sdk_overhead.py
 	cd bench && $(TEST_ENV) ../$(BIN)/python guard.py
 	cd bench && ../$(BIN)/python faults.py

@@ -29,8 +29,6 @@ from django.db.models import OuterRef, Subquery
 
 from breakers.detection.engine import RuleSpec
 from breakers.detection.rules import effective_rules
-from breakers.history.rollups import CURSORS, ROLLUPS
-from breakers.history.rollups import supported as rollups_supported
 from breakers.models import Command, MetricPoint
 from core.nonfinite import encode
 from incidents.models import Alert, Job, TimelineEntry, TimelineKind
@@ -52,24 +50,7 @@ SELECT (step - %(origin)s) / %(width)s AS bucket,
   min(ARRAY[step, date_part('epoch', time)]) FILTER (WHERE value = '-Infinity'::float8)
 FROM {TABLE}
 WHERE job_id = %(job)s AND name = %(name)s AND step BETWEEN %(low)s AND %(high)s
-  AND id > %(after)s
 GROUP BY bucket ORDER BY bucket
-"""
-
-# The same row shape from the rollups: a bucket of whole steps groups the rollup rows whose first
-# step falls in it; extremes keep their steps, times are their rollup bucket's start.
-_ROLLUP_BUCKETS_SQL = f"""
-SELECT (first_step - %(origin)s) / %(width)s AS grid_bucket,
-  min(ARRAY[min_value, min_step, date_part('epoch', bucket)]) FILTER (WHERE count > 0),
-  max(ARRAY[max_value, max_step, date_part('epoch', bucket)]) FILTER (WHERE count > 0),
-  sum(count), sum(total), sum(squares),
-  min(ARRAY[nan_step, date_part('epoch', bucket)]) FILTER (WHERE nan_count > 0),
-  min(ARRAY[pos_inf_step, date_part('epoch', bucket)]) FILTER (WHERE pos_inf_count > 0),
-  min(ARRAY[neg_inf_step, date_part('epoch', bucket)]) FILTER (WHERE neg_inf_count > 0)
-FROM {ROLLUPS}
-WHERE job_id = %(job)s AND name = %(name)s AND seconds = %(seconds)s
-  AND first_step BETWEEN %(low)s AND %(high)s
-GROUP BY grid_bucket ORDER BY grid_bucket
 """
 
 _NAMES_SQL = f"""
@@ -124,39 +105,6 @@ def step_range(job_id: int, name: str) -> tuple[int, int] | None:
     return None if low is None else (int(low), int(high))
 
 
-_ONE_SERIES = "job_id = %(job)s AND name = %(name)s AND seconds = 60"
-
-
-def rollup_range(job_id: int, name: str) -> tuple[int, int] | None:
-    """First and last step merged into the job's rollups of a series (None: none yet)."""
-    if not rollups_supported():
-        return None
-    with connection.cursor() as cursor:
-        # Two probes of the (job, name, seconds, first_step) index, not a scan of the series:
-        # the last step is the newest bucket's (steps only go back on a resume, whose points
-        # then fill buckets up to it again).
-        cursor.execute(
-            f"SELECT (SELECT first_step FROM {ROLLUPS} WHERE {_ONE_SERIES} "
-            "ORDER BY first_step LIMIT 1), "
-            f"(SELECT last_step FROM {ROLLUPS} WHERE {_ONE_SERIES} "
-            "ORDER BY first_step DESC LIMIT 1)",
-            {"job": job_id, "name": name},
-        )
-        low, high = cursor.fetchone()
-    return None if low is None else (int(low), int(high))
-
-
-def _rollup_rows(job_id: int, name: str, seconds: int, low: int, high: int, cap: int) -> int:
-    """How many rollup rows of a width the range holds, counted up to ``cap`` (bounded)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT count(*) FROM (SELECT 1 FROM {ROLLUPS} WHERE job_id = %s AND name = %s "
-            "AND seconds = %s AND first_step BETWEEN %s AND %s LIMIT %s) AS r",
-            [job_id, name, seconds, low, high, cap],
-        )
-        return int(cursor.fetchone()[0])
-
-
 def _bucket_from_row(row: tuple) -> Bucket:
     index, low, high, count, total, squares, nan, pos_inf, neg_inf = row
     points: dict[tuple[int, Any], tuple[int, float, float | str]] = {}
@@ -177,28 +125,17 @@ def _bucket_from_row(row: tuple) -> Bucket:
 
 
 def fetch_buckets(
-    job_id: int,
-    name: str,
-    *,
-    origin: int,
-    width: int,
-    low: int,
-    high: int,
-    seconds: int | None = None,
-    after: int = 0,
+    job_id: int, name: str, *, origin: int, width: int, low: int, high: int
 ) -> list[Bucket]:
-    """One grouped scan of the series between ``low`` and ``high`` (inclusive): of the raw
-    points (with an id above ``after``), or with ``seconds`` of the rollups of that width."""
+    """One grouped scan of the series between ``low`` and ``high`` (inclusive)."""
     if connection.vendor != "postgresql":
         return _fetch_buckets_python(job_id, name, origin=origin, width=width, low=low, high=high)
     with transaction.atomic(), connection.cursor() as cursor:
         # JIT compilation costs more than it saves on this one-pass aggregate (≈ +30 %).
         cursor.execute("SET LOCAL jit = off")
         cursor.execute(
-            _BUCKETS_SQL if seconds is None else _ROLLUP_BUCKETS_SQL,
+            _BUCKETS_SQL,
             {
-                "seconds": seconds,
-                "after": after,
                 "origin": origin,
                 "width": width,
                 "job": job_id,
@@ -292,92 +229,6 @@ def plan(low: int, high: int, max_points: int) -> int:
     return max(1, math.ceil((high - low + 1) / buckets))
 
 
-def _merge_buckets(first: list[Bucket], second: list[Bucket]) -> list[Bucket]:
-    """Buckets of two disjoint step ranges on the same grid (rollups, then the raw tail not
-    merged yet); a bucket present in both keeps the extremes and first markers of the two."""
-    merged = {b.index: b for b in first}
-    for bucket in second:
-        other = merged.get(bucket.index)
-        if other is None:
-            merged[bucket.index] = bucket
-            continue
-        points = other.points + bucket.points
-        finite = [p for p in points if isinstance(p[2], float) and math.isfinite(p[2])]
-        kept = set()
-        if finite:
-            kept |= {min(finite, key=lambda p: p[2]), max(finite, key=lambda p: p[2])}
-        for label in ("NaN", "Infinity", "-Infinity"):
-            hits = [p for p in points if p[2] == label]
-            if hits:
-                kept.add(min(hits))
-        merged[bucket.index] = Bucket(
-            index=bucket.index,
-            points=sorted(kept, key=lambda p: (p[0], p[1])),
-            count=other.count + bucket.count,
-            total=other.total + bucket.total,
-            squares=other.squares + bucket.squares,
-        )
-    return [merged[i] for i in sorted(merged)]
-
-
-def _rollup_width(job_id: int, name: str, low: int, high: int, buckets: int) -> int | None:
-    """The coarsest rollup width that still gives the ``buckets`` asked for in the range, or
-    None when even 10 s rollups are coarser (a zoom: raw points answer it if they exist)."""
-    for seconds in (60, 10):
-        if _rollup_rows(job_id, name, seconds, low, high, cap=buckets) >= buckets:
-            return seconds
-    return None
-
-
-def _unrolled(job_id: int, name: str) -> tuple[int, int] | None:
-    """(the job's rollup cursor, the least step of the series' points above it): the raw points
-    not merged yet, found on the (job, id) index — a few seconds of ingest, not the series."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT c.cursor, (SELECT min(step) FROM {TABLE} WHERE job_id = %(job)s "
-            "AND name = %(name)s AND id > c.cursor) "
-            f"FROM {CURSORS} c WHERE c.job_id = %(job)s",
-            {"job": job_id, "name": name},
-        )
-        row = cursor.fetchone()
-    if row is None or row[1] is None:
-        return None
-    return int(row[0]), int(row[1])
-
-
-def _read_buckets(
-    job_id: int, name: str, raw: tuple[int, int] | None, rolled: tuple[int, int] | None, **grid
-) -> list[Bucket]:
-    """Raw points when they cover the range finely enough; otherwise the rollups (beyond the
-    raw window, or more points than buckets asked), joined by the raw points not merged yet
-    (above the rollup cursor: each point is read from exactly one of the two)."""
-    low, high = grid["low"], grid["high"]
-    raw_covers = raw is not None and raw[0] <= low
-    if rolled is None or grid["width"] == 1 and raw_covers:
-        return fetch_buckets(job_id, name, **grid)
-    wanted = max(1, (high - low + 1) // grid["width"])
-    seconds = _rollup_width(job_id, name, low, high, wanted)
-    if seconds is None and raw_covers:
-        return fetch_buckets(job_id, name, **grid)
-    rolled_part = fetch_buckets(job_id, name, **grid, seconds=seconds or 10)
-    pending = _unrolled(job_id, name)
-    if pending is None or pending[1] > high:
-        return rolled_part
-    cursor, first = pending
-    tail = fetch_buckets(job_id, name, **{**grid, "low": max(low, first)}, after=cursor)
-    return _merge_buckets(rolled_part, tail)
-
-
-def _drawn(point: tuple[int, float, float | str], edge: tuple[float, float] | None) -> tuple:
-    """(step, time, value as JSON, band lower, band upper) of one drawn point."""
-    step, epoch, value = point
-    finite = isinstance(value, float) and math.isfinite(value)
-    shown = encode(value) if isinstance(value, float) else value
-    if edge is None or not finite:
-        return step, round(epoch, 3), shown, None, None
-    return step, round(epoch, 3), shown, edge[0], edge[1]
-
-
 def series(
     job: Job,
     name: str,
@@ -388,10 +239,7 @@ def series(
     rule: BandRule | None = None,
 ) -> dict[str, Any]:
     """One metric of a job between two steps (inclusive), downsampled; see the module doc."""
-    raw_bounds = step_range(job.pk, name)
-    rolled = rollup_range(job.pk, name)
-    known = [b for b in (raw_bounds, rolled) if b is not None]
-    bounds = (min(b[0] for b in known), max(b[1] for b in known)) if known else None
+    bounds = step_range(job.pk, name)
     empty = {"name": name, "bucket_steps": 1, "steps": [], "times": [], "values": []}
     if bounds is None:
         return {**empty, "band": None}
@@ -403,22 +251,19 @@ def series(
     # With a band, the buckets before `low` that hold its first baseline are read too.
     lookback = 0 if rule is None else math.ceil(rule.window / width) + 1
     origin = low - lookback * width
-    buckets = _read_buckets(
-        job.pk, name, raw_bounds, rolled, origin=origin, width=width, low=origin, high=high
-    )
+    buckets = fetch_buckets(job.pk, name, origin=origin, width=width, low=origin, high=high)
     bands = band_for(buckets, rule) if rule is not None else {}
     shown = [b for b in buckets if b.index >= lookback]
-    rows = sorted(
-        # Step order for the chart: raw buckets already are; rollup rows of two attempts (a
-        # resume went back in steps) overlap, and a row's extreme may sit past its bucket.
-        (_drawn(point, bands.get(bucket.index)) for bucket in shown for point in bucket.points),
-        key=lambda row: row[0],
-    )
-    steps = [row[0] for row in rows]
-    times = [row[1] for row in rows]
-    values = [row[2] for row in rows]
-    lower = [row[3] for row in rows]
-    upper = [row[4] for row in rows]
+    steps, times, values, lower, upper = [], [], [], [], []
+    for bucket in shown:
+        edge = bands.get(bucket.index)
+        for step, epoch, value in bucket.points:
+            steps.append(step)
+            times.append(round(epoch, 3))
+            values.append(encode(value) if isinstance(value, float) else value)
+            finite = isinstance(value, float) and math.isfinite(value)
+            lower.append(edge[0] if edge and finite else None)
+            upper.append(edge[1] if edge and finite else None)
     band = None
     if rule is not None:
         band = {

@@ -13,7 +13,6 @@ app.autodiscover_tasks(
     [
         "incidents.notifications",
         "breakers.detection",
-        "breakers.history",
         "breakers.control",
         "breakers.executors.slurm",
         "breakers.executors.traffic",
