@@ -249,19 +249,8 @@ def chart(
     if not steps:
         return None
     step_min, step_max = min(steps), max(steps)
-    anchors = [s for s, v in points if not math.isfinite(v)]
-    anchors += [s for s, _, kind in events if kind in ("alert_raised", "first_anomalous_point")]
-    view = healthy_range(points, anchors)
-    low, high = view if view else (0.0, 1.0)
-    if high == low:
-        low, high = low - (abs(low) * 0.1 or 0.5), high + (abs(high) * 0.1 or 0.5)
-    else:
-        air = (high - low) * 0.06
-        low, high = low - air, high + air
-    tick_values = _ticks(low, high, max(3, (height - 2 * pad) // 40))
-    step_size = tick_values[1] - tick_values[0] if len(tick_values) > 1 else None
-    labels = [format_number(v, step_size) for v in tick_values]
-    left = max(float(pad), max(len(t) for t in labels) * CHAR_PX + 10) if labels else float(pad)
+    low, high, viewed = _value_view(points, events)
+    tick_values, labels, left = _y_axis(low, high, height, pad)
     right = float(width - pad / 2)
     span = step_max - step_min or 1
 
@@ -275,8 +264,6 @@ def chart(
         value = min(high, max(low, value))  # beyond the view: on its edge, and marked
         return round(bottom - (bottom - top) * (value - low) / (high - low), 1)
 
-    above = [(s, v) for s, v in points if math.isfinite(v) and v > high]
-    below = [(s, v) for s, v in points if math.isfinite(v) and v < low]
     phone = None
     if phone_width is not None and width > phone_width:
         phone = chart(points, events, width=phone_width, height=height, metric=metric,
@@ -292,8 +279,8 @@ def chart(
         ),
         step_min=step_min,
         step_max=step_max,
-        value_min=low if view else None,
-        value_max=high if view else None,
+        value_min=low if viewed else None,
+        value_max=high if viewed else None,
         top=top,
         bottom=bottom,
         metric=metric,
@@ -301,11 +288,44 @@ def chart(
         right=right,
         y_ticks=tuple(Tick(y(v), t) for v, t in zip(tick_values, labels, strict=True)),
         x_ticks=_x_ticks(step_min, step_max, x, right - left),
-        clipped_above=_thin([x(s) for s, _ in above]),
-        clipped_below=_thin([x(s) for s, _ in below]),
-        clipped_max=max((v for _, v in above), default=None),
-        clipped_min=min((v for _, v in below), default=None),
+        **_clipped(points, low, high, x),
     )
+
+
+def _clipped(points: Sequence[tuple[int, float]], low: float, high: float, x) -> dict:
+    """The points beyond the view, drawn on its edges: where (thinned) and how far they went."""
+    above = [(s, v) for s, v in points if math.isfinite(v) and v > high]
+    below = [(s, v) for s, v in points if math.isfinite(v) and v < low]
+    return {
+        "clipped_above": _thin([x(s) for s, _ in above]),
+        "clipped_below": _thin([x(s) for s, _ in below]),
+        "clipped_max": max((v for _, v in above), default=None),
+        "clipped_min": min((v for _, v in below), default=None),
+    }
+
+
+def _value_view(
+    points: Sequence[tuple[int, float]], events: Sequence[tuple[int, str, str]]
+) -> tuple[float, float, bool]:
+    """The y range drawn: the healthy values with a little air (the anomaly's run-up left out),
+    and whether there were healthy values at all (otherwise a unit range, not a claim)."""
+    anchors = [s for s, v in points if not math.isfinite(v)]
+    anchors += [s for s, _, kind in events if kind in ("alert_raised", "first_anomalous_point")]
+    view = healthy_range(points, anchors)
+    low, high = view if view else (0.0, 1.0)
+    if high == low:
+        return low - (abs(low) * 0.1 or 0.5), high + (abs(high) * 0.1 or 0.5), view is not None
+    air = (high - low) * 0.06
+    return low - air, high + air, view is not None
+
+
+def _y_axis(low: float, high: float, height: int, pad: int) -> tuple[list[float], list[str], float]:
+    """The y ticks, their labels, and the plot's left edge: wide enough for the longest label."""
+    tick_values = _ticks(low, high, max(3, (height - 2 * pad) // 40))
+    step_size = tick_values[1] - tick_values[0] if len(tick_values) > 1 else None
+    labels = [format_number(v, step_size) for v in tick_values]
+    left = max(float(pad), max(len(t) for t in labels) * CHAR_PX + 10) if labels else float(pad)
+    return tick_values, labels, left
 
 
 def _x_ticks(step_min: int, step_max: int, x, room: float) -> tuple[Tick, ...]:

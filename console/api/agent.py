@@ -68,6 +68,28 @@ def check_content_type(header: str) -> None:
             )
 
 
+def read_json_body(request: Request, too_large_message: str, typed: bool = True) -> bytes:
+    """A JSON request body within ``AGENT_MAX_BATCH_BYTES``, read only when its declared
+    length allows (a 413 naming ``body`` otherwise); ``typed``: check the Content-Type first.
+    ``too_large_message`` may name the ``{limit}``."""
+    if typed:
+        check_content_type(request.META.get("CONTENT_TYPE", ""))
+    limit = settings.AGENT_MAX_BATCH_BYTES
+    too_large = PayloadTooLarge(
+        too_large_message.format(limit=limit), fields={"body": f"at most {limit} bytes"}
+    )
+    declared = request.META.get("CONTENT_LENGTH") or "0"
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    try:
+        body = request.body
+    except RequestDataTooBig:
+        raise too_large from None
+    if len(body) > limit:
+        raise too_large
+    return body
+
+
 class AgentView(APIView):
     authentication_classes = [AgentTokenAuthentication]
     permission_classes = [IsAuthenticated]
@@ -85,23 +107,12 @@ class AgentView(APIView):
         """The request body, read only now: after authentication, permission and the rate
         limit (DRF's ``initial``), and only when it is JSON within the byte limit."""
         declared = request.META.get("CONTENT_LENGTH") or "0"
-        if declared != "0" or request.META.get("CONTENT_TYPE"):
-            # An empty body carries no type: it is refused as malformed JSON below.
-            check_content_type(request.META.get("CONTENT_TYPE", ""))
-        limit = settings.AGENT_MAX_BATCH_BYTES
-        too_large = PayloadTooLarge(
-            f"A request body holds at most {limit} bytes. Split the batch.",
-            fields={"body": f"at most {limit} bytes"},
+        # An empty body carries no type: it is refused as malformed JSON later.
+        return read_json_body(
+            request,
+            "A request body holds at most {limit} bytes. Split the batch.",
+            typed=declared != "0" or bool(request.META.get("CONTENT_TYPE")),
         )
-        if declared.isdigit() and int(declared) > limit:
-            raise too_large
-        try:
-            body = request.body
-        except RequestDataTooBig:
-            raise too_large from None
-        if len(body) > limit:
-            raise too_large
-        return body
 
 
 class MetricsView(AgentView):

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
-from django.core.exceptions import RequestDataTooBig
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers
@@ -21,12 +19,12 @@ from breakers.models import ExternalAlert, ExternalAlertStatus
 from breakers.monitoring.alertmanager import PayloadError, parse_webhook
 from breakers.monitoring.receiver import authenticate_integration, receive_alertmanager
 from breakers.monitoring.tokens import issue_integration_token, revoke_integration_token
-from console.api.agent import RawJSONParser, check_content_type
+from console.api.agent import RawJSONParser, read_json_body
 from console.api.agent_auth import required_bearer_token
 from console.api.agent_schema import ErrorDoc
 from console.api.alerts import limit_param
 from console.api.person_auth import PersonView, audit_context, error_responses
-from core.errors import InvalidInput, PayloadTooLarge
+from core.errors import InvalidInput
 from incidents.models import Team
 from incidents.teams.access import visible_team_ids
 
@@ -122,21 +120,7 @@ class AlertmanagerWebhookView(APIView):
 
 
 def _body(request: Request) -> bytes:
-    check_content_type(request.META.get("CONTENT_TYPE", ""))
-    limit = settings.AGENT_MAX_BATCH_BYTES
-    too_large = PayloadTooLarge(
-        f"A webhook body holds at most {limit} bytes.", fields={"body": f"at most {limit} bytes"}
-    )
-    declared = request.META.get("CONTENT_LENGTH") or "0"
-    if declared.isdigit() and int(declared) > limit:
-        raise too_large
-    try:
-        body = request.body
-    except RequestDataTooBig:
-        raise too_large from None
-    if len(body) > limit:
-        raise too_large
-    return body
+    return read_json_body(request, "A webhook body holds at most {limit} bytes.")
 
 
 def _parse(body: bytes):

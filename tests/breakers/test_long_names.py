@@ -62,11 +62,7 @@ def test_fit_keeps_a_readable_prefix():
 
 
 @pytest.fixture
-def on_call(agent, receiver, settings):
-    settings.NOTIFY_PROVIDER_BASE_URL = receiver.url + "/2010-04-01/Accounts/AC1"
-    settings.NOTIFY_PROVIDER_ACCOUNT_SID = "AC1"
-    settings.NOTIFY_PROVIDER_AUTH_TOKEN = "secret"
-    settings.NOTIFY_PROVIDER_FROM_NUMBER = "+15550000000"
+def on_call(agent, sms_provider, receiver, settings):
     job = Job.objects.get(pk=agent.job_id)
     alice = get_user_model().objects.create(username="alice", email="alice@example.org")
     Membership.objects.create(user=alice, team=job.team, role="oncall")

@@ -59,11 +59,7 @@ def nan_signal(severity: str = "L3") -> AlertSignal:
 
 
 @pytest.fixture
-def team(receiver, settings):
-    settings.NOTIFY_PROVIDER_BASE_URL = receiver.url + "/2010-04-01/Accounts/AC1"
-    settings.NOTIFY_PROVIDER_ACCOUNT_SID = "AC1"
-    settings.NOTIFY_PROVIDER_AUTH_TOKEN = "secret"
-    settings.NOTIFY_PROVIDER_FROM_NUMBER = "+15550000000"
+def team(sms_provider, receiver, settings):
     settings.BRAKELINE_PUBLIC_URL = "https://brakeline.example"
     job = create_job("research", "llama-7b", "training").job
     users = get_user_model().objects

@@ -58,12 +58,8 @@ def signal(rule_key: str = "loss-nan", node: str = "", severity: str = "L3") -> 
 
 
 @pytest.fixture
-def paging(receiver, settings):
+def paging(sms_provider, receiver, settings):
     """A team whose L3 reaches its on-call (alice) by chat and phone, and a manager (bob)."""
-    settings.NOTIFY_PROVIDER_BASE_URL = receiver.url + "/2010-04-01/Accounts/AC1"
-    settings.NOTIFY_PROVIDER_ACCOUNT_SID = "AC1"
-    settings.NOTIFY_PROVIDER_AUTH_TOKEN = "secret"
-    settings.NOTIFY_PROVIDER_FROM_NUMBER = "+15550000000"
     created = create_job("research", "llama-7b", "training")
     job = created.job
     users = get_user_model().objects

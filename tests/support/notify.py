@@ -80,6 +80,16 @@ def receiver() -> Iterator[Receiver]:
         thread.join(timeout=5)
 
 
+@pytest.fixture
+def sms_provider(receiver: Receiver, settings) -> Receiver:
+    """The SMS/voice provider's API pointed at ``receiver`` (a real HTTP server on 127.0.0.1)."""
+    settings.NOTIFY_PROVIDER_BASE_URL = receiver.url + "/2010-04-01/Accounts/AC1"
+    settings.NOTIFY_PROVIDER_ACCOUNT_SID = "AC1"
+    settings.NOTIFY_PROVIDER_AUTH_TOKEN = "secret"
+    settings.NOTIFY_PROVIDER_FROM_NUMBER = "+15550000000"
+    return receiver
+
+
 @dataclass
 class Mailbox:
     host: str
