@@ -18,6 +18,10 @@ from typing import Any
 from tests.conftest import ROOT, server_environment, wait_for_port
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
+# The deadlines below are written for a quiet machine and stretched by this factor: a training
+# subprocess that imports torch on a loaded 2-core machine can take a minute to reach its first
+# step. Waiting longer costs only a failing test's time; a process that dies fails at once.
+PATIENCE = float(os.environ.get("BRAKELINE_TEST_PATIENCE", "4"))
 
 
 def training_environment(url: str | None, token: str | None) -> dict[str, str]:
@@ -65,11 +69,11 @@ class Training:
 
     def wait(self, timeout: float) -> int:
         try:
-            return self.process.wait(timeout=timeout)
+            return self.process.wait(timeout=timeout * PATIENCE)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
-            message = f"{self.name} still running after {timeout} s:\n{self.tail()}"
+            message = f"{self.name} still running after {timeout * PATIENCE} s:\n{self.tail()}"
             raise AssertionError(message) from None
 
     def tail(self, lines: int = 40) -> str:
@@ -160,7 +164,7 @@ def wait_for(
     predicate: Callable[[], Any], what: str, timeout: float = 90.0, training: Training | None = None
 ) -> Any:
     """Poll until predicate() is truthy; a training process that died fails at once."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout * PATIENCE
     while time.monotonic() < deadline:
         result = predicate()
         if result:
@@ -172,7 +176,7 @@ def wait_for(
             )
         time.sleep(0.05)
     raise AssertionError(
-        f"still waiting after {timeout:.0f} s for {what}"
+        f"still waiting after {timeout * PATIENCE:.0f} s for {what}"
         + (f"\n{training.tail()}" if training else "")
     )
 
