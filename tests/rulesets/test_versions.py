@@ -150,3 +150,41 @@ def test_versions_are_append_only_for_the_model_the_queryset_and_the_database(cr
             cursor.execute(statement, [version.pk])
     version.refresh_from_db()
     assert (version.why, RuleSetVersion.objects.count()) == (rulesets.FIRST_RECORDED, 1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_admins_saving_at_once_get_consecutive_versions_each_with_its_own_diff():
+    """The team's row lock serialises them: v2 and v3, the second diffed against the first."""
+    import threading
+
+    from breakers.detection.rules import install_default_pack
+    from tests.support.authz import make_member, make_scene
+
+    install_default_pack()
+    crew = make_scene()
+    ana, bo = make_member(crew.team, "admin"), make_member(crew.team, "admin")
+    rulesets.current_version(crew.team)
+    start, errors = threading.Barrier(2), []
+
+    def save(user, key):
+        try:
+            start.wait(timeout=30)
+            rulesets.change_rules(user, crew.team.pk, f"{key} off", disable(key))
+        except Exception as error:  # re-raised below, in the test's thread
+            errors.append(error)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=save, args=(ana, "loss-deviation")),
+               threading.Thread(target=save, args=(bo, "loss-rising"))]  # fmt: skip
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert errors == []
+    v2, v3 = RuleSetVersion.objects.filter(team=crew.team, number__gt=1).order_by("number")
+    assert (v2.number, v3.number) == (2, 3)
+    assert len(rulesets.describe_lines(v2)) == len(rulesets.describe_lines(v3)) == 1
+    assert {v2.summary, v3.summary} == {"loss-deviation changed", "loss-rising changed"}
+    assert v3.snapshot["rules"]["loss-deviation"]["enabled"] is False
+    assert v3.snapshot["rules"]["loss-rising"]["enabled"] is False
