@@ -4,6 +4,7 @@ from django import forms
 from django.contrib import admin
 
 from breakers.detection import ruleset_core, rulesets
+from breakers.detection.engine import RuleSpec
 from breakers.models import EvaluationState, Rule
 from incidents.teams.audit import AuditContext
 
@@ -41,11 +42,24 @@ class RuleAdminForm(forms.ModelForm):
             raise forms.ValidationError("Nothing changed.")
         try:
             defaults = {r.key: rulesets.row_fields(r) for r in Rule.objects.filter(team=None)}
-            ruleset_core.apply_changes(defaults, {}, ruleset_core.parse_changes([change]))
+            after = ruleset_core.apply_changes(defaults, {}, ruleset_core.parse_changes([change]))
         except ruleset_core.ChangeError as error:
             name = error.field.rsplit(".", 1)[-1]
             self.add_error(name if name in self.fields else None, str(error))
+            return data
+        if (
+            change["op"] == "update"
+            and _normalised(defaults[change["key"]]) == after[change["key"]]
+        ):
+            raise forms.ValidationError("Nothing changed.")  # the service would version nothing
         return data
+
+
+def _normalised(fields: dict[str, Any]) -> dict[str, Any] | None:
+    try:
+        return RuleSpec.from_dict(fields).to_dict()
+    except (ValueError, TypeError):  # a row broken behind the admin's back: any fix is a change
+        return None
 
 
 @admin.register(Rule)

@@ -94,6 +94,10 @@ def test_the_django_admin_edits_the_default_pack_through_the_service(crew, admin
     url = f"/admin/breakers/rule/{row.pk}/change/"
     assert b"This field is required" in admin_client.post(url, form).content  # no why
     assert admin_client.post(url, {**form, "why": "pack 2027.1"}).status_code == 302
+    again = admin_client.post(url, {**form, "why": "once more"})  # the same values: no version
+    assert again.status_code == 200 and b"Nothing changed." in again.content
+    refused = admin_client.post(url, {**form, "why": "x", "params": '{"window": 0}'})
+    assert refused.status_code == 200 and b"window must be" in refused.content
     version = rulesets.current_version(crew.team)
     assert (version.why, version.actor.username) == ("pack 2027.1", "admin")
     assert rulesets.describe_lines(version)[0].startswith("loss-rising: params.min_rise_se")
