@@ -122,6 +122,7 @@ class RuleSetView(PersonView):
         responses={201: RuleSetOut, **error_responses(400, 401, 403, 404)},
     )
     def post(self, request: Request, pk: int) -> Response:
+        team = _team(request, pk)  # another team's id is a 404 whatever the body
         data = request.data if isinstance(request.data, dict) else None
         if data is None:
             raise InvalidInput("The body is an object {why, changes}.", fields={"body": "object"})
@@ -130,9 +131,10 @@ class RuleSetView(PersonView):
             name = sorted(map(str, unknown))[0]
             raise InvalidInput(f"Unknown field {name!r}.", fields={name: "unknown field"})
         rulesets.change_rules(
-            request.user, pk, data.get("why"), data.get("changes"), context=audit_context(request)
-        )
-        return Response(_ruleset(_team(request, pk)), status=201)
+            request.user, team.pk, data.get("why"), data.get("changes"),
+            context=audit_context(request),
+        )  # fmt: skip
+        return Response(_ruleset(team), status=201)
 
 
 class VersionListView(PersonView):

@@ -58,6 +58,7 @@ def test_another_teams_rules_are_not_found(crew):
     assert stranger.get(rules_url(crew)).status_code == 404
     refused = stranger.post(rules_url(crew), {"why": "mine", "changes": disable()})
     assert refused.status_code == 404 and not Rule.objects.filter(team=crew.team).exists()
+    assert stranger.post(rules_url(crew), {"force": True}).status_code == 404
 
 
 SPIKE = {"name": "x", "layer": "stability", "metric": "grad_norm", "detector": "threshold",
