@@ -161,3 +161,26 @@ class NodeDrainAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None) -> bool:
         return False
+
+
+# --- Rule set versions (issue 19) -----------------------------------------------------------
+
+from breakers.models import RuleSetVersion  # noqa: E402
+
+
+@admin.register(RuleSetVersion)
+class RuleSetVersionAdmin(admin.ModelAdmin):
+    """Read-only: versions are append-only records (the database refuses edits anyway)."""
+
+    list_display = ["team", "number", "created_at", "actor", "summary"]
+    list_filter = ["team"]
+    search_fields = ["why", "summary"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False

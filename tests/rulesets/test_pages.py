@@ -110,6 +110,11 @@ def test_the_django_admin_edits_the_default_pack_through_the_service(crew, admin
         == 403
     )  # read-only here
     assert admin_client.post(f"/admin/breakers/rule/{row.pk}/delete/").status_code == 403
+    listed = admin_client.get("/admin/breakers/rulesetversion/")
+    assert listed.status_code == 200 and b"loss-rising changed" in listed.content
+    assert (
+        admin_client.post(f"/admin/breakers/rulesetversion/{version.pk}/delete/").status_code == 403
+    )
 
 
 def test_the_drill_schedule_is_due_once_per_team_and_period(crew, monkeypatch, settings):
