@@ -52,6 +52,8 @@ PERIODIC: tuple[Periodic, ...] = (
              why="notification rounds that are due (a safety net for lost ETA tasks)"),
     Periodic("notification-sweeper", "notifications.sweep_deliveries", every=10.0, expires=9,
              why="re-queue deliveries whose lease ran out (a worker died mid-send, a lost task)"),
+    Periodic("drill-schedule", "rulesets.schedule_drills", at=crontab(minute=17),
+             why="each team's drill set, once per BRAKELINE_DRILL_INTERVAL_SECONDS (monthly)"),
     Periodic("notification-digest", "notifications.daily_digest", at=crontab(hour=8, minute=0),
              why="e-mail each team's performance findings of the last 24 h"),
 )  # fmt: skip

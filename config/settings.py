@@ -473,6 +473,9 @@ INFERENCE_DRAIN_SECONDS = _env_seconds("BRAKELINE_INFERENCE_DRAIN_SECONDS", 30.0
 # default until a step time has been measured.
 HEARTBEAT_TIMEOUT_FLOOR_SECONDS = _env_seconds("BRAKELINE_HEARTBEAT_FLOOR_SECONDS", 10.0)
 HEARTBEAT_TIMEOUT_DEFAULT_SECONDS = _env_seconds("BRAKELINE_HEARTBEAT_DEFAULT_SECONDS", 60.0)
+# Fire drills: each team's full drill set is due once per this period (default 30 days), on the
+# beat (breakers.detection.rulesets.due_drills).
+DRILL_INTERVAL_SECONDS = _env_seconds("BRAKELINE_DRILL_INTERVAL_SECONDS", 30 * 86400.0)
 # An escalation request nobody decides within this long expires (the next manager is told).
 ESCALATION_DECISION_SECONDS = _env_seconds("BRAKELINE_ESCALATION_DECISION_SECONDS", 15 * 60.0)
 

@@ -7,7 +7,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from console import metrics_endpoint, monitoring_views, review_views, snapshot_views, views
-from console.pages import lists, teams
+from console.pages import lists, rules, teams
 
 urlpatterns = [
     path("", include("console.api.urls")),
@@ -28,6 +28,7 @@ urlpatterns = [
     path("metrics", metrics_endpoint.metrics, name="metrics"),
     path("teams/", teams.teams_page, name="teams-page"),
     path("teams/<int:pk>/paging/", teams.paging_page, name="team-paging"),
+    path("teams/<int:pk>/rules/", rules.rules_page, name="team-rules-page"),
     path("silences/", lists.silences_page, name="silences-page"),
     path("incidents/", lists.incidents_page, name="incidents-page"),
     path("audit/", lists.audit_page, name="audit-page"),

@@ -19,7 +19,7 @@ from celery import shared_task
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
-from breakers.detection import evaluation
+from breakers.detection import evaluation, rulesets
 from incidents.models import Job, JobStatus
 
 log = logging.getLogger(__name__)
@@ -136,3 +136,18 @@ def tick_job(job_id: int) -> int:
     """Evaluate pending points, then judge the time-based detectors now."""
     _release("tick", job_id)
     return fail_safe(job_id, tick_at=time.time())
+
+
+@shared_task(name="rulesets.schedule_drills", acks_late=True, ignore_result=True)
+def schedule_drills() -> int:
+    """Beat (hourly): the teams' drill sets that are due (``rulesets.due_drills``).
+
+    Idempotent by construction: each due set carries a key per team, version and period, so
+    the hourly runs of one period, a retry or two beats name the same drill set.
+    For the lead, at merge: start each with the drills package's
+    ``start_drill(team_id, scenarios, ruleset_version=..., idempotency_key=...)``, which runs
+    it once per key and pages on a failure (issue 19, part 2)."""
+    due = rulesets.due_drills()
+    for drill in due:
+        log.info("drill set due: %s %s", drill.idempotency_key, ", ".join(drill.scenarios))
+    return len(due)

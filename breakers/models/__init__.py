@@ -29,6 +29,7 @@ from breakers.models.monitoring import (  # noqa: F401
     ExternalAlertStatus,
     IntegrationToken,
 )
+from breakers.models.rulesets import RuleSetVersion  # noqa: F401
 from breakers.models.scheduler import (  # noqa: F401
     ExecutorKind,
     NodeDrain,
@@ -65,4 +66,5 @@ __all__ = [
     "REPLICA_TRANSITIONS",
     "InferenceReplica",
     "ReplicaStatus",
+    "RuleSetVersion",
 ]

@@ -16,6 +16,7 @@ from console.api import (
     nodes,
     notifications,
     reviews,
+    rules,
     series,
     silences,
     snapshots,
@@ -171,6 +172,17 @@ team_routes = [
         f"{V1}/teams/<int:pk>/test-notification",
         notifications.TestNotificationView.as_view(),
         name="team-test-notification",
+    ),
+    path(f"{V1}/teams/<int:pk>/rules", rules.RuleSetView.as_view(), name="team-rules"),
+    path(
+        f"{V1}/teams/<int:pk>/rules/versions",
+        rules.VersionListView.as_view(),
+        name="team-rule-versions",
+    ),
+    path(
+        f"{V1}/teams/<int:pk>/rules/versions/<int:number>",
+        rules.VersionView.as_view(),
+        name="team-rule-version",
     ),
 ]
 

@@ -121,6 +121,13 @@ def silence(scene: Scene, level: str | None) -> Call:
     return Call("post", "/api/v1/silences", body)
 
 
+def edit_rules(scene: Scene, level: str | None) -> Call:
+    change = {"op": "create", "key": "grad-spike", "fields": {
+        "name": "Grad norm spike", "layer": "stability", "metric": "grad_norm",
+        "detector": "threshold", "params": {"above": 100.0}}}  # fmt: skip
+    return Call("post", f"/api/v1/teams/{scene.team.pk}/rules", {"why": "x", "changes": [change]})
+
+
 # action → (how to make the call at a level, the levels the API can express for it)
 CASES: dict[Action, tuple[Callable[[Scene, str | None], Call], tuple]] = {
     Action.VIEW: (view, LEVELS),
@@ -142,13 +149,14 @@ CASES: dict[Action, tuple[Callable[[Scene, str | None], Call], tuple]] = {
     Action.MANAGE_SHIFTS: (shifts, (None,)),
     # Silences concern no alert either.
     Action.MANAGE_SILENCES: (silence, (None,)),
+    # Rules concern no alert.
+    Action.EDIT_RULES: (edit_rules, (None,)),
 }
 # Actions of later issues (reviews, job creation by API, rules, drills, members, channels):
 # they have no endpoint yet. When one gets an endpoint, it must join CASES.
 NO_ENDPOINT_YET = {
     Action.EDIT_REVIEW,
     Action.CREATE_JOB,
-    Action.EDIT_RULES,
     Action.RUN_DRILL,
     Action.MANAGE_MEMBERS,
     Action.MANAGE_NOTIFICATIONS,
