@@ -7,7 +7,7 @@ import pytest
 from playwright.sync_api import expect
 
 from breakers.detection.rules import install_default_pack
-from incidents.models import Alert, Incident, Role
+from incidents.models import Alert, Incident, Job, Role
 from tests.console.browser.conftest import SCREENSHOTS
 from tests.console.browser.test_live_console import in_thread, loss
 
@@ -36,6 +36,9 @@ def test_every_page_fits_a_phone_and_oncall_can_act_one_handed(
     command = agent.wait_for_command("checkpoint_and_pause", 200)
     agent.ack_checkpoint(command, 200)
     running = scripted_agent(name="vit-huge-finetune")
+    # Its one heartbeat must outlast the screenshots of every page on a loaded machine: the Pause
+    # tapped at the end is for a running job, not one the watchdog has since found silent.
+    in_thread(lambda: Job.objects.filter(pk=running.job_id).update(heartbeat_timeout_seconds=3600))
     running.heartbeat(5)
     people("ana", "vision", Role.ADMIN)
     incident = in_thread(lambda: Incident.objects.get(job_id=agent.job_id))
