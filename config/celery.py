@@ -13,6 +13,7 @@ app.autodiscover_tasks(
     [
         "incidents.notifications",
         "breakers.detection",
+        "breakers.storage",
         "breakers.control",
         "breakers.executors.slurm",
         "breakers.executors.traffic",

@@ -52,6 +52,10 @@ PERIODIC: tuple[Periodic, ...] = (
              why="notification rounds that are due (a safety net for lost ETA tasks)"),
     Periodic("notification-sweeper", "notifications.sweep_deliveries", every=10.0, expires=9,
              why="re-queue deliveries whose lease ran out (a worker died mid-send, a lost task)"),
+    Periodic("metric-rollups", "storage.roll_up", every=10.0, expires=9,
+             why="merge new metric points into their 10 s / 1 min rollups per rank"),
+    Periodic("metric-retention", "storage.prune", every=300.0, expires=240,
+             why="delete raw points past the raw window (never around incidents), old rollups"),
     Periodic("notification-digest", "notifications.daily_digest", at=crontab(hour=8, minute=0),
              why="e-mail each team's performance findings of the last 24 h"),
 )  # fmt: skip

@@ -21,6 +21,8 @@ from breakers.models.metrics import (  # noqa: F401
     EvaluationState,
     MetricBatch,
     MetricPoint,
+    MetricRollup,
+    RollupCursor,
     Rule,
 )
 from breakers.models.monitoring import (  # noqa: F401
@@ -44,6 +46,8 @@ from breakers.models.snapshots import (  # noqa: F401
 __all__ = [
     "MetricBatch",
     "MetricPoint",
+    "MetricRollup",
+    "RollupCursor",
     "Rule",
     "EvaluationState",
     "CommandKind",
