@@ -119,12 +119,16 @@ def test_small_batches_give_the_same_rollups_as_one(make_agent):
 
 
 def test_the_beat_runs_both_tasks_by_their_names_behind_the_evaluations(settings):
+    # Not app.loader.import_default_modules(): before the session's in-thread worker starts it
+    # would build Celery's Django worker fixup with the production CELERY_DB_REUSE_MAX, and the
+    # worker would then keep its connections across tests (the hang tests/conftest.py guards).
+    from breakers.storage import tasks
     from config.celery import app
     from config.schedule import PERIODIC
 
     names = {"storage.roll_up", "storage.prune"}
     assert names <= {entry.task for entry in PERIODIC}
-    app.loader.import_default_modules()
+    assert {tasks.roll_up.name, tasks.prune.name} == names
     assert names <= set(app.tasks)
     assert {settings.CELERY_TASK_ROUTES[n]["queue"] for n in names} == {settings.TICK_QUEUE}
 
