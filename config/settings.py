@@ -367,6 +367,7 @@ CELERY_TASK_ROUTES = {
     # Housekeeping of metric storage: behind every evaluation, never ahead of a brake.
     "storage.roll_up": {"queue": TICK_QUEUE},
     "storage.prune": {"queue": TICK_QUEUE},
+    "pace.check_stragglers": {"queue": TICK_QUEUE},
 }
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": 300,

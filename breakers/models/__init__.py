@@ -22,6 +22,7 @@ from breakers.models.metrics import (  # noqa: F401
     MetricBatch,
     MetricPoint,
     MetricRollup,
+    RankPaceHistory,
     RollupCursor,
     Rule,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "MetricBatch",
     "MetricPoint",
     "MetricRollup",
+    "RankPaceHistory",
     "RollupCursor",
     "Rule",
     "EvaluationState",

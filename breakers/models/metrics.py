@@ -239,3 +239,21 @@ class RollupCursor(models.Model):
 
     def __str__(self) -> str:
         return f"rollups of job {self.job_id} up to point {self.cursor}"
+
+
+class RankPaceHistory(models.Model):
+    """A rank's usual step time, learnt by ``breakers.pace.checks`` at each straggler check (a
+    slow moving average of the heartbeats' step time, not fed while the rank is flagged), and
+    whether it is flagged as a straggler now. One row per job and rank."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="+", db_index=False)
+    rank = models.IntegerField()
+    usual_step_time = models.FloatField(default=0.0)
+    samples = models.IntegerField(default=0)
+    flagged = models.BooleanField(default=False)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "rank"], name="rank_pace_once")]
+
+    def __str__(self) -> str:
+        return f"pace of rank {self.rank} of job {self.job_id}"
