@@ -213,8 +213,12 @@ class MetricRollup(models.Model):
             ),
         ]
         indexes = [
-            # a chart's read: one series at one width (one rank, or all ranks), by step
+            # a chart's read: one series at one width across every rank (the spread), by step
             models.Index(fields=["job", "name", "seconds", "first_step"], name="rollup_series"),
+            # ... and one rank's line, without reading the other ranks' rows
+            models.Index(
+                fields=["job", "name", "seconds", "rank", "first_step"], name="rollup_rank_series"
+            ),
             # retention: the oldest buckets first
             models.Index(fields=["bucket"], name="rollup_bucket"),
         ]

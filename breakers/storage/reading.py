@@ -77,8 +77,10 @@ def _unmerged(job_id: int, name: str) -> tuple[int, int | None]:
     not merged yet, found on the (job, id) index — seconds of ingest, not the series."""
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT c.cursor, (SELECT min(step) FROM {TABLE} WHERE job_id = %(job)s "
-            "AND name = %(name)s AND id > c.cursor) "
+            # OFFSET 0 keeps min() from becoming "walk the series in step order until an id
+            # above the cursor", which scans the whole series when there is none (1 s at 1M).
+            f"SELECT c.cursor, (SELECT min(step) FROM (SELECT step FROM {TABLE} "
+            "WHERE job_id = %(job)s AND id > c.cursor AND name = %(name)s OFFSET 0) AS tail) "
             f"FROM {CURSORS} c WHERE c.job_id = %(job)s",
             {"job": job_id, "name": name},
         )
