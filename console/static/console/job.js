@@ -157,7 +157,8 @@
     let view = null;
     if (state.y === "healthy") {
       g.meta.forEach(function (m, c) {
-        if (m.kind !== "value" || m.name.indexOf("nonfinite.") === 0) return;  // counts: all of them
+        const drawnAsLine = m.kind === "value" || m.kind === "ranks-low" || m.kind === "ranks-high" || m.kind === "rank";
+        if (!drawnAsLine || m.name.indexOf("nonfinite.") === 0) return;  // counts: all of them
         const r = M.healthyRange(g.raw[0], g.raw[c + 1], g.anchors);
         if (r) view = view ? { min: Math.min(view.min, r.min), max: Math.max(view.max, r.max) } : r;
       });
