@@ -79,7 +79,7 @@ def copy_rate(job_id: int, points: list, size: int, clients: int, seconds: float
     db = settings.DATABASES["default"]
     dsn = f"host={db['HOST']} port={db['PORT'] or 5432} user={db['USER']} dbname={db['NAME']}"
     now = timezone.now()
-    rows = [(job_id, p["name"], p["step"], now, p["value"], p["node"]) for p in points]
+    rows = [(job_id, p["name"], p["step"], now, p["value"], p["node"], 0) for p in points]
     stop_at = time.monotonic() + seconds
     counts = [0] * clients
 

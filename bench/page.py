@@ -49,7 +49,15 @@ def big_job():
     with transaction.atomic(), connection.cursor() as cursor:
         for name in NAMES:
             rows = (
-                (job.pk, name, s, start + timedelta(seconds=s * 0.5), 2.0 + (s % 97) * 1e-3, None)
+                (
+                    job.pk,
+                    name,
+                    s,
+                    start + timedelta(seconds=s * 0.5),
+                    2.0 + (s % 97) * 1e-3,
+                    None,
+                    0,
+                )
                 for s in range(POINTS)
             )
             copy_rows(cursor.cursor, rows)

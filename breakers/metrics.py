@@ -6,8 +6,9 @@ minimum and maximum *at the steps where they occurred* (min/max downsampling: ev
 dip survives, which averaging or LTTB's area heuristic may hide). Non-finite values are never
 downsampled away: each bucket also keeps its first NaN, +Inf and -Inf as their own points, so a
 NaN at step 4,512 of a million is still drawn. PostgreSQL does the bucketing in one grouped
-scan of the (job, name, step) index range; ``min(ARRAY[value, step, epoch])`` carries the
-arg-min along without a sort.
+scan (``breakers.storage.buckets``) of the raw points or of their 10 s / 1 min rollups
+(``breakers.storage.reading`` picks). Points carry the rank that measured them: a chart shows
+one rank's line (rank 0 by default), more ranks on request, and the min/max across ranks.
 
 The band is the loss-deviation rule's baseline, mean ± k·σ of the preceding ``window`` finite
 points (what the detector judges each point against, σ floored like the detector's). It is
@@ -24,34 +25,21 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import connection
 from django.db.models import OuterRef, Subquery
 
 from breakers.detection.engine import RuleSpec
 from breakers.detection.rules import effective_rules
 from breakers.models import Command, MetricPoint
+from breakers.storage import reading
+from breakers.storage.buckets import Bucket
 from core.nonfinite import encode
 from incidents.models import Alert, Job, TimelineEntry, TimelineKind
 
 TABLE = MetricPoint._meta.db_table
 MAX_POINTS_LIMIT = 10_000
 MAX_NAMES = 200
-FINITE = "value NOT IN ('NaN'::float8, 'Infinity'::float8, '-Infinity'::float8)"
-
-_BUCKETS_SQL = f"""
-SELECT (step - %(origin)s) / %(width)s AS bucket,
-  min(ARRAY[value, step, date_part('epoch', time)]) FILTER (WHERE {FINITE}),
-  max(ARRAY[value, step, date_part('epoch', time)]) FILTER (WHERE {FINITE}),
-  count(*) FILTER (WHERE {FINITE}),
-  sum(value) FILTER (WHERE {FINITE}),
-  sum(value * value) FILTER (WHERE {FINITE}),
-  min(ARRAY[step, date_part('epoch', time)]) FILTER (WHERE value = 'NaN'::float8),
-  min(ARRAY[step, date_part('epoch', time)]) FILTER (WHERE value = 'Infinity'::float8),
-  min(ARRAY[step, date_part('epoch', time)]) FILTER (WHERE value = '-Infinity'::float8)
-FROM {TABLE}
-WHERE job_id = %(job)s AND name = %(name)s AND step BETWEEN %(low)s AND %(high)s
-GROUP BY bucket ORDER BY bucket
-"""
+MAX_RANKS = 16  # per-rank series one request may ask for
 
 _NAMES_SQL = f"""
 WITH RECURSIVE names(name) AS (
@@ -63,15 +51,6 @@ WITH RECURSIVE names(name) AS (
 )
 SELECT name FROM names WHERE name IS NOT NULL LIMIT {MAX_NAMES}
 """
-
-
-@dataclass
-class Bucket:
-    index: int
-    points: list[tuple[int, float, float | str]]  # (step, epoch seconds, value), step order
-    count: int  # finite points
-    total: float
-    squares: float
 
 
 @dataclass(frozen=True)
@@ -93,90 +72,6 @@ def metric_names(job_id: int) -> list[str]:
     with connection.cursor() as cursor:
         cursor.execute(_NAMES_SQL, {"job": job_id})
         return [row[0] for row in cursor.fetchall()]
-
-
-def step_range(job_id: int, name: str) -> tuple[int, int] | None:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT min(step), max(step) FROM {TABLE} WHERE job_id = %s AND name = %s",
-            [job_id, name],
-        )
-        low, high = cursor.fetchone()
-    return None if low is None else (int(low), int(high))
-
-
-def _bucket_from_row(row: tuple) -> Bucket:
-    index, low, high, count, total, squares, nan, pos_inf, neg_inf = row
-    points: dict[tuple[int, Any], tuple[int, float, float | str]] = {}
-    for extreme in (low, high):
-        if extreme is not None:
-            value, step, epoch = extreme
-            points[(int(step), value)] = (int(step), epoch, value)
-    for marker, label in ((nan, "NaN"), (pos_inf, "Infinity"), (neg_inf, "-Infinity")):
-        if marker is not None:
-            points[(int(marker[0]), label)] = (int(marker[0]), marker[1], label)
-    return Bucket(
-        index=int(index),
-        points=sorted(points.values(), key=lambda p: (p[0], p[1])),
-        count=int(count or 0),
-        total=float(total or 0.0),
-        squares=float(squares or 0.0),
-    )
-
-
-def fetch_buckets(
-    job_id: int, name: str, *, origin: int, width: int, low: int, high: int
-) -> list[Bucket]:
-    """One grouped scan of the series between ``low`` and ``high`` (inclusive)."""
-    if connection.vendor != "postgresql":
-        return _fetch_buckets_python(job_id, name, origin=origin, width=width, low=low, high=high)
-    with transaction.atomic(), connection.cursor() as cursor:
-        # JIT compilation costs more than it saves on this one-pass aggregate (≈ +30 %).
-        cursor.execute("SET LOCAL jit = off")
-        cursor.execute(
-            _BUCKETS_SQL,
-            {
-                "origin": origin,
-                "width": width,
-                "job": job_id,
-                "name": name,
-                "low": low,
-                "high": high,
-            },
-        )
-        return [_bucket_from_row(row) for row in cursor.fetchall()]
-
-
-def _fetch_buckets_python(
-    job_id: int, name: str, *, origin: int, width: int, low: int, high: int
-) -> list[Bucket]:
-    """The embedded SQLite mode: the same buckets computed in Python (small demo runs)."""
-    rows: dict[int, list] = {}
-    points = MetricPoint.objects.filter(
-        job_id=job_id, name=name, step__gte=low, step__lte=high
-    ).values_list("step", "time", "value")
-    for step, time, value in points.iterator():
-        rows.setdefault((step - origin) // width, []).append((step, time.timestamp(), value))
-    buckets = []
-    for index in sorted(rows):
-        finite = [p for p in rows[index] if math.isfinite(p[2])]
-        low_p = min(finite, key=lambda p: (p[2], p[0]), default=None)
-        high_p = max(finite, key=lambda p: (p[2], p[0]), default=None)
-        markers = []
-        for test in (math.isnan, lambda v: v == math.inf, lambda v: v == -math.inf):
-            hits = [p for p in rows[index] if test(p[2])]
-            markers.append([min(hits)[0], min(hits)[1]] if hits else None)
-        row = (
-            index,
-            [low_p[2], low_p[0], low_p[1]] if low_p else None,
-            [high_p[2], high_p[0], high_p[1]] if high_p else None,
-            len(finite),
-            sum(p[2] for p in finite),
-            sum(p[2] * p[2] for p in finite),
-            *markers,
-        )
-        buckets.append(_bucket_from_row(row))
-    return buckets
 
 
 def band_rule(team_id: int, metric: str = "loss") -> BandRule | None:
@@ -229,6 +124,48 @@ def plan(low: int, high: int, max_points: int) -> int:
     return max(1, math.ceil((high - low + 1) / buckets))
 
 
+def _drawn(bucket: Bucket, edge: tuple[float, float] | None) -> list[tuple]:
+    """(step, time, value as JSON, band lower, band upper) of each drawn point of a bucket."""
+    rows = []
+    for step, epoch, value in bucket.points:
+        finite = isinstance(value, float) and math.isfinite(value)
+        shown = encode(value) if isinstance(value, float) else value
+        lower, upper = edge if edge is not None and finite else (None, None)
+        rows.append((step, round(epoch, 3), shown, lower, upper))
+    return rows
+
+
+def _line(buckets: list[Bucket], bands: dict[int, tuple[float, float]]) -> dict[str, list]:
+    # Step order for the chart: rollup rows of two attempts (a resume went back in steps)
+    # overlap, and a row's extreme may sit past its grid bucket.
+    rows = sorted((r for b in buckets for r in _drawn(b, bands.get(b.index))), key=lambda r: r[0])
+    return {
+        "steps": [r[0] for r in rows],
+        "times": [r[1] for r in rows],
+        "values": [r[2] for r in rows],
+        "lower": [r[3] for r in rows],
+        "upper": [r[4] for r in rows],
+    }
+
+
+def _spread(buckets: list[Bucket], origin: int, width: int) -> dict[str, list]:
+    """Across every rank, per bucket: the finite min and max (the band drawn around rank 0's
+    line) and the first NaN/±Inf of any rank, so a non-finite value on rank 37 is drawn too."""
+    out: dict[str, list] = {"steps": [], "low": [], "high": [], "marker_steps": [],
+                            "marker_values": []}  # fmt: skip
+    for bucket in buckets:
+        extremes = bucket.finite_range()
+        if extremes is not None:
+            out["steps"].append(origin + bucket.index * width)
+            out["low"].append(encode(extremes[0]))
+            out["high"].append(encode(extremes[1]))
+        for step, _, value in bucket.points:
+            if isinstance(value, str):
+                out["marker_steps"].append(step)
+                out["marker_values"].append(value)
+    return out
+
+
 def series(
     job: Job,
     name: str,
@@ -237,49 +174,56 @@ def series(
     to_step: int | None = None,
     max_points: int = 2000,
     rule: BandRule | None = None,
+    rank: int = 0,
+    ranks: tuple[int, ...] = (),
+    spread: bool = False,
 ) -> dict[str, Any]:
-    """One metric of a job between two steps (inclusive), downsampled; see the module doc."""
-    bounds = step_range(job.pk, name)
-    empty = {"name": name, "bucket_steps": 1, "steps": [], "times": [], "values": []}
-    if bounds is None:
-        return {**empty, "band": None}
-    low = bounds[0] if from_step is None else max(from_step, bounds[0])
-    high = bounds[1] if to_step is None else min(to_step, bounds[1])
+    """One metric of a job between two steps (inclusive), downsampled; see the module doc.
+
+    ``rank``'s line (with the band); ``ranks``: more ranks' lines; ``spread``: the min/max
+    across every rank per bucket. Raw points or rollups, whichever holds the range
+    (``breakers.storage.reading``)."""
+    raw = reading.raw_range(job.pk, name)
+    rolled = reading.rollup_range(job.pk, name)
+    known = [b for b in (raw, rolled) if b is not None]
+    empty = {"name": name, "rank": rank, "bucket_steps": 1, "steps": [], "times": [],
+             "values": [], "band": None, "source": "raw", "spread": None, "ranks": {}}  # fmt: skip
+    if not known:
+        return empty
+    first, last = min(b[0] for b in known), max(b[1] for b in known)
+    low = first if from_step is None else max(from_step, first)
+    high = last if to_step is None else min(to_step, last)
     if low > high:
-        return {**empty, "band": None}
+        return empty
     width = plan(low, high, max_points)
     # With a band, the buckets before `low` that hold its first baseline are read too.
     lookback = 0 if rule is None else math.ceil(rule.window / width) + 1
     origin = low - lookback * width
-    buckets = fetch_buckets(job.pk, name, origin=origin, width=width, low=origin, high=high)
+    grid = {"origin": origin, "width": width, "low": origin, "high": high}
+    source = reading.choose(job.pk, name, raw, rolled, low=low, high=high, width=width, rank=rank)
+    buckets = reading.read(job.pk, name, source, rank=rank, **grid)
     bands = band_for(buckets, rule) if rule is not None else {}
-    shown = [b for b in buckets if b.index >= lookback]
-    steps, times, values, lower, upper = [], [], [], [], []
-    for bucket in shown:
-        edge = bands.get(bucket.index)
-        for step, epoch, value in bucket.points:
-            steps.append(step)
-            times.append(round(epoch, 3))
-            values.append(encode(value) if isinstance(value, float) else value)
-            finite = isinstance(value, float) and math.isfinite(value)
-            lower.append(edge[0] if edge and finite else None)
-            upper.append(edge[1] if edge and finite else None)
+    line = _line([b for b in buckets if b.index >= lookback], bands)
+    lower, upper = line.pop("lower"), line.pop("upper")
     band = None
     if rule is not None:
-        band = {
-            "rule": rule.key,
-            "k": rule.k,
-            "window": rule.window,
-            "lower": lower,
-            "upper": upper,
-        }
+        band = {"rule": rule.key, "k": rule.k, "window": rule.window, "lower": lower,
+                "upper": upper}  # fmt: skip
+    grid = {**grid, "low": low}
+    others = {}
+    for other in ranks:
+        if other != rank:
+            found = _line(reading.read(job.pk, name, source, rank=other, **grid), {})
+            others[str(other)] = {key: found[key] for key in ("steps", "times", "values")}
+    everyone = reading.read(job.pk, name, source, rank=None, **grid) if spread else None
     return {
-        "name": name,
+        **empty,
         "bucket_steps": width,
-        "steps": steps,
-        "times": times,
-        "values": values,
+        **line,
         "band": band,
+        "source": source.label,
+        "spread": None if everyone is None else _spread(everyone, origin, width),
+        "ranks": others,
     }
 
 
@@ -391,7 +335,7 @@ _RECENT_SQL = f"""
 SELECT j.id, p.step, p.value FROM unnest(%s::bigint[]) AS j(id)
 CROSS JOIN LATERAL (
   SELECT step, value FROM {TABLE}
-  WHERE job_id = j.id AND name = %s ORDER BY step DESC LIMIT %s
+  WHERE job_id = j.id AND name = %s AND rank = 0 ORDER BY step DESC LIMIT %s
 ) AS p
 """
 
@@ -411,7 +355,7 @@ def recent_points(job_ids: list[int], name: str, count: int) -> dict[int, list[t
         rows = [
             (job_id, step, value)
             for job_id in job_ids
-            for step, value in MetricPoint.objects.filter(job_id=job_id, name=name)
+            for step, value in MetricPoint.objects.filter(job_id=job_id, name=name, rank=0)
             .order_by("-step")
             .values_list("step", "value")[:count]
         ]
@@ -423,9 +367,9 @@ def recent_points(job_ids: list[int], name: str, count: int) -> dict[int, list[t
 def points_between(
     job_id: int, name: str, low: int, high: int, limit: int
 ) -> list[tuple[int, float]]:
-    """Raw (step, value) points of one metric in a step range, at most ``limit`` rows."""
+    """Raw (step, value) points of one metric of rank 0 in a step range, at most ``limit``."""
     rows = MetricPoint.objects.filter(
-        job_id=job_id, name=name, step__gte=low, step__lte=high
+        job_id=job_id, name=name, rank=0, step__gte=low, step__lte=high
     ).values_list("step", "value")[:limit]
     return list(rows)
 

@@ -13,6 +13,8 @@ app.autodiscover_tasks(
     [
         "incidents.notifications",
         "breakers.detection",
+        "breakers.storage",
+        "breakers.pace",
         "breakers.control",
         "breakers.executors.slurm",
         "breakers.executors.traffic",

@@ -54,6 +54,12 @@ PERIODIC: tuple[Periodic, ...] = (
              why="re-queue deliveries whose lease ran out (a worker died mid-send, a lost task)"),
     Periodic("drill-schedule", "rulesets.schedule_drills", at=crontab(minute=17),
              why="each team's drill set, once per BRAKELINE_DRILL_INTERVAL_SECONDS (monthly)"),
+    Periodic("metric-rollups", "storage.roll_up", every=10.0, expires=9,
+             why="merge new metric points into their 10 s / 1 min rollups per rank"),
+    Periodic("metric-retention", "storage.prune", every=300.0, expires=240,
+             why="delete raw points past the raw window (never around incidents), old rollups"),
+    Periodic("rank-stragglers", "pace.check_stragglers", every=30.0, expires=25,
+             why="straggler scores of running ranks: a performance finding per slow rank"),
     Periodic("notification-digest", "notifications.daily_digest", at=crontab(hour=8, minute=0),
              why="e-mail each team's performance findings of the last 24 h"),
 )  # fmt: skip

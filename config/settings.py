@@ -364,6 +364,10 @@ CELERY_TASK_ROUTES = {
     "control.stop_job": {"queue": WATCHDOG_QUEUE},
     "detection.tick_evaluations": {"queue": TICK_QUEUE},
     "detection.tick_job": {"queue": TICK_QUEUE},
+    # Housekeeping of metric storage: behind every evaluation, never ahead of a brake.
+    "storage.roll_up": {"queue": TICK_QUEUE},
+    "storage.prune": {"queue": TICK_QUEUE},
+    "pace.check_stragglers": {"queue": TICK_QUEUE},
 }
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": 300,
@@ -412,6 +416,15 @@ AGENT_MAX_BATCH_BYTES = _env_int("BRAKELINE_MAX_BATCH_BYTES", 4 * 1024 * 1024)
 AGENT_MAX_SNAPSHOT_BYTES = _env_int("BRAKELINE_MAX_SNAPSHOT_BYTES", 1024 * 1024)
 # Point and snapshot times further than this from the server's clock are refused (400).
 AGENT_TIME_WINDOW_SECONDS = _env_seconds("BRAKELINE_AGENT_TIME_WINDOW_SECONDS", 24 * 3600.0)
+# Metric storage (breakers.storage): raw points for this long, then only their 10 s / 1 min
+# rollups per rank (kept for months); raw points around an incident are never deleted.
+METRIC_RAW_RETENTION_SECONDS = _env_seconds("BRAKELINE_RAW_RETENTION_SECONDS", 72 * 3600.0)
+METRIC_INCIDENT_MARGIN_STEPS = _env_int("BRAKELINE_INCIDENT_MARGIN_STEPS", 1000)
+METRIC_ROLLUP_RETENTION_DAYS = _env_int("BRAKELINE_ROLLUP_RETENTION_DAYS", 180)
+if METRIC_INCIDENT_MARGIN_STEPS < 0 or METRIC_ROLLUP_RETENTION_DAYS < 1:
+    raise ImproperlyConfigured(
+        "BRAKELINE_INCIDENT_MARGIN_STEPS must be ≥ 0 and BRAKELINE_ROLLUP_RETENTION_DAYS ≥ 1."
+    )
 # Django refuses larger bodies itself; we check first so the answer is our 413, not a 400.
 DATA_UPLOAD_MAX_MEMORY_SIZE = AGENT_MAX_BATCH_BYTES + 1024
 

@@ -181,6 +181,14 @@ def celery_worker(django_db_setup):
     # task, as Celery's Django fixup does by default: tests flush the database between them.
     # (Worker processes keep theirs: CELERY_DB_REUSE_MAX, test_worker_connections.py.)
     app.conf.CELERY_DB_REUSE_MAX = None
+    # Celery's Django fixup reads that setting once, when its worker fixup is first built: an
+    # earlier test that called app.loader.import_default_modules() built it with the production
+    # value (500), and this worker then kept its connections across tests — a later
+    # create_job failed with "another command is already in progress" or hung. Forget such an
+    # early fixup so the worker builds its own now, with None.
+    for fixup in app._fixups or ():
+        if hasattr(fixup, "_worker_fixup"):
+            fixup._worker_fixup = None
     with start_worker(
         app,
         pool="solo",

@@ -37,7 +37,7 @@ MAX_REPORTED_ERRORS = 20
 # A node is named one at a time: Slurm's host-list syntax would aim a drain at many.
 NOT_ONE_NODE = "must be one node's name, not a host list (no brackets or commas)"
 NON_FINITE_STRINGS = DECODE
-POINT_KEYS = frozenset({"name", "step", "value", "time", "node"})
+POINT_KEYS = frozenset({"name", "step", "value", "time", "node", "rank"})
 HEARTBEAT_STATUSES = ("running", "paused", "checkpointing", "finished")
 # Point times further than this from the server's clock are refused (the setting
 # BRAKELINE_AGENT_TIME_WINDOW_SECONDS; the service passes it).
@@ -57,6 +57,8 @@ class PointIn:
     value: float
     time: datetime | None
     node: str | None
+    # The process that measured it: the point's own ``rank``, else the batch's, else 0.
+    rank: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,8 +318,15 @@ def _check_node(value: object, errors: dict[str, str], path: str) -> str | None:
     return name
 
 
+def _check_rank(value: object, errors: dict[str, str], path: str) -> int | None:
+    if is_whole_number(value) and 0 <= value <= MAX_RANK:
+        return value
+    errors[path] = f"must be a whole number from 0 to {MAX_RANK}"
+    return None
+
+
 def _parse_point(
-    item: object, index: int, errors: dict[str, str], window: TimeWindow
+    item: object, index: int, errors: dict[str, str], window: TimeWindow, rank: int = 0
 ) -> PointIn | None:
     path = f"points[{index}]"
     if not isinstance(item, dict):
@@ -326,7 +335,7 @@ def _parse_point(
     before = len(errors)
     for key in item.keys() - POINT_KEYS:
         errors[f"{path}.{safe_text(key)}"] = (
-            "is not a field of a point (name, step, value, time, node)"
+            "is not a field of a point (name, step, value, time, node, rank)"
         )
     for key in ("name", "step", "value"):
         if key not in item:
@@ -338,14 +347,16 @@ def _parse_point(
     value = _check_value(item["value"], errors, f"{path}.value")
     time = _check_time(item.get("time"), errors, f"{path}.time", window)
     node = _check_node(item.get("node"), errors, f"{path}.node")
+    if "rank" in item:
+        rank = _check_rank(item["rank"], errors, f"{path}.rank") or 0
     if len(errors) > before:
         return None
     # Each check returned its value or wrote an error, and no error was written.
     assert name is not None and step is not None and value is not None
-    return PointIn(name, step, value, time, node)
+    return PointIn(name, step, value, time, node, rank)
 
 
-def _fast_point(item: object, window: TimeWindow, names: set[str]) -> PointIn | None:
+def _fast_point(item: object, window: TimeWindow, names: set[str], rank: int = 0) -> PointIn | None:
     """The common, well-formed point in a few type checks; None sends it to the slow path.
 
     The slow path (``_parse_point``) re-examines anything unusual and names what is wrong, so
@@ -398,7 +409,11 @@ def _fast_point(item: object, window: TimeWindow, names: set[str]) -> PointIn | 
                 return None
         except OverflowError:
             return None
-    return PointIn(name, step, value, time, node)
+    if "rank" in item:
+        rank = item["rank"]
+        if type(rank) is not int or not 0 <= rank <= MAX_RANK:
+            return None
+    return PointIn(name, step, value, time, node, rank)
 
 
 # A batch id (protocol 2): the agent's name for one batch, the same on every retry of it. The
@@ -422,6 +437,15 @@ def _check_batch_id(value: object) -> str | None:
     else:
         return value
     raise InvalidInput("The batch id is not valid.", fields={"batch": problem})
+
+
+def _batch_rank(value: object) -> int:
+    """The batch's ``rank`` (the sending process's): the default of its points' ranks."""
+    errors: dict[str, str] = {}
+    rank = _check_rank(value, errors, "rank")
+    if rank is None:
+        raise InvalidInput("The batch's rank is not valid.", fields=errors)
+    return rank
 
 
 def parse_metrics(
@@ -451,7 +475,7 @@ def parse_metrics_body(
     A point's ``time``, when sent, must lie within ``time_window_seconds`` of ``now`` (the
     server's clock; the current time when None)."""
     window = TimeWindow.around(now, time_window_seconds)
-    extra = body.keys() - {"points", "batch"}
+    extra = body.keys() - {"points", "batch", "rank"}
     if "points" not in body:
         raise InvalidInput("The body must have a 'points' array.", fields={"points": "is required"})
     if extra:
@@ -460,6 +484,7 @@ def parse_metrics_body(
             fields={safe_text(key): "is not a field of a metrics batch" for key in sorted(extra)},
         )
     batch_id = _check_batch_id(body.get("batch"))
+    rank = _batch_rank(body.get("rank", 0))
     items = body["points"]
     if not isinstance(items, list):
         raise InvalidInput(
@@ -473,13 +498,13 @@ def parse_metrics_body(
             fields={"points": f"at most {max_points} points"},
         )
     names: set[str] = set()
-    points = [_fast_point(item, window, names) for item in items]
+    points = [_fast_point(item, window, names, rank) for item in items]
     if None not in points:
         return MetricsBatchIn(cast("list[PointIn]", points), batch_id)
     errors: dict[str, str] = {}
     for index, item in enumerate(items):
         if points[index] is None:
-            _parse_point(item, index, errors, window)
+            _parse_point(item, index, errors, window, rank)
         if len(errors) >= MAX_REPORTED_ERRORS:
             break
     if errors:

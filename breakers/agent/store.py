@@ -15,17 +15,17 @@ from incidents.jobs import advance_current_step, mark_job_running
 from incidents.models import Node
 
 COPY_METRICS_SQL = (
-    f"COPY {MetricPoint._meta.db_table} (job_id, name, step, time, value, node) "
+    f"COPY {MetricPoint._meta.db_table} (job_id, name, step, time, value, node, rank) "
     "FROM STDIN (FORMAT BINARY)"
 )
-COPY_METRICS_TYPES = ["int8", "varchar", "int8", "timestamptz", "float8", "varchar"]
+COPY_METRICS_TYPES = ["int8", "varchar", "int8", "timestamptz", "float8", "varchar", "int4"]
 # Node names already registered, per job: registering is idempotent, this only spares the
 # INSERT on every batch of a job whose nodes are all known (it is a cache, never the truth).
 _known_nodes: dict[int, set[str]] = {}
 
 
 def copy_rows(psycopg_cursor, rows: Iterable[tuple]) -> None:
-    """COPY (job_id, name, step, time, value, node) rows through a raw psycopg 3 cursor.
+    """COPY (job_id, name, step, time, value, node, rank) rows through a raw psycopg 3 cursor.
 
     psycopg 3's COPY streams the batch in one statement instead of one INSERT per point, the
     physical limit of what PostgreSQL takes in (bench/ingest.py measures both side by side).
@@ -41,7 +41,10 @@ def _copy_points(job_id: int, points: Sequence[PointIn], received_at: datetime) 
     with connection.cursor() as cursor:
         copy_rows(
             cursor.cursor,
-            ((job_id, p.name, p.step, p.time or received_at, p.value, p.node) for p in points),
+            (
+                (job_id, p.name, p.step, p.time or received_at, p.value, p.node, p.rank)
+                for p in points
+            ),
         )
 
 
@@ -55,6 +58,7 @@ def _insert_points(job_id: int, points: Sequence[PointIn], received_at: datetime
                 time=p.time or received_at,
                 value=p.value,
                 node=p.node,
+                rank=p.rank,
             )
             for p in points
         ],

@@ -21,6 +21,9 @@ from breakers.models.metrics import (  # noqa: F401
     EvaluationState,
     MetricBatch,
     MetricPoint,
+    MetricRollup,
+    RankPaceHistory,
+    RollupCursor,
     Rule,
 )
 from breakers.models.monitoring import (  # noqa: F401
@@ -45,6 +48,9 @@ from breakers.models.snapshots import (  # noqa: F401
 __all__ = [
     "MetricBatch",
     "MetricPoint",
+    "MetricRollup",
+    "RankPaceHistory",
+    "RollupCursor",
     "Rule",
     "EvaluationState",
     "CommandKind",

@@ -25,6 +25,9 @@ class MetricPoint(models.Model):
     time = models.DateTimeField()
     value = NonFiniteFloatField()
     node = models.CharField(max_length=200, null=True, blank=True)
+    # The process (torch.distributed rank) that measured it; 0 for a single-process job.
+    # Not in the indexes: a series' step range holds every rank, read in one scan.
+    rank = models.IntegerField(default=0)
 
     class Meta:
         indexes = [
@@ -165,3 +168,96 @@ class EvaluationState(models.Model):
 
     def __str__(self) -> str:
         return f"evaluation of job {self.job_id} at point {self.cursor}"
+
+
+# --- Rollups: what long-range charts read once raw points are gone (breakers.storage) -------
+
+
+class MetricRollup(models.Model):
+    """One time bucket (10 s or 1 min) of one series of one rank of a job, merged from raw
+    points by ``breakers.storage.rollups`` in the transaction that advances the job's
+    ``RollupCursor``, so each point is counted exactly once.
+
+    Finite values give min/max with the steps where they occurred (a chart draws a spike where
+    it was, never averaged away), count, sum and sum of squares (the mean and the loss band);
+    NaN, +Inf and -Inf are counted per kind with the step of their first occurrence.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="+", db_index=False)
+    name = models.CharField(max_length=200)
+    rank = models.IntegerField(default=0)
+    seconds = models.SmallIntegerField(help_text="Bucket width: 10 or 60.")
+    bucket = models.DateTimeField(help_text="Start of the bucket.")
+    first_step = models.BigIntegerField()
+    last_step = models.BigIntegerField()
+    last_value = NonFiniteFloatField()
+    count = models.BigIntegerField(help_text="Finite values.")
+    total = models.FloatField(default=0.0)
+    squares = models.FloatField(default=0.0)
+    min_value = models.FloatField(null=True)
+    min_step = models.BigIntegerField(null=True)
+    max_value = models.FloatField(null=True)
+    max_step = models.BigIntegerField(null=True)
+    nan_count = models.BigIntegerField(default=0)
+    nan_step = models.BigIntegerField(null=True)
+    pos_inf_count = models.BigIntegerField(default=0)
+    pos_inf_step = models.BigIntegerField(null=True)
+    neg_inf_count = models.BigIntegerField(default=0)
+    neg_inf_step = models.BigIntegerField(null=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "name", "rank", "seconds", "bucket"], name="metric_rollup_once"
+            ),
+        ]
+        indexes = [
+            # a chart's read: one series at one width across every rank (the spread), by step
+            models.Index(fields=["job", "name", "seconds", "first_step"], name="rollup_series"),
+            # ... and one rank's line, without reading the other ranks' rows
+            models.Index(
+                fields=["job", "name", "seconds", "rank", "first_step"], name="rollup_rank_series"
+            ),
+            # retention: the oldest buckets first
+            models.Index(fields=["bucket"], name="rollup_bucket"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name}[{self.rank}]@{self.bucket:%Y-%m-%d %H:%M:%S}/{self.seconds}s"
+
+
+class RollupCursor(models.Model):
+    """The last MetricPoint id of a job merged into its rollups (the high-water mark).
+
+    Advanced in the same transaction as the merge; the row is also the job's rollup lock
+    (``FOR UPDATE``), so two runs of the task never merge the same points twice. Retention
+    deletes only raw points at or below it: a point is never gone before it is in the rollups.
+    """
+
+    job = models.OneToOneField(
+        Job, on_delete=models.CASCADE, primary_key=True, related_name="rollup_cursor"
+    )
+    cursor = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"rollups of job {self.job_id} up to point {self.cursor}"
+
+
+class RankPaceHistory(models.Model):
+    """A rank's usual step time, learnt by ``breakers.pace.checks`` at each straggler check (a
+    slow moving average of the heartbeats' step time, not fed while the rank is flagged), and
+    whether it is flagged as a straggler now. One row per job and rank."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="+", db_index=False)
+    rank = models.IntegerField()
+    usual_step_time = models.FloatField(default=0.0)
+    samples = models.IntegerField(default=0)
+    flagged = models.BooleanField(default=False)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "rank"], name="rank_pace_once")]
+
+    def __str__(self) -> str:
+        return f"pace of rank {self.rank} of job {self.job_id}"

@@ -1,6 +1,7 @@
 """Chart data of a job: downsampled metric history and the alert/command markers.
 
 GET /api/v1/jobs/<id>/series?names=loss,grad_norm&from_step=&to_step=&max_points=2000
+    &rank=0&ranks=1,2&spread=1
 GET /api/v1/jobs/<id>/markers
 
 Team-scoped like every job endpoint (another team's job is a 404). The client asks for the
@@ -18,6 +19,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from breakers import metrics as history
+from breakers.agent.protocol import MAX_RANK
 from console.api.jobs import visible_jobs
 from console.api.person_auth import PersonView
 from core.errors import InvalidInput
@@ -49,6 +51,25 @@ def _names(request: Request) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def _ranks(request: Request) -> tuple[int, ...]:
+    raw = request.query_params.get("ranks", "")
+    parts = [part.strip() for part in raw.split(",") if part.strip()]
+    problem = f"up to {history.MAX_RANKS} ranks (whole numbers ≥ 0), comma-separated"
+    if len(parts) > history.MAX_RANKS or not all(p.isdigit() and len(p) < 10 for p in parts):
+        raise InvalidInput("Bad ranks.", fields={"ranks": problem})
+    return tuple(dict.fromkeys(int(p) for p in parts))
+
+
+def _spread(request: Request, job: Job) -> bool:
+    """Asked for (``spread=1``/``0``), else whenever the job runs more than one rank."""
+    raw = request.query_params.get("spread", "")
+    if raw not in ("", "0", "1"):
+        raise InvalidInput("Bad spread.", fields={"spread": "0 or 1"})
+    if raw:
+        return raw == "1"
+    return (job.world_size or 0) > 1 or job.ranks.filter(rank__gt=0).exists()
+
+
 def scoped_job(request: Request, pk: int) -> Job:
     return get_object_or_404(visible_jobs(request.user), pk=pk)
 
@@ -61,9 +82,13 @@ SeriesOut = inline_serializer(
         "to_step": serializers.IntegerField(allow_null=True),
         "max_points": serializers.IntegerField(),
         "series": serializers.DictField(
-            help_text="name → {bucket_steps, steps[], times[] (epoch s), values[] (numbers, or "
-            '"NaN"/"Infinity"/"-Infinity"), band: {rule, k, window, lower[], upper[]} | null}'
+            help_text="name → {rank, bucket_steps, steps[], times[] (epoch s), values[] "
+            '(numbers, or "NaN"/"Infinity"/"-Infinity"), band: {rule, k, window, lower[], '
+            "upper[]} | null, source: raw | rollups-10s | rollups-60s, spread: {steps[], "
+            "low[], high[], marker_steps[], marker_values[]} | null (min/max across ranks), "
+            "ranks: {rank: {steps[], times[], values[]}}}"
         ),
+        "world_size": serializers.IntegerField(allow_null=True),
     },
 )
 
@@ -86,6 +111,17 @@ class SeriesView(PersonView):
                 {"type": "integer", "minimum": 2, "maximum": history.MAX_POINTS_LIMIT},
                 description="How many buckets at most (default 2000).",
             ),
+            OpenApiParameter(
+                "rank", OpenApiTypes.INT, description="Whose line (default 0; with the band)."
+            ),
+            OpenApiParameter(
+                "ranks", OpenApiTypes.STR, description="More ranks' lines, comma-separated."
+            ),
+            OpenApiParameter(
+                "spread",
+                {"type": "integer", "enum": [0, 1]},
+                description="Min/max across every rank (default: when the job has ranks).",
+            ),
         ],
         responses={200: SeriesOut},
     )
@@ -99,6 +135,10 @@ class SeriesView(PersonView):
             raise InvalidInput(
                 "Bad max_points.", fields={"max_points": f"at most {history.MAX_POINTS_LIMIT}"}
             )
+        rank = _int_param(request, "rank", minimum=0) or 0
+        if rank > MAX_RANK:
+            raise InvalidInput("Bad rank.", fields={"rank": f"at most {MAX_RANK}"})
+        ranks, spread = _ranks(request), _spread(request, job)
         rule = history.band_rule(job.team_id, BAND_METRIC) if BAND_METRIC in names else None
         data = {
             name: history.series(
@@ -108,6 +148,9 @@ class SeriesView(PersonView):
                 to_step=to_step,
                 max_points=max_points,
                 rule=rule if name == BAND_METRIC else None,
+                rank=rank,
+                ranks=ranks,
+                spread=spread,
             )
             for name in names
         }
@@ -117,6 +160,7 @@ class SeriesView(PersonView):
                 "from_step": from_step,
                 "to_step": to_step,
                 "max_points": max_points,
+                "world_size": job.world_size,
                 "series": data,
             }
         )

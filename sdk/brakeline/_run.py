@@ -204,6 +204,7 @@ class Run:
             settings.batch_bytes,
             settings.max_memory_points,
             settings.max_spill_bytes,
+            rank=settings.rank,
         )
 
     def _heartbeat_body(self) -> dict[str, Any] | None:

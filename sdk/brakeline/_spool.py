@@ -43,10 +43,13 @@ class Batch:
     # Lines the segment file holds in total; a batch may be only its first part.
     segment_lines: int = 0
     batch_id: str | None = None
+    rank: int = 0  # this process's; the console stores it with every point of the batch
 
     def body(self) -> bytes:
         # The id is made of [A-Za-z0-9:-] only (see PointSpool.new_batch_id): no escaping.
         head = f'{{"batch":"{self.batch_id}","points":[' if self.batch_id else '{"points":['
+        if self.rank:
+            head = f'{{"rank":{int(self.rank)},{head[1:]}'
         return (head + ",".join(self.lines) + "]}").encode("utf-8")
 
 
@@ -97,7 +100,9 @@ class PointSpool:
         max_memory_points: int = 50_000,
         max_spill_bytes: int = 512 * 1024 * 1024,
         run_id: str | None = None,
+        rank: int = 0,
     ) -> None:
+        self.rank = rank
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.batch_points = batch_points
@@ -175,13 +180,17 @@ class PointSpool:
                     # Only a 413 makes batches smaller than a segment; the same cut then
                     # gets the same id on every retry.
                     batch_id = f"{batch_id}:{len(prefix)}"
-                return Batch(prefix, segment, segment_lines=len(lines), batch_id=batch_id)
+                return Batch(
+                    prefix, segment, segment_lines=len(lines), batch_id=batch_id, rank=self.rank
+                )
             self._forget_segment(segment)
         if self._sealed is not None:
             return self._sealed
         if not self._memory:
             return None
-        self._sealed = Batch(lines=self._limit(self._memory), batch_id=self.new_batch_id())
+        self._sealed = Batch(
+            lines=self._limit(self._memory), batch_id=self.new_batch_id(), rank=self.rank
+        )
         return self._sealed
 
     def unseal(self) -> None:
@@ -209,7 +218,7 @@ class PointSpool:
     def _limit(self, source: Iterable[str]) -> list[str]:
         """The longest prefix of source within the batch limits (always at least one line)."""
         lines: list[str] = []
-        size = 176  # the envelope: {"batch":"<id of up to 150 characters>","points":[]}
+        size = 196  # the envelope: {"rank":N,"batch":"<id of up to 150 characters>","points":[]}
         for line in itertools.islice(source, self.batch_points):
             if lines and size + len(line) + 1 > self.batch_bytes:
                 break

@@ -1,6 +1,6 @@
 """Real torchrun (2 ranks, gloo on CPU) against the real console: both ranks heartbeat through
 the SDK, each gets its own rank row with its own pid, the job learns its world size, and it
-finishes only when the last rank does."""
+finishes only when the last rank does; each rank's metric points carry its rank."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from breakers.models import MetricPoint
 from incidents.models import Job, JobRank, JobStatus
 from tests.brakeline.live import SCRIPTS, training_environment, wait_for
 from tests.conftest import ROOT
@@ -51,3 +52,8 @@ def test_two_torchrun_ranks_are_two_ranks_and_the_job_finishes_with_the_last(
     job = Job.objects.get(pk=agent.job_id)
     assert job.status == JobStatus.FINISHED and job.heartbeat_deadline is None
     assert job.agent_pid == ranks[0].pid  # rank 0's process, not whichever beat last
+    # Each rank's losses are its own series: one point per step and rank, not two in one.
+    losses = MetricPoint.objects.filter(job_id=agent.job_id, name="loss")
+    for rank in (0, 1):
+        steps = list(losses.filter(rank=rank).values_list("step", flat=True))
+        assert len(steps) == len(set(steps)) == STEPS

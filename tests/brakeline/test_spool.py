@@ -116,3 +116,15 @@ def test_spill_directory_is_locked_per_process(tmp_path):
     assert second != directory
     lock.close()
     second_lock.close()
+
+
+def test_a_batch_names_the_rank_of_its_process_and_rank_0_sends_what_it_always_sent(tmp_path):
+    import json
+
+    ranked = PointSpool(tmp_path / "r3", rank=3)
+    ranked.add(_lines(0, 5))
+    body = json.loads(ranked.next_batch().body())
+    assert body["rank"] == 3 and len(body["points"]) == 5
+    single = PointSpool(tmp_path / "r0")
+    single.add(_lines(0, 5))
+    assert set(json.loads(single.next_batch().body())) == {"batch", "points"}

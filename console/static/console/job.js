@@ -7,11 +7,12 @@
   const M = window.BrakelineChartMath, Marks = window.BrakelineChartMarks;
   const jobId = JSON.parse(document.getElementById("job-id").textContent);
   const figures = Array.from(document.querySelectorAll("figure.chart"));
+  const worldSize = Number(document.getElementById("charts").dataset.worldSize || 1);
   const MAX_POINTS = 2000;
   const COLORS = ["#6cb6ff", "#3ccf91", "#ffb000", "#c792ea", "#ff8c42", "#7fdbca", "#f78c6c", "#e8edf2"];
   const FONT = "12px system-ui, sans-serif";
   const state = {
-    x: "step", y: "healthy", smoothing: 0, compare: "", range: null,
+    x: "step", y: "healthy", smoothing: 0, compare: "", range: null, rankLines: false,
     series: {}, markers: { alerts: [], commands: [] }, charts: {}, other: null,
   };
   const known = new Set();
@@ -129,6 +130,20 @@
       if (state.smoothing) add("smooth", s.values);
       if (s.band) { add("lower", s.band.lower, { band: s.band }); add("upper", s.band.upper, { band: s.band }); }
       tables.push(gapped(cols));
+      // Every rank's min and max per bucket: a grey band around rank 0's line.
+      const sp = s.spread;
+      if (sp && sp.steps.length && !state.rankLines) {
+        const sx = sp.steps.map(function (st) { return stepToX(st, name); });
+        tables.push([sx, sp.low, sp.high]);
+        meta.push({ kind: "ranks-low", name: name, color: color });
+        meta.push({ kind: "ranks-high", name: name, color: color });
+      }
+      Object.keys(s.ranks || {}).forEach(function (rank, r) {
+        const line = s.ranks[rank];
+        if (!line.steps.length) return;
+        tables.push([state.x === "step" ? line.steps : line.times, line.values]);
+        meta.push({ kind: "rank", name: name, rank: rank, color: COLORS[(i + r + 1) % COLORS.length] });
+      });
       const ghost = overlayOf(name);
       if (ghost) { tables.push([ghost.steps, ghost.values]); meta.push({ kind: "overlay", name: name, color: color }); }
     });
@@ -142,7 +157,8 @@
     let view = null;
     if (state.y === "healthy") {
       g.meta.forEach(function (m, c) {
-        if (m.kind !== "value" || m.name.indexOf("nonfinite.") === 0) return;  // counts: all of them
+        const drawnAsLine = m.kind === "value" || m.kind === "ranks-low" || m.kind === "ranks-high" || m.kind === "rank";
+        if (!drawnAsLine || m.name.indexOf("nonfinite.") === 0) return;  // counts: all of them
         const r = M.healthyRange(g.raw[0], g.raw[c + 1], g.anchors);
         if (r) view = view ? { min: Math.min(view.min, r.min), max: Math.max(view.max, r.max) } : r;
       });
@@ -273,6 +289,12 @@
         series.push(Object.assign(base, { label: m.name + (m.kind === "lower" ? " band −" : " band +") + m.band.k + "σ",
           stroke: "rgba(255,176,0,0.6)", dash: [4, 4], width: 1 }));
         if (m.kind === "upper") bands.push({ series: [col, col - 1], fill: "rgba(255,176,0,0.12)" });
+      } else if (m.kind === "ranks-low" || m.kind === "ranks-high") {
+        series.push(Object.assign(base, { label: m.name + (m.kind === "ranks-low" ? " min" : " max") + " of all ranks",
+          stroke: "rgba(160,170,180,0.5)", width: 1 }));
+        if (m.kind === "ranks-high") bands.push({ series: [col, col - 1], fill: "rgba(160,170,180,0.15)" });
+      } else if (m.kind === "rank") {
+        series.push(Object.assign(base, { label: m.name + " · rank " + m.rank, stroke: fade(m.color, 0.8), width: 1 }));
       } else if (m.kind === "overlay") {
         series.push(Object.assign(base, { label: m.name + " · " + compareLabel(), stroke: fade(m.color, 0.55), dash: [6, 4], width: 1.5 }));
       } else {
@@ -369,6 +391,10 @@
     const params = new URLSearchParams({ names: names.join(","), max_points: MAX_POINTS });
     if (fromStep !== null && fromStep !== undefined) params.set("from_step", fromStep);
     if (toStep !== null && toStep !== undefined) params.set("to_step", toStep);
+    if (state.rankLines && !job) {
+      params.set("ranks", Array.from({ length: Math.min(worldSize, 16) }, function (_, r) { return r; }).join(","));
+      params.set("spread", "0");
+    }
     const response = await fetch("/api/v1/jobs/" + (job || jobId) + "/series?" + params, { credentials: "same-origin" });
     if (!response.ok) throw new Error("series " + response.status);
     return (await response.json()).series;
@@ -414,6 +440,22 @@
       grew = true;
       held.steps.push(step); held.times.push(fresh.times[i]); held.values.push(fresh.values[i]);
       if (held.band && fresh.band) { held.band.lower.push(fresh.band.lower[i]); held.band.upper.push(fresh.band.upper[i]); }
+    });
+    // The spread and the other ranks' lines: what comes after what is held, the same way.
+    const sp = held.spread, fsp = fresh.spread;
+    if (sp && fsp) {
+      const end = sp.steps.length ? sp.steps[sp.steps.length - 1] : -1;
+      fsp.steps.forEach(function (step, i) {
+        if (step > end) { sp.steps.push(step); sp.low.push(fsp.low[i]); sp.high.push(fsp.high[i]); grew = true; }
+      });
+    }
+    Object.keys(fresh.ranks || {}).forEach(function (rank) {
+      const line = (held.ranks || {})[rank], more = fresh.ranks[rank];
+      if (!line) return;
+      const end = line.steps.length ? line.steps[line.steps.length - 1] : -1;
+      more.steps.forEach(function (step, i) {
+        if (step > end) { line.steps.push(step); line.times.push(more.times[i]); line.values.push(more.values[i]); grew = true; }
+      });
     });
     if (held.steps.length > 2 * MAX_POINTS) setTimeout(loadAll, 0);  // downsample afresh
     return grew;
@@ -505,6 +547,8 @@
   });
   document.getElementById("compare").addEventListener("change", function (event) { compareWith(event.target.value); });
   document.getElementById("zoom-reset").addEventListener("click", function () { state.range = null; loadAll(); });
+  const rankView = document.getElementById("rank-view");
+  if (rankView) rankView.addEventListener("change", function () { state.rankLines = rankView.value === "lines"; loadAll(); });
   let resizeTimer = null;
   window.addEventListener("resize", function () {
     clearTimeout(resizeTimer);

@@ -1,0 +1,1 @@
+"""The pace of a job's ranks: straggler scores (performance layer). See docs/design.md."""

@@ -1,0 +1,86 @@
+"""The straggler check of running jobs: scores from each rank's heartbeat step time, a
+performance-layer finding (recorded, in the daily digest, never a page) per slow rank naming
+its node, resolved once the rank is back within pace. Idempotent: a second check in the same
+state changes nothing (the alert's fingerprint and the history row's flag say so)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import transaction
+from django.utils import timezone
+
+from breakers.models import RankPaceHistory
+from breakers.pace.stragglers import SLOW, RankPace, Score, next_usual, scores
+from incidents.alerts.lifecycle import AlertSignal, active_alert, raise_or_update_alert
+from incidents.alerts.lifecycle import resolve_alert as resolve
+from incidents.models import AgentStatus, Job, JobRank, JobStatus, Layer, Severity
+
+RULE_KEY = "rank-straggler"
+
+
+def _signal(score: Score, step: int, now: datetime) -> AlertSignal:
+    ratios = [r for r in (score.vs_fastest, score.vs_usual) if r is not None]
+    return AlertSignal(
+        rule_key=RULE_KEY, rule_name="Straggler rank", layer=Layer.PERFORMANCE,
+        severity=Severity.L1, metric="step_time", node=_node(score),
+        value=max(ratios), threshold=SLOW, description=score.describe(), step=step,
+        time=now, first_step=step, first_time=now, nodes=(score.host,) if score.host else (),
+        runbook_hint="straggler slow rank",
+    )  # fmt: skip
+
+
+def _node(score: Score) -> str:
+    # The fingerprint's node: the rank's host (what an operator drains), else the rank.
+    return score.host or f"rank-{score.rank}"
+
+
+def check_job(job_id: int, now: datetime | None = None) -> list[Score]:
+    """Score the job's running ranks, raise or resolve their findings; the scores."""
+    now = now or timezone.now()
+    seats = JobRank.objects.filter(
+        job_id=job_id, status=AgentStatus.RUNNING, step_time_seconds__isnull=False
+    )
+    with transaction.atomic():
+        history = {h.rank: h for h in RankPaceHistory.objects.select_for_update().filter(
+            job_id=job_id)}  # fmt: skip
+        paces = {
+            seat.rank: RankPace(
+                seat.rank, seat.hostname, float(seat.step_time_seconds or 0.0),
+                history[seat.rank].usual_step_time if seat.rank in history else None,
+                history[seat.rank].samples if seat.rank in history else 0,
+                history[seat.rank].flagged if seat.rank in history else False,
+            )
+            for seat in seats
+        }  # fmt: skip
+        steps = {seat.rank: seat.step for seat in seats}
+        found = scores(list(paces.values()))
+        for score in found:
+            pace = paces[score.rank]
+            if score.straggler:
+                raise_or_update_alert(job_id, _signal(score, steps[score.rank], now), now=now)
+            elif pace.flagged:
+                _resolve(job_id, score)
+            usual, samples = next_usual(pace, score.straggler)
+            RankPaceHistory.objects.update_or_create(
+                job_id=job_id, rank=score.rank,
+                defaults={"usual_step_time": usual, "samples": samples,
+                          "flagged": score.straggler},
+            )  # fmt: skip
+    return found
+
+
+def _resolve(job_id: int, score: Score) -> None:
+    alert = active_alert(job_id, RULE_KEY, _node(score))
+    if alert is not None:
+        resolve(alert.pk, reason=f"rank {score.rank} is back within pace")
+
+
+def check_running_jobs(now: datetime | None = None) -> dict[int, list[Score]]:
+    """Every running job with ranks that measured a step time → its scores."""
+    jobs = (
+        Job.objects.filter(status=JobStatus.RUNNING, ranks__step_time_seconds__isnull=False)
+        .values_list("pk", flat=True)
+        .distinct()
+    )
+    return {job_id: check_job(job_id, now) for job_id in jobs}

@@ -1,0 +1,24 @@
+"""Celery tasks of metric storage: thin and idempotent (the cursor and the cut-offs make them
+so); the beat runs them by these names (config/schedule.py)."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+
+from breakers.storage import retention, rollups
+
+log = logging.getLogger(__name__)
+
+
+@shared_task(name="storage.roll_up", acks_late=True, ignore_result=True, expires=9)
+def roll_up() -> int:
+    return sum(rollups.roll_up_all().values())
+
+
+@shared_task(name="storage.prune", acks_late=True, ignore_result=True, expires=240)
+def prune() -> None:
+    pruned = retention.prune()
+    if pruned.raw_points or pruned.rollups:
+        log.info("retention: %s raw points and %s rollups deleted", *pruned.__dict__.values())
