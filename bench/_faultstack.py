@@ -184,10 +184,6 @@ class Stack:
     def start_postgres(self) -> None:
         self._pg_ctl("start")
 
-    def restart_postgres(self) -> None:
-        """``pg_ctl restart -m fast``: every connection is cut, the server is back at once."""
-        self._pg_ctl("restart", "-m", "fast")
-
     def stop_postgres(self) -> None:
         self._pg_ctl("stop", "-m", "fast")
 
