@@ -161,6 +161,10 @@ class Fault:
     key: str
     title: str
     inject: Callable[[Stack, Scenario], None]  # kills/restarts; returns when the part is back
+    # False where a probe cannot answer while the part is away: the health endpoint waits for
+    # a database connection (the pool's timeout) rather than answering 503 at once, so during a
+    # short PostgreSQL outage it answers after the return. The column is then reported only.
+    red_required: bool = True
 
 
 @dataclass

@@ -5,7 +5,8 @@ same code on a stack of its own (its own PostgreSQL cluster and Redis on free po
 machine's shared services are never touched). For each fault the test fails if any count of
 the table is not zero: points lost or duplicated, NaNs not braked or braked twice, the hung
 job missed, pages missed or doubled, alerts or commands doubled, a healthy job braked, the
-health endpoint green while the part was down or not green after. The table is printed in
+health endpoint green while the part was down (reported only for the PostgreSQL restart:
+its probes wait for the database instead of answering) or not green after. The table is printed in
 the terminal summary (tests/faults/conftest.py).
 """
 
