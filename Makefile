@@ -35,10 +35,10 @@ demo: install
 test: install
 	$(TEST_ENV) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# The fault suite's CI-sized variant (tests/faults): its own PostgreSQL, Redis and console,
-# killed and restarted under load. Opt-in until its worker recovery is stable on CI.
+# Only the fault suite's CI-sized variant (tests/faults, part of `make test` too): its own
+# PostgreSQL, Redis and console, killed and restarted under load.
 faults: install
-	BRAKELINE_FAULT_SUITE=1 $(TEST_ENV) $(BIN)/python -m pytest tests/faults $(PYTEST_ARGS)
+	$(TEST_ENV) $(BIN)/python -m pytest tests/faults $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

@@ -184,10 +184,6 @@ class Stack:
     def start_postgres(self) -> None:
         self._pg_ctl("start")
 
-    def restart_postgres(self) -> None:
-        """``pg_ctl restart -m fast``: every connection is cut, the server is back at once."""
-        self._pg_ctl("restart", "-m", "fast")
-
     def stop_postgres(self) -> None:
         self._pg_ctl("stop", "-m", "fast")
 
@@ -277,10 +273,27 @@ class Stack:
         self._provider_server.shutdown()
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def logs(self, tail: int = 3000) -> str:
+    def dump_stacks(self) -> None:
+        """Each Celery process logs the traceback of every thread (Celery's SIGUSR1 handler):
+        what a worker that stopped consuming is waiting on."""
+        for name in [*self.worker_names, "beat"]:
+            process = self.processes.get(name)
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+
+    def logs(self, tail: int = 6000) -> str:
+        exited = [
+            f"{name} exited with {process.returncode}"
+            for name, process in self.processes.items()
+            if process.poll() is not None
+        ]
         return "\n".join(
-            f"--- {path.name}\n{path.read_text(errors='replace')[-tail:]}"
-            for path in sorted(self.dir.glob("*.log"))
+            [*exited]
+            + [
+                f"--- {path.name}\n{path.read_text(errors='replace')[-tail:]}"
+                for path in sorted(self.dir.glob("*.log"))
+            ]
         )
 
     # -- Reading its state -------------------------------------------------------------------

@@ -4,7 +4,11 @@ import os
 
 from celery import Celery, signals
 
+from config import broker
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+# Before any broker connection: a worker must survive Redis going away (config/broker.py).
+broker.install()
 
 app = Celery("brakeline")
 app.config_from_object("django.conf:settings", namespace="CELERY")

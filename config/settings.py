@@ -269,7 +269,11 @@ if EMBEDDED:
         }
     }
 else:
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL)}
+    # CONN_HEALTH_CHECKS: the psycopg pool checks a connection before it lends it (one empty
+    # round trip). After a PostgreSQL restart every idle pooled connection is dead; unchecked,
+    # each was lent to a request or a task, which failed on it (a 500 or a failed evaluation
+    # per dead connection). Checked, a dead one is discarded and a fresh one opened.
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_health_checks=True)}
     # Under ASGI, Django runs each request's sync code in a thread of its own, so "persistent"
     # connections are reconnected per request (≈10 ms each here). psycopg's pool keeps them.
     DATABASES["default"]["OPTIONS"] = {
@@ -310,7 +314,9 @@ if EMBEDDED:
     CHANNEL_LAYERS: dict[str, dict[str, Any]] = {
         "default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}
     }
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    CACHES: dict[str, dict[str, Any]] = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+    }
 else:
     CHANNEL_LAYERS = {
         "default": {
@@ -332,6 +338,8 @@ else:
             "BACKEND": "django.core.cache.backends.redis.RedisCache",
             "LOCATION": REDIS_URL,
             "KEY_PREFIX": CHANNEL_PREFIX,
+            # A cache read never waits forever on a Redis that went away under it.
+            "OPTIONS": {"socket_timeout": 10, "socket_connect_timeout": 5},
         }
     }
 
@@ -374,7 +382,30 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     # BRPOP on the queues in the order consumed, always: the default strategy (round robin)
     # rotates the queue just served to the back, which would make the order no priority.
     "queue_order_strategy": "priority",
+    # No broker read may wait forever (docs/degraded-modes.md, "Redis is restarted"). kombu's
+    # default is no socket timeout: a read on a broker socket that will never answer (a publish
+    # or an ack on a connection that died with Redis, a poll error read on a socket whose
+    # descriptor a reconnect reused) blocks the worker's only thread, so it neither consumes
+    # nor answers a ping, for good. With a timeout the read fails, the consumer restarts,
+    # reconnects and declares its queues and bindings again (a Redis restarted without
+    # persistence has lost them). Longer than the BRPOP timeout (1 s) and any reply.
+    "socket_timeout": 10.0,
+    "socket_connect_timeout": 5.0,
+    "socket_keepalive": True,
+    # kombu pings its pub/sub connection and drops a BRPOP connection whose reply is overdue
+    # every so often (default 25 s): a half-open connection is replaced within about 21 s.
+    "health_check_interval": 10,
 }
+# The worker reconnects to the broker for as long as it takes, at start-up too (a worker
+# started while Redis is away waits for it instead of exiting), instead of giving up after
+# 100 attempts (Celery's default: about 45 minutes) and leaving the console without workers.
+CELERY_BROKER_CONNECTION_RETRY = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+# A task still running when the broker connection is lost cannot be acknowledged any more: its
+# message is delivered again (acks_late), so the running copy is cancelled rather than left to
+# finish alongside the redelivered one (every task is idempotent either way). Celery 6's default.
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 
 # --- REST API ------------------------------------------------------------------------------
 REST_FRAMEWORK = {

@@ -5,13 +5,13 @@ same code on a stack of its own (its own PostgreSQL cluster and Redis on free po
 machine's shared services are never touched). For each fault the test fails if any count of
 the table is not zero: points lost or duplicated, NaNs not braked or braked twice, the hung
 job missed, pages missed or doubled, alerts or commands doubled, a healthy job braked, the
-health endpoint green while the part was down or not green after. The table is printed in
+health endpoint green while the part was down (reported only for the PostgreSQL restart:
+its probes wait for the database instead of answering) or not green after. The table is printed in
 the terminal summary (tests/faults/conftest.py).
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,14 +20,6 @@ import pytest
 
 from bench import faults as bench
 from bench._faultstack import Stack, pg_bin
-
-# Opt-in for now (`make faults`): in a full-suite run on the CI machine the Celery workers of
-# the fault stack did not come back after the Redis restart in 2 of 8 faults (cause not found
-# yet; alone the suite passes). A red main lands nothing, so it waits for that fix.
-pytestmark = pytest.mark.skipif(
-    os.environ.get("BRAKELINE_FAULT_SUITE") != "1",
-    reason="the fault suite is opt-in: make faults (BRAKELINE_FAULT_SUITE=1)",
-)
 
 JOBS = 3
 BEAT_DOWN = 8.0
@@ -63,4 +55,6 @@ def test_the_fault_loses_nothing_doubles_nothing_and_misses_no_brake(stack, faul
     running, created, spill = stack
     result = bench.run_fault(running, fault, JOBS, spill, created)
     RESULTS.append((fault, result))
+    if bench.failures(result):
+        running.dump_stacks()  # what each worker is doing now, into its log
     assert bench.failures(result) == [], f"{bench.table([(fault, result)])}\n{running.logs()}"
