@@ -6,3 +6,4 @@ urlpatterns = [path("", include("console.urls"))]
 
 # An /api/ path that matches no route answers the API's JSON error body, not an HTML page.
 handler404 = "console.api.errors.not_found"
+handler500 = "console.api.errors.server_error"

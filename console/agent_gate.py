@@ -23,6 +23,7 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from console.api.agent_auth import required_bearer_token
+from console.api.errors import outage_body, outage_part
 from core.errors import PayloadTooLarge, ServiceError
 from incidents.jobs import authenticate_agent
 
@@ -42,6 +43,17 @@ async def _answer(send: Any, error: ServiceError) -> None:
     if error.status == 401:
         headers.append((b"www-authenticate", b'Bearer realm="brakeline"'))
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _unavailable(send: Any, part: str) -> None:
+    body = json.dumps(outage_body(part)).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"retry-after", b"1"),
+    ]
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -109,6 +121,15 @@ class AgentRequestGate:
                 raise _too_large(limit)
         except ServiceError as error:
             await _answer(send, error)
+            return
+        except Exception as error:
+            # The token lookup met a database (or Redis) outage: outside Django's request
+            # cycle nothing turns that into an answer, and Daphne would send its own 500,
+            # which an agent stops retrying after five. A 503 it retries until we are back.
+            part = outage_part(error)
+            if part is None:
+                raise
+            await _unavailable(send, part)
             return
         replayed = False
 

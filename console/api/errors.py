@@ -53,7 +53,7 @@ def _flatten(detail: Any, prefix: str = "") -> dict[str, str]:
 READ_ONLY = "25006"
 
 
-def _outage(exc: Exception) -> str | None:
+def outage_part(exc: BaseException | None) -> str | None:
     """The part that is down when ``exc`` says the database or Redis cannot be reached."""
     if isinstance(exc, db.OperationalError | db.InterfaceError):
         return "database"
@@ -72,11 +72,7 @@ def outage_response(part: str) -> Response:
     """503, not 500: the request was fine and nothing of it was written (its transaction
     rolled back), so a client retries it without limit (an agent drops a batch answered 500
     five times), and the health endpoint says which part is down."""
-    response = Response(
-        {"error": "unavailable", "detail": f"The console's {part} is unreachable; retry.",
-         "fields": {}},
-        status=503,
-    )  # fmt: skip
+    response = Response(outage_body(part), status=503)
     response["Retry-After"] = "1"
     return response
 
@@ -84,7 +80,7 @@ def outage_response(part: str) -> Response:
 def exception_handler(exc: Exception, context: dict) -> Response | None:
     if isinstance(exc, ServiceError):
         return error_response(exc)
-    part = _outage(exc)
+    part = outage_part(exc)
     if part is not None:
         return outage_response(part)
     if isinstance(exc, Http404):
@@ -99,6 +95,30 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
         detail = exc.detail if isinstance(exc, exceptions.APIException) else str(exc)
         body = {"error": code, "detail": str(detail), "fields": {}}
     response.data = body
+    return response
+
+
+def outage_body(part: str) -> dict:
+    """The answer's body while ``part`` is down (docs/protocol.md "Errors"): retry."""
+    return {"error": "unavailable", "detail": f"The console's {part} is unreachable; retry.",
+            "fields": {}}  # fmt: skip
+
+
+def server_error(request: Any) -> Any:
+    """The project's 500 (``handler500``), called while the exception is being handled: an
+    outage met outside a DRF view (a middleware's session or sign-in lookup, a page) is a 503
+    with ``Retry-After`` as in the API, because an agent gives up on a batch answered 500 five
+    times and retries a 503 without limit; anything else is Django's own 500."""
+    import sys
+
+    from django.http import JsonResponse
+    from django.views.defaults import server_error as django_server_error
+
+    part = outage_part(sys.exc_info()[1])
+    if part is None:
+        return django_server_error(request)
+    response = JsonResponse(outage_body(part), status=503)
+    response["Retry-After"] = "1"
     return response
 
 

@@ -7,6 +7,7 @@ one of its own.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from datetime import timedelta
@@ -20,8 +21,9 @@ from django.utils import timezone
 from breakers.control import liveness
 from breakers.control.commands import issue_command
 from breakers.models import MetricPoint
+from console import agent_gate
 from console.api import agent_auth, health
-from console.api.errors import exception_handler
+from console.api.errors import exception_handler, server_error
 from console.ratelimit import RedisRateCounter
 from incidents.alerts.lifecycle import raise_or_update_alert
 from incidents.jobs import create_job
@@ -142,3 +144,48 @@ def test_with_a_read_only_database_agents_get_503_and_keep_their_points(make_age
     assert MetricPoint.objects.filter(job_id=agent.job_id).count() == 0  # nothing half-written
     assert post("/api/v1/agent/metrics", json.dumps(body)).status_code == 202  # the retry lands
     assert MetricPoint.objects.filter(job_id=agent.job_id).count() == 1
+
+
+def test_an_outage_met_outside_the_api_views_is_a_503_too(rf):
+    """Django's 500 handler sees the exception being handled: a database outage met in a
+    middleware or a page (outside DRF's handler) answers 503 with Retry-After, a bug 500."""
+    try:
+        raise OperationalError("server closed the connection unexpectedly")
+    except OperationalError:
+        response = server_error(rf.get("/api/v1/agent/heartbeat"))
+    assert response.status_code == 503 and response["Retry-After"] == "1"
+    assert json.loads(response.content)["error"] == "unavailable"
+    try:
+        raise ZeroDivisionError
+    except ZeroDivisionError:
+        assert server_error(rf.get("/")).status_code == 500
+
+
+def test_the_agent_gate_answers_503_when_the_token_lookup_meets_an_outage(monkeypatch):
+    """The gate runs before Django's request cycle: without its own answer, Daphne would send
+    a bare 500 for a PostgreSQL restart (seen in the fault suite), which agents stop retrying."""
+
+    def lookup_fails(token: str) -> None:
+        raise OperationalError("connection to server at 127.0.0.1 failed: Connection refused")
+
+    monkeypatch.setattr(agent_gate, "_check_token", lookup_fails)
+    sent: list[dict] = []
+
+    async def never_called(scope, receive, send):
+        raise AssertionError("the request must not reach Django")
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/api/v1/agent/heartbeat",
+        "headers": [(b"authorization", b"Bearer bkl_" + b"x" * 43)],
+    }
+    asyncio.run(agent_gate.AgentRequestGate(never_called)(scope, receive, send))
+    assert sent[0]["status"] == 503 and (b"retry-after", b"1") in sent[0]["headers"]
+    assert json.loads(sent[1]["body"])["error"] == "unavailable"
