@@ -459,6 +459,7 @@ COMMAND_ACK_TIMEOUT_SECONDS = _env_seconds_by_kind(
         "resume": 120.0,
         "terminate": 120.0,
         "isolate_node": 120.0,
+        "inject_fault": 120.0,
     },
 )
 # Between the executor's polite stop (SIGTERM, Slurm's USR1) and the forced one.
