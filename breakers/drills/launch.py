@@ -87,16 +87,20 @@ def launch_sandbox(
     return Sandbox("local", work_dir, process=process)
 
 
-def _slurm(arguments: list[str], **kwargs) -> subprocess.CompletedProcess:
+def _slurm(arguments: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """A Slurm command of the console's Slurm settings (BRAKELINE_SLURM_BIN_DIR, SLURM_CONF)."""
     binary = Path(settings.SLURM_BIN_DIR) / arguments[0] if settings.SLURM_BIN_DIR else None
     command = [str(binary) if binary else arguments[0], *arguments[1:]]
+    env = dict(os.environ if env is None else env)
+    if settings.SLURM_CONF:
+        env["SLURM_CONF"] = settings.SLURM_CONF
     return subprocess.run(
         command,
         capture_output=True,
         text=True,
         timeout=settings.SLURM_COMMAND_TIMEOUT_SECONDS,
         check=False,
-        **kwargs,
+        env=env,
     )
 
 
@@ -113,7 +117,7 @@ def _submit(job: Job, env: dict[str, str], arguments: list[str], work_dir: Path)
             f"--output={work_dir}/workload.log",
             f"--wrap={script}",
         ],
-        env={**env, **({"SLURM_CONF": settings.SLURM_CONF} if settings.SLURM_CONF else {})},
+        env=env,
     )
     if submitted.returncode != 0:
         raise OSError(f"sbatch refused the drill workload: {submitted.stderr.strip()}")
