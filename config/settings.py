@@ -257,6 +257,8 @@ TEMPLATES = [
 ]
 
 DATA_DIR = Path(os.environ.get("BRAKELINE_DATA_DIR", BASE_DIR / "var"))
+# Where fire drills' sandbox jobs write (checkpoints, logs): docs/drills.md.
+DRILL_DIR = Path(os.environ.get("BRAKELINE_DRILL_DIR", "").strip() or DATA_DIR / "drills")
 
 if EMBEDDED:
     DATA_DIR.mkdir(parents=True, exist_ok=True)

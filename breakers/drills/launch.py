@@ -81,8 +81,15 @@ def launch_sandbox(
     if executor == "slurm":
         return _submit(job, env, arguments, work_dir)
     with open(work_dir / "workload.log", "wb") as output:
+        # A session of its own, as a scheduler's job has: the local executor never signals a
+        # process in the console's own process group (which the runner may share).
         process = subprocess.Popen(
-            arguments, cwd=work_dir, env=env, stdout=output, stderr=subprocess.STDOUT
+            arguments,
+            cwd=work_dir,
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     return Sandbox("local", work_dir, process=process)
 

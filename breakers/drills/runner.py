@@ -1,11 +1,12 @@
 """Carrying out a drill: sandbox job, workload, fault, then the facts the scorecard judges.
 
-One scenario at a time, each on its own sandbox job (``Job.drill_sandbox``): the built-in
-workload (``workload.py``, real PyTorch through the SDK) is started by the job's executor —
-a local process, or ``sbatch`` on Slurm — and once it steps, the console sends
-``inject_fault``. From then on the drill only watches what the real stack does (the Celery
-workers' rules, the watchdog, the control plane, the notifications) and reads the outcome back
-from the console's own records. Nothing here brakes, pages or saves anything itself.
+Each scenario runs on a sandbox job of its own (``Job.drill_sandbox``), the scenarios of a set
+at the same time, in threads: the built-in workload (``workload.py``, real PyTorch through the
+SDK) is started by the job's executor — a local process, or ``sbatch`` on Slurm — and once it
+steps, the console sends ``inject_fault``. From then on the drill only watches what the real
+stack does (the Celery workers' rules, the watchdog, the control plane, the notifications) and
+reads the outcome back from the console's own records. Nothing here brakes, pages or saves
+anything itself.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ FAULT_METRIC = "drill.fault"  # the SDK's (brakeline._drill.FAULT_METRIC)
 WARM_UP_STEPS = 12  # past the first periodic checkpoint (the workload's, every 10 steps)
 FAULT_MARGIN_STEPS = 8  # the command must reach the job before the fault's step
 MAX_PARALLEL = 4  # scenarios of one set carried out at once
-STALL_BEYOND_DEADLINE_SECONDS = 6.0
+ANSWER_AFTER_SECONDS = 8.0  # heartbeat_loss: a stall long enough to be paged (drills.md)
 
 
 class DrillError(Exception):
@@ -118,8 +119,10 @@ def run_drill(run: DrillRun, *, console_url: str | None = None) -> DrillRun:
         facts, figures = _drive(run, scenario, job, sandbox)
         lines = score(scenario, facts)
         return runs.finish(run, lines, **figures)
-    except (DrillError, ServiceError, OSError) as error:
-        log.warning("drill #%s (%s) could not be carried out: %s", run.pk, run.scenario, error)
+    except Exception as error:  # a bug of ours too: no drill is left "running" for ever
+        known = isinstance(error, (DrillError, ServiceError, OSError))
+        say = log.warning if known else log.exception
+        say("drill #%s (%s) could not be carried out: %s", run.pk, run.scenario, error)
         runs.fail_with_error(run, f"{type(error).__name__}: {error}")
         run.refresh_from_db()
         return run
@@ -165,11 +168,10 @@ def _observe(
     _stage(run, "stepping")
     params = {"fault": scenario.fault, "at_step": step + FAULT_MARGIN_STEPS, **scenario.params}
     if scenario.fault == "heartbeat_loss":
-        # A stall that outlasts the watchdog's deadline by the time its page takes: a loop
-        # that answers the brake at once ends the silence, and the heartbeat that follows
-        # resolves the alert before anyone is paged (docs/drills.md "Findings").
-        timeout = heartbeat_timeout_seconds(Job.objects.get(pk=job.pk))
-        params["min_seconds"] = timeout + STALL_BEYOND_DEADLINE_SECONDS
+        # The stalled loop answers its brake only after the page had time to go out: one
+        # that answers at once ends the silence, and the heartbeat that follows resolves the
+        # alert before anyone is paged (docs/drills.md "Findings").
+        params.setdefault("answer_after", ANSWER_AFTER_SECONDS)
     injected = issue_command(
         job.pk,
         CommandKind.INJECT_FAULT,
@@ -190,6 +192,7 @@ def _observe(
     brake = _wait_for_outcome(job, scenario, alert, sandbox)
     facts = Facts(fault_step=point.step)
     facts.heartbeat_timeout_s = heartbeat_timeout_seconds(Job.objects.get(pk=job.pk))
+    facts.stop_after_s = _stop_after_seconds()
     facts.alert = _alert_facts(alert, point) if alert else None
     facts.brake = _brake_facts(brake, alert, point) if brake else None
     facts.release = _release_facts(job, sandbox, alert)
@@ -243,8 +246,7 @@ def _wait_for_outcome(
     if alert is None:
         return None
     if scenario.release == "stopped":
-        timeout = float(settings.COMMAND_ACK_TIMEOUT_SECONDS["checkpoint_and_pause"]) + 60
-        timeout += float(settings.EXECUTOR_GRACE_SECONDS)
+        timeout = _stop_after_seconds() + 60
         wait_until(lambda: _executor_entry(alert) is not None, "the executor's stop", timeout)
         return _brake_command(job, alert)
     done = (CommandStatus.SUCCEEDED, CommandStatus.FAILED)
@@ -261,6 +263,12 @@ def _wait_for_outcome(
     return wait_until(braked, "the brake", scenario.brake_seconds + 45) or _brake_command(
         job, alert
     )
+
+
+def _stop_after_seconds() -> float:
+    """From the brake of a hung job to the executor's forced stop, at the latest."""
+    acknowledge = float(settings.COMMAND_ACK_TIMEOUT_SECONDS["checkpoint_and_pause"])
+    return acknowledge + float(settings.EXECUTOR_GRACE_SECONDS)
 
 
 def _seconds_after(when, point: MetricPoint) -> float:
@@ -299,17 +307,29 @@ def _executor_entry(alert: Alert) -> TimelineEntry | None:
     return entries.order_by("at").first()
 
 
+def _executor_note(alert: Alert) -> str:
+    """What the executor said when it could not stop the job (a refusal, a failed signal)."""
+    if alert.incident_id is None:
+        return ""
+    notes = TimelineEntry.objects.filter(
+        incident_id=alert.incident_id, kind=TimelineKind.NOTE, data__has_key="executor"
+    )
+    note = notes.order_by("at").first()
+    return note.message if note is not None else ""
+
+
 def _release_facts(job: Job, sandbox: Sandbox, alert: Alert | None) -> dict[str, Any]:
     time.sleep(0.5)  # a holding process must still be holding a moment later
     job.refresh_from_db()
     entry = _executor_entry(alert) if alert is not None else None
+    refused = _executor_note(alert) if alert is not None and entry is None else ""
     return {
         "job_status": job.status,
         "alive": sandbox.alive(),
         "exit_code": sandbox.exit_code(),
         "release_hook": (sandbox.work_dir / "released").exists(),
         "executor_stopped": entry is not None,
-        "executor_detail": entry.message if entry is not None else "",
+        "executor_detail": entry.message if entry is not None else refused,
     }
 
 

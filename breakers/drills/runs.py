@@ -16,6 +16,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -99,13 +100,9 @@ def launch_drill_set(drill_set: uuid.UUID) -> None:
         )
 
 
-def drill_folder():
-    """Where sandboxes write (checkpoints, logs): BRAKELINE_DRILL_DIR, else under the data
-    folder."""
-    from pathlib import Path
-
-    configured = os.environ.get("BRAKELINE_DRILL_DIR", "").strip()
-    return Path(configured) if configured else Path(settings.DATA_DIR) / "drills"
+def drill_folder() -> Path:
+    """Where sandboxes write (checkpoints, logs): DRILL_DIR (env BRAKELINE_DRILL_DIR)."""
+    return Path(settings.DRILL_DIR)
 
 
 def move(run: DrillRun, new: str, **fields: Any) -> bool:

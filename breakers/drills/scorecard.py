@@ -33,6 +33,9 @@ class Facts:
     fault_step: int | None = None
     alert: dict[str, Any] | None = None  # rule_key, severity, detect_s, first_step, step
     heartbeat_timeout_s: float | None = None  # the job's watchdog deadline, for that rule
+    # A hung job is stopped from outside only after its brake's acknowledgement deadline and
+    # the executor's grace: part of the expectation of a "stopped" release.
+    stop_after_s: float = 0.0
     brake: dict[str, Any] | None = None  # kind, status, brake_s, step, error
     checkpoint: dict[str, Any] | None = None  # catalogue row: step, weights_step, sha256, path
     loads: dict[str, Any] | None = None  # the fresh process's answer
@@ -75,6 +78,8 @@ def detect_line(scenario: Scenario, facts: Facts) -> Line:
 
 def brake_line(scenario: Scenario, facts: Facts) -> Line:
     budget = detect_budget(scenario, facts) + scenario.brake_seconds
+    if scenario.release == "stopped":
+        budget += facts.stop_after_s
     expected = f"braked ≤ {budget:.1f} s after the fault"
     brake = facts.brake
     if brake is None or brake.get("brake_s") is None:

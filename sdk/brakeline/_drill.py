@@ -46,8 +46,8 @@ FAULTS: dict[str, str] = {
     "nan_grad": "NaN in the gradients only (the loss stays finite)",
     "inf_grad": "+Inf in the gradients only",
     "lr_spike": "the learning rate multiplied by params.factor (default 1000): divergence",
-    "heartbeat_loss": "the loop stops stepping (no progress, no heartbeat) for params.min_seconds"
-    ", then until a command",
+    "heartbeat_loss": "the loop stops stepping (no progress, no heartbeat) until a command, and "
+    "params.answer_after seconds more",
     "hang": "the training thread hangs inside the step, for good",
     "xid": "a GPU XID (params.xid, default 79) reported on this node",
     "comm_failure": "a failed collective operation reported on this node",
@@ -128,7 +128,7 @@ class DrillFaults:
             elif kind == "heartbeat_loss":
                 params = fault.params
                 self._stop_stepping(
-                    float(params.get("seconds", 600.0)), float(params.get("min_seconds", 0.0))
+                    float(params.get("seconds", 600.0)), float(params.get("answer_after", 0.0))
                 )
             elif kind == "hang":
                 threading.Event().wait()  # inside the step, for good: only a signal ends it
@@ -158,16 +158,14 @@ class DrillFaults:
             for group in optimizer.param_groups:
                 group["lr"] = group["lr"] * factor
 
-    def _stop_stepping(self, seconds: float, min_seconds: float) -> None:
+    def _stop_stepping(self, seconds: float, answer_after: float) -> None:
         # No keepalive on purpose: the heartbeats then carry no progress and stop, as those of
-        # a stuck loop do. After ``min_seconds`` a command (the console's brake) ends the
-        # stall, so it is applied at the boundary that follows.
-        started = time.monotonic()
-        while time.monotonic() - started < seconds:
-            waited = time.monotonic() - started
-            if waited >= min_seconds and self.run.inbox.has_pending:
-                return
-            self.run.inbox.wait(min(0.25, max(0.01, min_seconds - waited)))
+        # a stuck loop do. ``answer_after`` seconds after a command (the console's brake)
+        # arrived, the stall ends and the command is applied at the boundary that follows.
+        deadline = time.monotonic() + seconds
+        while not self.run.inbox.has_pending and time.monotonic() < deadline:
+            self.run.inbox.wait(0.25)
+        time.sleep(max(0.0, min(answer_after, deadline - time.monotonic())))
 
     def _fail_saves(self, code: int, message: str) -> None:
         def failing_saver(path: Any, step: int) -> None:

@@ -77,3 +77,21 @@ def test_a_corrupted_checkpoint_fails_on_the_loads_line(live_console, drill_team
     failed = list(run.checks.filter(passed=False).values_list("name", flat=True))
     assert failed == ["checkpoint loads"], output
     assert "does not match the expected sha256" in run.checks.get(name="checkpoint loads").measured
+
+
+def test_a_hang_inside_a_step_is_stopped_by_the_executor(live_console, drill_team, settings):
+    # The brake's acknowledgement deadline shortened (the worker, in this process, issues and
+    # expires it): with the default 300 s this scenario is left out of the lean set.
+    settings.COMMAND_ACK_TIMEOUT_SECONDS = {
+        **settings.COMMAND_ACK_TIMEOUT_SECONDS,
+        "checkpoint_and_pause": 4.0,
+    }
+    settings.EXECUTOR_GRACE_SECONDS = 2.0
+    output, code = drill(live_console, "--scenario", "hang")
+    run = DrillRun.objects.get(team=drill_team)
+    assert code == 0 and run.status == DrillStatus.PASSED, output
+    release = run.checks.get(name="release").measured
+    assert "SIGTERM to process" in release and "process exited" in release
+    brake = run.checks.get(name="time to brake")
+    assert "stopped by the executor" in brake.measured
+    assert run.brake_seconds > run.detect_seconds + 4.0  # not before the deadline expired

@@ -113,8 +113,8 @@ def test_heartbeat_loss_stops_stepping_until_a_command_arrives(run, monkeypatch)
     resume = {"id": "r", "kind": "resume", "params": {}}
     threading.Timer(1.2, run.inbox.offer, args=(resume,)).start()
     started = time.monotonic()
-    train(run, 3, ("heartbeat_loss", 2, {"seconds": 30}))
-    assert time.monotonic() - started >= 1.1  # it stalled until the command came
+    train(run, 3, ("heartbeat_loss", 2, {"seconds": 30, "answer_after": 0.5}))
+    assert time.monotonic() - started >= 1.6  # it stalled until the command came, and 0.5 s
     assert progress == [2]  # the boundaries of steps 0 and 1, nothing while stalled
     assert [a["id"] for a in run.acknowledgements] == ["f-heartbeat_loss", "r"]
 

@@ -20,7 +20,7 @@ def watchdog_beat(worker):
 
 
 @pytest.fixture
-def drill_team(receiver, settings, tmp_path, monkeypatch) -> Any:
+def drill_team(receiver, settings, tmp_path) -> Any:
     """The team drilled: an admin, alice on call (phone), bob the manager, the chat webhook."""
     from django.contrib.auth import get_user_model
 
@@ -30,7 +30,7 @@ def drill_team(receiver, settings, tmp_path, monkeypatch) -> Any:
     settings.NOTIFY_PROVIDER_ACCOUNT_SID = "AC1"
     settings.NOTIFY_PROVIDER_AUTH_TOKEN = "secret"
     settings.NOTIFY_PROVIDER_FROM_NUMBER = "+15550000000"
-    monkeypatch.setenv("BRAKELINE_DRILL_DIR", str(tmp_path / "drills"))
+    settings.DRILL_DIR = tmp_path / "drills"
     team, _ = Team.objects.get_or_create(name="research")
     users = get_user_model().objects
     admin = users.create_user(username="ada", email="ada@example.org", password="pw-for-tests")
