@@ -236,6 +236,7 @@ COMMAND_LABELS = {
     "resume": "resumed",
     "terminate": "terminated",
     "isolate_node": "node isolated",
+    "inject_fault": "drill fault",
 }
 
 

@@ -257,6 +257,8 @@ TEMPLATES = [
 ]
 
 DATA_DIR = Path(os.environ.get("BRAKELINE_DATA_DIR", BASE_DIR / "var"))
+# Where fire drills' sandbox jobs write (checkpoints, logs): docs/drills.md.
+DRILL_DIR = Path(os.environ.get("BRAKELINE_DRILL_DIR", "").strip() or DATA_DIR / "drills")
 
 if EMBEDDED:
     DATA_DIR.mkdir(parents=True, exist_ok=True)
@@ -503,6 +505,7 @@ COMMAND_ACK_TIMEOUT_SECONDS = _env_seconds_by_kind(
         "resume": 120.0,
         "terminate": 120.0,
         "isolate_node": 120.0,
+        "inject_fault": 120.0,
     },
 )
 # Between the executor's polite stop (SIGTERM, Slurm's USR1) and the forced one.

@@ -6,7 +6,14 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from console import metrics_endpoint, monitoring_views, review_views, snapshot_views, views
+from console import (
+    drill_views,
+    metrics_endpoint,
+    monitoring_views,
+    review_views,
+    snapshot_views,
+    views,
+)
 from console.pages import lists, rules, teams
 
 urlpatterns = [
@@ -29,6 +36,8 @@ urlpatterns = [
     path("teams/", teams.teams_page, name="teams-page"),
     path("teams/<int:pk>/paging/", teams.paging_page, name="team-paging"),
     path("teams/<int:pk>/rules/", rules.rules_page, name="team-rules-page"),
+    path("teams/<int:pk>/drills/", drill_views.team_drills_page, name="team-drills-page"),
+    path("drills/<int:pk>/", drill_views.drill_page, name="drill-page"),
     path("silences/", lists.silences_page, name="silences-page"),
     path("incidents/", lists.incidents_page, name="incidents-page"),
     path("audit/", lists.audit_page, name="audit-page"),

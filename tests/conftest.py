@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # parameters, and imports only the helpers.
 pytest_plugins = [
     "tests.support.authz",
+    "tests.support.drills",
     "tests.support.notify",
     "tests.support.review",
     "tests.support.worker",

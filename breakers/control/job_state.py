@@ -27,6 +27,7 @@ ACCEPTED_IN: Mapping[str, tuple[str, ...]] = MappingProxyType(
         CommandKind.LOWER_LR: TRAINING_JOB_STATUSES,
         CommandKind.PAUSE_DATA: TRAINING_JOB_STATUSES,
         CommandKind.ISOLATE_NODE: _NOT_FINAL,
+        CommandKind.INJECT_FAULT: TRAINING_JOB_STATUSES,
     }
 )
 # The event applied when the command is issued, and when the agent reports it succeeded.
@@ -48,11 +49,15 @@ _WHY: dict[str, str] = {
     CommandKind.LOWER_LR: "Job {name!r} is {status}: it is not training.",
     CommandKind.PAUSE_DATA: "Job {name!r} is {status}: it is not training.",
     CommandKind.ISOLATE_NODE: "Job {name!r} is {status}.",
+    CommandKind.INJECT_FAULT: "Job {name!r} is {status}: it is not training.",
 }
 
 
 def refusal(job: Job, kind: str) -> str | None:
     """Why ``job`` (locked by the caller) cannot take a ``kind`` command now, or None."""
+    if kind == CommandKind.INJECT_FAULT and not job.drill_sandbox:
+        # Faults go to drill sandboxes only (breakers.drills); the SDK checks it once more.
+        return f"Job {job.name!r} is not a drill sandbox: it takes no injected fault."
     if job.status in FINAL_JOB_STATUSES:
         return f"Job {job.name!r} is {job.status}; it takes no more commands."
     if job.status not in ACCEPTED_IN[kind]:

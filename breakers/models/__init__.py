@@ -12,6 +12,12 @@ from breakers.models.control import (  # noqa: F401
     CommandKind,
     CommandStatus,
 )
+from breakers.models.drills import (  # noqa: F401
+    DRILL_TRANSITIONS,
+    DrillCheck,
+    DrillRun,
+    DrillStatus,
+)
 from breakers.models.inference import (  # noqa: F401
     REPLICA_TRANSITIONS,
     InferenceReplica,
@@ -72,5 +78,9 @@ __all__ = [
     "REPLICA_TRANSITIONS",
     "InferenceReplica",
     "ReplicaStatus",
+    "DRILL_TRANSITIONS",
+    "DrillCheck",
+    "DrillRun",
+    "DrillStatus",
     "RuleSetVersion",
 ]

@@ -18,6 +18,7 @@ class CommandKind(models.TextChoices):
     RESUME = "resume", "Resume"
     TERMINATE = "terminate", "Terminate"
     ISOLATE_NODE = "isolate_node", "Isolate node"
+    INJECT_FAULT = "inject_fault", "Inject a fault (drill sandboxes only)"
 
 
 class CommandStatus(models.TextChoices):

@@ -52,6 +52,7 @@ class CommandDoc(serializers.Serializer):
             "resume",
             "terminate",
             "isolate_node",
+            "inject_fault",
         ]
     )
     params = serializers.DictField()

@@ -8,6 +8,7 @@ from console.api import (
     alerts,
     audit,
     checkpoints,
+    drills,
     escalations,
     health,
     inference,
@@ -186,6 +187,12 @@ team_routes = [
     ),
 ]
 
+# Fire drills (docs/drills.md).
+drill_routes = [
+    path(f"{V1}/teams/<int:pk>/drills", drills.TeamDrillsView.as_view(), name="team-drills"),
+    path(f"{V1}/drills/<int:pk>", drills.DrillDetailView.as_view(), name="drill-detail"),
+]
+
 silence_routes = [
     path(f"{V1}/silences", silences.SilenceListView.as_view(), name="silence-list"),
     path(f"{V1}/silences/<int:pk>/end", silences.EndSilenceView.as_view(), name="silence-end"),
@@ -237,6 +244,7 @@ urlpatterns = [
     *incident_routes,
     *team_routes,
     *silence_routes,
+    *drill_routes,
     *other_routes,
     *integration_routes,
 ]

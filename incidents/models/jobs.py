@@ -145,6 +145,8 @@ class Job(models.Model):
     agent_pid_start_time = models.BigIntegerField(null=True, blank=True)
     # How many ranks the job runs, as its ranks report it (WORLD_SIZE); None when none said.
     world_size = models.IntegerField(null=True, blank=True)
+    # Created by a fire drill (breakers.drills): takes inject_fault, and its pages say DRILL.
+    drill_sandbox = models.BooleanField(default=False)
 
     class Meta:
         constraints = [

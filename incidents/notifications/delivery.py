@@ -102,9 +102,12 @@ def job_link(job_id: int) -> str:
     return f"{base}/jobs/{job_id}/"
 
 
+DRILL_PREFIX = "DRILL — "
+
+
 def alert_message(alert: Alert) -> Message:
     job = alert.job
-    return render(
+    message = render(
         AlertFacts(
             level=alert.severity,
             team=job.team.name,
@@ -122,6 +125,10 @@ def alert_message(alert: Alert) -> Message:
             link=job_link(job.pk),
         )
     )
+    if job.drill_sandbox:  # nobody may take a fire drill's page for the real thing
+        body = f"This is a fire drill on a sandbox job: no action needed.\n{message.body}"
+        return Message(fit(DRILL_PREFIX + message.first_line, FIRST_LINE_LENGTH), body)
+    return message
 
 
 # --- Rounds ----------------------------------------------------------------------------------
@@ -277,6 +284,12 @@ def _address(channel: str, person: Any, policy: NotificationPolicy) -> str:
     return contact.phone if contact is not None else ""
 
 
+def _purpose(alert: Alert, round_: NotificationRound) -> str:
+    if alert.job.drill_sandbox:
+        return "drill"
+    return "alert" if round_.number == 0 else "escalation"
+
+
 def _plan_deliveries(
     alert: Alert,
     round_: NotificationRound,
@@ -304,7 +317,7 @@ def _plan_deliveries(
                 recipient=person,
                 channel=channel,
                 address=address,
-                purpose="alert" if round_.number == 0 else "escalation",
+                purpose=_purpose(alert, round_),
                 first_line=fit(message.first_line, FIRST_LINE_LENGTH),
                 body=body,
                 lease_until=lease(now),

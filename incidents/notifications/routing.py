@@ -95,6 +95,7 @@ _TAKEN = {
     "lower_lr": "learning rate lowered",
     "pause_data": "data loading paused",
     "isolate_node": "node isolated",
+    "inject_fault": "fault injected (drill)",
     "resume": "resumed",
 }
 

@@ -95,6 +95,7 @@ COMMAND_ACTIONS: Mapping[str, Action] = MappingProxyType(
         "resume": Action.RESUME_JOB,
         "terminate": Action.TERMINATE_JOB,
         "isolate_node": Action.ISOLATE_NODE,
+        "inject_fault": Action.RUN_DRILL,  # drill sandboxes only (breakers.drills)
     }
 )
 

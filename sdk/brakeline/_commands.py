@@ -14,7 +14,15 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-KINDS = ("lower_lr", "pause_data", "checkpoint_and_pause", "resume", "terminate", "isolate_node")
+KINDS = (
+    "lower_lr",
+    "pause_data",
+    "checkpoint_and_pause",
+    "resume",
+    "terminate",
+    "isolate_node",
+    "inject_fault",  # drill sandboxes only (_drill.py)
+)
 # Returned by a handler that acknowledges by itself (a pause confirms *before* it blocks).
 ACK_LATER = object()
 

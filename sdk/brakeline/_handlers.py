@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from brakeline._commands import ACK_LATER, KINDS, Command, CommandFailed
+from brakeline._drill import inject_fault
 from brakeline._pause import PauseInfo
 
 if TYPE_CHECKING:
@@ -110,6 +111,7 @@ BUILTIN_HANDLERS: dict[str, Handler] = {
     "checkpoint_and_pause": checkpoint_and_pause,
     "terminate": terminate,
     "isolate_node": isolate_node,
+    "inject_fault": inject_fault,
 }
 assert set(BUILTIN_HANDLERS) == set(KINDS)
 

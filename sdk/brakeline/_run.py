@@ -585,6 +585,7 @@ class Run:
             return
         self.flush(self.settings.finish_timeout / 2)
         self.ack(command.id, "succeeded", result)
+        self.wait_for_ack(command.id)  # the console hears "terminated" before "finished"
         self.finish_terminated()
 
     def finish_terminated(self) -> None:

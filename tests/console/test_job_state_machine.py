@@ -51,9 +51,11 @@ def test_a_command_is_taken_exactly_in_the_statuses_its_event_starts_from(kind, 
         CommandKind.LOWER_LR: (S.PENDING, S.RUNNING),
         CommandKind.PAUSE_DATA: (S.PENDING, S.RUNNING),
         CommandKind.ISOLATE_NODE: (S.PENDING, S.RUNNING, S.PAUSING, S.PAUSED),
+        CommandKind.INJECT_FAULT: (S.PENDING, S.RUNNING),
     }[kind]
     assert ACCEPTED_IN[kind] == expected
-    job = Job(pk=None, name="j", status=status)
+    # Faults go to drill sandboxes only (tests/drills: an ordinary job refuses them always).
+    job = Job(pk=None, name="j", status=status, drill_sandbox=kind == CommandKind.INJECT_FAULT)
     if kind in (CommandKind.RESUME, CommandKind.TERMINATE) and status in expected:
         return  # asks the database for an open one; covered by the tests below
     assert (refusal(job, kind) is None) == (status in expected)

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -149,19 +146,10 @@ def log_in(live_console):
 def beat(celery_worker):
     """A real Celery beat (the watchdog every second) on the test database, so the health
     banner is quiet in screenshots. Tests without it see the banner (the beat is stale)."""
-    from tests.conftest import server_environment
+    from tests.support.beat import running_beat
 
-    with tempfile.TemporaryDirectory() as folder:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "config", "--quiet", "beat", "--loglevel",
-             "warning", "--schedule", str(Path(folder) / "schedule")],
-            cwd=ROOT, env=server_environment(),
-        )  # fmt: skip
-        try:
-            yield process
-        finally:
-            process.terminate()
-            process.wait(timeout=10)
+    with running_beat() as process:
+        yield process
 
 
 def keep_posting(agent: ScriptedAgent, start: int, stop: threading.Event) -> threading.Thread:

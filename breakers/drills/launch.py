@@ -1,0 +1,146 @@
+"""Starting the drill workload the way the job's executor runs jobs: a local process, or a
+batch job submitted with ``sbatch`` (the same Slurm the Slurm executor acts through).
+
+The sandbox's environment carries the job's token (the local executor signals only a process
+whose environment holds it), ``BRAKELINE_DRILL_SANDBOX=1`` (the SDK's own consent to faults)
+and, on Slurm, ``--comment=brakeline:<job id>``, which the console checks with Slurm before it
+binds the job and acts on it through Slurm.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from django.conf import settings
+
+from incidents.models import Job
+
+SANDBOX_VARIABLE = "BRAKELINE_DRILL_SANDBOX"  # the SDK's (brakeline._drill.SANDBOX_VARIABLE)
+
+
+def sandbox_environment(url: str, token: str, work_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BRAKELINE_")}
+    env.update(
+        BRAKELINE_URL=url,
+        BRAKELINE_TOKEN=token,
+        **{SANDBOX_VARIABLE: "1"},
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        TRAIN_DIR=str(work_dir),
+    )
+    return env
+
+
+@dataclass
+class Sandbox:
+    executor: str
+    work_dir: Path
+    process: subprocess.Popen | None = None  # local
+    slurm_job_id: str = ""
+    _stopped: bool = field(default=False)
+
+    @property
+    def log(self) -> Path:
+        return self.work_dir / "workload.log"
+
+    def tail(self, lines: int = 15) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return "\n".join(text.splitlines()[-lines:]) or "(no output)"
+
+    def exit_code(self) -> int | None:
+        if self.process is not None:
+            return self.process.poll()
+        return None if self.alive() else _slurm_exit_code(self.work_dir)
+
+    def alive(self) -> bool:
+        if self.process is not None:
+            return self.process.poll() is None
+        return _slurm_state(self.slurm_job_id) in ("PENDING", "RUNNING", "COMPLETING")
+
+    def exited_early(self) -> bool:
+        return not self.alive()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        elif self.slurm_job_id and self.alive():
+            _slurm(["scancel", self.slurm_job_id])
+
+
+def launch_sandbox(
+    executor: str, job: Job, token: str, url: str, work_dir: Path, workload: Path
+) -> Sandbox:
+    work_dir.mkdir(parents=True, exist_ok=True)
+    env = sandbox_environment(url, token, work_dir)
+    arguments = [sys.executable, str(workload), "--work-dir", str(work_dir)]
+    if executor == "slurm":
+        return _submit(job, env, arguments, work_dir)
+    with open(work_dir / "workload.log", "wb") as output:
+        # A session of its own, as a scheduler's job has: the local executor never signals a
+        # process in the console's own process group (which the runner may share).
+        process = subprocess.Popen(
+            arguments,
+            cwd=work_dir,
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return Sandbox("local", work_dir, process=process)
+
+
+def _slurm(arguments: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """A Slurm command of the console's Slurm settings (BRAKELINE_SLURM_BIN_DIR, SLURM_CONF)."""
+    binary = Path(settings.SLURM_BIN_DIR) / arguments[0] if settings.SLURM_BIN_DIR else None
+    command = [str(binary) if binary else arguments[0], *arguments[1:]]
+    env = dict(os.environ if env is None else env)
+    if settings.SLURM_CONF:
+        env["SLURM_CONF"] = settings.SLURM_CONF
+    return subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=settings.SLURM_COMMAND_TIMEOUT_SECONDS,
+        check=False,
+        env=env,
+    )
+
+
+def _submit(job: Job, env: dict[str, str], arguments: list[str], work_dir: Path) -> Sandbox:
+    # The exit code lands in a file: without accounting, Slurm forgets a finished job.
+    script = f"{' '.join(arguments)}; echo $? > {work_dir}/exit-code"
+    submitted = _slurm(
+        [
+            "sbatch",
+            "--parsable",
+            f"--comment=brakeline:{job.pk}",
+            f"--job-name=brakeline-drill-{job.pk}",
+            f"--chdir={work_dir}",
+            f"--output={work_dir}/workload.log",
+            f"--wrap={script}",
+        ],
+        env=env,
+    )
+    if submitted.returncode != 0:
+        raise OSError(f"sbatch refused the drill workload: {submitted.stderr.strip()}")
+    return Sandbox("slurm", work_dir, slurm_job_id=submitted.stdout.strip().split(";")[0])
+
+
+def _slurm_state(slurm_job_id: str) -> str:
+    if not slurm_job_id:
+        return ""
+    answer = _slurm(["squeue", "--noheader", "--format=%T", f"--jobs={slurm_job_id}"])
+    return answer.stdout.strip() if answer.returncode == 0 else ""
+
+
+def _slurm_exit_code(work_dir: Path) -> int | None:
+    path = work_dir / "exit-code"
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None

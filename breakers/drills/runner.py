@@ -1,0 +1,435 @@
+"""Carrying out a drill: sandbox job, workload, fault, then the facts the scorecard judges.
+
+Each scenario runs on a sandbox job of its own (``Job.drill_sandbox``), the scenarios of a set
+at the same time, in threads: the built-in workload (``workload.py``, real PyTorch through the
+SDK) is started by the job's executor — a local process, or ``sbatch`` on Slurm — and once it
+steps, the console sends ``inject_fault``. From then on the drill only watches what the real
+stack does (the Celery workers' rules, the watchdog, the control plane, the notifications) and
+reads the outcome back from the console's own records. Nothing here brakes, pages or saves
+anything itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from breakers.checkpoints import catalogue
+from breakers.control.commands import issue_command
+from breakers.drills import runs
+from breakers.drills.launch import Sandbox, launch_sandbox
+from breakers.drills.scenarios import SCENARIOS, Scenario
+from breakers.drills.scorecard import Facts, score
+from breakers.models import (
+    Checkpoint,
+    Command,
+    CommandKind,
+    CommandStatus,
+    DrillRun,
+    DrillStatus,
+    MetricPoint,
+)
+from core.errors import ServiceError
+from incidents.jobs import create_job, heartbeat_timeout_seconds
+from incidents.models import (
+    ActorKind,
+    Alert,
+    Delivery,
+    Job,
+    JobStatus,
+    NotificationPolicy,
+    TimelineEntry,
+    TimelineKind,
+)
+from incidents.notifications.delivery import _people_for_round, stop_notifications
+from incidents.notifications.routing import DIGEST, channels_for
+
+log = logging.getLogger(__name__)
+WORKLOAD = Path(__file__).resolve().parent / "workload.py"
+FAULT_METRIC = "drill.fault"  # the SDK's (brakeline._drill.FAULT_METRIC)
+WARM_UP_STEPS = 12  # past the first periodic checkpoint (the workload's, every 10 steps)
+FAULT_MARGIN_STEPS = 8  # the command must reach the job before the fault's step
+MAX_PARALLEL = 4  # scenarios of one set carried out at once
+ANSWER_AFTER_SECONDS = 8.0  # heartbeat_loss: a stall long enough to be paged (drills.md)
+
+
+class DrillError(Exception):
+    """The drill could not be carried out (the verdict is then "error", not "failed")."""
+
+
+def _stage(run: DrillRun, what: str) -> None:
+    started = run.started_at or timezone.now()
+    elapsed = (timezone.now() - started).total_seconds()
+    log.info("drill #%s (%s): %s after %.1f s", run.pk, run.scenario, what, elapsed)
+
+
+def wait_until(predicate: Callable[[], Any], what: str, timeout: float, sandbox=None) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if sandbox is not None and sandbox.exited_early():
+            raise DrillError(f"the sandbox exited while waiting for {what}: {sandbox.tail()}")
+        time.sleep(0.1)
+    return None
+
+
+def run_drill_set(drill_set: uuid.UUID | str, *, console_url: str | None = None) -> list[DrillRun]:
+    """Every queued run of the set, at the same time (each on its own sandbox job, so their
+    alerts never group into one page); returns them finished, in the set's order."""
+    queued = list(
+        DrillRun.objects.filter(drill_set=drill_set, status=DrillStatus.QUEUED).order_by("pk")
+    )
+    if not queued:
+        return []
+
+    def one(run: DrillRun) -> DrillRun:
+        try:
+            return run_drill(run, console_url=console_url)
+        finally:
+            connection.close()  # this thread's own connection
+
+    with ThreadPoolExecutor(max_workers=min(len(queued), MAX_PARALLEL)) as pool:
+        return list(pool.map(one, queued))
+
+
+def run_drill(run: DrillRun, *, console_url: str | None = None) -> DrillRun:
+    runs.start(run)
+    scenario = SCENARIOS[run.scenario]
+    sandbox: Sandbox | None = None
+    try:
+        job, token = _sandbox_job(run)
+        work_dir = runs.drill_folder() / str(run.drill_set) / f"{run.pk}-{run.scenario}"
+        url = console_url or str(settings.BRAKELINE_PUBLIC_URL)
+        sandbox = launch_sandbox(run.executor, job, token, url, work_dir, WORKLOAD)
+        facts, figures = _drive(run, scenario, job, sandbox)
+        lines = score(scenario, facts)
+        return runs.finish(run, lines, **figures)
+    except Exception as error:  # a bug of ours too: no drill is left "running" for ever
+        known = isinstance(error, (DrillError, ServiceError, OSError))
+        say = log.warning if known else log.exception
+        say("drill #%s (%s) could not be carried out: %s", run.pk, run.scenario, error)
+        runs.fail_with_error(run, f"{type(error).__name__}: {error}")
+        run.refresh_from_db()
+        return run
+    finally:
+        if sandbox is not None:
+            _clean_up(run, sandbox)
+
+
+def _sandbox_job(run: DrillRun) -> tuple[Job, str]:
+    name = f"drill-{run.scenario}-{run.pk}"
+    created = create_job(run.team.name, name)
+    Job.objects.filter(pk=created.job.pk).update(drill_sandbox=True)
+    DrillRun.objects.filter(pk=run.pk).update(job=created.job)
+    run.job = created.job
+    return created.job, created.raw_token
+
+
+def _drive(
+    run: DrillRun, scenario: Scenario, job: Job, sandbox: Sandbox
+) -> tuple[Facts, dict[str, Any]]:
+    stepping = wait_until(
+        lambda: Job.objects.filter(pk=job.pk, current_step__gte=WARM_UP_STEPS).exists(),
+        f"{WARM_UP_STEPS} steps of the workload",
+        timeout=300,  # importing torch and stepping on a loaded machine: generous
+        sandbox=sandbox,
+    )
+    if not stepping:
+        raise DrillError(f"the workload never reached step {WARM_UP_STEPS}: {sandbox.tail()}")
+    # Started once the sandbox steps (two torch imports at once only slow both down).
+    verifier = start_verifier()
+    try:
+        return _observe(run, scenario, job, sandbox, verifier)
+    finally:
+        if verifier.poll() is None:
+            verifier.kill()
+            verifier.wait()
+
+
+def _observe(
+    run: DrillRun, scenario: Scenario, job: Job, sandbox: Sandbox, verifier: subprocess.Popen
+) -> tuple[Facts, dict[str, Any]]:
+    step = Job.objects.get(pk=job.pk).current_step or 0
+    _stage(run, "stepping")
+    params = {"fault": scenario.fault, "at_step": step + FAULT_MARGIN_STEPS, **scenario.params}
+    if scenario.fault == "heartbeat_loss":
+        # The stalled loop answers its brake only after the page had time to go out: one
+        # that answers at once ends the silence, and the heartbeat that follows resolves the
+        # alert before anyone is paged (docs/drills.md "Findings").
+        params.setdefault("answer_after", ANSWER_AFTER_SECONDS)
+    injected = issue_command(
+        job.pk,
+        CommandKind.INJECT_FAULT,
+        reason=f"fire drill #{run.pk}: {scenario.name}",
+        actor_kind=ActorKind.PERSON if run.requested_by_id else ActorKind.SYSTEM,
+        actor=run.requested_by,
+        params=params,
+        idempotency_key=f"drill:{run.pk}:inject",
+    ).command
+    point = wait_until(lambda: _fault_point(job, injected), "the fault", 60, sandbox)
+    if point is None:
+        injected.refresh_from_db()
+        raise DrillError(f"the fault never fired (inject_fault {injected.status}: "
+                         f"{injected.error or 'no answer'})")  # fmt: skip
+    _stage(run, "fault fired")
+    alert = _wait_for_alert(job, scenario, point)
+    _stage(run, "alert seen")
+    brake = _wait_for_outcome(job, scenario, alert, sandbox)
+    facts = Facts(fault_step=point.step)
+    facts.heartbeat_timeout_s = heartbeat_timeout_seconds(Job.objects.get(pk=job.pk))
+    facts.stop_after_s = _stop_after_seconds()
+    facts.alert = _alert_facts(alert, point) if alert else None
+    facts.brake = _brake_facts(brake, alert, point) if brake else None
+    facts.release = _release_facts(job, sandbox, alert)
+    _stage(run, "braked, released")
+    facts.checkpoint = _checkpoint_facts(job, brake)
+    if facts.checkpoint is not None:
+        facts.loads = _loads(verifier, facts.checkpoint, run.corrupt_checkpoint)
+    _stage(run, "loads checked")
+    if alert is not None:
+        facts.paging = _paging_facts(job, alert)
+        facts.timeline = _timeline_kinds(alert)
+    figures = {
+        "fault_step": point.step,
+        "detect_seconds": (facts.alert or {}).get("detect_s"),
+        "brake_seconds": (facts.brake or {}).get("brake_s"),
+        "brake_steps": (facts.brake or {}).get("steps"),
+    }
+    return facts, figures
+
+
+def _fault_point(job: Job, injected: Command) -> MetricPoint | bool | None:
+    point = MetricPoint.objects.filter(job=job, name=FAULT_METRIC).order_by("step").first()
+    if point is not None:
+        return point
+    injected.refresh_from_db()
+    if injected.status == CommandStatus.FAILED:
+        raise DrillError(f"the sandbox refused the fault: {injected.error}")
+    return None
+
+
+def _wait_for_alert(job: Job, scenario: Scenario, point: MetricPoint) -> Alert | None:
+    budget = heartbeat_timeout_seconds(Job.objects.get(pk=job.pk)) + scenario.detect_seconds + 30
+    alerts = Alert.objects.filter(job=job).order_by("raised_at", "pk")
+    expected = wait_until(lambda: alerts.filter(rule_key__in=scenario.rules).first(), "", budget)
+    return expected or alerts.first()  # what fired instead, if anything did
+
+
+def _brake_command(job: Job, alert: Alert | None) -> Command | None:
+    kinds = (CommandKind.CHECKPOINT_AND_PAUSE, CommandKind.TERMINATE)
+    commands = Command.objects.filter(job=job, kind__in=kinds).order_by("pk")
+    if alert is not None:
+        commands = commands.filter(alert=alert)
+    return commands.first()
+
+
+def _wait_for_outcome(
+    job: Job, scenario: Scenario, alert: Alert | None, sandbox: Sandbox
+) -> Command | None:
+    """The brake taking effect as the level says: acknowledged and held, exited, or stopped
+    from outside by the executor (after the acknowledgement deadline)."""
+    if alert is None:
+        return None
+    if scenario.release == "stopped":
+        timeout = _stop_after_seconds() + 60
+        wait_until(lambda: _executor_entry(alert) is not None, "the executor's stop", timeout)
+        return _brake_command(job, alert)
+    done = (CommandStatus.SUCCEEDED, CommandStatus.FAILED)
+
+    def braked() -> Command | None:
+        command = _brake_command(job, alert)
+        if command is None or command.status not in done:
+            return None
+        if scenario.release == "exits":
+            return command if sandbox.exit_code() is not None else None
+        held = Job.objects.filter(pk=job.pk, status=JobStatus.PAUSED).exists()
+        return command if held else None
+
+    return wait_until(braked, "the brake", scenario.brake_seconds + 45) or _brake_command(
+        job, alert
+    )
+
+
+def _stop_after_seconds() -> float:
+    """From the brake of a hung job to the executor's forced stop, at the latest."""
+    acknowledge = float(settings.COMMAND_ACK_TIMEOUT_SECONDS["checkpoint_and_pause"])
+    return acknowledge + float(settings.EXECUTOR_GRACE_SECONDS)
+
+
+def _seconds_after(when, point: MetricPoint) -> float:
+    return (when - point.time).total_seconds()
+
+
+def _alert_facts(alert: Alert, point: MetricPoint) -> dict[str, Any]:
+    return {
+        "rule_key": alert.rule_key,
+        "severity": alert.severity,
+        "detect_s": _seconds_after(alert.raised_at, point),
+        "first_step": alert.first_step,
+        "step": alert.step,
+    }
+
+
+def _brake_facts(command: Command, alert: Alert | None, point: MetricPoint) -> dict[str, Any]:
+    facts: dict[str, Any] = {"kind": command.kind, "status": command.status, "steps": None}
+    facts["error"] = command.error
+    entry = _executor_entry(alert) if alert is not None else None
+    if entry is not None:  # stopped from outside: braked when the executor stopped it
+        facts.update(brake_s=_seconds_after(entry.at, point), status="stopped by the executor")
+    elif command.acknowledged_at is not None:
+        facts["brake_s"] = _seconds_after(command.acknowledged_at, point)
+        step = command.result.get("step")
+        facts["steps"] = step - point.step if isinstance(step, int) else None
+    return facts
+
+
+def _executor_entry(alert: Alert) -> TimelineEntry | None:
+    if alert.incident_id is None:
+        return None
+    entries = TimelineEntry.objects.filter(
+        incident_id=alert.incident_id, kind=TimelineKind.TERMINATED, data__has_key="executor"
+    )
+    return entries.order_by("at").first()
+
+
+def _executor_note(alert: Alert) -> str:
+    """What the executor said when it could not stop the job (a refusal, a failed signal)."""
+    if alert.incident_id is None:
+        return ""
+    notes = TimelineEntry.objects.filter(
+        incident_id=alert.incident_id, kind=TimelineKind.NOTE, data__has_key="executor"
+    )
+    note = notes.order_by("at").first()
+    return note.message if note is not None else ""
+
+
+def _release_facts(job: Job, sandbox: Sandbox, alert: Alert | None) -> dict[str, Any]:
+    time.sleep(0.5)  # a holding process must still be holding a moment later
+    job.refresh_from_db()
+    entry = _executor_entry(alert) if alert is not None else None
+    refused = _executor_note(alert) if alert is not None and entry is None else ""
+    return {
+        "job_status": job.status,
+        "alive": sandbox.alive(),
+        "exit_code": sandbox.exit_code(),
+        "release_hook": (sandbox.work_dir / "released").exists(),
+        "executor_stopped": entry is not None,
+        "executor_detail": entry.message if entry is not None else refused,
+    }
+
+
+def _checkpoint_facts(job: Job, brake: Command | None) -> dict[str, Any] | None:
+    """The brake's own checkpoint, else what a roll back would offer first (the catalogue's
+    preselected clean entry), else the newest one."""
+    row = None
+    if brake is not None and brake.kind == CommandKind.CHECKPOINT_AND_PAUSE:
+        row = Checkpoint.objects.filter(job=job, command_id=brake.pk).first()
+    if row is None:
+        entries = catalogue(job.pk)
+        chosen = next((e for e in entries if e["preselected"]), entries[0] if entries else None)
+        row = Checkpoint.objects.get(pk=chosen["id"]) if chosen else None
+    if row is None:
+        return None
+    fields = ("path", "sha256", "step", "weights_step", "reason")
+    return {name: getattr(row, name) for name in fields}
+
+
+def start_verifier() -> subprocess.Popen:
+    """The fresh process of the "loads" line, started ahead: importing torch takes seconds on
+    a loaded machine, and a fresh process it stays (it has never seen the sandbox)."""
+    return subprocess.Popen(
+        [sys.executable, str(WORKLOAD), "--verify", "-"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _loads(verifier: subprocess.Popen, checkpoint: dict[str, Any], corrupt: bool) -> dict:
+    """Restore in the fresh process (hash checked first), run one step: the workload's
+    ``--verify``. ``corrupt``: the checker's own test — damage the file first."""
+    path = Path(checkpoint["path"])
+    if corrupt and path.is_file():
+        data = bytearray(path.read_bytes())
+        middle = len(data) // 2
+        data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
+        path.write_bytes(bytes(data))
+    named = json.dumps({"path": str(path), "sha256": checkpoint["sha256"]}) + "\n"
+    try:
+        stdout, stderr = verifier.communicate(named, timeout=180)
+    except subprocess.TimeoutExpired:
+        verifier.kill()
+        return {"loads": False, "error": "the fresh process did not finish within 180 s"}
+    lines = stdout.strip().splitlines()
+    try:
+        return json.loads(lines[-1]) if lines else {"loads": False, "error": stderr[-500:]}
+    except json.JSONDecodeError:
+        return {"loads": False, "error": (stdout + stderr)[-500:]}
+
+
+def _paging_facts(job: Job, alert: Alert) -> dict[str, Any]:
+    policy = NotificationPolicy.objects.filter(team_id=job.team_id).first()
+    if policy is None:
+        return {"policy": False}
+    deliveries = Delivery.objects.filter(alert=alert, round__number=0)
+    wait_until(lambda: not deliveries.filter(status="queued").exists(), "the deliveries", 45)
+    wanted = [c for c in channels_for(policy.rules, alert.layer, alert.severity) if c != DIGEST]
+    people = _people_for_round(job.team_id, 0, alert.raised_at)
+    sent = list(deliveries.select_related("recipient"))
+    alert.refresh_from_db()
+    rounds = alert.notification_rounds.count()
+    return {
+        "detail": f"alert {alert.status}, {rounds} round(s), {len(sent)} deliveries in round 0",
+        "policy": True,
+        "expected_channels": wanted,
+        "expected_people": ", ".join(sorted(p.get_username() for p in people)) or "nobody",
+        "paged_channels": sorted({d.channel for d in sent if d.status != "failed"}),
+        "paged_people": ", ".join(sorted({d.recipient.get_username() for d in sent if d.recipient}))
+        or "nobody",
+        "people_ok": {d.recipient_id for d in sent} == {p.pk for p in people},
+        "all_marked_drill": bool(sent)
+        and all(d.purpose == "drill" and d.first_line.startswith("DRILL") for d in sent),
+        "failed": [
+            f"{d.channel} to {d.address or '?'} ({d.provider_response[:80]})"
+            for d in sent
+            if d.status == "failed"
+        ],
+    }
+
+
+def _timeline_kinds(alert: Alert) -> list[str]:
+    if alert.incident_id is None:
+        return []
+    entries = TimelineEntry.objects.filter(incident_id=alert.incident_id).order_by("at", "pk")
+    return list(entries.values_list("kind", flat=True))
+
+
+def _clean_up(run: DrillRun, sandbox: Sandbox) -> None:
+    """End the sandbox (terminate through the console, then the executor), stop the pages."""
+    job = run.job
+    if job is not None:
+        for alert_id in Alert.objects.filter(job=job).values_list("pk", flat=True):
+            stop_notifications(alert_id)
+        if sandbox.alive():
+            # A job that takes no terminate any more: the executor ends it below.
+            with contextlib.suppress(ServiceError):
+                issue_command(job.pk, CommandKind.TERMINATE, reason=f"fire drill #{run.pk} over")
+            wait_until(lambda: not sandbox.alive(), "the sandbox to end", 20)
+    sandbox.stop()
+    log.info("drill #%s (%s) cleaned up at %s", run.pk, run.scenario, timezone.now())

@@ -1,0 +1,186 @@
+"""Drill runs, the service every front door calls (API, UI, ``manage.py drill``).
+
+``request_drills`` checks the authority (``run_drill``: admins), stores one queued
+``DrillRun`` per scenario under one drill set and, after commit, hands the set to
+``breakers.drills.runner`` in a process of its own (a drill lasts tens of seconds and waits
+on the Celery workers' evaluations: it must never occupy a worker). Each status change is a
+compare-and-swap along ``DRILL_TRANSITIONS``; a finished run's scorecard lines are written in
+the transaction that finishes it and never change afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from breakers.drills.scenarios import SCENARIOS, resolve
+from breakers.drills.scorecard import Line
+from breakers.models import DRILL_TRANSITIONS, DrillCheck, DrillRun, DrillStatus
+from breakers.models.drills import FINISHED_DRILL_STATUSES
+from core.errors import Conflict, InvalidInput
+from core.transitions import compare_and_swap
+from incidents.models import Team
+from incidents.teams.access import role_in_team
+from incidents.teams.audit import AuditContext, audited
+from incidents.teams.authority import Action, decide
+
+log = logging.getLogger(__name__)
+EXECUTORS = ("local", "slurm")
+
+
+def request_drills(
+    team: Team,
+    scenarios: Iterable[str],
+    *,
+    actor: Any = None,
+    executor: str = "local",
+    corrupt_checkpoint: bool = False,
+    context: AuditContext | None = None,
+    launch: bool = True,
+) -> list[DrillRun]:
+    """Queue one drill set (403 below admin, 400 naming an unknown scenario or executor).
+    ``actor`` None: the operator's command line (audited as the system). With ``launch``, the
+    set starts after commit in a background ``manage.py drill --drill-set`` process."""
+    with audited(actor, Action.RUN_DRILL, "team", team.pk, context) as attempt:
+        attempt.team_id = team.pk
+        if actor is not None:
+            attempt.check(decide(role_in_team(actor, team.pk), Action.RUN_DRILL))
+        try:
+            chosen = resolve(list(scenarios))
+        except ValueError as error:
+            raise InvalidInput(str(error), fields={"scenarios": str(error)}) from None
+        if executor not in EXECUTORS:
+            raise InvalidInput(
+                f"Unknown executor {executor!r}.",
+                fields={"executor": f"must be one of {', '.join(EXECUTORS)}"},
+            )
+        drill_set = uuid.uuid4()
+        with transaction.atomic():
+            runs = [
+                DrillRun.objects.create(
+                    team=team,
+                    scenario=scenario.name,
+                    drill_set=drill_set,
+                    executor=executor,
+                    requested_by=actor,
+                    corrupt_checkpoint=corrupt_checkpoint,
+                )
+                for scenario in chosen
+            ]
+            if launch:
+                transaction.on_commit(lambda: launch_drill_set(drill_set))
+        attempt.succeeded(f"drill set {drill_set}: {', '.join(s.name for s in chosen)}")
+    return runs
+
+
+def launch_drill_set(drill_set: uuid.UUID) -> None:
+    """The drill set in a process of its own (see the module doc); its output goes to a log
+    file under the data folder."""
+    folder = drill_folder() / str(drill_set)
+    folder.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, str(settings.BASE_DIR / "manage.py"), "drill"]
+    with open(folder / "runner.log", "ab") as output:
+        subprocess.Popen(
+            [*command, "--drill-set", str(drill_set)],
+            cwd=settings.BASE_DIR,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env=os.environ.copy(),
+            start_new_session=True,  # outlives the request that started it
+        )
+
+
+def drill_folder() -> Path:
+    """Where sandboxes write (checkpoints, logs): DRILL_DIR (env BRAKELINE_DRILL_DIR)."""
+    return Path(settings.DRILL_DIR)
+
+
+def move(run: DrillRun, new: str, **fields: Any) -> bool:
+    """One compare-and-swap along the transition table; False when another writer won."""
+    won = compare_and_swap(
+        DrillRun,
+        run.pk,
+        table=DRILL_TRANSITIONS,
+        expected=[run.status],
+        new=new,
+        **fields,
+    )
+    if won:
+        run.refresh_from_db()
+    return won
+
+
+def start(run: DrillRun) -> None:
+    if run.status != DrillStatus.QUEUED or not move(
+        run, DrillStatus.RUNNING, started_at=timezone.now()
+    ):
+        raise Conflict(f"Drill #{run.pk} is {run.status}: it cannot start.")
+
+
+def finish(run: DrillRun, lines: list[Line], **figures: Any) -> DrillRun:
+    """Passed only when every line passed; the lines and the verdict in one transaction."""
+    status = DrillStatus.PASSED if lines and all(line.passed for line in lines) else "failed"
+    with transaction.atomic():
+        if run.status != DrillStatus.RUNNING or not move(
+            run, status, finished_at=timezone.now(), **figures
+        ):
+            raise Conflict(f"Drill #{run.pk} is already {run.status}.")
+        DrillCheck.objects.bulk_create(
+            DrillCheck(
+                run=run,
+                position=position,
+                name=line.name,
+                passed=line.passed,
+                measured=line.measured[:200],
+                expectation=line.expectation[:200],
+                detail=line.detail,
+            )
+            for position, line in enumerate(lines)
+        )
+    return run
+
+
+def fail_with_error(run: DrillRun, error: str) -> None:
+    """The drill could not be carried out (no worker, the sandbox did not start...)."""
+    run.refresh_from_db()
+    if run.status not in FINISHED_DRILL_STATUSES:
+        move(run, DrillStatus.ERROR, finished_at=timezone.now(), error=error[:4000])
+
+
+def passing_scenarios(team: Team, ruleset_version: int | None) -> set[str]:
+    """The scenarios with a passing drill of ``team`` on that rule-set version."""
+    runs = DrillRun.objects.filter(
+        team=team, status=DrillStatus.PASSED, ruleset_version=ruleset_version
+    )
+    return set(runs.values_list("scenario", flat=True).distinct())
+
+
+def last_runs_by_scenario(team: Team) -> dict[str, dict[str, DrillRun | None]]:
+    """Per scenario: its latest finished run and its latest passing one (the team's page)."""
+    result: dict[str, dict[str, DrillRun | None]] = {}
+    finished = DrillRun.objects.filter(team=team, status__in=FINISHED_DRILL_STATUSES)
+    for name in SCENARIOS:
+        of = finished.filter(scenario=name).order_by("-finished_at", "-pk")
+        result[name] = {
+            "last": of.first(),
+            "last_pass": of.filter(status=DrillStatus.PASSED).first(),
+        }
+    return result
+
+
+def brake_trend(team: Team, limit: int = 30) -> list[DrillRun]:
+    """The team's latest finished runs with a measured time to brake, oldest first."""
+    runs = DrillRun.objects.filter(
+        team=team, status__in=FINISHED_DRILL_STATUSES, brake_seconds__isnull=False
+    ).order_by("-finished_at", "-pk")[:limit]
+    return list(reversed(runs))

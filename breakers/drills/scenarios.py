@@ -1,0 +1,184 @@
+"""The drill scenarios: which fault, what must happen, which rules it rehearses. Pure data.
+
+``rules`` are keys of the default pack (``breakers.detection.rulepack``, plus the watchdog's
+``heartbeat-timeout``): a scenario *covers* a rule when the rule is one that must fire for it,
+so "which scenarios cover rule R" (:func:`covering`) says what to drill again after R changed.
+``release`` says what the process must look like once braked: ``holds`` (paused, alive,
+heartbeating), ``exits`` (terminated by the SDK with EXIT_TERMINATED) or ``stopped`` (hung,
+stopped from outside by the job's executor, which the timeline must show).
+``poisons_weights``: the fault corrupts the update of its step, so the checkpoint must hold no
+update from that step on; otherwise the step itself is sound and may be in the checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+HEARTBEAT_RULE = "heartbeat-timeout"  # incidents.jobs.HEARTBEAT_RULE_KEY, the watchdog's
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    fault: str  # the SDK's fault (sdk/brakeline/_drill.py FAULTS)
+    level: str  # the level the breaker must fire at
+    rules: tuple[str, ...]  # the rule keys that may answer it (the first firing one counts)
+    release: str  # holds / exits / stopped
+    poisons_weights: bool
+    # Budgets beyond the rule's own delay: seconds and steps from the fault to the alert, and
+    # from the alert to the brake taking effect (the acknowledgement, or the executor's stop).
+    # Sized for a loaded two-core CI machine, where an evaluation may wait seconds for the
+    # worker; measured figures well below them are the norm (docs/drills.md).
+    detect_seconds: float = 20.0
+    detect_steps: int = 3
+    brake_seconds: float = 15.0
+    params: dict[str, Any] = field(default_factory=dict)
+    summary: str = ""
+    in_ci: bool = False  # part of the lean drill set CI runs end to end
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "fault": self.fault,
+            "level": self.level,
+            "rules": list(self.rules),
+            "release": self.release,
+            "summary": self.summary,
+        }
+
+
+_NONFINITE = ("non-finite-loss-or-gradients", "update-refused-by-guard")
+
+SCENARIOS: MappingProxyType[str, Scenario] = MappingProxyType(
+    {
+        s.name: s
+        for s in (
+            Scenario(
+                "nan_loss",
+                "nan_loss",
+                "L3",
+                _NONFINITE,
+                "holds",
+                True,
+                in_ci=True,
+                summary="NaN in the loss: the guard skips the update, the L3 rule checkpoints "
+                "and pauses; the process holds.",
+            ),
+            Scenario(
+                "inf_loss",
+                "inf_loss",
+                "L3",
+                _NONFINITE,
+                "holds",
+                True,
+                summary="+Inf in the loss, braked like a NaN.",
+            ),
+            Scenario(
+                "nan_grad",
+                "nan_grad",
+                "L3",
+                ("update-refused-by-guard", *_NONFINITE[:1]),
+                "holds",
+                True,
+                summary="NaN in the gradients only: the loss looks fine, the guard refuses the "
+                "update and the L3 rule brakes.",
+            ),
+            Scenario(
+                "heartbeat_loss",
+                "heartbeat_loss",
+                "L3",
+                (HEARTBEAT_RULE,),
+                "holds",
+                False,
+                # The watchdog's deadline (8 step times, at least the floor) plus its tick; the
+                # brake lands 8 s after it reached the stalled loop (the runner's answer_after).
+                detect_seconds=10.0,
+                detect_steps=1,
+                brake_seconds=25.0,
+                in_ci=True,
+                summary="The loop stops stepping: heartbeats stop, the watchdog's L3 pages and "
+                "asks for checkpoint_and_pause, which the stalled loop takes 8 s later.",
+            ),
+            Scenario(
+                "xid",
+                "xid",
+                "L4",
+                ("hardware-error",),
+                "exits",
+                False,
+                in_ci=True,
+                params={"xid": 79},
+                summary="GPU XID 79 on one node: L4 terminates the job and isolates the node; "
+                "the last periodic checkpoint is the one to restart from.",
+            ),
+            Scenario(
+                "comm_failure",
+                "comm_failure",
+                "L4",
+                ("communication-failure",),
+                "exits",
+                False,
+                summary="A failed collective on one node: L4, as for an XID.",
+            ),
+            Scenario(
+                "hang",
+                "hang",
+                "L3",
+                (HEARTBEAT_RULE,),
+                "stopped",
+                False,
+                detect_seconds=10.0,
+                detect_steps=1,
+                summary="A hang inside the step: the brake is never acknowledged, the command "
+                "expires and the executor stops the process (SIGTERM, then SIGKILL).",
+            ),
+            Scenario(
+                "lr_spike",
+                "lr_spike",
+                "L3",
+                ("non-finite-loss-or-gradients", "loss-rising"),
+                "holds",
+                True,
+                params={"factor": 1e6},
+                detect_steps=50,
+                detect_seconds=30.0,
+                summary="The learning rate jumps a millionfold: the loss diverges and the L3 "
+                "rules brake.",
+            ),
+            Scenario(
+                "checkpoint_disk_full",
+                "checkpoint_disk_full",
+                "L3",
+                _NONFINITE,
+                "holds",
+                True,
+                summary="NaN, and the brake's checkpoint save fails (ENOSPC): the scorecard "
+                "must show that no checkpoint was saved by the brake.",
+            ),
+        )
+    }
+)
+CI_SCENARIOS: tuple[str, ...] = tuple(name for name, s in SCENARIOS.items() if s.in_ci)
+
+
+def covering(rule_key: str) -> list[str]:
+    """The scenarios that rehearse ``rule_key`` (what must be drilled again after it changed)."""
+    return [name for name, scenario in SCENARIOS.items() if rule_key in scenario.rules]
+
+
+def resolve(names: list[str] | tuple[str, ...]) -> list[Scenario]:
+    """Scenario names (or ``all``: the CI drill set; ``every``: all of them) → scenarios;
+    ValueError naming an unknown one."""
+    if list(names) == ["all"]:
+        names = CI_SCENARIOS
+    elif list(names) == ["every"]:
+        names = tuple(SCENARIOS)
+    unknown = [name for name in names if name not in SCENARIOS]
+    if unknown or not names:
+        raise ValueError(
+            f"unknown scenario {', '.join(unknown) or '(none)'}; "
+            f"known: all, every, {', '.join(SCENARIOS)}"
+        )
+    return [SCENARIOS[name] for name in dict.fromkeys(names)]

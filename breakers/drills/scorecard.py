@@ -1,0 +1,200 @@
+"""The scorecard: what a drill measured, judged line by line. Pure Python, no Django.
+
+The runner (``breakers.drills.runner``) gathers :class:`Facts` from the console's own records
+(alerts, commands, the checkpoint catalogue, deliveries, the incident's timeline) and from the
+sandbox process; :func:`score` turns them into lines, each with its measured figure and the
+expectation it was held against. A drill passes only when every line passes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import PurePath as Path
+from typing import Any
+
+from breakers.drills.scenarios import HEARTBEAT_RULE, Scenario
+
+EXIT_TERMINATED = 75  # the SDK's exit code after terminate (brakeline.EXIT_TERMINATED)
+
+
+@dataclass(frozen=True)
+class Line:
+    name: str
+    passed: bool
+    measured: str
+    expectation: str
+    detail: str = ""
+
+
+@dataclass
+class Facts:
+    """Everything a drill observed, as plain values (times in seconds since the fault)."""
+
+    fault_step: int | None = None
+    alert: dict[str, Any] | None = None  # rule_key, severity, detect_s, first_step, step
+    heartbeat_timeout_s: float | None = None  # the job's watchdog deadline, for that rule
+    # A hung job is stopped from outside only after its brake's acknowledgement deadline and
+    # the executor's grace: part of the expectation of a "stopped" release.
+    stop_after_s: float = 0.0
+    brake: dict[str, Any] | None = None  # kind, status, brake_s, step, error
+    checkpoint: dict[str, Any] | None = None  # catalogue row: step, weights_step, sha256, path
+    loads: dict[str, Any] | None = None  # the fresh process's answer
+    release: dict[str, Any] = field(default_factory=dict)  # job_status, alive, exit_code, ...
+    paging: dict[str, Any] = field(default_factory=dict)  # expected/paged channels, people
+    timeline: list[str] = field(default_factory=list)  # the incident's timeline kinds
+
+
+def _s(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f} s"
+
+
+def detect_budget(scenario: Scenario, facts: Facts) -> float:
+    """The rule's expectation: the watchdog's deadline plus the scenario's margin for the
+    heartbeat rule; the scenario's budget for rules fed by the metric stream."""
+    if facts.alert and facts.alert.get("rule_key") == HEARTBEAT_RULE:
+        return (facts.heartbeat_timeout_s or 0.0) + scenario.detect_seconds
+    return scenario.detect_seconds
+
+
+def fired_line(scenario: Scenario, facts: Facts) -> Line:
+    expected = f"{scenario.level} by {' or '.join(scenario.rules)}"
+    alert = facts.alert
+    if alert is None:
+        return Line("breaker fired", False, "no alert after the fault", expected)
+    ok = alert["severity"] == scenario.level and alert["rule_key"] in scenario.rules
+    return Line("breaker fired", ok, f"{alert['severity']} by {alert['rule_key']}", expected)
+
+
+def detect_line(scenario: Scenario, facts: Facts) -> Line:
+    budget = detect_budget(scenario, facts)
+    expected = f"≤ {budget:.1f} s and ≤ {scenario.detect_steps} steps after the fault"
+    alert = facts.alert
+    if alert is None or facts.fault_step is None:
+        return Line("time to detect", False, "not detected", expected)
+    steps = max(0, alert["first_step"] - facts.fault_step)
+    ok = alert["detect_s"] <= budget and steps <= scenario.detect_steps
+    return Line("time to detect", ok, f"{_s(alert['detect_s'])}, {steps} steps", expected)
+
+
+def brake_line(scenario: Scenario, facts: Facts) -> Line:
+    budget = detect_budget(scenario, facts) + scenario.brake_seconds
+    if scenario.release == "stopped":
+        budget += facts.stop_after_s
+    expected = f"braked ≤ {budget:.1f} s after the fault"
+    brake = facts.brake
+    if brake is None or brake.get("brake_s") is None:
+        why = "no brake command" if brake is None else f"{brake['kind']} {brake['status']}"
+        return Line("time to brake", False, why, expected, (brake or {}).get("error", ""))
+    steps = "—" if brake.get("steps") is None else f"{brake['steps']} steps"
+    ok = brake["brake_s"] <= budget
+    measured = f"{_s(brake['brake_s'])}, {steps} ({brake['kind']} {brake['status']})"
+    return Line("time to brake", ok, measured, expected, brake.get("error", ""))
+
+
+def checkpoint_lines(scenario: Scenario, facts: Facts) -> list[Line]:
+    row, fault = facts.checkpoint, facts.fault_step
+    if row is None:
+        missing = "none in the catalogue"
+        return [
+            Line("checkpoint saved", False, missing, "a checkpoint to restart from"),
+            Line("checkpoint loads", False, "nothing to load", "restored in a fresh process"),
+            Line("checkpoint before the anomaly", False, missing, "no update from the fault on"),
+        ]
+    through = row["weights_step"] if row.get("weights_step") is not None else row["step"]
+    saved = Line(
+        "checkpoint saved",
+        True,
+        f"step {row['step']} ({row['reason']}), in the catalogue",
+        "a checkpoint to restart from, in the catalogue",
+        f"{row['path']} sha256 {row['sha256']}",
+    )
+    loads = facts.loads or {}
+    error = str(loads.get("error", "no answer"))
+    loaded = Line(
+        "checkpoint loads",
+        bool(loads.get("loads")),
+        f"restored step {loads['step']}, one step ran (loss {loads['loss']:.4g})"
+        if loads.get("loads")
+        else "did not load: " + error.replace(row["path"], Path(row["path"]).name),
+        "restored in a fresh process, SHA-256 verified, one step runs",
+        "" if loads.get("loads") else error,
+    )
+    if scenario.poisons_weights:
+        ok, rule = fault is not None and through < fault, f"weights through < step {fault}"
+    else:
+        ok, rule = fault is not None and through <= fault, f"weights through ≤ step {fault}"
+    before = Line("checkpoint before the anomaly", ok, f"weights through step {through}", rule)
+    return [saved, loaded, before]
+
+
+def release_line(scenario: Scenario, facts: Facts) -> Line:
+    r = facts.release
+    if scenario.release == "holds":
+        ok = r.get("job_status") == "paused" and r.get("alive") and r.get("release_hook")
+        expected = "paused, process alive and holding, release hook ran"
+        measured = (
+            f"job {r.get('job_status')}, process {'alive' if r.get('alive') else 'gone'}, "
+            f"release hook {'ran' if r.get('release_hook') else 'did not run'}"
+        )
+    elif scenario.release == "exits":
+        ok = r.get("exit_code") == EXIT_TERMINATED and r.get("job_status") == "terminated"
+        expected = f"terminated, process exited {EXIT_TERMINATED}"
+        measured = f"job {r.get('job_status')}, exit code {r.get('exit_code')}"
+    else:
+        ok = bool(r.get("executor_stopped")) and not r.get("alive")
+        expected = "stopped by the executor, on the timeline"
+        measured = f"executor: {r.get('executor_detail') or 'did not act'}"
+    return Line("release", bool(ok), measured, expected, r.get("detail", ""))
+
+
+def paging_line(facts: Facts) -> Line:
+    p = facts.paging
+    expected_channels = sorted(p.get("expected_channels", []))
+    expected = f"{', '.join(expected_channels) or 'no channel'} to {p.get('expected_people')}"
+    if not p.get("policy"):
+        return Line("paged", False, "the team has no notification policy", expected)
+    paged = sorted(p.get("paged_channels", []))
+    ok = (
+        bool(expected_channels)
+        and paged == expected_channels
+        and p.get("people_ok", False)
+        and p.get("all_marked_drill", False)
+        and not p.get("failed")
+    )
+    measured = (
+        f"{', '.join(paged) or 'nothing'} to {p.get('paged_people')}"
+        f"{'' if p.get('all_marked_drill') else ', NOT marked as a drill'}"
+        f"{', failed: ' + ', '.join(p['failed']) if p.get('failed') else ''}"
+    )
+    return Line("paged", ok, measured, expected + ", marked DRILL", p.get("detail", ""))
+
+
+def timeline_line(scenario: Scenario, facts: Facts) -> Line:
+    needed = ["first_anomalous_point", "alert_raised", "command_issued", "notification"]
+    if scenario.release == "holds":
+        needed += ["command_acknowledged", "checkpoint_saved"]
+    elif scenario.release == "exits":
+        needed += ["command_acknowledged", "terminated"]
+    else:
+        needed += ["terminated"]
+    kinds = set(facts.timeline)
+    if kinds & {"notification_sent", "notification_delivered"}:
+        kinds.add("notification")
+    missing = [kind for kind in needed if kind not in kinds]
+    measured = f"{len(facts.timeline)} rows" + (
+        f", missing {', '.join(missing)}" if missing else ""
+    )
+    detail = " → ".join(facts.timeline)
+    return Line("timeline complete", not missing, measured, ", ".join(needed), detail)
+
+
+def score(scenario: Scenario, facts: Facts) -> list[Line]:
+    return [
+        fired_line(scenario, facts),
+        detect_line(scenario, facts),
+        brake_line(scenario, facts),
+        *checkpoint_lines(scenario, facts),
+        release_line(scenario, facts),
+        paging_line(facts),
+        timeline_line(scenario, facts),
+    ]

@@ -1,0 +1,49 @@
+"""Fixtures of the fire drills (a plugin: name them as parameters): a real beat (the
+watchdog), and ``drill_team``, the team ``research`` with its people, its on-call shift and its
+policy's endpoints (the receiver stands in for the chat webhook and the SMS/phone provider)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from tests.support.beat import running_beat
+
+
+@pytest.fixture
+def watchdog_beat(worker):
+    """Celery beat as in production: the watchdog tick every second, on the test queues."""
+    with running_beat() as process:
+        yield process
+
+
+@pytest.fixture
+def drill_team(receiver, settings, tmp_path) -> Any:
+    """The team drilled: an admin, alice on call (phone), bob the manager, the chat webhook."""
+    from django.contrib.auth import get_user_model
+
+    from incidents.models import Contact, Membership, NotificationPolicy, OnCallShift, Team
+
+    settings.NOTIFY_PROVIDER_BASE_URL = receiver.url + "/2010-04-01/Accounts/AC1"
+    settings.NOTIFY_PROVIDER_ACCOUNT_SID = "AC1"
+    settings.NOTIFY_PROVIDER_AUTH_TOKEN = "secret"
+    settings.NOTIFY_PROVIDER_FROM_NUMBER = "+15550000000"
+    settings.DRILL_DIR = tmp_path / "drills"
+    team, _ = Team.objects.get_or_create(name="research")
+    users = get_user_model().objects
+    admin = users.create_user(username="ada", email="ada@example.org", password="pw-for-tests")
+    alice = users.create(username="alice", email="alice@example.org")
+    bob = users.create(username="bob", email="bob@example.org")
+    for user, role in ((admin, "admin"), (alice, "oncall"), (bob, "manager")):
+        Membership.objects.create(user=user, team=team, role=role)
+    Contact.objects.create(user=alice, phone="+15551110001")
+    now = datetime.now(UTC)
+    OnCallShift.objects.create(
+        team=team, user=alice, starts_at=now - timedelta(hours=1), ends_at=now + timedelta(hours=8)
+    )
+    NotificationPolicy.objects.update_or_create(
+        team=team, defaults={"chat_webhook_url": receiver.url + "/hooks/chat"}
+    )
+    return team
