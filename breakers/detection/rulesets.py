@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
@@ -252,12 +252,14 @@ class DrillResults:
 def _drill_results(team: Team, version: int) -> DrillResults:
     """Which scenarios cover which rules, and which passed a drill on ``version`` of ``team``.
 
-    The one placeholder of this module: the drills branch supplies it at merge, as
-    ``DrillResults({name: s.rules for name, s in breakers.drills.scenarios.SCENARIOS.items()},
-    breakers.drills.runs.passing_scenarios(team, version))``. Until then nothing covers any
-    rule, so every version reads "not drilled" (``ruleset_core.drill_status``).
-    """
-    return DrillResults()
+    The coverage is the CI drill set's (``all``): the scenarios verified end to end on every
+    change of the project. A rule only an unverified scenario rehearses is "uncovered" (listed,
+    not claimed drilled) rather than blocking every team's badge on a drill nobody runs."""
+    from breakers.drills import runs  # runs stamps the version on a drill: no import cycle
+    from breakers.drills.scenarios import CI_SCENARIOS, SCENARIOS
+
+    coverage = {name: SCENARIOS[name].rules for name in CI_SCENARIOS}
+    return DrillResults(coverage, runs.passing_scenarios(team, version))
 
 
 def drills_url(team_id: int) -> str:
@@ -311,6 +313,17 @@ class DueDrill:
     idempotency_key: str  # one drill set per team, version and period, however often asked
 
 
+def _drilled_since(team: Team, version: int, period: int) -> bool:
+    """A drill of this version was queued in this period (by the schedule or a person): the
+    schedule starts none, so the beat running twice or a retry starts each set once."""
+    from breakers.models import DrillRun
+
+    start = datetime.fromtimestamp(period * settings.DRILL_INTERVAL_SECONDS, tz=UTC)
+    return DrillRun.objects.filter(
+        team=team, ruleset_version=version, created_at__gte=start
+    ).exists()
+
+
 def due_drills(now: datetime | None = None) -> list[DueDrill]:
     """The scheduled drill sets due now: per team, every period of ``DRILL_INTERVAL_SECONDS``
     (default 30 days), the full drill set of its current version. Reading it twice in one
@@ -323,7 +336,7 @@ def due_drills(now: datetime | None = None) -> list[DueDrill]:
         coverage = _drill_results(team, version.number).coverage
         active = set(core.active_rules(version.snapshot))
         scenarios = sorted(name for name, rules in coverage.items() if active & set(rules))
-        if scenarios:  # nothing to drill where no scenario covers an active rule
+        if scenarios and not _drilled_since(team, version.number, period):
             key = f"drill-schedule:{team.pk}:v{version.number}:{period}"
             due.append(DueDrill(team.pk, version.number, scenarios, key))
     return due

@@ -140,14 +140,14 @@ def tick_job(job_id: int) -> int:
 
 @shared_task(name="rulesets.schedule_drills", acks_late=True, ignore_result=True)
 def schedule_drills() -> int:
-    """Beat (hourly): the teams' drill sets that are due (``rulesets.due_drills``).
+    """Beat (hourly): queue each team's drill set that is due (``rulesets.due_drills``), as the
+    system. Idempotent: a set queued in this period for this rule-set version (by the schedule
+    or a person) makes the team not due, so the hourly runs, a retry or two beats queue it once."""
+    from breakers.drills.runs import request_drills
+    from incidents.models import Team
 
-    Idempotent by construction: each due set carries a key per team, version and period, so
-    the hourly runs of one period, a retry or two beats name the same drill set.
-    For the lead, at merge: start each with the drills package's
-    ``start_drill(team_id, scenarios, ruleset_version=..., idempotency_key=...)``, which runs
-    it once per key and pages on a failure (issue 19, part 2)."""
     due = rulesets.due_drills()
     for drill in due:
         log.info("drill set due: %s %s", drill.idempotency_key, ", ".join(drill.scenarios))
+        request_drills(Team.objects.get(pk=drill.team_id), drill.scenarios)
     return len(due)

@@ -23,6 +23,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from breakers.detection import rulesets
 from breakers.drills.scenarios import SCENARIOS, resolve
 from breakers.drills.scorecard import Line
 from breakers.models import DRILL_TRANSITIONS, DrillCheck, DrillRun, DrillStatus
@@ -65,6 +66,9 @@ def request_drills(
                 fields={"executor": f"must be one of {', '.join(EXECUTORS)}"},
             )
         drill_set = uuid.uuid4()
+        # The version the drill vouches for ("drilled" is per version: a rule change after
+        # this needs the drill again). Read before the runs exist, so it is the one in force.
+        version = rulesets.current_version(team).number
         with transaction.atomic():
             runs = [
                 DrillRun.objects.create(
@@ -74,6 +78,7 @@ def request_drills(
                     executor=executor,
                     requested_by=actor,
                     corrupt_checkpoint=corrupt_checkpoint,
+                    ruleset_version=version,
                 )
                 for scenario in chosen
             ]

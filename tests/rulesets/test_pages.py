@@ -11,7 +11,7 @@ from django.test import Client
 
 from breakers.detection import rulesets
 from breakers.detection.tasks import schedule_drills
-from breakers.models import Rule, RuleSetVersion
+from breakers.models import DrillRun, Rule, RuleSetVersion
 from config.schedule import PERIODIC
 
 pytestmark = pytest.mark.django_db
@@ -118,6 +118,7 @@ def test_the_django_admin_edits_the_default_pack_through_the_service(crew, admin
 
 
 def test_the_drill_schedule_is_due_once_per_team_and_period(crew, monkeypatch, settings):
+    monkeypatch.setattr(rulesets, "_drill_results", lambda team, version: rulesets.DrillResults())
     assert rulesets.due_drills() == [] and schedule_drills() == 0  # no scenario: nothing due
     coverage = {"nan_loss": ("non-finite-loss-or-gradients",), "xid": ("hardware-error",)}
     monkeypatch.setattr(
@@ -130,5 +131,29 @@ def test_the_drill_schedule_is_due_once_per_team_and_period(crew, monkeypatch, s
     assert [(d.team_id, d.scenarios) for d in first] == [(crew.team.pk, ["nan_loss", "xid"])]
     assert rulesets.due_drills(later) == first  # the same key all period: started once
     assert rulesets.due_drills(tuesday)[0].idempotency_key != first[0].idempotency_key
-    assert schedule_drills() == 1
+    assert schedule_drills() == 1  # queued as the system, stamped with the version in force
+    queued = DrillRun.objects.filter(team=crew.team)
+    assert sorted(r.scenario for r in queued) == ["nan_loss", "xid"]
+    assert {r.ruleset_version for r in queued} == {rulesets.current_version(crew.team).number}
+    assert rulesets.due_drills() == [] and schedule_drills() == 0  # once per period
     assert any(p.task == "rulesets.schedule_drills" for p in PERIODIC)
+
+
+def test_a_passing_drill_set_makes_the_version_drilled_until_a_rule_changes(crew):
+    """The badge reads the drills themselves: the CI drill set passing on the version in force
+    drills it; one rule changed makes a new version nobody drilled yet."""
+    from breakers.drills import runs
+    from breakers.models import DrillStatus
+
+    assert not rulesets.drill_badge(crew.team).drilled
+    for run in runs.request_drills(crew.team, ["all"], launch=False):
+        assert run.ruleset_version == rulesets.current_version(crew.team).number
+        assert runs.move(run, DrillStatus.RUNNING) and runs.move(run, DrillStatus.PASSED)
+    badge = rulesets.drill_badge(crew.team)
+    assert badge.drilled and badge.missing_scenarios == []
+    rulesets.change_rules(
+        crew.person("admin"), crew.team.pk, "quieter", [{"op": "disable", "key": "loss-rising"}]
+    )
+    badge = rulesets.drill_badge(crew.team)
+    assert not badge.drilled and "nan_loss" in badge.missing_scenarios
+    assert badge.since.startswith(f"v{badge.version}: loss-rising")
