@@ -191,7 +191,38 @@ def _parse_point(
     return PointIn(name, step, value, time, node)
 
 
-def _fast_point(item: object, window: TimeWindow, names: set[str]) -> PointIn | None:
+def _fast_time(value: object, window: TimeWindow) -> datetime | None:
+    """An ISO 8601 time with a zone inside the window, else None (the slow path says why)."""
+    if type(value) is not str:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        return None
+    try:
+        return moment if moment in window else None
+    except OverflowError:
+        return None
+
+
+def _fast_value(value: object) -> float | None:
+    """A value that is not a finite float: a whole number in range, or NaN/±Inf as the
+    protocol spells them; None for the rest (an infinite plain float is an overflow, see
+    NonFiniteLiteral)."""
+    if type(value) is NonFiniteLiteral or (
+        type(value) is int and -MAX_FLOAT_INT <= value <= MAX_FLOAT_INT
+    ):
+        return float(cast("float", value))
+    if type(value) is str and value in NON_FINITE_STRINGS:
+        return NON_FINITE_STRINGS[value]
+    return None
+
+
+def _fast_point(
+    item: object, window: TimeWindow, seen: tuple[set[str], set[str], dict[str, datetime]]
+) -> PointIn | None:
     """The common, well-formed point in a few type checks; None sends it to the slow path.
 
     The slow path (``_parse_point``) re-examines anything unusual and names what is wrong, so
@@ -199,10 +230,12 @@ def _fast_point(item: object, window: TimeWindow, names: set[str]) -> PointIn | 
     """
     if type(item) is not dict or not item.keys() <= POINT_KEYS:
         return None
+    # What this batch has already found storable: metric names, node names, times.
+    names, nodes, times = seen
     name, step, value = item.get("name"), item.get("step"), item.get("value")
     if type(name) is not str:
         return None
-    if name not in names:  # ``names``: the names of this batch already found storable
+    if name not in names:
         if not 0 < len(name) <= MAX_NAME_LENGTH or name.isspace():
             return None
         if has_unstorable(name):
@@ -210,40 +243,27 @@ def _fast_point(item: object, window: TimeWindow, names: set[str]) -> PointIn | 
         names.add(name)
     if type(step) is not int or not 0 <= step <= MAX_STEP:
         return None
-    if type(value) is float:
-        if value - value != 0.0:  # inf or nan: a number out of range (see NonFiniteLiteral)
-            return None
-    else:
-        if type(value) is NonFiniteLiteral or (
-            type(value) is int and -MAX_FLOAT_INT <= value <= MAX_FLOAT_INT
-        ):
-            value = float(cast("float", value))
-        elif type(value) is str and value in NON_FINITE_STRINGS:
-            value = NON_FINITE_STRINGS[value]
-        else:
+    if type(value) is not float or value - value != 0.0:
+        value = _fast_value(value)
+        if value is None:
             return None
     node = item.get("node")
-    if node is not None and (type(node) is not str or node not in names):
+    if node is not None and (type(node) is not str or node not in nodes):
         if type(node) is not str or not 0 < len(node) <= MAX_NAME_LENGTH or node.isspace():
             return None
         if has_unstorable(node) or not HOSTLIST_CHARACTERS.isdisjoint(node):
             return None
-        names.add(node)
+        nodes.add(node)  # apart from ``names``: a name may hold what a node name may not
     time = item.get("time")
     if time is not None:
-        if type(time) is not str:
-            return None
-        try:
-            time = datetime.fromisoformat(time)
-        except ValueError:
-            return None
-        if time.tzinfo is None:
-            return None
-        try:
-            if time not in window:
+        # A training step stamps all its metrics alike: a batch holds few distinct times.
+        parsed = times.get(time) if type(time) is str else None
+        if parsed is None:
+            parsed = _fast_time(time, window)
+            if parsed is None:
                 return None
-        except OverflowError:
-            return None
+            times[time] = parsed
+        time = parsed
     return PointIn(name, step, value, time, node)
 
 
@@ -318,8 +338,8 @@ def parse_metrics_body(
             "Split it into smaller batches.",
             fields={"points": f"at most {max_points} points"},
         )
-    names: set[str] = set()
-    points = [_fast_point(item, window, names) for item in items]
+    seen: tuple[set[str], set[str], dict[str, datetime]] = (set(), set(), {})
+    points = [_fast_point(item, window, seen) for item in items]
     if None not in points:
         return MetricsBatchIn(cast("list[PointIn]", points), batch_id)
     errors: dict[str, str] = {}
