@@ -16,7 +16,7 @@ import math
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import cast
+from typing import NamedTuple, cast
 
 from breakers.agent.jsonbody import (
     NonFiniteLiteral,
@@ -45,8 +45,11 @@ POINT_KEYS = frozenset({"name", "step", "value", "time", "node"})
 DEFAULT_TIME_WINDOW_SECONDS = 24 * 3600.0
 
 
-@dataclass(frozen=True, slots=True)
-class PointIn:
+class PointIn(NamedTuple):
+    """One validated point. A named tuple rather than a frozen dataclass: as immutable, and
+    built in a third of the time (a frozen dataclass sets each field through
+    ``object.__setattr__``), which counts at a thousand points per batch."""
+
     name: str
     step: int
     value: float
