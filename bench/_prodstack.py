@@ -60,8 +60,9 @@ def _wait_for_page(url: str, seconds: float = 60) -> None:
 
 def _stop(process: subprocess.Popen) -> None:
     if process.poll() is None:
-        with suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
+        # The main process only: a Celery worker then stops its pool children itself (warm
+        # shutdown) instead of seeing them die under a running task.
+        process.terminate()
         try:
             process.wait(timeout=20)
         except subprocess.TimeoutExpired:
