@@ -9,8 +9,9 @@ for a while, a body of any size without a token. For ``POST /api/v1/agent/…`` 
 3. reads the body itself, stopping one byte past the limit (413: a chunked body that lies);
 4. hands Django the body it read, so the views see the request unchanged.
 
-The views authenticate again (DRF) and check the same limits; this only decides whether the
-body is read at all. Answers use the API's error format (docs/protocol.md "Errors").
+The views check the same limits; this only decides whether the body is read at all. DRF's
+authentication takes the job this gate authenticated (scope[GATE_AUTHENTICATED]) rather than
+looking the same token up twice. Answers use the API's error format (docs/protocol.md "Errors").
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import close_old_connections
 
-from console.api.agent_auth import required_bearer_token
+from console.api.agent_auth import GATE_AUTHENTICATED, required_bearer_token
 from console.api.errors import outage_body, outage_part
 from core.errors import PayloadTooLarge, ServiceError
 from incidents.jobs import authenticate_agent
+from incidents.models import Job
 
 AGENT_PREFIX = "/api/v1/agent/"
 
@@ -66,15 +68,19 @@ def _too_large(limit: int) -> PayloadTooLarge:
 
 async def _authenticate(scope: dict) -> None:
     token = required_bearer_token(_header(scope, b"authorization"))
-    await sync_to_async(_check_token, thread_sensitive=True)(token)
+    job = await sync_to_async(_check_token, thread_sensitive=True)(token)
+    # The view's authentication takes the job from here instead of asking PostgreSQL again:
+    # same request, same token, milliseconds later (it was a quarter of the web process's CPU
+    # per metrics batch to look the token up twice).
+    scope[GATE_AUTHENTICATED] = (token, job)
 
 
-def _check_token(token: str) -> None:
-    """The token's job exists and the token is not revoked (Unauthenticated otherwise). Runs
-    outside Django's request cycle, so it closes its connections the way that cycle would."""
+def _check_token(token: str) -> Job:
+    """The token's job, if it exists and the token is not revoked (Unauthenticated otherwise).
+    Runs outside Django's request cycle, so it closes its connections the way that cycle would."""
     close_old_connections()
     try:
-        authenticate_agent(token)
+        return authenticate_agent(token)
     finally:
         close_old_connections()
 

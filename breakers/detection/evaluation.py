@@ -3,7 +3,7 @@
 ``evaluate_job(job_id)`` runs in transactions that each
 1. lock the job's ``EvaluationState`` row (``SELECT … FOR UPDATE``, blocking: a second worker
    for the same job waits, then continues from the cursor the first one advanced);
-2. read up to ``CHUNK_POINTS`` MetricPoints with ``id > cursor`` in id order;
+2. read up to ``CHUNK_POINTS`` MetricPoints with ``id > cursor`` in id order (``read_points``);
 3. feed them to the pure engine, restored from the stored state;
 4. apply the findings (alerts, incident, timeline rows — ``incidents.alerts.lifecycle``);
 5. save the new cursor and engine state.
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from breakers.control.braking import brake_for_alert
 from breakers.detection.engine import Finding, JobEvaluator, Point, RuleSpec
@@ -139,11 +139,7 @@ def evaluate_job(
     while True:
         with transaction.atomic():
             state = EvaluationState.objects.select_for_update().get(job_id=job_id)
-            rows = list(
-                MetricPoint.objects.filter(job_id=job_id, id__gt=state.cursor)
-                .order_by("id")
-                .values_list("id", "name", "step", "time", "value", "node")[:chunk_size]
-            )
+            rows = read_points(job_id, state.cursor, chunk_size)
             last_chunk = len(rows) < chunk_size
             if not rows and tick_at is None:
                 report.cursor = state.cursor
@@ -158,6 +154,34 @@ def evaluate_job(
             settle_incident(job_id, max(row[2] for row in rows))
         if last_chunk:
             return report
+
+
+# The evaluator reads back what ingest wrote, by id cursor: that is what makes it exactly-once
+# without any hand-over protocol (a point is evaluated iff its id is at most the committed
+# cursor). The read is kept cheap instead: plain SQL with the time as epoch seconds, so no
+# datetime is built per point (half of the evaluator's CPU went to Django's timestamp loader).
+READ_POINTS_SQL = (
+    "SELECT id, name, step, EXTRACT(EPOCH FROM time)::float8, value, node "
+    f"FROM {MetricPoint._meta.db_table} WHERE job_id = %s AND id > %s ORDER BY id LIMIT %s"
+)
+
+
+def read_points(job_id: int, after_id: int, limit: int) -> list[tuple]:
+    """Up to ``limit`` points of the job with id > ``after_id`` in id order, as tuples
+    (id, name, step, time in epoch seconds, value, node)."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(READ_POINTS_SQL, [job_id, after_id, limit])
+            return cursor.fetchall()
+    rows = (
+        MetricPoint.objects.filter(job_id=job_id, id__gt=after_id)
+        .order_by("id")
+        .values_list("id", "name", "step", "time", "value", "node")[:limit]
+    )
+    return [
+        (id_, name, step, time.timestamp(), value, node)
+        for id_, name, step, time, value, node in rows
+    ]
 
 
 def _restore(rules: list[RuleSpec], stored: dict[str, Any], job_id: int) -> JobEvaluator:
@@ -213,8 +237,8 @@ class _Run:
     def feed(self, rows: list[tuple]) -> None:
         rows.sort(key=lambda row: (row[2], row[0]))  # step order within the chunk (see above)
         feed, apply = self.evaluator.feed, self._apply
-        for _, name, step, time, value, node in rows:
-            findings = feed(Point(name, step, time.timestamp(), value, node))
+        for _, name, step, epoch, value, node in rows:
+            findings = feed(Point(name, step, epoch, value, node))
             if findings:  # rare: only episode edges produce findings
                 for finding in findings:
                     apply(finding)

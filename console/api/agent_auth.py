@@ -16,6 +16,9 @@ from incidents.jobs import authenticate_agent
 from incidents.models import Job
 
 log = logging.getLogger(__name__)
+# The ASGI scope key under which console.agent_gate leaves (token, job) once it has
+# authenticated a request's token; nothing outside the server process can set a scope key.
+GATE_AUTHENTICATED = "brakeline.agent_authenticated"
 
 
 @dataclass
@@ -56,7 +59,10 @@ def required_bearer_token(header: bytes | str) -> str:
 class AgentTokenAuthentication(BaseAuthentication):
     def authenticate(self, request):
         token = required_bearer_token(get_authorization_header(request))
-        job = authenticate_agent(token)
+        scope = getattr(request._request, "scope", None) or {}
+        gated = scope.get(GATE_AUTHENTICATED)
+        # console.agent_gate has authenticated this very request's token: no second lookup.
+        job = gated[1] if gated is not None and gated[0] == token else authenticate_agent(token)
         return AgentPrincipal(job=job), token
 
     def authenticate_header(self, request) -> str:

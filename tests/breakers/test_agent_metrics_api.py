@@ -80,6 +80,8 @@ def test_an_empty_batch_is_accepted(agent, agent_post):
     assert response.status_code == 202 and response.json()["accepted"] == 0
 
 
+_NOW = datetime.now(tz=UTC).isoformat()
+_TWO_DAYS_AGO = (datetime.now(tz=UTC) - timedelta(days=2)).isoformat()
 BAD_BODIES = [
     # (body, expected error code, field that must be named or None)
     (b"{not json", "malformed_json", None),
@@ -113,6 +115,16 @@ BAD_BODIES = [
     ({"points": [point(node="")]}, "invalid", "points[0].node"),
     ({"points": [point(node=["a"])]}, "invalid", "points[0].node"),
     ({"points": [point(colour="red")]}, "invalid", "points[0].colour"),
+    # A metric name may hold brackets, a node name may not: a node named like an earlier
+    # metric of the batch is still checked as a node.
+    ({"points": [point(name="gpu[1-4]"), point(node="gpu[1-4]")]}, "invalid", "points[1].node"),
+    # Times are parsed once per distinct text: the second copy of a good time is good, a
+    # different time outside the window is still refused.
+    (
+        {"points": [point(time=_NOW), point(time=_NOW), point(time=_TWO_DAYS_AGO)]},
+        "invalid",
+        "points[2].time",
+    ),
 ]
 
 

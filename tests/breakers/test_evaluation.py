@@ -204,3 +204,19 @@ def test_the_control_plane_hook_is_called_once_per_new_or_escalated_alert(agent,
 
 def test_a_deleted_job_is_nothing_to_evaluate():
     assert evaluate_job(987_654).points == 0
+
+
+def test_points_are_read_back_with_epoch_times_and_non_finite_values_intact(agent):
+    """The evaluator's own read (plain SQL, times as epoch seconds) gives what was stored."""
+    store(agent.job_id, [("loss", 3, math.nan, "n1"), ("loss", 1, math.inf), ("gn", 2, -math.inf)])
+    first = MetricPoint.objects.filter(job_id=agent.job_id).order_by("id").first().id
+    rows = evaluation.read_points(agent.job_id, first - 1, 10)
+    assert [(r[1], r[2], r[5]) for r in rows] == [
+        ("loss", 3, "n1"),
+        ("loss", 1, None),
+        ("gn", 2, None),
+    ]
+    assert [r[0] for r in rows] == sorted(r[0] for r in rows)
+    assert [r[3] for r in rows] == [(T0 + timedelta(seconds=s)).timestamp() for s in (3, 1, 2)]
+    assert math.isnan(rows[0][4]) and rows[1][4] == math.inf and rows[2][4] == -math.inf
+    assert [r[0] for r in evaluation.read_points(agent.job_id, rows[0][0], 1)] == [rows[1][0]]

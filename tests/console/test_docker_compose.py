@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from pathlib import Path
 
 import pytest
 import yaml
@@ -91,3 +92,46 @@ def test_the_image_copies_every_package_the_console_distribution_ships():
         if line.startswith("COPY ")
     }
     assert set(packages) | {"sdk", "templates"} <= copied
+
+
+def test_the_balancer_is_the_one_published_port_in_front_of_the_web_replicas(compose):
+    services = compose["services"]
+    balancer = services["balancer"]
+    assert balancer["image"].startswith("haproxy:")
+    assert balancer["ports"] == ["8000:8000"] and "ports" not in services["web"]
+    (mount,) = balancer["volumes"]
+    source, target = mount.split(":")[:2]
+    assert (ROOT / source).resolve() == ROOT / "deploy" / "haproxy.cfg"
+    assert target == "/usr/local/etc/haproxy/haproxy.cfg"
+    config = (ROOT / "deploy" / "haproxy.cfg").read_text()
+    # Replicas are found through Docker's DNS under the service's name, on Daphne's port.
+    web_port = services["web"]["command"][services["web"]["command"].index("-p") + 1]
+    assert f" web:{web_port} " in config and "resolvers docker" in config
+    assert services["balancer"]["healthcheck"]["test"]
+
+
+def _replicas(service: dict) -> int:
+    value = str(service.get("deploy", {}).get("replicas", 1))
+    # "${BRAKELINE_WEB_REPLICAS:-2}": the default compose uses when the variable is unset.
+    return int(value.rsplit(":-", 1)[-1].rstrip("}"))
+
+
+def test_web_and_worker_run_replicas_and_beat_runs_once(compose):
+    services = compose["services"]
+    assert _replicas(services["web"]) >= 2 and _replicas(services["worker"]) >= 2
+    assert _replicas(services["beat"]) == 1
+
+
+def test_the_balancer_configuration_is_valid_haproxy():
+    import shutil
+    import subprocess
+
+    haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
+    if not Path(haproxy).exists():
+        pytest.skip("HAProxy is not installed here (.ci/run installs it)")
+    checked = subprocess.run(
+        [haproxy, "-c", "-f", str(ROOT / "deploy" / "haproxy.cfg")],
+        capture_output=True,
+        text=True,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
