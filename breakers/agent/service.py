@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from django.conf import settings
 from django.db import transaction
 
+from breakers.agent.ack_rank import ack_rank
 from breakers.agent.protocol import (
     MAX_STEP,
     PointIn,
@@ -98,6 +99,7 @@ def receive_acknowledgement(job_id: int, command_id: int, raw_body: bytes) -> Co
     ack = parse_ack(raw_body)
     if not 0 < command_id <= MAX_STEP:  # an id no bigint column holds: no such command
         raise NotFound("No such command of this job.", fields={"id": "no such command"})
+    rank = ack_rank(ack.result)
     return acknowledge_command(
-        job_id, command_id, status=ack.status, result=ack.result, error=ack.error
+        job_id, command_id, status=ack.status, result=ack.result, error=ack.error, rank=rank
     )

@@ -28,13 +28,14 @@ from brakeline._checkpoint import (
     Saver,
     TrainingObjects,
 )
-from brakeline._commands import ACK_LATER, Command, CommandFailed, CommandInbox
+from brakeline._commands import Command, CommandInbox
 from brakeline._control import ControlLoop
 from brakeline._encoding import LogRecord, to_jsonable
 from brakeline._guard import GuardedRunMixin, StepGuard
 from brakeline._loader import PausableLoader
 from brakeline._pause import PauseController, PauseInfo, PauseState
 from brakeline._push import PushListener
+from brakeline._ranksync import CommandApplyMixin, RankAgreement
 from brakeline._rng import seed_everything
 from brakeline._rollback import CheckpointMixin
 from brakeline._sender import MetricsSender
@@ -85,7 +86,7 @@ def world_size_field(environ: Mapping[str, str], rank: int) -> dict[str, int]:
     return {"world_size": int(value)}
 
 
-class Run(CheckpointMixin, GuardedRunMixin):
+class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
     """One training process's connection to the console. Create it with :func:`init`."""
 
     def __init__(
@@ -107,6 +108,9 @@ class Run(CheckpointMixin, GuardedRunMixin):
         self._guard = StepGuard(lambda: self.step + 1)
         self._guard.enabled = settings.guard
         self._logs_with_command_waiting = 0
+        # Multi-rank jobs: the ranks agree at the boundary where a process group exists.
+        self._agreement = RankAgreement(settings.rank_agreement, settings.agreement_every)
+        self._applied_at: dict[str, int | None] = {}
         self._skip_steps: set[int] = set()
         self.inbox = CommandInbox()
         self.training = TrainingObjects(seeds=dict(seeds or {}))
@@ -323,22 +327,10 @@ class Run(CheckpointMixin, GuardedRunMixin):
             )
             self._attach_nonfinite_counts(record)
             self.sender.submit(record)
-            if self.inbox.has_pending:
+            if self.inbox.has_pending and self.inbox.has_due(self.step):
                 self._note_command_waiting()
         except Exception:  # logging must never break training
             logger.exception("brakeline: run.log failed (metrics skipped)")
-
-    def _note_command_waiting(self) -> None:
-        # Metrics flow while a delivered command is never applied: step_boundary is missing
-        # from the loop. Said once per waiting stretch, loudly, long before an executor acts.
-        self._logs_with_command_waiting += 1
-        if self._logs_with_command_waiting == self.settings.unapplied_command_logs:
-            logger.error(
-                "brakeline: a console command has waited through %d run.log calls without "
-                "being applied: is run.step_boundary(step) called in your training loop? "
-                "Commands are applied only there (or while a wrapped loader fetches).",
-                self._logs_with_command_waiting,
-            )
 
     def step_boundary(self, step: int | None = None) -> None:
         """Call once per step, after optimizer.step(): commands are applied here, and only here
@@ -348,51 +340,18 @@ class Run(CheckpointMixin, GuardedRunMixin):
         self._stepping = True
         if self._guard.tripped_step is not None:
             self._hold_for_decision(self._guard.take_trip())
-        if self.inbox.has_pending:
-            self._process_commands(self.step)
+        self._commands_at_boundary(self.step)
 
     def keepalive(self) -> None:
         """Count as progress during long phases without steps (evaluation, data warm-up)."""
         self._progress += 1
 
     def _before_fetch(self) -> None:
-        if self.inbox.has_pending:
-            self._process_commands(self.step)
+        self._commands_at_boundary(self.step, fetching=True)
         pause = self._pause
         held = self.finished or self.stopping or pause.state is not PauseState.RUNNING
         if pause.data_paused and not held:
             pause.hold(self.step)
-
-    def _process_commands(self, step: int) -> None:
-        # A save the framework makes in a later hook leaves the commands behind it (its
-        # resume) in the inbox, for that pause's hold to take.
-        while not (self.finished or self._pause.state is PauseState.SAVE_REQUESTED):
-            command = self.inbox.take()
-            if command is None:
-                return
-            self._logs_with_command_waiting = 0
-            self._apply(command, step)
-
-    def _apply(self, command: Command, step: int) -> None:
-        handler = handlers.composed(self._handlers.get(command.kind), command.kind)
-        logger.warning(
-            "brakeline: applying %s (command %s, %s) at step %d: %s",
-            command.kind,
-            command.id,
-            command.severity or "-",
-            step,
-            command.reason,
-        )
-        try:
-            result = handler(self, command, step)
-        except CommandFailed as failure:
-            self.ack(command.id, "failed", failure.result, str(failure))
-        except Exception as error:  # a failing command must not kill training
-            logger.exception("brakeline: command %s failed", command.kind)
-            self.ack(command.id, "failed", {"step": step}, f"{type(error).__name__}: {error}")
-        else:
-            if result is not ACK_LATER:
-                self.ack(command.id, "succeeded", result if isinstance(result, dict) else {})
 
     # -- pause, checkpoint, terminate ------------------------------------------------------------
     def set_status(self, status: str) -> None:
@@ -448,6 +407,12 @@ class Run(CheckpointMixin, GuardedRunMixin):
     ) -> None:
         """Acknowledge a command (queued; delivered by the control thread with retries)."""
         merged = {**self.handler_results.pop(str(command_id), {}), **dict(result or {})}
+        apply_at = self._applied_at.pop(str(command_id), None)
+        if apply_at is not None:
+            merged.setdefault("apply_at_step", apply_at)
+        if self._world_size or self.settings.rank:
+            # Multi-rank: the console counts the ranks' acks (all at the same step, or split).
+            merged.setdefault("rank", self.settings.rank)
         body: dict[str, Any] = {"status": status, "result": to_jsonable(merged)}
         if error:
             body["error"] = error
