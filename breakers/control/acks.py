@@ -157,9 +157,10 @@ def raise_split_alert(command: Command, job: Job, verdict: Verdict, now: datetim
             f"acknowledged by {_ranks_text(done)}, not by {_ranks_text(verdict.missing)} "
             f"{settings.COMMAND_SPLIT_SECONDS:.0f} s later"
         )
-    nodes = JobRank.objects.filter(
-        job=job, rank__in=verdict.missing or [r for rs in verdict.split_steps.values() for r in rs]
-    ).values_list("hostname", flat=True)
+    named = [r for ranks in verdict.split_steps.values() for r in ranks] + list(verdict.missing)
+    nodes = JobRank.objects.filter(job=job, rank__in=named[:1000]).values_list(
+        "hostname", flat=True
+    )
     step = int(job.current_step or 0)
     signal = AlertSignal(
         rule_key=RULE_KEY,

@@ -199,15 +199,17 @@ def acknowledge_command(
     rank's answer; a multi-rank job's command is done only when every rank answered the same
     step (breakers.control.acks), and stays deliverable to the others until then."""
     with transaction.atomic():
-        # Locked: the ranks' acknowledgements of one command are counted one after another.
-        command = Command.objects.select_for_update().filter(pk=command_id, job_id=job_id).first()
-        if command is None:
+        # The job's row first, then the command's: the order of heartbeats and metrics
+        # replies (job, then the commands they mark delivered), so they cannot deadlock. The
+        # lock also counts the ranks' acknowledgements of one command one after another.
+        job = Job.objects.select_for_update().filter(pk=job_id).first()
+        command = Command.objects.filter(pk=command_id, job_id=job_id).first()
+        if command is None or job is None:
             # Another job's command is as invisible as a missing one: 404, never 403.
             raise NotFound(f"The job has no command {command_id}.")
         if command.status in DONE_COMMAND_STATUSES:
             return command
         result = result or {}
-        job = Job.objects.get(pk=job_id)
         per_rank = counts_ranks(command, job, rank)
         if per_rank:
             assert rank is not None

@@ -1,9 +1,9 @@
-"""DDP (gloo, CPU) under torchrun where one rank's loss turns NaN at one step.
+"""Data-parallel training (gloo, CPU) under torchrun where one rank's loss turns NaN at one step.
 
 Usage: torchrun --standalone --nproc_per_node N train_ranks.py WORK_DIR --nan-at S
        [--nan-rank R] [--no-websocket 1,3] [--jitter SECONDS] [--seed K] [--max-steps M]
 
-The NaN loss of one rank reaches every rank's gradients through DDP's all_reduce, so every
+The NaN loss of one rank reaches every rank's gradients through the gradients' all_reduce, so every
 rank's step guard refuses that update and holds for the console's decision; the console's
 rules answer with checkpoint_and_pause, which every rank must apply at the same step. After
 the resume every rank stops at once (the same step: it is applied where they hold). Each rank
@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import random
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
 import brakeline
 
@@ -40,10 +40,21 @@ def arguments() -> argparse.Namespace:
     return parser.parse_args()
 
 
+def average_gradients(model: torch.nn.Module) -> None:
+    """All-reduce and average the gradients, as DDP does: the ranks move in lockstep, and one
+    rank's NaN reaches every rank's gradients."""
+    world = dist.get_world_size()
+    for parameter in model.parameters():
+        dist.all_reduce(parameter.grad)
+        parameter.grad /= world
+
+
 def main() -> None:
     args = arguments()
+    logging.basicConfig(format="%(asctime)s %(process)d %(message)s", level=logging.WARNING)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    logging.getLogger("brakeline").warning("rank %d started", rank)
     without_websocket = {int(r) for r in args.no_websocket.split(",") if r.strip()}
     run = brakeline.init(
         job="ranks",
@@ -63,9 +74,7 @@ def main() -> None:
     run.on_release(lambda info: held.append(info.step))
     run.on_resume(lambda info: resumed.append(info.step))
     torch.manual_seed(1234)
-    model = DistributedDataParallel(
-        torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-    )
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     run.watch(model=model, optimizer=optimizer)
     jitter = random.Random(args.seed * 1000 + rank)
@@ -78,6 +87,7 @@ def main() -> None:
         if step == args.nan_at and rank == args.nan_rank:
             loss = loss * float("nan")  # this rank only; the all_reduce spreads it
         loss.backward()
+        average_gradients(model)  # what DDP does, without its seconds-long set-up
         optimizer.step()
         run.log({"loss": loss}, step=step)
         run.step_boundary(step)
@@ -88,6 +98,7 @@ def main() -> None:
     report = {"rank": rank, "held_at": held, "last_step": step, "resumed": resumed}
     (args.work / f"rank-{rank}.json").write_text(json.dumps(report))
     run.finish()
+    logging.getLogger("brakeline").warning("rank %d finished", rank)
     dist.destroy_process_group()
 
 
