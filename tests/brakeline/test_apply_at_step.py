@@ -7,6 +7,8 @@ The ranks' agreement itself runs in real torchrun + gloo processes
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from brakeline._commands import Command, CommandInbox
@@ -105,3 +107,57 @@ def test_no_process_group_no_agreement():
 def test_agreement_settings_are_checked(mode, every):
     with pytest.raises(ValueError):
         RankAgreement(mode, every)
+
+
+class AgreedElsewhere:
+    """The ranks' agreement as another rank makes it: command ``agreed`` is due at ``at``.
+    (The collective itself runs between real torchrun ranks in the live test and bench.)"""
+
+    every = 1
+
+    def __init__(self, agreed: int, at: int) -> None:
+        self.agreed, self.at, self.offered = agreed, at, []
+
+    def active(self) -> bool:
+        return True
+
+    def agree(self, step: int, due_id: int) -> tuple[int, int, int]:
+        self.offered.append((step, due_id))
+        return (max(due_id, self.agreed) if step >= self.at else due_id), step, step
+
+
+def test_a_rank_waits_at_the_agreed_boundary_for_a_command_it_has_not_received(make_run):
+    run = make_run()
+    seen = []
+    run.on_command("isolate_node", lambda r, c, step: seen.append(step) or {})
+    run._agreement = AgreedElsewhere(agreed=9, at=3)
+    run.step_boundary(1)
+    run.step_boundary(2)
+    late = threading.Timer(0.3, run.inbox.offer, args=(command(9, "isolate_node", 3),))
+    late.start()
+    run.step_boundary(3)  # the other rank has it due here: this one waits for it, then applies
+    late.join()
+    assert seen == [3]
+    assert run._agreement.offered == [(1, 0), (2, 0), (3, 0)]
+
+
+def test_with_an_agreement_a_due_command_waits_for_the_agreement_boundary(make_run):
+    run = make_run()
+    seen = []
+    run.on_command("isolate_node", lambda r, c, step: seen.append(step) or {})
+    agreement = AgreedElsewhere(agreed=0, at=0)
+    agreement.every = 5
+    run._agreement = agreement
+    run.inbox.offer(command(4, "isolate_node", apply_at_step=2))
+    for step in range(1, 8):
+        run.step_boundary(step)
+    assert seen == [5]  # the first agreement boundary at or after its step
+    assert agreement.offered == [(5, 4)]
+
+
+def test_a_rank_that_never_gets_the_agreed_command_goes_on_without_it(make_run):
+    run = make_run(agreement_wait_seconds=0.2)
+    run._agreement = AgreedElsewhere(agreed=9, at=1)
+    run.step_boundary(1)  # waits 0.2 s, logs, goes on
+    run.step_boundary(2)
+    assert run.acknowledgements == []
