@@ -30,7 +30,7 @@ os.environ.setdefault("BRAKELINE_CHANNEL_PREFIX", "brakeline-bench-ranks")
 
 from _stack import ROOT, daphne, median, set_up_django, start_worker  # noqa: E402
 
-SCRIPT = ROOT / "tests" / "brakeline" / "scripts" / "train_ranks.py"
+SCRIPT = ROOT / "tests" / "brakeline" / "scripts" / "train_rank_sync.py"
 
 
 def draw(rng: random.Random) -> dict:

@@ -10,6 +10,7 @@ from django.db import transaction
 from breakers.agent.ack_rank import ack_rank
 from breakers.agent.protocol import (
     MAX_STEP,
+    HeartbeatIn,
     PointIn,
     parse_ack,
     parse_heartbeat,
@@ -75,8 +76,15 @@ def metrics_appended(job_id: int, points: Sequence[PointIn]) -> dict:
     }
 
 
-def receive_heartbeat(job_id: int, raw_body: bytes) -> Job:
+def heartbeat_reply(job_id: int, raw_body: bytes) -> list[dict]:
+    """Record one rank's heartbeat; its reply's commands: the open ones that rank has not
+    acknowledged yet (a multi-rank command stays open until every rank has)."""
     heartbeat = parse_heartbeat(raw_body)
+    _record_heartbeat(job_id, heartbeat)
+    return deliverable_commands(job_id, rank=heartbeat.rank or 0)
+
+
+def _record_heartbeat(job_id: int, heartbeat: HeartbeatIn) -> Job:
     job = record_heartbeat(
         job_id,
         step=heartbeat.step,

@@ -161,11 +161,14 @@ def mark_delivered(command_ids: list[int]) -> int:
     )
 
 
-def deliverable_commands(job_id: int) -> list[dict[str, Any]]:
-    """Open commands of the job, oldest first, marked delivered (they are being sent now)."""
-    commands = list(
-        Command.objects.filter(job_id=job_id, status__in=OPEN_COMMAND_STATUSES).order_by("pk")
-    )
+def deliverable_commands(job_id: int, rank: int | None = None) -> list[dict[str, Any]]:
+    """Open commands of the job, oldest first, marked delivered (they are being sent now).
+    A multi-rank command is open until every rank acked it; ``rank`` (a heartbeat's) leaves
+    out the ones that rank has acked already."""
+    open_commands = Command.objects.filter(job_id=job_id, status__in=OPEN_COMMAND_STATUSES)
+    if rank is not None:
+        open_commands = open_commands.exclude(rank_acks__rank=rank)
+    commands = list(open_commands.order_by("pk"))
     mark_delivered([c.pk for c in commands if c.status == CommandStatus.PENDING])
     return [command_payload(c) for c in commands]
 

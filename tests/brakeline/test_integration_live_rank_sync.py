@@ -36,7 +36,7 @@ NAN_AT = 15
 def torchrun(tmp_path, env, ranks: int, *args: str) -> subprocess.Popen:
     log = (tmp_path / "torchrun.log").open("w")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node", str(ranks), str(SCRIPTS / "train_ranks.py"), str(tmp_path),
+               "--nproc_per_node", str(ranks), str(SCRIPTS / "train_rank_sync.py"), str(tmp_path),
                "--nan-at", str(NAN_AT), *args]  # fmt: skip
     return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 

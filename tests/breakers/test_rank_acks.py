@@ -65,8 +65,10 @@ def test_the_brake_applies_above_every_rank_and_succeeds_when_all_ack_that_step(
     assert beat(0, 103)[0]["apply_at_step"] == 122
     assert ack(agent_post, command.pk, 0, 122) == {"id": command.pk, "status": "delivered"}
     assert ack(agent_post, command.pk, 0, 122)["status"] == "delivered"  # a retry: still one
-    # Rank 0 acked; ranks 1 and 2 (no websocket) still get it in their heartbeat replies.
+    # Rank 0 acked; ranks 1 and 2 (no websocket) still get it in their heartbeat replies,
+    # rank 0 no longer (a restarted rank 0 must not apply it twice).
     assert [c["id"] for c in beat(1, 104)] == [command.pk]
+    assert beat(0, 122, "paused") == []
     ack(agent_post, command.pk, 1, 122)
     assert Job.objects.get(pk=agent.job_id).status == JobStatus.PAUSING  # not yet
     assert ack(agent_post, command.pk, 2, 122)["status"] == "succeeded"

@@ -1,6 +1,6 @@
 """Data-parallel training (gloo, CPU) under torchrun where one rank's loss turns NaN at one step.
 
-Usage: torchrun --standalone --nproc_per_node N train_ranks.py WORK_DIR --nan-at S
+Usage: torchrun --standalone --nproc_per_node N train_rank_sync.py WORK_DIR --nan-at S
        [--nan-rank R] [--no-websocket 1,3] [--jitter SECONDS] [--seed K] [--max-steps M]
 
 The NaN loss of one rank reaches every rank's gradients through the gradients' all_reduce, so every
