@@ -76,14 +76,23 @@ def _capture(value: Any) -> Any:
     return value.detach().clone()
 
 
+# Where launchers announce the world size, in the order of default_rank's rank variables.
+WORLD_SIZE_VARIABLES = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
 def world_size_field(environ: Mapping[str, str], rank: int) -> dict[str, int]:
-    """``{"world_size": N}`` from WORLD_SIZE (torchrun, many launchers), or nothing when it is
-    unset or unusable: the console refuses a heartbeat whose world size is not above its rank,
-    and a stray variable must not cost the run its heartbeats."""
-    value = environ.get("WORLD_SIZE", "").strip()
-    if not value.isdigit() or not 0 <= rank < int(value) < 2**31:
-        return {}
-    return {"world_size": int(value)}
+    """``{"world_size": N}`` from WORLD_SIZE (torchrun, many launchers; else Slurm's, Open
+    MPI's or PMI's), or nothing when none is set or usable: the console refuses a heartbeat
+    whose world size is not above its rank, and a stray variable must not cost the run its
+    heartbeats. Every rank knowing it matters: rank 0's acknowledgements too must name their
+    rank, or the console would take rank 0's answer for the whole job's."""
+    for name in WORLD_SIZE_VARIABLES:
+        value = environ.get(name, "").strip()
+        if value:
+            if not value.isdigit() or not 0 <= rank < int(value) < 2**31:
+                return {}
+            return {"world_size": int(value)}
+    return {}
 
 
 class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
