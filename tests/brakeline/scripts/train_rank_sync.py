@@ -2,6 +2,7 @@
 
 Usage: torchrun --standalone --nproc_per_node N train_rank_sync.py WORK_DIR --nan-at S
        [--nan-rank R] [--no-websocket 1,3] [--jitter SECONDS] [--seed K] [--max-steps M]
+       [--slow-poll SECONDS]
 
 The NaN loss of one rank reaches every rank's gradients through the gradients' all_reduce, so every
 rank's step guard refuses that update and holds for the console's decision; the console's
@@ -10,7 +11,8 @@ the resume every rank stops at once (the same step: it is applied where they hol
 then writes WORK_DIR/rank-R.json: where it was held, its last step, whether it resumed.
 ``--jitter``: a random sleep of up to this many seconds per step and rank (seeded), so the
 ranks reach each boundary at different moments; ``--no-websocket``: ranks that get commands
-only in heartbeat and metrics replies (BRAKELINE_WEBSOCKET=0 for them).
+only in heartbeat and metrics replies (BRAKELINE_WEBSOCKET=0 for them), every
+``--slow-poll`` seconds if given. ``--nan-at 0``: no NaN (the pause comes from a person).
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--jitter", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-steps", type=int, default=3000)
+    # Ranks without a websocket ask the console this often (heartbeats, metrics batches), so
+    # a command can reach them after the others are at its step (0: the test's 0.2/0.05 s).
+    parser.add_argument("--slow-poll", type=float, default=0.0)
     return parser.parse_args()
 
 
@@ -56,13 +61,14 @@ def main() -> None:
     rank = dist.get_rank()
     logging.getLogger("brakeline").warning("rank %d started", rank)
     without_websocket = {int(r) for r in args.no_websocket.split(",") if r.strip()}
+    slow = args.slow_poll if rank in without_websocket else 0.0
     run = brakeline.init(
         job="ranks",
         spill_dir=str(args.work / f"spill-{rank}"),
         checkpoint_dir=str(args.work / "checkpoints"),
         use_websocket=rank not in without_websocket,
-        heartbeat_interval=0.2,
-        flush_interval=0.05,
+        heartbeat_interval=slow or 0.2,
+        flush_interval=slow or 0.05,
         backoff_base=0.05,
         backoff_cap=1.0,
         finish_timeout=30.0,
