@@ -10,16 +10,19 @@ command to reach every rank. Every rank applies it exactly there (docs/protocol.
 the SDK's ranks also agree at that boundary through their process group, so a rank the
 command reached late still holds at the same step).
 
-``choose_apply_at_step`` is the pure rule (table-driven tests); ``apply_at_step_for`` reads
-the job's ranks.
+``choose_apply_at_step`` and ``projected_step`` are the pure rules (table-driven tests);
+``apply_at_step_for`` reads the job's ranks. A rank's last heartbeat is up to an interval
+old: its step is projected to now at its measured step time, or a fast job's apply step would
+be behind it before the command left.
 """
 
 from __future__ import annotations
 
 import math
+from datetime import datetime
 
 from django.conf import settings
-from django.db.models import Max
+from django.utils import timezone
 
 from breakers.models import CommandKind
 from incidents.models import Job, JobRank
@@ -50,6 +53,19 @@ def margin_steps(step_time_seconds: float | None, margin_seconds: float) -> int:
     return max(MIN_MARGIN_STEPS, min(MAX_MARGIN_STEPS, wanted))
 
 
+def projected_step(step: int, seconds_since_report: float, step_time_seconds: float | None) -> int:
+    """Where a rank that reported ``step`` that many seconds ago is now, at its measured
+    pace: a heartbeat is up to an interval old, and a fast job is many steps further on."""
+    if (
+        step_time_seconds is None
+        or not math.isfinite(step_time_seconds)
+        or step_time_seconds <= 0
+        or seconds_since_report <= 0
+    ):
+        return step
+    return step + min(MAX_MARGIN_STEPS, math.floor(seconds_since_report / step_time_seconds))
+
+
 def choose_apply_at_step(
     highest_step: int | None,
     step_time_seconds: float | None,
@@ -65,18 +81,26 @@ def choose_apply_at_step(
     return max(highest_step or 0, 0) + margin_steps(step_time_seconds, margin_seconds)
 
 
-def apply_at_step_for(job: Job, kind: str) -> int | None:
-    """``choose_apply_at_step`` for ``job`` as its ranks last reported: the highest step of
-    any rank (heartbeats) or of its metrics, the slowest rank's step time."""
+def apply_at_step_for(job: Job, kind: str, now: datetime | None = None) -> int | None:
+    """``choose_apply_at_step`` for ``job`` as its ranks last reported: the highest step any
+    rank is at by now (its last heartbeat's step, projected at its own step time; or the
+    job's metrics), the slowest rank's step time for the margin."""
     if (job.world_size or 1) <= 1 or kind not in STEP_SYNCED_KINDS:
         return None
-    ranks = JobRank.objects.filter(job=job).aggregate(
-        step=Max("step"), step_time=Max("step_time_seconds")
+    now = now or timezone.now()
+    ranks = list(
+        JobRank.objects.filter(job=job).values_list(
+            "step", "last_heartbeat_at", "step_time_seconds"
+        )
     )
-    steps = [s for s in (ranks["step"], job.current_step, job.last_heartbeat_step) if s is not None]
+    steps = [
+        projected_step(step, (now - at).total_seconds(), step_time) for step, at, step_time in ranks
+    ]
+    steps += [s for s in (job.current_step, job.last_heartbeat_step) if s is not None]
+    step_times: list[float | None] = [t for _, _, t in ranks if t] or [job.step_time_seconds]
     return choose_apply_at_step(
         max(steps, default=0),
-        ranks["step_time"] or job.step_time_seconds,
+        max((t for t in step_times if t is not None), default=None),
         margin_seconds=settings.COMMAND_APPLY_MARGIN_SECONDS,
         world_size=job.world_size,
         kind=kind,

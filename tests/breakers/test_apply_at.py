@@ -15,6 +15,7 @@ from breakers.control.apply_at import (
     UNMEASURED_MARGIN_STEPS,
     choose_apply_at_step,
     margin_steps,
+    projected_step,
 )
 
 
@@ -57,6 +58,23 @@ def test_the_apply_step_is_above_every_rank_by_the_margin(
 @pytest.mark.parametrize("step_time", [1e-9, 0.001, 0.04, 1.0, 30.0, 1e9])
 def test_the_margin_is_always_within_its_bounds(step_time):
     assert MIN_MARGIN_STEPS <= margin_steps(step_time, 3.0) <= MAX_MARGIN_STEPS
+
+
+@pytest.mark.parametrize(
+    ("step", "seconds", "step_time", "expected"),
+    [
+        (100, 1.0, 0.1, 110),  # a heartbeat 1 s old, 10 steps a second
+        (100, 0.05, 0.1, 100),  # not a whole step yet
+        (100, 0.0, 0.1, 100),
+        (100, -2.0, 0.1, 100),  # a clock step backwards projects nothing
+        (100, 5.0, None, 100),  # no pace measured
+        (100, 5.0, 0.0, 100),
+        (100, 5.0, math.inf, 100),
+        (100, 1e6, 0.001, 100 + MAX_MARGIN_STEPS),  # a long silence is not a long projection
+    ],
+)
+def test_a_ranks_step_is_projected_to_now_at_its_pace(step, seconds, step_time, expected):
+    assert projected_step(step, seconds, step_time) == expected
 
 
 S, F = "succeeded", "failed"

@@ -38,9 +38,10 @@ def ranks(agent, agent_post, settings):
 
     with time_machine.travel(timezone.now(), tick=False) as clock:
         for step in (80, 90, 100):
+            if step > 80:
+                clock.shift(1)
             for rank in range(3):
                 beat(rank, step + rank)  # rank 2 is ahead: the highest step counts
-            clock.shift(1)
         yield beat, clock
 
 
@@ -143,6 +144,12 @@ def test_a_rank_that_is_not_one_is_refused_naming_the_field(agent, agent_post, r
     assert "result.rank" in response.json()["fields"]
     assert Command.objects.get(pk=command.pk).status != CommandStatus.SUCCEEDED
     assert not CommandAck.objects.exists()
+
+
+def test_a_heartbeat_seconds_old_counts_the_steps_made_since(agent, ranks):
+    _, clock = ranks
+    clock.shift(0.55)  # every rank is 5 steps further on at 0.1 s per step
+    assert pause(agent).apply_at_step == 102 + 5 + 20
 
 
 def test_a_command_waiting_for_its_step_is_not_an_unapplied_one(agent, agent_post, ranks):
