@@ -510,6 +510,12 @@ COMMAND_ACK_TIMEOUT_SECONDS = _env_seconds_by_kind(
 )
 # Between the executor's polite stop (SIGTERM, Slurm's USR1) and the forced one.
 EXECUTOR_GRACE_SECONDS = _env_seconds("BRAKELINE_EXECUTOR_GRACE_SECONDS", 10.0)
+# Multi-rank jobs (breakers.control.apply_at, breakers.control.acks): a command that changes
+# the training state applies at a step this many seconds' worth of steps ahead of the highest
+# step any rank reported (time for it to reach every rank, websocket or not); and a command
+# some ranks acknowledged and others not after this long is a "split job" alert (L3).
+COMMAND_APPLY_MARGIN_SECONDS = _env_seconds("BRAKELINE_COMMAND_APPLY_MARGIN_SECONDS", 3.0)
+COMMAND_SPLIT_SECONDS = _env_seconds("BRAKELINE_COMMAND_SPLIT_SECONDS", 30.0)
 # Inference jobs (breakers.control.inference): HAProxy's runtime API (a UNIX socket path or
 # host:port; empty: no traffic executor), and how long a drained replica's requests in
 # flight may take to finish before it is put in maintenance anyway.

@@ -7,8 +7,10 @@ from collections.abc import Sequence
 from django.conf import settings
 from django.db import transaction
 
+from breakers.agent.ack_rank import ack_rank
 from breakers.agent.protocol import (
     MAX_STEP,
+    HeartbeatIn,
     PointIn,
     parse_ack,
     parse_heartbeat,
@@ -78,8 +80,15 @@ def metrics_appended(job_id: int, points: Sequence[PointIn]) -> dict:
     }
 
 
-def receive_heartbeat(job_id: int, raw_body: bytes) -> Job:
+def heartbeat_reply(job_id: int, raw_body: bytes) -> list[dict]:
+    """Record one rank's heartbeat; its reply's commands: the open ones that rank has not
+    acknowledged yet (a multi-rank command stays open until every rank has)."""
     heartbeat = parse_heartbeat(raw_body)
+    _record_heartbeat(job_id, heartbeat)
+    return deliverable_commands(job_id, rank=heartbeat.rank or 0)
+
+
+def _record_heartbeat(job_id: int, heartbeat: HeartbeatIn) -> Job:
     job = record_heartbeat(
         job_id,
         step=heartbeat.step,
@@ -102,6 +111,7 @@ def receive_acknowledgement(job_id: int, command_id: int, raw_body: bytes) -> Co
     ack = parse_ack(raw_body)
     if not 0 < command_id <= MAX_STEP:  # an id no bigint column holds: no such command
         raise NotFound("No such command of this job.", fields={"id": "no such command"})
+    rank = ack_rank(ack.result)
     return acknowledge_command(
-        job_id, command_id, status=ack.status, result=ack.result, error=ack.error
+        job_id, command_id, status=ack.status, result=ack.result, error=ack.error, rank=rank
     )

@@ -18,6 +18,8 @@ from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
 from breakers.checkpoints import record_from_acknowledgement
+from breakers.control.acks import clear_split, counts_ranks, record_rank_ack
+from breakers.control.apply_at import apply_at_step_for
 from breakers.control.job_state import ON_ISSUE, ON_SUCCESS, refusal
 from breakers.control.timeline import (
     record_acknowledged,
@@ -68,6 +70,7 @@ def command_payload(command: Command) -> dict[str, Any]:
         "severity": command.severity or None,
         "reason": command.reason,
         "issued_at": command.issued_at.isoformat().replace("+00:00", "Z"),
+        "apply_at_step": command.apply_at_step,
     }
 
 
@@ -129,6 +132,8 @@ def issue_command(
                     issued_at=now,
                     alert_id=alert_id,
                     deliver_by=now + timedelta(seconds=acknowledgement_deadline_seconds(kind)),
+                    # Multi-rank jobs: every rank applies it at this one step.
+                    apply_at_step=apply_at_step_for(job, kind),
                 )
         except IntegrityError:
             # Another worker issued the same key between our check and our insert.
@@ -156,11 +161,14 @@ def mark_delivered(command_ids: list[int]) -> int:
     )
 
 
-def deliverable_commands(job_id: int) -> list[dict[str, Any]]:
-    """Open commands of the job, oldest first, marked delivered (they are being sent now)."""
-    commands = list(
-        Command.objects.filter(job_id=job_id, status__in=OPEN_COMMAND_STATUSES).order_by("pk")
-    )
+def deliverable_commands(job_id: int, rank: int | None = None) -> list[dict[str, Any]]:
+    """Open commands of the job, oldest first, marked delivered (they are being sent now).
+    A multi-rank command is open until every rank acked it; ``rank`` (a heartbeat's) leaves
+    out the ones that rank has acked already."""
+    open_commands = Command.objects.filter(job_id=job_id, status__in=OPEN_COMMAND_STATUSES)
+    if rank is not None:
+        open_commands = open_commands.exclude(rank_acks__rank=rank)
+    commands = list(open_commands.order_by("pk"))
     mark_delivered([c.pk for c in commands if c.status == CommandStatus.PENDING])
     return [command_payload(c) for c in commands]
 
@@ -182,16 +190,39 @@ def _job_effect_on_success(command: Command) -> None:
 
 
 def acknowledge_command(
-    job_id: int, command_id: int, *, status: str, result: dict | None = None, error: str = ""
+    job_id: int,
+    command_id: int,
+    *,
+    status: str,
+    result: dict | None = None,
+    error: str = "",
+    rank: int | None = None,
 ) -> Command:
-    """Record the job's answer to a command. Acknowledging twice is harmless."""
+    """Record the job's answer to a command. Acknowledging twice is harmless. ``rank``: one
+    rank's answer; a multi-rank job's command is done only when every rank answered the same
+    step (breakers.control.acks), and stays deliverable to the others until then."""
     with transaction.atomic():
+        # The job's row first, then the command's: the order of heartbeats and metrics
+        # replies (job, then the commands they mark delivered), so they cannot deadlock. The
+        # lock also counts the ranks' acknowledgements of one command one after another.
+        job = Job.objects.select_for_update().filter(pk=job_id).first()
         command = Command.objects.filter(pk=command_id, job_id=job_id).first()
-        if command is None:
+        if command is None or job is None:
             # Another job's command is as invisible as a missing one: 404, never 403.
             raise NotFound(f"The job has no command {command_id}.")
         if command.status in DONE_COMMAND_STATUSES:
             return command
+        result = result or {}
+        per_rank = counts_ranks(command, job, rank)
+        if per_rank:
+            assert rank is not None
+            verdict, result, error = record_rank_ack(
+                command, job, rank, status=status, result=result, error=error
+            )
+            if verdict.status == "waiting":
+                command.refresh_from_db()
+                return command
+            status = verdict.status
         won = compare_and_swap(
             Command,
             command.pk,
@@ -199,28 +230,35 @@ def acknowledge_command(
             expected=[CommandStatus.PENDING, CommandStatus.DELIVERED, CommandStatus.EXPIRED],
             new=status,
             acknowledged_at=timezone.now(),
-            result=result or {},
+            result=result,
             error=error,
         )
         command.refresh_from_db()
-        if won and status == CommandStatus.SUCCEEDED:
-            _job_effect_on_success(command)
-            if command.kind == CommandKind.CHECKPOINT_AND_PAUSE:
-                record_from_acknowledgement(job_id, command.pk, command.result)
         if won:
-            record_acknowledged(command)
-            clear_unapplied(job_id, command.result.get("step"))
-            publish_after_commit(
-                job_group(job_id),
-                {
-                    "type": "command.acknowledged",
-                    "command": command_payload(command),
-                    "status": command.status,
-                    "result": command.result,
-                    "error": command.error,
-                },
-            )
+            _record_outcome(command, per_rank)
     return command
+
+
+def _record_outcome(command: Command, per_rank: bool) -> None:
+    job_id = command.job_id
+    if command.status == CommandStatus.SUCCEEDED:
+        _job_effect_on_success(command)
+        if command.kind == CommandKind.CHECKPOINT_AND_PAUSE:
+            record_from_acknowledgement(job_id, command.pk, command.result)
+        if per_rank:
+            clear_split(job_id, command.result.get("step"))
+    record_acknowledged(command)
+    clear_unapplied(job_id, command.result.get("step"))
+    publish_after_commit(
+        job_group(job_id),
+        {
+            "type": "command.acknowledged",
+            "command": command_payload(command),
+            "status": command.status,
+            "result": command.result,
+            "error": command.error,
+        },
+    )
 
 
 STOP_ON_EXPIRY = (CommandKind.CHECKPOINT_AND_PAUSE, CommandKind.TERMINATE)

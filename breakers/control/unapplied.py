@@ -10,7 +10,8 @@ long before the deadline; the acknowledgement resolves it.
 
 from __future__ import annotations
 
-from django.db.models import F
+from django.db.models import F, Value
+from django.db.models.functions import Coalesce, Greatest
 
 from breakers.models import Command, CommandStatus
 from core.text import fit
@@ -33,7 +34,12 @@ def flag_unapplied_commands(limit: int = 100) -> int:
         Command.objects.filter(
             status=CommandStatus.DELIVERED,
             delivered_step__isnull=False,
-            job__current_step__gte=F("delivered_step") + UNAPPLIED_STEPS,
+            # A multi-rank job's command waits for its apply_at_step on purpose: counted from
+            # there, not from its delivery.
+            job__current_step__gte=Greatest(
+                F("delivered_step"), Coalesce(F("apply_at_step"), Value(0))
+            )
+            + UNAPPLIED_STEPS,
         )
         .select_related("job")
         .order_by("pk")[:limit]

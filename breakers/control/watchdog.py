@@ -9,6 +9,7 @@ from functools import partial
 from django.db import transaction
 
 from breakers.control import liveness
+from breakers.control.acks import flag_split_commands
 from breakers.control.commands import expire_overdue_commands
 from breakers.control.heartbeats import check_heartbeats
 from breakers.control.unapplied import flag_unapplied_commands
@@ -18,11 +19,13 @@ BEAT = "beat"
 
 
 def watchdog_tick(stop_job: Callable[[int], object]) -> list[int]:
-    """Record the beat, brake silent jobs, expire overdue commands, hand hung jobs to
+    """Record the beat, brake silent jobs, flag unapplied and split commands, expire overdue
+    commands, hand hung jobs to
     ``stop_job(command_id)``."""
     liveness.record(BEAT)
     check_heartbeats()
     flag_unapplied_commands()
+    flag_split_commands()
     with transaction.atomic():
         to_stop = expire_overdue_commands()
         for command_id in to_stop:

@@ -9,6 +9,7 @@ from breakers.models.control import (  # noqa: F401
     COMMAND_TRANSITIONS,
     OPEN_COMMAND_STATUSES,
     Command,
+    CommandAck,
     CommandKind,
     CommandStatus,
 )

@@ -8,7 +8,7 @@ from django.db import models
 
 from incidents.models import ActorKind, Alert, Job
 
-__all__ = ["ActorKind", "Command", "CommandKind", "CommandStatus"]
+__all__ = ["ActorKind", "Command", "CommandAck", "CommandKind", "CommandStatus"]
 
 
 class CommandKind(models.TextChoices):
@@ -83,6 +83,11 @@ class Command(models.Model):
     acknowledged_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(default=dict, blank=True)
     error = models.TextField(blank=True)
+    # Multi-rank jobs: the step boundary at which every rank applies it (None: the first
+    # boundary after it arrives), and when the first rank acknowledged it: some ranks acked,
+    # others not, this long after is a split job (breakers.control.acks).
+    apply_at_step = models.BigIntegerField(null=True, blank=True)
+    first_ack_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -95,3 +100,26 @@ class Command(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} #{self.pk} to {self.job_id} ({self.status})"
+
+
+class CommandAck(models.Model):
+    """One rank's acknowledgement of a command (multi-rank jobs). The command itself succeeds
+    only once every rank of the job's world size acknowledged it at the same step."""
+
+    command = models.ForeignKey(Command, on_delete=models.CASCADE, related_name="rank_acks")
+    rank = models.IntegerField()
+    status = models.CharField(max_length=16, choices=CommandStatus.choices)
+    step = models.BigIntegerField(null=True, blank=True)
+    result = models.JSONField(default=dict, blank=True)
+    error = models.TextField(blank=True)
+    acknowledged_at = models.DateTimeField()
+
+    class Meta:
+        # A rank's second ack of the same command (a retried POST) is the first one.
+        constraints = [
+            models.UniqueConstraint(fields=["command", "rank"], name="command_ack_once_per_rank")
+        ]
+        ordering = ["command", "rank"]
+
+    def __str__(self) -> str:
+        return f"rank {self.rank} of {self.command_id}: {self.status} at {self.step}"

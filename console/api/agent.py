@@ -144,8 +144,8 @@ class HeartbeatView(AgentView):
     )
     def post(self, request: Request) -> Response:
         job = request.user.job
-        breaker_services.receive_heartbeat(job.pk, self.raw_body(request))
-        return Response({"commands": breaker_services.pending_commands(job.pk)})
+        commands = breaker_services.heartbeat_reply(job.pk, self.raw_body(request))
+        return Response({"commands": commands})
 
 
 class CommandAckView(AgentView):

@@ -37,7 +37,9 @@ class CommandFailed(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class Command:
-    """One console command: ``{"id", "kind", "params", "severity", "reason", "issued_at"}``."""
+    """One console command: ``{"id", "kind", "params", "severity", "reason", "issued_at",
+    "apply_at_step"}``. ``apply_at_step`` (multi-rank jobs): the step boundary at which every
+    rank applies it; None: the first boundary after it arrives."""
 
     id: int | str
     kind: str
@@ -45,6 +47,10 @@ class Command:
     severity: str = ""
     reason: str = ""
     issued_at: str = ""
+    apply_at_step: int | None = None
+
+    def due(self, step: int) -> bool:
+        return self.apply_at_step is None or step >= self.apply_at_step
 
     @classmethod
     def from_json(cls, payload: Mapping[str, Any]) -> Command | None:
@@ -54,6 +60,9 @@ class Command:
         if command_id is None or isinstance(command_id, bool) or not isinstance(kind, str):
             return None
         params = payload.get("params")
+        apply_at = payload.get("apply_at_step")
+        if isinstance(apply_at, bool) or not isinstance(apply_at, int) or apply_at < 0:
+            apply_at = None  # absent (older consoles, single-process jobs) or unusable
         return cls(
             id=command_id,
             kind=kind,
@@ -61,6 +70,7 @@ class Command:
             severity=str(payload.get("severity") or ""),
             reason=str(payload.get("reason") or ""),
             issued_at=str(payload.get("issued_at") or ""),
+            apply_at_step=apply_at,
         )
 
 
@@ -104,6 +114,39 @@ class CommandInbox:
         with self._arrived:
             return self._pending.popleft() if self._pending else None
 
+    def has_due(self, step: int) -> bool:
+        """A pending command is due at ``step`` (lock-free read of a deque snapshot)."""
+        return any(command.due(step) for command in tuple(self._pending))
+
+    def due_id(self, step: int) -> int:
+        """The highest numeric id among the commands due at ``step`` (0: none): what this rank
+        puts into the ranks' agreement (``_ranksync.py``)."""
+        with self._arrived:
+            ids = [c.id for c in self._pending if c.due(step) and _numeric(c.id)]
+        return max(ids, default=0)  # type: ignore[type-var]
+
+    def take_due(self, step: int, up_to: int | None = None) -> Command | None:
+        """The oldest pending command due at ``step`` (and, with ``up_to``, with an id not
+        above it: what the ranks agreed on), or None. Commands not yet due stay queued."""
+        with self._arrived:
+            for command in self._pending:
+                if not command.due(step) and up_to is None:
+                    continue
+                if up_to is not None and _numeric(command.id) and command.id > up_to:  # type: ignore[operator]
+                    continue
+                self._pending.remove(command)
+                return command
+        return None
+
+    def knows(self, command_id: int | str) -> bool:
+        with self._arrived:
+            return str(command_id) in self._seen
+
+    def wait_for(self, command_id: int | str, timeout: float) -> bool:
+        """Block until the command ``command_id`` has arrived (or timeout passes)."""
+        with self._arrived:
+            return self._arrived.wait_for(lambda: str(command_id) in self._seen, timeout)
+
     def wait(self, timeout: float) -> bool:
         """Block until a command is pending or timeout passes; True if one is pending."""
         with self._arrived:
@@ -115,3 +158,7 @@ class CommandInbox:
         """Wake a training thread blocked in :meth:`wait` (used when the run is finishing)."""
         with self._arrived:
             self._arrived.notify_all()
+
+
+def _numeric(command_id: int | str) -> bool:
+    return isinstance(command_id, int) and not isinstance(command_id, bool)

@@ -25,9 +25,12 @@ import copy
 import functools
 import logging
 import math
+import time
 import types
 from collections.abc import Callable
 from typing import Any
+
+from brakeline._encoding import LogRecord
 
 logger = logging.getLogger("brakeline")
 
@@ -197,3 +200,77 @@ def _remember(steps: list[int], step: int) -> None:
     if not steps or steps[-1] != step:
         steps.append(step)
         del steps[:-MAX_RECORDED_STEPS]
+
+
+class GuardedRunMixin:
+    """The Run's guard methods: ``run.guard(loss)``, the non-finite counters attached to each
+    log, and the hold after a refused update (see :class:`brakeline.Run`)."""
+
+    # Attributes of the Run these methods use (set in Run.__init__).
+    settings: Any
+    step: int
+    finished: bool
+    stopping: bool
+    control: Any
+    sender: Any
+    inbox: Any
+    _guard: StepGuard
+    _counters: list[Any]
+
+    def guard(self, loss: Any) -> Any:
+        """Refuse this step's optimizer update if ``loss`` is NaN/±Inf (call it before
+        ``optimizer.step()``; gradients are checked anyway). Returns ``loss`` unchanged."""
+        try:
+            self._guard.guard_loss(loss)
+        except Exception:  # the guard must never break training
+            logger.exception("brakeline: run.guard failed (loss not checked)")
+        return loss
+
+    def add_nonfinite_counter(self, counter: Any) -> None:
+        """Use a counter built by hand (e.g. ``NonFiniteCounter(model, gradients=False)``)."""
+        self._counters.append(counter)
+
+    def _attach_nonfinite_counts(self, record: LogRecord) -> None:
+        for counter in self._counters:
+            losses, observed, gradients = counter.take()
+            # Counts may be device tensors: add them without reading (no sync here).
+            record.loss_nonfinite = (
+                losses if record.loss_nonfinite is None else record.loss_nonfinite + losses
+            )
+            record.loss_observed += observed
+            if gradients is not None:
+                record.grad_nonfinite = (
+                    gradients
+                    if record.grad_nonfinite is None
+                    else record.grad_nonfinite + gradients
+                )
+
+    def _hold_for_decision(self, tripped: int | None) -> None:
+        """The guard skipped a non-finite update: send the point now and let the console's
+        rules decide (normally checkpoint_and_pause, which saves this last good state)."""
+        if self.control is None or self.finished or self.stopping:
+            return  # offline: the skipped update is all the guard can do
+        if self.sender is not None:
+            # Said in so many words: a NaN gradient need not show in any logged metric. The
+            # default rule pack brakes on it (update-refused-by-guard, L3).
+            self.sender.submit(
+                LogRecord(
+                    step=tripped if tripped is not None else self.step,
+                    time=time.time(),
+                    metrics={"guard.skipped_updates": float(self._guard.refused_count())},
+                )
+            )
+        self.flush(min(self.settings.guard_hold_seconds, self.settings.http_timeout))
+        deadline = time.monotonic() + self.settings.guard_hold_seconds
+        while not (self.finished or self.inbox.has_pending):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                logger.error(
+                    "brakeline: no console decision %.0f s after the non-finite step %s; "
+                    "training goes on (that update was skipped)",
+                    self.settings.guard_hold_seconds,
+                    tripped,
+                )
+                return
+            self.keepalive()  # held on purpose: heartbeats must not turn this into a hang
+            self.inbox.wait(min(remaining, 0.25))

@@ -27,19 +27,17 @@ from brakeline._checkpoint import (
     CheckpointResult,
     Saver,
     TrainingObjects,
-    checkpoint_path,
-    restore,
-    save_atomically,
-    sha256_of,
 )
-from brakeline._commands import ACK_LATER, Command, CommandFailed, CommandInbox
+from brakeline._commands import Command, CommandInbox
 from brakeline._control import ControlLoop
 from brakeline._encoding import LogRecord, to_jsonable
-from brakeline._guard import StepGuard
+from brakeline._guard import GuardedRunMixin, StepGuard
 from brakeline._loader import PausableLoader
 from brakeline._pause import PauseController, PauseInfo, PauseState
 from brakeline._push import PushListener
+from brakeline._ranksync import CommandApplyMixin, RankAgreement
 from brakeline._rng import seed_everything
+from brakeline._rollback import CheckpointMixin
 from brakeline._sender import MetricsSender
 from brakeline._settings import EXIT_TERMINATED, Settings, resolve_settings
 from brakeline._spool import PointSpool, open_spill_directory
@@ -78,17 +76,26 @@ def _capture(value: Any) -> Any:
     return value.detach().clone()
 
 
+# Where launchers announce the world size, in the order of default_rank's rank variables.
+WORLD_SIZE_VARIABLES = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
 def world_size_field(environ: Mapping[str, str], rank: int) -> dict[str, int]:
-    """``{"world_size": N}`` from WORLD_SIZE (torchrun, many launchers), or nothing when it is
-    unset or unusable: the console refuses a heartbeat whose world size is not above its rank,
-    and a stray variable must not cost the run its heartbeats."""
-    value = environ.get("WORLD_SIZE", "").strip()
-    if not value.isdigit() or not 0 <= rank < int(value) < 2**31:
-        return {}
-    return {"world_size": int(value)}
+    """``{"world_size": N}`` from WORLD_SIZE (torchrun, many launchers; else Slurm's, Open
+    MPI's or PMI's), or nothing when none is set or usable: the console refuses a heartbeat
+    whose world size is not above its rank, and a stray variable must not cost the run its
+    heartbeats. Every rank knowing it matters: rank 0's acknowledgements too must name their
+    rank, or the console would take rank 0's answer for the whole job's."""
+    for name in WORLD_SIZE_VARIABLES:
+        value = environ.get(name, "").strip()
+        if value:
+            if not value.isdigit() or not 0 <= rank < int(value) < 2**31:
+                return {}
+            return {"world_size": int(value)}
+    return {}
 
 
-class Run:
+class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
     """One training process's connection to the console. Create it with :func:`init`."""
 
     def __init__(
@@ -110,6 +117,9 @@ class Run:
         self._guard = StepGuard(lambda: self.step + 1)
         self._guard.enabled = settings.guard
         self._logs_with_command_waiting = 0
+        # Multi-rank jobs: the ranks agree at the boundary where a process group exists.
+        self._agreement = RankAgreement(settings.rank_agreement, settings.agreement_every)
+        self._applied_at: dict[str, int | None] = {}
         self._skip_steps: set[int] = set()
         self.inbox = CommandInbox()
         self.training = TrainingObjects(seeds=dict(seeds or {}))
@@ -268,19 +278,6 @@ class Run:
                     self._counters.append(NonFiniteCounter(one))
         return self
 
-    def guard(self, loss: Any) -> Any:
-        """Refuse this step's optimizer update if ``loss`` is NaN/±Inf (call it before
-        ``optimizer.step()``; gradients are checked anyway). Returns ``loss`` unchanged."""
-        try:
-            self._guard.guard_loss(loss)
-        except Exception:  # the guard must never break training
-            logger.exception("brakeline: run.guard failed (loss not checked)")
-        return loss
-
-    def add_nonfinite_counter(self, counter: Any) -> None:
-        """Use a counter built by hand (e.g. ``NonFiniteCounter(model, gradients=False)``)."""
-        self._counters.append(counter)
-
     def wrap_loader(self, loader: Iterable[Any]) -> PausableLoader:
         """Wrap a data loader: it tracks its position and stops yielding during pause_data."""
         wrapped = PausableLoader(loader, before_fetch=self._before_fetch, skip=self._skip_batch)
@@ -340,37 +337,10 @@ class Run:
             )
             self._attach_nonfinite_counts(record)
             self.sender.submit(record)
-            if self.inbox.has_pending:
+            if self.inbox.has_pending and self.inbox.has_due(self.step):
                 self._note_command_waiting()
         except Exception:  # logging must never break training
             logger.exception("brakeline: run.log failed (metrics skipped)")
-
-    def _note_command_waiting(self) -> None:
-        # Metrics flow while a delivered command is never applied: step_boundary is missing
-        # from the loop. Said once per waiting stretch, loudly, long before an executor acts.
-        self._logs_with_command_waiting += 1
-        if self._logs_with_command_waiting == self.settings.unapplied_command_logs:
-            logger.error(
-                "brakeline: a console command has waited through %d run.log calls without "
-                "being applied: is run.step_boundary(step) called in your training loop? "
-                "Commands are applied only there (or while a wrapped loader fetches).",
-                self._logs_with_command_waiting,
-            )
-
-    def _attach_nonfinite_counts(self, record: LogRecord) -> None:
-        for counter in self._counters:
-            losses, observed, gradients = counter.take()
-            # Counts may be device tensors: add them without reading (no sync here).
-            record.loss_nonfinite = (
-                losses if record.loss_nonfinite is None else record.loss_nonfinite + losses
-            )
-            record.loss_observed += observed
-            if gradients is not None:
-                record.grad_nonfinite = (
-                    gradients
-                    if record.grad_nonfinite is None
-                    else record.grad_nonfinite + gradients
-                )
 
     def step_boundary(self, step: int | None = None) -> None:
         """Call once per step, after optimizer.step(): commands are applied here, and only here
@@ -380,81 +350,18 @@ class Run:
         self._stepping = True
         if self._guard.tripped_step is not None:
             self._hold_for_decision(self._guard.take_trip())
-        if self.inbox.has_pending:
-            self._process_commands(self.step)
-
-    def _hold_for_decision(self, tripped: int | None) -> None:
-        """The guard skipped a non-finite update: send the point now and let the console's
-        rules decide (normally checkpoint_and_pause, which saves this last good state)."""
-        if self.control is None or self.finished or self.stopping:
-            return  # offline: the skipped update is all the guard can do
-        if self.sender is not None:
-            # Said in so many words: a NaN gradient need not show in any logged metric. The
-            # default rule pack brakes on it (update-refused-by-guard, L3).
-            self.sender.submit(
-                LogRecord(
-                    step=tripped if tripped is not None else self.step,
-                    time=time.time(),
-                    metrics={"guard.skipped_updates": float(self._guard.refused_count())},
-                )
-            )
-        self.flush(min(self.settings.guard_hold_seconds, self.settings.http_timeout))
-        deadline = time.monotonic() + self.settings.guard_hold_seconds
-        while not (self.finished or self.inbox.has_pending):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                logger.error(
-                    "brakeline: no console decision %.0f s after the non-finite step %s; "
-                    "training goes on (that update was skipped)",
-                    self.settings.guard_hold_seconds,
-                    tripped,
-                )
-                return
-            self.keepalive()  # held on purpose: heartbeats must not turn this into a hang
-            self.inbox.wait(min(remaining, 0.25))
+        self._commands_at_boundary(self.step)
 
     def keepalive(self) -> None:
         """Count as progress during long phases without steps (evaluation, data warm-up)."""
         self._progress += 1
 
     def _before_fetch(self) -> None:
-        if self.inbox.has_pending:
-            self._process_commands(self.step)
+        self._commands_at_boundary(self.step, fetching=True)
         pause = self._pause
         held = self.finished or self.stopping or pause.state is not PauseState.RUNNING
         if pause.data_paused and not held:
             pause.hold(self.step)
-
-    def _process_commands(self, step: int) -> None:
-        # A save the framework makes in a later hook leaves the commands behind it (its
-        # resume) in the inbox, for that pause's hold to take.
-        while not (self.finished or self._pause.state is PauseState.SAVE_REQUESTED):
-            command = self.inbox.take()
-            if command is None:
-                return
-            self._logs_with_command_waiting = 0
-            self._apply(command, step)
-
-    def _apply(self, command: Command, step: int) -> None:
-        handler = handlers.composed(self._handlers.get(command.kind), command.kind)
-        logger.warning(
-            "brakeline: applying %s (command %s, %s) at step %d: %s",
-            command.kind,
-            command.id,
-            command.severity or "-",
-            step,
-            command.reason,
-        )
-        try:
-            result = handler(self, command, step)
-        except CommandFailed as failure:
-            self.ack(command.id, "failed", failure.result, str(failure))
-        except Exception as error:  # a failing command must not kill training
-            logger.exception("brakeline: command %s failed", command.kind)
-            self.ack(command.id, "failed", {"step": step}, f"{type(error).__name__}: {error}")
-        else:
-            if result is not ACK_LATER:
-                self.ack(command.id, "succeeded", result if isinstance(result, dict) else {})
 
     # -- pause, checkpoint, terminate ------------------------------------------------------------
     def set_status(self, status: str) -> None:
@@ -473,105 +380,6 @@ class Run:
     def paused(self) -> bool:
         """True while the training thread is held (pause_data, checkpoint_and_pause)."""
         return self._pause.state is PauseState.HELD
-
-    def checkpoint(self, step: int | None = None, reason: str = "manual") -> CheckpointResult:
-        """Save a checkpoint now (training thread, between steps) with the registered saver or
-        the default torch saver; atomic, fsynced, hashed. Also sends a checkpoint snapshot."""
-        step = self.step if step is None else step
-        saver = self._saver
-        if saver is None and not self.training.empty:
-            saver = self.training.torch_saver
-        if saver is None:
-            raise RuntimeError(
-                "nothing to checkpoint: call run.watch(model=..., optimizer=...) "
-                "or run.set_saver(...)"
-            )
-        path = checkpoint_path(
-            self.settings.checkpoint_dir, step, self.settings.rank, self._saver_suffix
-        )
-        previous_status = self.status
-        # Heartbeats say "checkpointing" during a long save, so it is not taken for a hang.
-        self.set_status("checkpointing")
-        try:
-            result = save_atomically(path, step, saver)
-        finally:
-            self.set_status(previous_status)
-        result.reason = reason
-        # Which updates the saved weights hold, as far as the guard of the watched optimizers
-        # knows (the console marks the checkpoint clean or "after the anomaly" by it).
-        result.weights_step = self._guard.weights_step
-        self.last_checkpoint = result
-        self._report_checkpoint(result)
-        loader = self.training.loader
-        self.send_snapshot("checkpoint", step, loader.position() if loader else None, result)
-        return result
-
-    def roll_back(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        """Restore the named checkpoint into the watched objects, in place (training thread,
-        while held): model, optimizer, scheduler, stateful objects, the wrapped loader's
-        position and every RNG; then ``run.step`` is the checkpoint's step. Raises
-        CommandFailed (the run stays paused) when the checkpoint is not there, not ours, or
-        does not match ``sha256``. ``skip_steps``: the batches of these later steps are
-        fetched and dropped (the poisoned batch is not trained on again)."""
-        path, expected, skip = _roll_back_params(params)
-        if self._saver is not None or self.training.empty:
-            raise CommandFailed(
-                "roll back in place restores the SDK's default checkpoints of watched objects; "
-                "with your own saver, restore in a resume handler (run.on_command('resume', "
-                "...)) that returns {'rolled_back': True, 'restored_step': ..., 'sha256': ...}"
-            )
-        try:
-            actual = sha256_of(path)
-        except OSError as error:
-            raise CommandFailed(f"checkpoint {path} cannot be read: {error}") from None
-        if expected is not None and actual != expected:
-            raise CommandFailed(f"checkpoint {path} has sha256 {actual}, not {expected}")
-        training = self.training
-        try:
-            state = restore(
-                path,
-                model=training.models,
-                optimizer=training.optimizers,
-                scheduler=training.schedulers,
-                loader=training.loader,
-                stateful=training.stateful,
-            )
-        except Exception as error:
-            why = f"{type(error).__name__}: {error}"
-            raise CommandFailed(f"restoring {path} failed: {why}") from None
-        self.step = state.step
-        self._guard.weights_step = state.step
-        self._skip_steps = {s for s in skip if s > state.step}
-        logger.warning("brakeline: rolled back to %s (step %d)", path, state.step)
-        return {
-            "rolled_back": True,
-            "restored_step": state.step,
-            "path": str(path),
-            "sha256": actual,
-            "skip_steps": sorted(self._skip_steps),
-        }
-
-    def _skip_batch(self) -> bool:
-        """A wrapped loader asks before yielding: is the next step's batch one to drop?"""
-        if not self._skip_steps or (self.step + 1) not in self._skip_steps:
-            return False
-        self._skip_steps.discard(self.step + 1)
-        self.step += 1  # that step happens without training: no update, no log
-        logger.warning("brakeline: skipped the batch of step %d (roll back)", self.step)
-        return True
-
-    def _report_checkpoint(self, result: CheckpointResult) -> None:
-        # The console's catalogue: what a roll back may name, marked clean or not by it.
-        if self.control is None:
-            return
-        body = {
-            key: value
-            for key, value in result.as_dict().items()
-            if key in ("path", "sha256", "step", "bytes", "reason", "weights_step")
-        }
-        body["rank"] = self.settings.rank
-        encoded = encode_json(to_jsonable(body))
-        self.control.enqueue(f"checkpoint:{result.sha256}", "checkpoints", lambda: encoded)
 
     def terminate(self, command: Command, step: int) -> None:
         """Flush, acknowledge, finish and exit with EXIT_TERMINATED (or hand over to the
@@ -610,6 +418,12 @@ class Run:
     ) -> None:
         """Acknowledge a command (queued; delivered by the control thread with retries)."""
         merged = {**self.handler_results.pop(str(command_id), {}), **dict(result or {})}
+        apply_at = self._applied_at.pop(str(command_id), None)
+        if apply_at is not None:
+            merged.setdefault("apply_at_step", apply_at)
+        if self._world_size or self.settings.rank:
+            # Multi-rank: the console counts the ranks' acks (all at the same step, or split).
+            merged.setdefault("rank", self.settings.rank)
         body: dict[str, Any] = {"status": status, "result": to_jsonable(merged)}
         if error:
             body["error"] = error
@@ -719,20 +533,6 @@ class Run:
 
     def __exit__(self, *exc_info: Any) -> None:
         self.finish()
-
-
-def _roll_back_params(params: Mapping[str, Any]) -> tuple[Path, str | None, list[int]]:
-    path, expected, skip = params.get("checkpoint"), params.get("sha256"), params.get("skip_steps")
-    if not isinstance(path, str) or not path:
-        raise CommandFailed("roll back needs params.checkpoint, the checkpoint's path")
-    if expected is not None and not isinstance(expected, str):
-        raise CommandFailed("params.sha256 must be the checkpoint's hex SHA-256")
-    skip = [] if skip is None else skip
-    if not isinstance(skip, list) or not all(
-        isinstance(s, int) and not isinstance(s, bool) for s in skip
-    ):
-        raise CommandFailed("params.skip_steps must be a list of step numbers")
-    return Path(path), expected, skip
 
 
 #: What the console's local executor looks for in /proc/PID/environ before it signals a process

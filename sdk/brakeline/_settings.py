@@ -32,6 +32,8 @@ ENVIRONMENT_VARIABLES: dict[str, str] = {
     "BRAKELINE_WEBSOCKET": "use_websocket",
     "BRAKELINE_SNAPSHOTS": "send_snapshots",
     "BRAKELINE_GUARD": "guard",
+    "BRAKELINE_RANK_AGREEMENT": "rank_agreement",
+    "BRAKELINE_AGREEMENT_EVERY": "agreement_every",
 }
 
 
@@ -77,6 +79,14 @@ class Settings:
     # A delivered command still waiting after this many run.log calls: step_boundary is not
     # being called (a warning in the training log, once per command).
     unapplied_command_logs: int = 50
+    # Multi-rank jobs (docs/sdk.md "Many ranks, one step"): "auto" agrees at the boundary
+    # through torch.distributed's default group where it is initialised, "off" never ("on":
+    # as auto, and says so loudly when there is no group). Every agreement_every-th step
+    # boundary, the same on every rank; a rank missing a command another rank applies there
+    # waits for it up to agreement_wait_seconds.
+    rank_agreement: str = "auto"
+    agreement_every: int = 1
+    agreement_wait_seconds: float = 60.0
 
     @property
     def enabled(self) -> bool:

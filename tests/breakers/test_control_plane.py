@@ -69,6 +69,7 @@ def test_pending_commands_ride_on_heartbeat_and_metrics_replies_until_acked(agen
             "severity": "L2",
             "reason": "loss 4σ for 10 min",
             "issued_at": command.issued_at.isoformat().replace("+00:00", "Z"),
+            "apply_at_step": None,  # one process: the first boundary after it arrives
         }
     ]
     command.refresh_from_db()

@@ -1,0 +1,223 @@
+"""Per-rank acknowledgement: a multi-rank job's command is done when every rank says so.
+
+Every rank of a job applies a command and acknowledges it on its own (``CommandAck``, one row
+per rank). The command succeeds — and the job's status follows (paused, resumed…) — only when
+all ``world_size`` ranks acknowledged it as succeeded *at the same step*; until then it stays
+open, so it goes on being delivered to the ranks that have not (websocket catch-up, heartbeat
+and metrics replies alike). A rank's failure fails the command at once, naming the rank.
+
+A split job — some ranks have applied it and others not — is an L3 alert naming the ranks:
+at once when ranks acknowledged it at different steps, and by the watchdog when the others
+are still silent ``COMMAND_SPLIT_SECONDS`` after the first rank's acknowledgement. The alert
+calls a person (action "none"): a half-paused job is not paused again by a machine.
+
+``tally`` is the pure verdict (table-driven tests); the rest runs inside
+``acknowledge_command``'s transaction, with the command's row locked, so two ranks'
+acknowledgements arriving together are counted one after the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from breakers.models import OPEN_COMMAND_STATUSES, Command, CommandAck, CommandKind, CommandStatus
+from core.text import fit
+from incidents.alerts.lifecycle import (
+    AlertSignal,
+    active_alert,
+    raise_or_update_alert,
+    resolve_alert,
+)
+from incidents.models import Job, JobRank, Layer
+from incidents.notifications.delivery import notify_alert
+
+RULE_KEY = "split-job"
+RULE_NAME = "Split job: ranks disagree on a command"
+# Kinds one rank may carry out for the whole job (a handler on the node, or the executor).
+ANY_RANK_KINDS = frozenset({CommandKind.ISOLATE_NODE})
+MAX_NAMED_RANKS = 16
+
+
+@dataclass(frozen=True)
+class RankAnswer:
+    status: str  # succeeded | failed
+    step: int | None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Where a command stands given its ranks' answers."""
+
+    status: str  # "waiting", "succeeded" or "failed"
+    missing: tuple[int, ...] = ()  # ranks that have not answered
+    failed: tuple[int, ...] = ()
+    # Succeeded ranks by the step they applied it at, when there is more than one step.
+    split_steps: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+
+    @property
+    def split(self) -> bool:
+        return bool(self.split_steps)
+
+
+def tally(world_size: int, answers: Mapping[int, RankAnswer]) -> Verdict:
+    """All ranks succeeded at one step → succeeded; any failure, or two steps → failed (the
+    ranks disagree: not one consistent state); else waiting for the missing ranks."""
+    missing = tuple(r for r in range(world_size) if r not in answers)
+    failed = tuple(sorted(r for r, a in answers.items() if a.status != CommandStatus.SUCCEEDED))
+    by_step: dict[int, list[int]] = {}
+    for rank, answer in sorted(answers.items()):
+        if answer.status == CommandStatus.SUCCEEDED:
+            by_step.setdefault(answer.step if answer.step is not None else -1, []).append(rank)
+    split = {step: tuple(ranks) for step, ranks in by_step.items()} if len(by_step) > 1 else {}
+    if failed or split:
+        return Verdict(CommandStatus.FAILED, missing, failed, split)
+    return Verdict("waiting" if missing else CommandStatus.SUCCEEDED, missing)
+
+
+def counts_ranks(command: Command, job: Job, rank: int | None) -> bool:
+    """Whether this acknowledgement is one rank's among several (else it is the job's)."""
+    return rank is not None and (job.world_size or 1) > 1 and command.kind not in ANY_RANK_KINDS
+
+
+def _step_of(result: Mapping[str, Any]) -> int | None:
+    step = result.get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def record_rank_ack(
+    command: Command, job: Job, rank: int, *, status: str, result: dict, error: str
+) -> tuple[Verdict, dict, str]:
+    """Store one rank's answer (its first one: a retried ack changes nothing) and tally all
+    of them. Returns the verdict with the result and error the command gets if it is done."""
+    now = timezone.now()
+    CommandAck.objects.get_or_create(
+        command=command,
+        rank=rank,
+        defaults={
+            "status": status,
+            "step": _step_of(result),
+            "result": result,
+            "error": error,
+            "acknowledged_at": now,
+        },
+    )
+    if command.first_ack_at is None:
+        Command.objects.filter(pk=command.pk, first_ack_at__isnull=True).update(first_ack_at=now)
+    acks = list(CommandAck.objects.filter(command=command).order_by("rank"))
+    world = max(job.world_size or 1, 1 + max(a.rank for a in acks))
+    verdict = tally(world, {a.rank: RankAnswer(a.status, a.step) for a in acks})
+    first = next((a for a in acks if a.rank == 0), acks[0])
+    merged = {**first.result, "ranks": {str(a.rank): _summary(a) for a in acks}}
+    if verdict.split:
+        raise_split_alert(command, job, verdict, now)
+    return verdict, merged, _error(verdict, acks)
+
+
+def _summary(ack: CommandAck) -> dict[str, Any]:
+    summary: dict[str, Any] = {"status": ack.status, "step": ack.step}
+    for key in ("path", "sha256", "apply_at_step"):
+        if key in ack.result:
+            summary[key] = ack.result[key]
+    return summary
+
+
+def _error(verdict: Verdict, acks: list[CommandAck]) -> str:
+    parts = [f"rank {a.rank}: {a.error or 'failed'}" for a in acks if a.rank in verdict.failed]
+    if verdict.split:
+        parts.append(f"the ranks applied it at different steps ({_steps_text(verdict)})")
+    return fit("; ".join(parts[:MAX_NAMED_RANKS]), 10_000)
+
+
+def _ranks_text(ranks: tuple[int, ...]) -> str:
+    named = ", ".join(str(r) for r in ranks[:MAX_NAMED_RANKS])
+    more = f" and {len(ranks) - MAX_NAMED_RANKS} more" if len(ranks) > MAX_NAMED_RANKS else ""
+    return f"rank{'s' if len(ranks) > 1 else ''} {named}{more}"
+
+
+def _steps_text(verdict: Verdict) -> str:
+    return ", ".join(
+        f"{_ranks_text(ranks)} at step {step}"
+        for step, ranks in sorted(verdict.split_steps.items())
+    )
+
+
+def raise_split_alert(command: Command, job: Job, verdict: Verdict, now: datetime) -> None:
+    """L3, naming the ranks; one active alert per job, refreshed while the split lasts."""
+    if verdict.split:
+        what = f"applied at different steps: {_steps_text(verdict)}"
+    else:
+        done = tuple(r for r in range(job.world_size or 1) if r not in verdict.missing)
+        what = (
+            f"acknowledged by {_ranks_text(done)}, not by {_ranks_text(verdict.missing)} "
+            f"{settings.COMMAND_SPLIT_SECONDS:.0f} s later"
+        )
+    named = [r for ranks in verdict.split_steps.values() for r in ranks] + list(verdict.missing)
+    nodes = JobRank.objects.filter(job=job, rank__in=named[:1000]).values_list(
+        "hostname", flat=True
+    )
+    step = int(job.current_step or 0)
+    signal = AlertSignal(
+        rule_key=RULE_KEY,
+        rule_name=RULE_NAME,
+        layer=Layer.HEALTH,
+        severity="L3",
+        metric="commands",
+        node="",
+        value=float(len(verdict.missing) or len(verdict.split_steps)),
+        threshold=settings.COMMAND_SPLIT_SECONDS,
+        description=fit(
+            f"Split job: {command.kind} #{command.pk} (apply at step {command.apply_at_step}) "
+            f"{what}. The ranks are not in one consistent state: some may hold while others "
+            "wait inside a collective.",
+            2000,
+        ),
+        step=step,
+        time=now,
+        first_step=int(command.apply_at_step or step),
+        first_time=command.first_ack_at or now,
+        action="none",  # a person decides; a machine does not pause a half-paused job
+        nodes=tuple(dict.fromkeys(n for n in nodes if n))[:MAX_NAMED_RANKS],
+        runbook_hint="split job ranks",
+    )
+    outcome = raise_or_update_alert(job.pk, signal, now=now)
+    if outcome.action_due:
+        notify_alert(outcome.alert.pk)  # after commit
+
+
+def clear_split(job_id: int, step: int | None) -> None:
+    """Every rank acknowledged the same step: the job is one again."""
+    alert = active_alert(job_id, RULE_KEY, "")
+    if alert is not None:
+        resolve_alert(alert.pk, reason="every rank acknowledged at the same step", step=step)
+
+
+def flag_split_commands(now: datetime | None = None, limit: int = 100) -> int:
+    """The watchdog: open commands some ranks acknowledged COMMAND_SPLIT_SECONDS ago and
+    others still not. One query on open commands with a first acknowledgement; an alert per
+    job, raised once while it lasts."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.COMMAND_SPLIT_SECONDS)
+    late = (
+        Command.objects.filter(status__in=OPEN_COMMAND_STATUSES, first_ack_at__lt=cutoff)
+        .select_related("job")
+        .order_by("pk")[:limit]
+    )
+    flagged = 0
+    for command in late:
+        job = command.job
+        if active_alert(job.pk, RULE_KEY, "") is not None:
+            continue
+        answers = {
+            a.rank: RankAnswer(a.status, a.step) for a in CommandAck.objects.filter(command=command)
+        }
+        verdict = tally(job.world_size or 1, answers)
+        if verdict.missing:
+            raise_split_alert(command, job, verdict, now)
+            flagged += 1
+    return flagged

@@ -1,0 +1,223 @@
+"""One step for all ranks: every rank of a job applies a command at the same step boundary.
+
+Two mechanisms, the second a safety net under the first:
+
+1. **apply_at_step.** For a multi-rank job the console stamps each command that changes the
+   training state with the step at which to apply it: above the highest step any rank has
+   reported, with a margin of a few seconds' worth of steps (``breakers.control.apply_at``).
+   A rank that has it applies it at exactly that boundary, wherever it came from (websocket,
+   heartbeat reply, metrics reply).
+2. **Agreement.** Where ``torch.distributed`` is initialised, the ranks also agree at the
+   boundary, through the job's own process group: one ``all_reduce(MAX)`` of three int64s,
+   ``[due command id, step, -step]``. If any rank has a command due, every rank learns its id
+   *at the same boundary*, and a rank that has not received it yet waits for it there (the
+   others, past the same collective, wait too, so no rank is inside a collective while
+   another holds). The last two numbers give the highest and lowest step of the ranks: they
+   differ only when the ranks count steps differently (a restart from checkpoints of
+   different steps), which is logged loudly.
+
+The collective costs one tiny all_reduce per ``agreement_every`` steps (bench/ranks_sync.py).
+Every rank must use the same ``agreement_every``, as every rank must call the same collectives;
+it is read from ``BRAKELINE_AGREEMENT_EVERY`` like the other settings.
+
+Thread-safety: everything here runs in the training thread, at a step boundary.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any
+
+from brakeline import _handlers as handlers
+from brakeline._commands import ACK_LATER, Command, CommandFailed
+from brakeline._pause import PauseState
+
+logger = logging.getLogger("brakeline")
+
+MODES = ("auto", "on", "off")
+
+
+class RankAgreement:
+    """The per-boundary agreement of the ranks (mode: auto, on, off; see docs/sdk.md)."""
+
+    def __init__(self, mode: str = "auto", every: int = 1) -> None:
+        if mode not in MODES:
+            raise ValueError(f"rank_agreement must be one of {', '.join(MODES)}, not {mode!r}")
+        if every < 1:
+            raise ValueError(f"agreement_every must be at least 1, not {every}")
+        self.mode = mode
+        self.every = every
+        self.rounds = 0
+        self._tensor: Any = None
+        self._warned_steps = False
+        self._warned_missing = False
+
+    def active(self) -> bool:
+        """True when this process is one rank of several in an initialised process group.
+        Never imports torch: a run that did not import torch.distributed has no group."""
+        if self.mode == "off":
+            return False
+        dist = sys.modules.get("torch.distributed")
+        ready = bool(
+            dist is not None
+            and dist.is_available()
+            and dist.is_initialized()
+            and dist.get_world_size() > 1
+        )
+        if not ready and self.mode == "on" and not self._warned_missing:
+            self._warned_missing = True
+            logger.error(
+                "brakeline: rank_agreement=on but torch.distributed is not initialised; "
+                "commands are applied at apply_at_step only"
+            )
+        return ready
+
+    def due(self, step: int) -> bool:
+        """This boundary is an agreement boundary (the same on every rank)."""
+        return step % self.every == 0 and self.active()
+
+    def agree(self, step: int, due_id: int) -> tuple[int, int, int]:
+        """All ranks together: (highest due command id, highest step, lowest step)."""
+        import torch
+        import torch.distributed as dist
+
+        tensor = self._tensor
+        if tensor is None:
+            device = torch.device("cpu")
+            if "nccl" in str(dist.get_backend()):
+                # NCCL reduces device tensors only; reading it back is one small sync.
+                device = torch.device("cuda", torch.cuda.current_device())
+            tensor = self._tensor = torch.zeros(3, dtype=torch.int64, device=device)
+        tensor[0], tensor[1], tensor[2] = due_id, step, -step
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        self.rounds += 1
+        agreed, highest, lowest = (int(value) for value in tensor.tolist())
+        lowest = -lowest
+        if highest != lowest and not self._warned_steps:
+            self._warned_steps = True
+            logger.error(
+                "brakeline: the ranks are at different steps at the same boundary (%d to %d): "
+                "they count steps differently (resumed from checkpoints of different steps?); "
+                "commands are applied at the same boundary, not the same step number",
+                lowest,
+                highest,
+            )
+        return agreed, highest, lowest
+
+
+# How often a rank waiting at an agreed boundary for a command it has not received asks the
+# console again (a heartbeat, whose reply carries every command this rank has not acked).
+ASK_AGAIN_SECONDS = 1.0
+
+
+class CommandApplyMixin:
+    """The Run's command application: which commands are due at a boundary, the ranks'
+    agreement, and applying one command (see :class:`brakeline.Run`)."""
+
+    # Attributes of the Run these methods use (set in Run.__init__).
+    settings: Any
+    step: int
+    finished: bool
+    inbox: Any
+    control: Any
+    ack: Any
+    keepalive: Any
+    _pause: Any
+    _handlers: dict[str, Any]
+    _agreement: RankAgreement
+    _applied_at: dict[str, int | None]
+    _logs_with_command_waiting: int
+
+    def _note_command_waiting(self) -> None:
+        # Metrics flow while a delivered command is never applied: step_boundary is missing
+        # from the loop. Said once per waiting stretch, loudly, long before an executor acts.
+        self._logs_with_command_waiting += 1
+        if self._logs_with_command_waiting == self.settings.unapplied_command_logs:
+            logger.error(
+                "brakeline: a console command has waited through %d run.log calls without "
+                "being applied: is run.step_boundary(step) called in your training loop? "
+                "Commands are applied only there (or while a wrapped loader fetches).",
+                self._logs_with_command_waiting,
+            )
+
+    def _commands_at_boundary(self, step: int, fetching: bool = False) -> None:
+        """Apply what is due at this boundary: after the ranks' agreement where there is a
+        process group (at step boundaries only: a loader's fetch is not one every rank makes
+        at the same point), else the commands whose apply_at_step has come."""
+        agreement = self._agreement
+        if agreement.active():
+            if not fetching and step % agreement.every == 0:
+                self._agree_and_apply(step)
+        elif self.inbox.has_pending:
+            self._process_commands(step)
+
+    def _agree_and_apply(self, step: int) -> None:
+        agreed, _, _ = self._agreement.agree(step, self.inbox.due_id(step))
+        if agreed and self._await_command(agreed):
+            self._process_commands(step, up_to=agreed)
+
+    def _await_command(self, command_id: int) -> bool:
+        """Another rank has command ``command_id`` due here and this one has not received it:
+        wait for it at this boundary (every rank is past the same collective, so nobody is
+        blocked inside one), asking the console again now and then. False past the wait."""
+        if self.inbox.knows(command_id):
+            return True
+        logger.warning(
+            "brakeline: another rank applies command %s at step %d; waiting for it here",
+            command_id,
+            self.step,
+        )
+        deadline = time.monotonic() + self.settings.agreement_wait_seconds
+        while not self.finished:
+            if self.control is not None:
+                self.control.poke()
+            self.keepalive()  # held on purpose: heartbeats must not turn this into a hang
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            if self.inbox.wait_for(command_id, min(remaining, ASK_AGAIN_SECONDS)):
+                return True
+        logger.error(
+            "brakeline: command %s did not reach this rank within %.0f s; the other ranks "
+            "applied it at step %d without this one (the console raises a split-job alert)",
+            command_id,
+            self.settings.agreement_wait_seconds,
+            self.step,
+        )
+        return False
+
+    def _process_commands(self, step: int, up_to: int | None = None) -> None:
+        # A save the framework makes in a later hook leaves the commands behind it (its
+        # resume) in the inbox, for that pause's hold to take.
+        while not (self.finished or self._pause.state is PauseState.SAVE_REQUESTED):
+            command = self.inbox.take_due(step, up_to)
+            if command is None:
+                return
+            self._logs_with_command_waiting = 0
+            self._apply(command, step)
+
+    def _apply(self, command: Command, step: int) -> None:
+        handler = handlers.composed(self._handlers.get(command.kind), command.kind)
+        logger.warning(
+            "brakeline: applying %s (command %s, %s) at step %d: %s",
+            command.kind,
+            command.id,
+            command.severity or "-",
+            step,
+            command.reason,
+        )
+        if command.apply_at_step is not None:
+            # The ack says where it was meant to apply; the console compares the ranks' steps.
+            self._applied_at[str(command.id)] = command.apply_at_step
+        try:
+            result = handler(self, command, step)
+        except CommandFailed as failure:
+            self.ack(command.id, "failed", failure.result, str(failure))
+        except Exception as error:  # a failing command must not kill training
+            logger.exception("brakeline: command %s failed", command.kind)
+            self.ack(command.id, "failed", {"step": step}, f"{type(error).__name__}: {error}")
+        else:
+            if result is not ACK_LATER:
+                self.ack(command.id, "succeeded", result if isinstance(result, dict) else {})

@@ -1,0 +1,116 @@
+"""The pure rules of multi-rank commands: at which step every rank applies one
+(breakers.control.apply_at), and what the ranks' acknowledgements add up to
+(breakers.control.acks.tally). Table-driven, no database."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from breakers.control.acks import RankAnswer, Verdict, tally
+from breakers.control.apply_at import (
+    MAX_MARGIN_STEPS,
+    MIN_MARGIN_STEPS,
+    UNMEASURED_MARGIN_STEPS,
+    choose_apply_at_step,
+    margin_steps,
+    projected_step,
+)
+
+
+@pytest.mark.parametrize(
+    ("highest", "step_time", "margin", "world", "kind", "expected"),
+    [
+        # Several ranks, a kind that changes the training state: margin seconds of steps.
+        (100, 0.04, 3.0, 2, "checkpoint_and_pause", 175),
+        (100, 0.5, 3.0, 8, "lower_lr", 106),
+        (100, 0.03, 1.0, 4, "terminate", 134),  # ceil(33.3)
+        (100, 0.5, 3.0, 2, "pause_data", 106),
+        # Slow steps: never less than MIN_MARGIN_STEPS ahead.
+        (100, 60.0, 3.0, 2, "checkpoint_and_pause", 100 + MIN_MARGIN_STEPS),
+        # A tiny measured step time (a stall just ended): bounded.
+        (100, 1e-6, 3.0, 2, "checkpoint_and_pause", 100 + MAX_MARGIN_STEPS),
+        # No step time yet, or an unusable one.
+        (7, None, 3.0, 2, "checkpoint_and_pause", 7 + UNMEASURED_MARGIN_STEPS),
+        (7, 0.0, 3.0, 2, "checkpoint_and_pause", 7 + UNMEASURED_MARGIN_STEPS),
+        (7, math.nan, 3.0, 2, "checkpoint_and_pause", 7 + UNMEASURED_MARGIN_STEPS),
+        (7, -1.0, 3.0, 2, "checkpoint_and_pause", 7 + UNMEASURED_MARGIN_STEPS),
+        # Nothing reported yet.
+        (None, 0.1, 1.0, 2, "lower_lr", 10),
+        # One process: the first boundary, as ever.
+        (100, 0.04, 3.0, 1, "checkpoint_and_pause", None),
+        (100, 0.04, 3.0, None, "checkpoint_and_pause", None),
+        # Taken where the ranks are: a resume (they hold at one step), the executor's kinds.
+        (100, 0.04, 3.0, 4, "resume", None),
+        (100, 0.04, 3.0, 4, "isolate_node", None),
+    ],
+)
+def test_the_apply_step_is_above_every_rank_by_the_margin(
+    highest, step_time, margin, world, kind, expected
+):
+    chosen = choose_apply_at_step(
+        highest, step_time, margin_seconds=margin, world_size=world, kind=kind
+    )
+    assert chosen == expected
+
+
+@pytest.mark.parametrize("step_time", [1e-9, 0.001, 0.04, 1.0, 30.0, 1e9])
+def test_the_margin_is_always_within_its_bounds(step_time):
+    assert MIN_MARGIN_STEPS <= margin_steps(step_time, 3.0) <= MAX_MARGIN_STEPS
+
+
+@pytest.mark.parametrize(
+    ("step", "seconds", "step_time", "expected"),
+    [
+        (100, 1.0, 0.1, 110),  # a heartbeat 1 s old, 10 steps a second
+        (100, 0.05, 0.1, 100),  # not a whole step yet
+        (100, 0.0, 0.1, 100),
+        (100, -2.0, 0.1, 100),  # a clock step backwards projects nothing
+        (100, 5.0, None, 100),  # no pace measured
+        (100, 5.0, 0.0, 100),
+        (100, 5.0, math.inf, 100),
+        (100, 1e6, 0.001, 100 + MAX_MARGIN_STEPS),  # a long silence is not a long projection
+    ],
+)
+def test_a_ranks_step_is_projected_to_now_at_its_pace(step, seconds, step_time, expected):
+    assert projected_step(step, seconds, step_time) == expected
+
+
+S, F = "succeeded", "failed"
+
+
+@pytest.mark.parametrize(
+    ("world", "answers", "expected"),
+    [
+        (2, {}, Verdict("waiting", missing=(0, 1))),
+        (2, {0: RankAnswer(S, 40)}, Verdict("waiting", missing=(1,))),
+        (2, {0: RankAnswer(S, 40), 1: RankAnswer(S, 40)}, Verdict(S)),
+        (1, {0: RankAnswer(S, 3)}, Verdict(S)),
+        # A rank that failed fails the command at once, named.
+        (
+            3,
+            {0: RankAnswer(S, 40), 2: RankAnswer(F, 40)},
+            Verdict(F, missing=(1,), failed=(2,)),
+        ),
+        # Different steps: split, even before the last rank answers.
+        (
+            3,
+            {0: RankAnswer(S, 131), 1: RankAnswer(S, 132)},
+            Verdict(F, missing=(2,), split_steps={131: (0,), 132: (1,)}),
+        ),
+        (
+            4,
+            {r: RankAnswer(S, 132 if r else 131) for r in range(4)},
+            Verdict(F, split_steps={131: (0,), 132: (1, 2, 3)}),
+        ),
+        # An answer without a step counts as its own step (-1): it cannot vouch for the same.
+        (
+            2,
+            {0: RankAnswer(S, 5), 1: RankAnswer(S, None)},
+            Verdict(F, split_steps={-1: (1,), 5: (0,)}),
+        ),
+    ],
+)
+def test_every_rank_at_the_same_step_or_it_is_not_done(world, answers, expected):
+    assert tally(world, answers) == expected
