@@ -25,23 +25,32 @@ from brakeline import _handlers as handlers
 from brakeline._backoff import Backoff
 from brakeline._checkpoint import (
     CheckpointResult,
+    IncompleteCheckpointSet,
     Saver,
     TrainingObjects,
     checkpoint_path,
+    gather_set,
     restore,
     save_atomically,
     sha256_of,
+    shard_to_restore,
 )
 from brakeline._commands import ACK_LATER, Command, CommandFailed, CommandInbox
 from brakeline._control import ControlLoop
 from brakeline._encoding import LogRecord, to_jsonable
+from brakeline._exit import (
+    exit_if_terminated,
+    launcher_fields,
+    terminate_exit_code,
+    write_marker,
+)
 from brakeline._guard import StepGuard
 from brakeline._loader import PausableLoader
 from brakeline._pause import PauseController, PauseInfo, PauseState
 from brakeline._push import PushListener
 from brakeline._rng import seed_everything
 from brakeline._sender import MetricsSender
-from brakeline._settings import EXIT_TERMINATED, Settings, resolve_settings
+from brakeline._settings import Settings, resolve_settings
 from brakeline._spool import PointSpool, open_spill_directory
 from brakeline._transport import HttpTransport, Transport, encode_json
 from brakeline.snapshot import (
@@ -120,6 +129,7 @@ class Run:
         # Read once: the scheduler context of a process does not change while it runs.
         self.scheduler_fields = heartbeat_scheduler_fields(os.environ)
         self._world_size = world_size_field(os.environ, settings.rank)
+        self._launcher = launcher_fields(os.environ)  # whom the executor stops (brakeline._exit)
         # A forked child (os.fork, fork-started workers) inherits this object but not its
         # threads; it must never finish the parent's run (final "finished" heartbeat, spill).
         self._owner_pid = os.getpid()
@@ -225,6 +235,7 @@ class Run:
             "hostname": self.hostname,
             "rank": self.settings.rank,
             **self._world_size,
+            **self._launcher,
             **self.scheduler_fields,
         }
 
@@ -499,6 +510,9 @@ class Run:
         # Which updates the saved weights hold, as far as the guard of the watched optimizers
         # knows (the console marks the checkpoint clean or "after the anomaly" by it).
         result.weights_step = self._guard.weights_step
+        if self.settings.checkpoint_sets:  # collective: rank 0 writes the set's manifest
+            found = gather_set(result, self.settings.checkpoint_dir)
+            result.set = found.as_report() if found is not None else None
         self.last_checkpoint = result
         self._report_checkpoint(result)
         loader = self.training.loader
@@ -513,6 +527,10 @@ class Run:
         does not match ``sha256``. ``skip_steps``: the batches of these later steps are
         fetched and dropped (the poisoned batch is not trained on again)."""
         path, expected, skip = _roll_back_params(params)
+        try:  # a set: this rank's shard, once the manifest and every shard check out
+            path, expected = shard_to_restore(params, self.settings.rank) or (path, expected)
+        except IncompleteCheckpointSet as error:
+            raise CommandFailed(str(error), {"rank": error.rank}) from None
         if self._saver is not None or self.training.empty:
             raise CommandFailed(
                 "roll back in place restores the SDK's default checkpoints of watched objects; "
@@ -566,7 +584,7 @@ class Run:
         body = {
             key: value
             for key, value in result.as_dict().items()
-            if key in ("path", "sha256", "step", "bytes", "reason", "weights_step")
+            if key in ("path", "sha256", "step", "bytes", "reason", "weights_step", "set")
         }
         body["rank"] = self.settings.rank
         encoded = encode_json(to_jsonable(body))
@@ -575,7 +593,9 @@ class Run:
     def terminate(self, command: Command, step: int) -> None:
         """Flush, acknowledge, finish and exit with EXIT_TERMINATED (or hand over to the
         framework's graceful stop when a terminate handler is set)."""
-        result = {"step": step, "exit_code": EXIT_TERMINATED}
+        result = {"step": step, "exit_code": terminate_exit_code(os.environ)}
+        # Before anything else: a relaunch of this launch must find it (brakeline._exit).
+        write_marker(self.settings.checkpoint_dir, os.environ, command.id, step, self.settings.rank)
         self.stopping = True
         self._pause.stop()
         if self._terminate_handler is not None:
@@ -587,9 +607,9 @@ class Run:
         self.finish_terminated()
 
     def finish_terminated(self) -> None:
-        """Finish the run and leave the process with EXIT_TERMINATED."""
+        """Finish the run and leave the process with EXIT_TERMINATED (0 under torchrun)."""
         self.finish()
-        self._exit_function(EXIT_TERMINATED)
+        self._exit_function(terminate_exit_code(os.environ))
 
     def call_hooks(self, name: str, info: PauseInfo) -> None:
         for callback in self._hooks[name]:
@@ -765,4 +785,5 @@ def init(
         {"job": job, "url": url, "token": token, "ws_url": ws_url, **settings}
     )
     export_job_marker(resolved)
+    exit_if_terminated(resolved.checkpoint_dir, os.environ, exit_function or default_exit)
     return Run(resolved, transport=transport, exit_function=exit_function, seeds=seeds)
