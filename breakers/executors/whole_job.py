@@ -89,10 +89,17 @@ def job_processes(job: Job) -> JobProcesses:
     """The job's processes on this host, as registered."""
     host = this_host()
     ranks = list(JobRank.objects.filter(job=job).exclude(status=AgentStatus.FINISHED))
-    elsewhere = sorted(r.rank for r in ranks if r.hostname != host)
+    elsewhere = sorted((r.rank, r.hostname) for r in ranks if r.hostname != host)
     if elsewhere:
-        named = ", ".join(str(rank) for rank in elsewhere[:8])
-        why = f"rank(s) {named} run on another host than {host}: use the scheduler's executor"
+        named = ", ".join(str(rank) for rank, _ in elsewhere[:8])
+        hosts = sorted({name for _, name in elsewhere if name})[:4]
+        where = (
+            f"run on {', '.join(hosts)}"
+            if hosts
+            else "reported their process without naming its host"
+        )
+        why = (f"rank(s) {named} {where}, not on this worker's host {host}: a local signal "
+               "cannot stop the whole job (use the scheduler's executor)")  # fmt: skip
         return JobProcesses([], [], [], why)
     rows = list(JobLauncher.objects.filter(job=job, hostname=host, start_time__isnull=False))
     launchers = [

@@ -10,8 +10,12 @@ things keep a terminate a terminate (docs/sdk.md "Exit protocol"):
 - Under an elastic launcher (``TORCHELASTIC_RUN_ID`` set) the rank exits with
   :data:`EXIT_TERMINATED_UNDER_LAUNCHER` (0): torchrun has no "do not restart" code, and any
   other code is a failure it answers with a restart. Elsewhere the code is EXIT_TERMINATED (75).
+- On terminate under torchrun the rank also SIGTERMs its elastic agent (:func:`leave_terminated`,
+  still its parent with the same start time): the agent stops every worker and exits, and a
+  signalled agent restarts nothing, even when a peer never received the terminate.
 - :func:`exit_if_terminated` runs in ``brakeline.init``: a rank started by the same launch
-  (same run id) after the marker was written exits at once with that code, before training.
+  (same run id) after the marker was written exits at once with that code, before training
+  (after a barrier with its peers when the process group is already formed).
 
 The launcher's identity goes into every heartbeat (``launcher_pid``, ``launcher_pgid``,
 ``launcher_start_time``) so the console's executor stops the whole job through it, never one
@@ -23,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -156,4 +161,49 @@ def exit_if_terminated(
         code,
         marker_path(checkpoint_dir),
     )
+    _leave_together()
     exit_function(code)
+
+
+def leave_terminated(
+    launcher: Mapping[str, int], environ: Mapping[str, str], exit_function: Callable[[int], Any]
+) -> None:
+    """Leave on terminate. Under torchrun, first SIGTERM the elastic agent this rank was
+    started by (still our parent, with the start time it had at init: pids wrap): the agent
+    then stops every worker — peers blocked in a collective included — and exits without a
+    restart. Without that, a peer that never got the terminate fails in its next collective
+    and the agent restarts the group. We wait (bounded) for the agent's own SIGTERM."""
+    code = terminate_exit_code(environ)
+    if launcher and _still_our_launcher(launcher):
+        try:
+            os.kill(launcher["launcher_pid"], signal.SIGTERM)
+        except OSError as error:
+            logger.warning("brakeline: could not stop the launcher: %s", error)
+        else:
+            deadline = time.monotonic() + LAUNCHER_STOP_WAIT_SECONDS
+            while time.monotonic() < deadline and os.getppid() == launcher["launcher_pid"]:
+                time.sleep(0.05)  # the agent's SIGTERM ends this process meanwhile
+    exit_function(code)
+
+
+LAUNCHER_STOP_WAIT_SECONDS = 10.0
+
+
+def _still_our_launcher(launcher: Mapping[str, int]) -> bool:
+    pid = launcher.get("launcher_pid")
+    fields = _stat_fields(pid) if pid and os.getppid() == pid else None
+    return fields is not None and fields[22 - 3] == str(launcher.get("launcher_start_time"))
+
+
+def _leave_together() -> None:
+    """In a process group already formed, leave after a barrier: a rank that exits while a
+    peer still connects its mesh makes that peer fail (exit 1), which torchrun answers with
+    another restart. Every rank of the relaunch finds the marker, so every rank reaches it."""
+    import sys
+
+    distributed = sys.modules.get("torch.distributed")  # never imports torch by itself
+    try:
+        if distributed is not None and distributed.is_initialized():
+            distributed.barrier()
+    except Exception as error:  # leaving matters more than leaving together
+        logger.warning("brakeline: barrier before leaving failed: %s", error)

@@ -41,6 +41,7 @@ from brakeline._encoding import LogRecord, to_jsonable
 from brakeline._exit import (
     exit_if_terminated,
     launcher_fields,
+    leave_terminated,
     terminate_exit_code,
     write_marker,
 )
@@ -609,7 +610,7 @@ class Run:
     def finish_terminated(self) -> None:
         """Finish the run and leave the process with EXIT_TERMINATED (0 under torchrun)."""
         self.finish()
-        self._exit_function(terminate_exit_code(os.environ))
+        leave_terminated(self._launcher, os.environ, self._exit_function)  # brakeline._exit
 
     def call_hooks(self, name: str, info: PauseInfo) -> None:
         for callback in self._hooks[name]:
