@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -51,7 +51,7 @@ class CheckpointReport:
     set: SetReport | None = None  # the checkpoint set it belongs to (multi-rank jobs)
 
 
-def _whole(value: Any, low: int = 0) -> bool:
+def _whole(value: Any, low: int = 0) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= MAX_STEP
 
 
@@ -107,7 +107,7 @@ def record_checkpoint(
 ) -> tuple[Checkpoint, bool]:
     """Add the checkpoint to the job's catalogue; the same path and hash again is the same row
     (the ack and the report of one brake, retries). Returns (row, created)."""
-    values = {
+    values: dict[str, Any] = {
         "step": report.step,
         "weights_step": report.weights_step,
         "rank": report.rank,
@@ -188,7 +188,7 @@ def checkpoint_out(row: Checkpoint, first_step: int | None) -> dict[str, Any]:
         "reported_at": row.reported_at,
         "clean": is_clean(row, first_step),
         "preselected": False,
-        "set": set_out(row.checkpoint_set) if row.checkpoint_set_id else None,
+        "set": set_out(row.checkpoint_set) if row.checkpoint_set is not None else None,
     }
 
 
@@ -216,7 +216,7 @@ def roll_back_params(target: Checkpoint, skip_steps: list[int] | None = None) ->
         "step": target.step,
         "catalogue_id": target.pk,
     }
-    if target.checkpoint_set_id is not None:
+    if target.checkpoint_set is not None:
         params["set"] = set_out(target.checkpoint_set)
     if skip_steps:
         params["skip_steps"] = sorted({s for s in skip_steps if s > target.step})

@@ -9,27 +9,12 @@ scheduler's executor stops that job) and the local executor never signals it.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from breakers.agent.protocol import HeartbeatIn
 from breakers.models import JobLauncher
-from core.processes import process_start_time, this_host
-
-
-def parent_pid(pid: int) -> int | None:
-    """proc(5) field 4, ``ppid``; None when the process cannot be read."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except (OSError, ValueError):
-        return None
-    fields = raw.rpartition(")")[2].split()
-    try:
-        return int(fields[1])
-    except (IndexError, ValueError):
-        return None
+from core.processes import process_parent, process_start_time, this_host
 
 
 def verified_start_time(heartbeat: HeartbeatIn) -> int | None:
@@ -39,7 +24,7 @@ def verified_start_time(heartbeat: HeartbeatIn) -> int | None:
     if launcher is None or heartbeat.hostname != this_host() or heartbeat.pid is None:
         return None
     started = process_start_time(launcher.pid)
-    if started != launcher.start_time or parent_pid(heartbeat.pid) != launcher.pid:
+    if started != launcher.start_time or process_parent(heartbeat.pid) != launcher.pid:
         return None
     return started
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
+import brakeline
 from breakers.checkpoints import catalogue, roll_back_params, roll_back_target
 from breakers.models import Checkpoint, CheckpointSet
 from core.errors import InvalidInput
@@ -92,3 +94,17 @@ def test_resume_and_roll_back_from_a_set_reproduce_the_uninterrupted_losses(
     with pytest.raises(InvalidInput) as refused:
         roll_back_target(agent.job_id, "/x/step-00000027.pt")
     assert "rank(s) 1 missing" in refused.value.fields["checkpoint"]
+
+
+def test_a_set_of_torch_distributed_checkpoint_shards_resumes_bit_for_bit(tmp_path):
+    reference = torchrun(tmp_path / "reference", "--steps", "16", "--checkpoint-at", "8", "--dcp")
+    assert reference.wait() == 0, reference.tail()
+    found = brakeline.latest_set(tmp_path / "reference" / "checkpoints", 1)
+    assert found.step == 8 and all(s["path"].endswith(".dcp") for s in found.shards)
+    assert all(Path(s["path"], ".metadata").is_file() for s in found.shards)  # DCP's own layout
+    resumed_dir = tmp_path / "resumed"
+    shutil.copytree(reference.work / "checkpoints", resumed_dir / "checkpoints")
+    resumed = torchrun(resumed_dir, "--steps", "16", "--resume", "--dcp")
+    assert resumed.wait() == 0, resumed.tail()
+    for rank in (0, 1):
+        assert resumed.losses(rank) == reference.losses(rank)[8:], f"rank {rank}"

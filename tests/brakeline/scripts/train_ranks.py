@@ -11,6 +11,7 @@ without shuffling, so the wrapped loader's position is the whole data state.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import sys
@@ -36,7 +37,33 @@ def options() -> argparse.Namespace:
     parser.add_argument("--hang-at", type=int, default=0)
     parser.add_argument("--step-seconds", type=float, default=0.0)
     parser.add_argument("--losses-suffix", default="")
+    parser.add_argument("--dcp", action="store_true", help="torch.distributed.checkpoint saves")
     return parser.parse_args()
+
+
+def dcp_saver(run, model, optimizer, loader, resume: bool) -> None:
+    """Each rank's shard is a torch.distributed.checkpoint folder of its own (``no_dist``: the
+    rank's own state, no collective inside the save), in the brakeline set of its step."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    def state():
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        # The data position (nested, with RNG tensors) as one bytes object: DCP stores BytesIO.
+        data = io.BytesIO()
+        torch.save(loader.state_dict(), data)
+        return {"model": model_state, "optimizer": optimizer_state, "data": data}
+
+    run.set_saver(lambda path, step: dcp.save(state(), checkpoint_id=path, no_dist=True), ".dcp")
+    if resume:
+        found = brakeline.latest_set(run.settings.checkpoint_dir, dist.get_rank())
+        loaded = {**state(), "data": io.BytesIO()}
+        dcp.load(loaded, checkpoint_id=found.shard(dist.get_rank())["path"], no_dist=True)
+        loaded["data"].seek(0)
+        set_state_dict(model, optimizer, model_state_dict=loaded["model"],
+                       optim_state_dict=loaded["optimizer"])  # fmt: skip
+        loader.load_state_dict(torch.load(loaded["data"], weights_only=True))
+        run.step = found.step
 
 
 def main() -> None:
@@ -67,7 +94,9 @@ def main() -> None:
     sampler = torch.utils.data.distributed.DistributedSampler(dataset, shuffle=False)
     loader = run.wrap_loader(torch.utils.data.DataLoader(dataset, batch_size=8, sampler=sampler))
     run.watch(model=model, optimizer=optimizer)
-    if opts.resume:
+    if opts.dcp:
+        dcp_saver(run, model, optimizer, loader, opts.resume)
+    elif opts.resume:
         path = brakeline.latest_checkpoint(opts.work / "checkpoints", rank=rank)
         if path is None:
             sys.exit(f"rank {rank}: no complete checkpoint set to resume from")
