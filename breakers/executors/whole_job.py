@@ -107,7 +107,9 @@ def job_processes(job: Job) -> JobProcesses:
                row.start_time, True, job.pk)
         for row in rows
     ]  # fmt: skip
-    held = {rank for row in rows for rank in row.ranks}
+    # Only launchers still running as registered hold ranks: an earlier launch's agent that
+    # is gone (or whose pid is another process's now) holds nobody.
+    held = {r for row in rows if process_start_time(row.pid) == row.start_time for r in row.ranks}
     targets = {
         r.rank: Target(f"rank {r.rank} (pid {r.pid})", r.pid, r.pid_start_time, False, job.pk)
         for r in ranks
