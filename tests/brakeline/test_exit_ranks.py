@@ -1,7 +1,7 @@
-"""The whole job stops, and stays stopped, under real torchrun (gloo on CPU, 2 ranks) against
-the real console: a hung rank is named and the executor stops every rank and the torchrun
-agent; an L4 terminate ends every rank once (the rank that gets it stops its torchrun agent) and
-torchrun --max-restarts=2 restarts nothing."""
+"""The whole job stops, and stays stopped, under real torchrun (gloo on CPU) against the real
+console: a hung rank is named and the executor stops every rank and the torchrun agent (2
+ranks); an L4 terminate ends every rank once — the rank that gets it stops its torchrun agent —
+and torchrun --max-restarts=2 restarts nothing (2 ranks; 4 pass as well, at twice the time)."""
 
 from __future__ import annotations
 
@@ -84,6 +84,7 @@ def test_l4_terminate_ends_every_rank_once_and_torchrun_does_not_restart_it(
         "--step-seconds",
         "0.02",
         max_restarts=2,
+        ranks=2,
         console=live_console,
         token=agent.token,
     )
@@ -98,7 +99,7 @@ def test_l4_terminate_ends_every_rank_once_and_torchrun_does_not_restart_it(
     # never started the worker group again.
     assert code == 1 and "Received 15 death signal" in run.tail(), run.tail()
     trained = run.starts()
-    assert sorted(s[0] for s in trained) == ["0", "1"], trained  # each rank trained once
+    assert sorted(s[0] for s in trained) == ["0", "1"], trained  # each rank once
     assert all(s[1] == "0" for s in trained), trained  # only in the first incarnation
     assert (tmp_path / "checkpoints" / ".brakeline-terminated.json").exists()
     assert all(_gone(pid) for pid in pids)
