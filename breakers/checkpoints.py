@@ -14,19 +14,29 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from breakers.models import Checkpoint, CheckpointReason
+from breakers.models import Checkpoint, CheckpointReason, CheckpointSet
 from core.errors import InvalidInput
-from incidents.models import Incident
+from incidents.models import Incident, Job
 
 MAX_PATH_LENGTH = 4096
 MAX_STEP = 2**62
-REPORT_FIELDS = {"path", "sha256", "step", "bytes", "rank", "reason", "weights_step"}
+REPORT_FIELDS = {"path", "sha256", "step", "bytes", "rank", "reason", "weights_step", "set"}
 HEX = frozenset("0123456789abcdef")
+
+
+@dataclass(frozen=True)
+class SetReport:
+    """The ``set`` of a checkpoint report: rank 0's manifest and every rank's file."""
+
+    manifest: str
+    manifest_sha256: str
+    world_size: int
+    shards: tuple[dict[str, Any], ...]  # {"rank", "path", "bytes", "sha256"}, rank order
 
 
 @dataclass(frozen=True)
@@ -38,9 +48,10 @@ class CheckpointReport:
     rank: int = 0
     reason: str = CheckpointReason.MANUAL
     weights_step: int | None = None
+    set: SetReport | None = None  # the checkpoint set it belongs to (multi-rank jobs)
 
 
-def _whole(value: Any, low: int = 0) -> bool:
+def _whole(value: Any, low: int = 0) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= MAX_STEP
 
 
@@ -67,6 +78,7 @@ def parse_report(data: Any) -> CheckpointReport:
     reason = data.get("reason") or CheckpointReason.MANUAL
     if reason not in CheckpointReason.values:
         errors["reason"] = f"must be one of {', '.join(CheckpointReason.values)}"
+    found_set = parse_set(data["set"], errors) if data.get("set") is not None else None
     if errors:
         raise InvalidInput("The checkpoint report is not valid.", fields=errors)
     assert isinstance(path, str) and isinstance(sha256, str)  # checked above
@@ -78,6 +90,7 @@ def parse_report(data: Any) -> CheckpointReport:
         rank=data.get("rank") or 0,
         reason=reason,
         weights_step=data.get("weights_step"),
+        set=found_set,
     )
 
 
@@ -94,7 +107,7 @@ def record_checkpoint(
 ) -> tuple[Checkpoint, bool]:
     """Add the checkpoint to the job's catalogue; the same path and hash again is the same row
     (the ack and the report of one brake, retries). Returns (row, created)."""
-    values = {
+    values: dict[str, Any] = {
         "step": report.step,
         "weights_step": report.weights_step,
         "rank": report.rank,
@@ -104,13 +117,25 @@ def record_checkpoint(
     }
     if command_id is not None:
         values["command_id"] = command_id
+    if report.set is not None:
+        values["checkpoint_set_id"] = record_set(job_id, report.step, report.set).pk
+    row, created = _get_or_create(job_id, report.path, report.sha256, values)
+    if not created and report.set is not None and row.checkpoint_set_id is None:
+        Checkpoint.objects.filter(pk=row.pk).update(checkpoint_set_id=values["checkpoint_set_id"])
+        row.checkpoint_set_id = values["checkpoint_set_id"]
+    return row, created
+
+
+def _get_or_create(
+    job_id: int, path: str, sha256: str, values: dict[str, Any]
+) -> tuple[Checkpoint, bool]:
     try:
         with transaction.atomic():
             return Checkpoint.objects.get_or_create(
-                job_id=job_id, path=report.path, sha256=report.sha256, defaults=values
+                job_id=job_id, path=path, sha256=sha256, defaults=values
             )
     except IntegrityError:  # the same report arrived twice at once: the other one won
-        return Checkpoint.objects.get(job_id=job_id, path=report.path, sha256=report.sha256), False
+        return Checkpoint.objects.get(job_id=job_id, path=path, sha256=sha256), False
 
 
 def record_from_acknowledgement(job_id: int, command_id: int, result: dict[str, Any]) -> None:
@@ -137,9 +162,11 @@ def anomaly_step(job_id: int) -> int | None:
 
 def catalogue(job_id: int, *, limit: int = 50) -> list[dict[str, Any]]:
     """The job's checkpoints, newest first, each marked clean or after the anomaly; the last
-    clean one is ``preselected`` (what a roll back offers first)."""
+    clean one is ``preselected`` (what a roll back offers first). A multi-rank job's are its
+    complete sets only (each as its rank-0 file with ``set``): a rank's lone file is no
+    state the job can resume from."""
     first_step = anomaly_step(job_id)
-    rows = list(Checkpoint.objects.filter(job_id=job_id).order_by("-step", "-pk")[:limit])
+    rows = list(catalogued(job_id).order_by("-step", "-pk")[:limit])
     entries = [checkpoint_out(row, first_step) for row in rows]
     for entry in entries:
         if entry["clean"]:
@@ -161,6 +188,7 @@ def checkpoint_out(row: Checkpoint, first_step: int | None) -> dict[str, Any]:
         "reported_at": row.reported_at,
         "clean": is_clean(row, first_step),
         "preselected": False,
+        "set": set_out(row.checkpoint_set) if row.checkpoint_set is not None else None,
     }
 
 
@@ -168,10 +196,11 @@ def roll_back_target(job_id: int, named: str) -> Checkpoint:
     """The catalogue entry a roll back names, by id or path: 400 (field ``checkpoint``) for
     anything the job never reported, so no hand-typed path reaches the training process."""
     named = (named or "").strip()
-    query = Checkpoint.objects.filter(job_id=job_id)
+    query = catalogued(job_id)
     found = query.filter(pk=int(named)).first() if named.isdigit() else None
     found = found or query.filter(path=named).order_by("-pk").first()
     if found is None:
+        _refuse_incomplete_set(job_id, named)
         raise InvalidInput(
             "Roll back only to a checkpoint the job reported.",
             fields={"checkpoint": "not in this job's checkpoint catalogue"},
@@ -187,6 +216,171 @@ def roll_back_params(target: Checkpoint, skip_steps: list[int] | None = None) ->
         "step": target.step,
         "catalogue_id": target.pk,
     }
+    if target.checkpoint_set is not None:
+        params["set"] = set_out(target.checkpoint_set)
     if skip_steps:
         params["skip_steps"] = sorted({s for s in skip_steps if s > target.step})
     return params
+
+
+# --- Checkpoint sets (multi-rank jobs) ---------------------------------------------------------
+
+SET_FIELDS = {"manifest", "manifest_sha256", "world_size", "shards"}
+SHARD_FIELDS = {"rank", "path", "bytes", "sha256"}
+MAX_WORLD_SIZE = 1_000_000
+
+
+def _good_path(value: Any) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= MAX_PATH_LENGTH and "\x00" not in value
+
+
+def _good_hash(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and set(value) <= HEX
+
+
+def parse_set(data: Any, errors: dict[str, str]) -> SetReport | None:
+    """The ``set`` object; each problem under ``set.<field>``, a shard's under
+    ``set.shards[<rank>]`` — a missing rank is named, so is a rank given twice."""
+    if not isinstance(data, dict):
+        errors["set"] = "must be an object (manifest, manifest_sha256, world_size, shards)"
+        return None
+    for key in data.keys() - SET_FIELDS:
+        errors[f"set.{key}"] = f"is not a field of a set ({', '.join(sorted(SET_FIELDS))})"
+    if not _good_path(data.get("manifest")):
+        errors["set.manifest"] = f"must be a non-empty path of at most {MAX_PATH_LENGTH} characters"
+    if not _good_hash(data.get("manifest_sha256")):
+        errors["set.manifest_sha256"] = "must be 64 lowercase hexadecimal digits"
+    world_size, shards = data.get("world_size"), data.get("shards")
+    if not _whole(world_size, 1) or world_size > MAX_WORLD_SIZE:
+        errors["set.world_size"] = f"must be a whole number from 1 to {MAX_WORLD_SIZE}"
+        return None
+    if not isinstance(shards, list):
+        errors["set.shards"] = "must be a list of every rank's file"
+        return None
+    by_rank = _parse_shards(shards, world_size, errors)
+    if any(key.startswith("set") for key in errors):
+        return None
+    return SetReport(
+        data["manifest"],
+        data["manifest_sha256"],
+        world_size,
+        tuple(by_rank[r] for r in range(world_size)),
+    )
+
+
+def _parse_shards(shards: list, world_size: int, errors: dict[str, str]) -> dict[int, dict]:
+    by_rank: dict[int, dict] = {}
+    for index, shard in enumerate(shards[: world_size + 1]):
+        rank = shard.get("rank") if isinstance(shard, dict) else None
+        where = f"set.shards[{index}]"
+        if not _whole(rank) or rank >= world_size or rank in by_rank:
+            errors[where] = f"rank must be a whole number below {world_size}, each rank once"
+            continue
+        bad = [key for key in SHARD_FIELDS if key not in shard] + list(shard.keys() - SHARD_FIELDS)
+        if bad or not _good_path(shard["path"]) or not _good_hash(shard["sha256"]):
+            errors[where] = f"rank {rank}: needs rank, path, bytes and sha256 (64 hex digits)"
+        elif shard["bytes"] is not None and not _whole(shard["bytes"]):
+            errors[where] = f"rank {rank}: bytes must be a whole number >= 0 or null"
+        by_rank[rank] = {key: shard.get(key) for key in ("rank", "path", "bytes", "sha256")}
+    missing = [rank for rank in range(world_size) if rank not in by_rank]
+    if missing and len(shards) <= world_size:
+        named = ", ".join(map(str, missing[:8]))
+        errors["set.shards"] = f"rank(s) {named} missing: a set holds every rank's file"
+    elif len(shards) != world_size:
+        errors["set.shards"] = f"must hold exactly {world_size} files, one per rank"
+    return by_rank
+
+
+def _mismatched_shard(job_id: int, report: SetReport) -> str | None:
+    """A shard contradicting what its rank reported itself (same path, another hash)."""
+    for shard in report.shards:
+        other = (
+            Checkpoint.objects.filter(job_id=job_id, rank=shard["rank"], path=shard["path"])
+            .exclude(sha256=shard["sha256"])
+            .values_list("sha256", flat=True)
+            .first()
+        )
+        if other is not None:
+            return (
+                f"rank {shard['rank']}: its file {shard['path']} was reported with sha256 "
+                f"{other}, not {shard['sha256']}"
+            )
+    return None
+
+
+def record_set(job_id: int, step: int, report: SetReport) -> CheckpointSet:
+    """Store a complete set once (and every rank's file, linked to it); 400 naming the rank
+    when a shard contradicts its rank's own report or the set's size is not the job's."""
+    world_size = Job.objects.filter(pk=job_id).values_list("world_size", flat=True).first()
+    if world_size is not None and world_size != report.world_size:
+        raise InvalidInput(
+            "The checkpoint set is not the job's.",
+            fields={"set.world_size": f"the job runs {world_size} ranks, not {report.world_size}"},
+        )
+    mismatch = _mismatched_shard(job_id, report)
+    if mismatch is not None:
+        raise InvalidInput("A shard of the set does not match.", fields={"set.shards": mismatch})
+    values = {"step": step, "world_size": report.world_size, "shards": list(report.shards),
+              "reported_at": timezone.now()}  # fmt: skip
+    try:
+        with transaction.atomic():
+            row, created = CheckpointSet.objects.get_or_create(
+                job_id=job_id, manifest_path=report.manifest,
+                manifest_sha256=report.manifest_sha256, defaults=values,
+            )  # fmt: skip
+    except IntegrityError:  # two ranks reported the same set at once
+        row = CheckpointSet.objects.get(
+            job_id=job_id, manifest_path=report.manifest, manifest_sha256=report.manifest_sha256
+        )
+        created = False
+    if created:
+        for shard in report.shards[1:]:  # rank 0's row is the report's own
+            fields = {"step": step, "rank": shard["rank"], "bytes": shard["bytes"],
+                      "reason": CheckpointReason.MANUAL, "reported_at": values["reported_at"],
+                      "checkpoint_set_id": row.pk}  # fmt: skip
+            file, made = _get_or_create(job_id, shard["path"], shard["sha256"], fields)
+            if not made and file.checkpoint_set_id is None:
+                Checkpoint.objects.filter(pk=file.pk).update(checkpoint_set_id=row.pk)
+    return row
+
+
+def multi_rank(job_id: int) -> bool:
+    world_size = Job.objects.filter(pk=job_id).values_list("world_size", flat=True).first()
+    return (world_size or 1) > 1 or CheckpointSet.objects.filter(job_id=job_id).exists()
+
+
+def catalogued(job_id: int) -> Any:
+    """What the catalogue offers: every file of a one-process job; a multi-rank job's complete
+    sets (their rank-0 files)."""
+    query = Checkpoint.objects.filter(job_id=job_id).select_related("checkpoint_set")
+    if multi_rank(job_id):
+        query = query.filter(rank=0, checkpoint_set__isnull=False)
+    return query
+
+
+def set_out(found: CheckpointSet) -> dict[str, Any]:
+    return {
+        "id": found.pk,
+        "manifest": found.manifest_path,
+        "manifest_sha256": found.manifest_sha256,
+        "world_size": found.world_size,
+        "shards": found.shards,
+    }
+
+
+def _refuse_incomplete_set(job_id: int, named: str) -> None:
+    """A file of a multi-rank job outside any complete set: refused, naming what is missing."""
+    query = Checkpoint.objects.filter(job_id=job_id, checkpoint_set__isnull=True)
+    found = query.filter(pk=int(named)).first() if named.isdigit() else None
+    found = found or query.filter(path=named).first()
+    if found is None or not multi_rank(job_id):
+        return
+    world_size = Job.objects.get(pk=job_id).world_size or 1
+    ranks = set(
+        Checkpoint.objects.filter(job_id=job_id, step=found.step).values_list("rank", flat=True)
+    )
+    missing = ", ".join(str(r) for r in range(world_size) if r not in ranks) or "none"
+    raise InvalidInput(
+        f"Step {found.step} is no complete checkpoint set: rank(s) {missing} missing.",
+        fields={"checkpoint": f"not a complete checkpoint set (rank(s) {missing} missing)"},
+    )

@@ -53,6 +53,17 @@ def process_group(pid: int) -> int | None:
         return None
 
 
+def process_parent(pid: int) -> int | None:
+    """The parent's pid (proc(5) field 4, ``ppid``)."""
+    fields = _stat_fields(pid)
+    if fields is None:
+        return None
+    try:
+        return int(fields[4 - 3])
+    except ValueError:
+        return None
+
+
 def process_environment(pid: int) -> dict[str, str] | None:
     """The environment the process was started with (/proc/PID/environ): what it had at
     ``exec``, not later changes of its own ``os.environ``. None when it cannot be read (the

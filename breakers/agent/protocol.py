@@ -22,6 +22,7 @@ from breakers.agent.jsonbody import (
     safe_text,
     unstorable_json,
 )
+from breakers.agent.launcher import LAUNCHER_KEYS, LauncherIn, check_launcher
 from breakers.agent.points import (
     BATCH_ID,
     DEFAULT_TIME_WINDOW_SECONDS,
@@ -72,11 +73,13 @@ class HeartbeatIn:
     slurm_job_id: str = ""
     slurm_nodelist: str = ""
     slurm_step_id: str = ""
+    # The launcher (torchrun's agent) the rank runs under (breakers.agent.launcher).
+    launcher: LauncherIn | None = None
 
 
 HEARTBEAT_KEYS = (
     "step", "status", "pid", "hostname", "rank", "world_size",
-    "slurm_job_id", "slurm_nodelist", "slurm_step_id",
+    "slurm_job_id", "slurm_nodelist", "slurm_step_id", *LAUNCHER_KEYS,
 )  # fmt: skip
 # Slurm job ids are numbers ("123"); step ids are numbers or names ("0", "batch", "1+0").
 _SLURM_JOB_ID = re.compile(r"[0-9]{1,20}")
@@ -138,6 +141,7 @@ def parse_heartbeat(raw: bytes) -> HeartbeatIn:
     elif world_size is not None and "rank" not in errors and (rank or 0) >= world_size:
         errors["world_size"] = f"must be above the rank ({rank or 0}): ranks count from 0"
     slurm_job_id, slurm_nodelist, slurm_step_id = _check_slurm(body, errors)
+    launcher = check_launcher(body, errors)
     if errors:
         raise InvalidInput("The heartbeat was refused.", fields=errors)
     assert step is not None and status is not None  # or an error was written above
@@ -151,6 +155,7 @@ def parse_heartbeat(raw: bytes) -> HeartbeatIn:
         slurm_job_id=slurm_job_id,
         slurm_nodelist=slurm_nodelist,
         slurm_step_id=slurm_step_id,
+        launcher=launcher,
     )
 
 

@@ -20,6 +20,7 @@ from breakers.agent.protocol import (
 from breakers.agent.store import Stored, store_batch
 from breakers.control.commands import acknowledge_command, deliverable_commands
 from breakers.detection.tasks import schedule_evaluation
+from breakers.executors.launchers import record_launcher
 from breakers.executors.scheduler import record_scheduler_context
 from breakers.models import Command
 from core.errors import NotFound
@@ -99,6 +100,7 @@ def _record_heartbeat(job_id: int, heartbeat: HeartbeatIn) -> Job:
         world_size=heartbeat.world_size,
     )
     record_scheduler_context(job_id, heartbeat)
+    record_launcher(job_id, heartbeat)  # whom the executor stops: the whole job
     return job
 
 

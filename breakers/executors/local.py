@@ -9,7 +9,6 @@ plug in next to the local-process default.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import time
 from dataclasses import asdict, dataclass, field
@@ -132,35 +131,17 @@ JOB_MARKER_VARIABLE = "BRAKELINE_JOB_MARKER"
 
 
 class LocalProcessExecutor:
-    """Signals the training process the SDK registered (its PID): SIGTERM, then SIGKILL, and
-    only once the process is proven to be the job's (``identity_refusal``), checked again
-    right before each signal."""
+    """Stops the whole job on this host (``breakers.executors.whole_job``): its launchers'
+    process groups (torchrun's agent stops its workers and restarts nothing) and the ranks no
+    launcher holds; SIGTERM, then SIGKILL after the grace, each process proven to be the job's
+    right before each signal (start time, not merely "alive": pids wrap)."""
 
     name = "local"
 
     def stop(self, job: Job, *, grace_seconds: float) -> ExecutorOutcome:
-        started = time.monotonic()
-        pid = job.agent_pid
-        if not pid:
-            return ExecutorOutcome(self.name, False, detail="The job never reported a process id.")
-        why = identity_refusal(job, pid)
-        if why is not None:
-            return _refused(why)
-        if not process_is_running(pid):
-            return ExecutorOutcome(self.name, True, [f"process {pid} was already gone"])
-        steps = [f"SIGTERM to process {pid} (checked: this host, start time, job token)"]
-        os.kill(pid, signal.SIGTERM)
-        if not _wait_for_exit(pid, grace_seconds):
-            why = identity_refusal(job, pid)
-            if why is not None:
-                steps.append(f"no SIGKILL, refused: {why}")
-                return ExecutorOutcome(self.name, False, steps, seconds=time.monotonic() - started)
-            steps.append(f"still running after {grace_seconds:g} s grace: SIGKILL to {pid}")
-            os.kill(pid, signal.SIGKILL)
-            _wait_for_exit(pid, 5.0)
-        stopped = not process_is_running(pid)
-        steps.append("process exited" if stopped else "process did not exit")
-        return ExecutorOutcome(self.name, stopped, steps, seconds=time.monotonic() - started)
+        from breakers.executors.whole_job import stop_whole_job  # it builds on this module
+
+        return stop_whole_job(job, grace_seconds=grace_seconds, executor=self.name)
 
 
 EXECUTORS: dict[str, Executor] = {"local": LocalProcessExecutor()}

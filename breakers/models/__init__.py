@@ -4,6 +4,7 @@
 from breakers.models.checkpoints import (  # noqa: F401
     Checkpoint,
     CheckpointReason,
+    CheckpointSet,
 )
 from breakers.models.control import (  # noqa: F401
     COMMAND_TRANSITIONS,
@@ -24,6 +25,7 @@ from breakers.models.inference import (  # noqa: F401
     InferenceReplica,
     ReplicaStatus,
 )
+from breakers.models.launchers import JobLauncher  # noqa: F401
 from breakers.models.metrics import (  # noqa: F401
     EvaluationState,
     MetricBatch,
@@ -72,6 +74,8 @@ __all__ = [
     "EnvironmentSnapshot",
     "Checkpoint",
     "CheckpointReason",
+    "CheckpointSet",
+    "JobLauncher",
     "IntegrationToken",
     "ExternalAlertStatus",
     "EXTERNAL_ALERT_TRANSITIONS",

@@ -13,7 +13,7 @@ from django.db import models
 
 from incidents.models import Job
 
-__all__ = ["Checkpoint", "CheckpointReason"]
+__all__ = ["Checkpoint", "CheckpointReason", "CheckpointSet"]
 
 
 class CheckpointReason(models.TextChoices):
@@ -35,6 +35,10 @@ class Checkpoint(models.Model):
     bytes = models.BigIntegerField(null=True, blank=True)
     reason = models.CharField(max_length=16, choices=CheckpointReason.choices)
     command_id = models.BigIntegerField(null=True, blank=True)  # the brake's command, if any
+    # The set this rank's file belongs to (multi-rank jobs); NULL: a lone file.
+    checkpoint_set = models.ForeignKey(
+        "CheckpointSet", null=True, blank=True, on_delete=models.SET_NULL, related_name="files"
+    )
     reported_at = models.DateTimeField()
 
     class Meta:
@@ -51,3 +55,31 @@ class Checkpoint(models.Model):
     @property
     def holds_updates_through(self) -> int:
         return self.step if self.weights_step is None else self.weights_step
+
+
+class CheckpointSet(models.Model):
+    """One checkpoint of a multi-rank job: the manifest rank 0 wrote once every rank's file was
+    durable (step, world size, each rank's path, bytes and SHA-256). Only complete sets are
+    stored (``breakers.checkpoints.parse_set``): every rank from 0 to ``world_size - 1`` has
+    exactly one shard, so a catalogue of sets never offers a roll back missing a rank."""
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="checkpoint_sets")
+    step = models.BigIntegerField()
+    world_size = models.IntegerField()
+    manifest_path = models.CharField(max_length=4096)
+    manifest_sha256 = models.CharField(max_length=64)
+    # [{"rank", "path", "bytes", "sha256"}, ...] in rank order, all world_size of them.
+    shards = models.JSONField()
+    reported_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-step", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "manifest_path", "manifest_sha256"], name="checkpoint_set_once"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"checkpoint set of job {self.job_id} at step {self.step} ({self.world_size} ranks)"

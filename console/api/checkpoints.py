@@ -28,6 +28,12 @@ class CheckpointReportDoc(serializers.Serializer):
         allow_null=True,
         help_text="The last step whose optimizer update the weights hold (the step guard).",
     )
+    set = serializers.DictField(
+        required=False,
+        allow_null=True,
+        help_text="Multi-rank jobs: the checkpoint set (manifest, manifest_sha256, world_size, "
+        "shards: every rank's rank, path, bytes, sha256); refused naming a missing rank.",
+    )
 
 
 class CheckpointOut(serializers.Serializer):
@@ -44,6 +50,9 @@ class CheckpointOut(serializers.Serializer):
         help_text="No optimizer update from the latest incident's first anomalous step on."
     )
     preselected = serializers.BooleanField(help_text="The last clean one: a roll back's default.")
+    set = serializers.DictField(
+        allow_null=True, help_text="The complete checkpoint set it stands for (multi-rank jobs)."
+    )
 
 
 class AgentCheckpointView(AgentView):

@@ -15,13 +15,19 @@ underscore are internal and may change in any release.
 
 from brakeline._checkpoint import (
     CheckpointResult,
+    CheckpointSet,
+    IncompleteCheckpointSet,
     RestoredState,
     latest_checkpoint,
+    latest_set,
+    read_manifest,
     restore,
     save_atomically,
     sha256_of,
+    verify_set,
 )
 from brakeline._commands import ACK_LATER, Command, CommandFailed
+from brakeline._exit import EXIT_TERMINATED_UNDER_LAUNCHER
 from brakeline._pause import PauseInfo, PauseState
 from brakeline._rng import seed_everything
 from brakeline._run import Run, init
@@ -31,7 +37,10 @@ from brakeline._version import __version__
 __all__ = [
     "ACK_LATER",
     "EXIT_TERMINATED",
+    "EXIT_TERMINATED_UNDER_LAUNCHER",
     "CheckpointResult",
+    "CheckpointSet",
+    "IncompleteCheckpointSet",
     "Command",
     "CommandFailed",
     "PauseInfo",
@@ -42,8 +51,11 @@ __all__ = [
     "__version__",
     "init",
     "latest_checkpoint",
+    "latest_set",
+    "read_manifest",
     "restore",
     "save_atomically",
     "seed_everything",
     "sha256_of",
+    "verify_set",
 ]

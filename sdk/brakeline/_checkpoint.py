@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
+import logging
 import os
 import shutil
 import time
@@ -19,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from brakeline._rng import capture_rng_state, restore_rng_state
+
+logger = logging.getLogger("brakeline")
 
 FORMAT = "brakeline-checkpoint/1"
 # A saver writes a complete checkpoint at the given (temporary) path; brakeline does the rest.
@@ -39,6 +43,9 @@ class CheckpointResult:
     weights_step: int | None = None
     # Why it was taken: "brake" (checkpoint_and_pause), "manual" (run.checkpoint), ...
     reason: str | None = None
+    # The set it belongs to (multi-rank runs): CheckpointSet.as_report() once rank 0 wrote the
+    # manifest; None for a lone process or when the set could not be completed.
+    set: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {key: value for key, value in dataclasses.asdict(self).items() if value is not None}
@@ -179,8 +186,21 @@ def checkpoint_path(directory: str | Path, step: int, rank: int = 0, suffix: str
     return Path(directory) / name
 
 
-def latest_checkpoint(directory: str | Path, rank: int = 0, suffix: str = ".pt") -> Path | None:
-    """The checkpoint with the highest step in ``directory`` for this rank, or None."""
+def latest_checkpoint(
+    directory: str | Path, rank: int = 0, suffix: str = ".pt", world_size: int | None = None
+) -> Path | None:
+    """The checkpoint with the highest step in ``directory`` for this rank, or None.
+
+    In a multi-rank run (``world_size`` above 1, by default from WORLD_SIZE) or a folder holding
+    manifests, only complete checkpoint sets count: this rank's file of the newest set whose
+    every shard is there with its size and whose own shard matches its SHA-256. Ranks resume at
+    one step, never at their own latest files."""
+    if world_size is None:
+        value = os.environ.get("WORLD_SIZE", "")
+        world_size = int(value) if value.isdigit() else 1
+    if world_size > 1 or any(Path(directory).glob("step-*" + MANIFEST_SUFFIX)):
+        found = latest_set(directory, rank)
+        return Path(found.shard(rank)["path"]) if found is not None else None
     suffix = suffix if rank == 0 else f".rank-{rank}{suffix}"
     steps = {
         path: path.name[len("step-") : -len(suffix)]
@@ -235,3 +255,185 @@ def restore(
         data_position=position,
         seeds=dict(state.get("seeds") or {}),
     )
+
+
+# --- Checkpoint sets: one manifest per checkpoint of a multi-rank run ---------------------------
+
+SET_FORMAT = "brakeline-checkpoint-set/1"
+MANIFEST_SUFFIX = ".manifest.json"
+SHARD_FIELDS = ("rank", "path", "bytes", "sha256")
+
+
+class IncompleteCheckpointSet(ValueError):
+    """A set with a rank's shard missing, of another size or hash: ``rank`` names it."""
+
+    def __init__(self, message: str, rank: int | None) -> None:
+        super().__init__(message)
+        self.rank = rank
+
+
+@dataclasses.dataclass
+class CheckpointSet:
+    """A manifest: the step, the world size and every rank's file (path, bytes, SHA-256)."""
+
+    path: str  # the manifest's
+    sha256: str  # the manifest's
+    step: int
+    world_size: int
+    shards: list[dict[str, Any]]
+
+    def shard(self, rank: int) -> dict[str, Any]:
+        for shard in self.shards:
+            if shard["rank"] == rank:
+                return shard
+        raise IncompleteCheckpointSet(
+            f"checkpoint set {self.path} has no shard of rank {rank}", rank
+        )
+
+    def as_report(self) -> dict[str, Any]:
+        """The ``set`` object of a checkpoint report or acknowledgement (docs/protocol.md)."""
+        return {
+            "manifest": self.path,
+            "manifest_sha256": self.sha256,
+            "world_size": self.world_size,
+            "shards": [dict(shard) for shard in self.shards],
+        }
+
+
+def manifest_path(directory: str | Path, step: int) -> Path:
+    return Path(directory) / f"step-{step:08d}{MANIFEST_SUFFIX}"
+
+
+def check_shards(step: int, world_size: int, shards: Sequence[Mapping[str, Any]]) -> None:
+    """Every rank of ``world_size`` exactly once, each at ``step``: else the rank is named."""
+    seen: dict[int, Mapping[str, Any]] = {}
+    for shard in shards:
+        rank = shard.get("rank")
+        if not isinstance(rank, int) or not 0 <= rank < world_size or rank in seen:
+            raise IncompleteCheckpointSet(f"shard of rank {rank!r} is out of place", None)
+        if shard.get("step", step) != step:
+            raise IncompleteCheckpointSet(
+                f"rank {rank} saved step {shard.get('step')}, not step {step}", rank
+            )
+        seen[rank] = shard
+    for rank in range(world_size):
+        if rank not in seen:
+            raise IncompleteCheckpointSet(f"rank {rank}'s shard is missing from the set", rank)
+
+
+def write_manifest(
+    directory: str | Path, step: int, world_size: int, shards: Sequence[Mapping[str, Any]]
+) -> CheckpointSet:
+    """Rank 0, once every rank's file is durable: the manifest, atomic and fsynced."""
+    check_shards(step, world_size, shards)
+    entries = sorted(
+        ({key: shard[key] for key in SHARD_FIELDS} for shard in shards), key=lambda s: s["rank"]
+    )
+    body = {"format": SET_FORMAT, "step": step, "world_size": world_size, "shards": entries}
+
+    def write(path: Path, _: int) -> None:
+        with open(path, "w") as handle:
+            json.dump(body, handle, indent=1, sort_keys=True)
+
+    saved = save_atomically(manifest_path(directory, step), step, write)
+    return CheckpointSet(saved.path, saved.sha256, step, world_size, entries)
+
+
+def read_manifest(path: str | Path, expected_sha256: str | None = None) -> CheckpointSet:
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        raise IncompleteCheckpointSet(f"manifest {path} cannot be read: {error}", None) from None
+    digest = hashlib.sha256(raw).hexdigest()
+    if expected_sha256 is not None and digest != expected_sha256:
+        raise IncompleteCheckpointSet(
+            f"manifest {path} has sha256 {digest}, not {expected_sha256}", None
+        )
+    try:
+        body = json.loads(raw)
+        if body.get("format") != SET_FORMAT:
+            raise ValueError(f"format {body.get('format')!r}")
+        step, world_size = int(body["step"]), int(body["world_size"])
+        shards = [dict(shard) for shard in body["shards"]]
+        found = CheckpointSet(str(path.resolve()), digest, step, world_size, shards)
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise IncompleteCheckpointSet(
+            f"{path} is not a checkpoint set manifest: {error}", None
+        ) from None
+    check_shards(found.step, found.world_size, found.shards)
+    return found
+
+
+def verify_set(found: CheckpointSet, hash_ranks: Sequence[int] = ()) -> None:
+    """Every shard is there with its size; the shards of ``hash_ranks`` also match their
+    SHA-256. Raises :class:`IncompleteCheckpointSet` naming the first rank that does not."""
+    for shard in found.shards:
+        rank, path = shard["rank"], Path(shard["path"])
+        if not path.exists():
+            raise IncompleteCheckpointSet(f"rank {rank}'s shard {path} is missing", rank)
+        if shard.get("bytes") is not None and size_of(path) != shard["bytes"]:
+            raise IncompleteCheckpointSet(
+                f"rank {rank}'s shard {path} holds {size_of(path)} bytes, not {shard['bytes']}",
+                rank,
+            )
+        if rank in hash_ranks and sha256_of(path) != shard["sha256"]:
+            raise IncompleteCheckpointSet(
+                f"rank {rank}'s shard {path} does not match its sha256 {shard['sha256']}", rank
+            )
+
+
+def latest_set(directory: str | Path, rank: int = 0) -> CheckpointSet | None:
+    """The newest complete set in ``directory`` (this rank's shard hashed); sets that are not
+    complete are skipped, each with a warning naming the rank at fault."""
+    manifests = sorted(Path(directory).glob("step-*" + MANIFEST_SUFFIX), reverse=True)
+    for manifest in manifests:
+        try:
+            found = read_manifest(manifest)
+            verify_set(found, hash_ranks=(rank,))
+        except IncompleteCheckpointSet as error:
+            logger.warning("brakeline: checkpoint set %s skipped: %s", manifest, error)
+            continue
+        return found
+    return None
+
+
+def shard_to_restore(params: Mapping[str, Any], rank: int) -> tuple[Path, str] | None:
+    """A roll back naming a set (``params.set``): this rank's shard and hash, once the manifest
+    matches its hash and every shard is there (this rank's hashed); None without a set."""
+    named = params.get("set")
+    if not isinstance(named, Mapping):
+        return None
+    found = read_manifest(str(named.get("manifest")), named.get("manifest_sha256"))
+    verify_set(found, hash_ranks=(rank,))
+    shard = found.shard(rank)
+    return Path(shard["path"]), shard["sha256"]
+
+
+def gather_set(result: CheckpointResult, directory: str | Path) -> CheckpointSet | None:
+    """Through the job's process group, once this rank's file is durable (``result`` comes
+    from :func:`save_atomically`): every rank's entry reaches rank 0, which writes the
+    manifest; every rank returns the set (None without a process group of more than one rank,
+    or when the set is not complete: rank 0 logs which rank is at fault). Collective: every
+    rank calls it at the same step."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return None
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    entry = {"rank": rank, "path": result.path, "bytes": result.bytes, "sha256": result.sha256,
+             "step": result.step}  # fmt: skip
+    entries: list[Any] = [None] * world_size
+    dist.all_gather_object(entries, entry)
+    made: list[Any] = [None]
+    if rank == 0:
+        try:
+            made[0] = dataclasses.asdict(
+                write_manifest(directory, result.step, world_size, entries)
+            )
+        except IncompleteCheckpointSet as error:
+            logger.error("brakeline: checkpoint set of step %d not written: %s", result.step, error)
+    dist.broadcast_object_list(made, src=0)
+    return CheckpointSet(**made[0]) if made[0] is not None else None

@@ -15,10 +15,13 @@ from typing import Any
 
 from brakeline._checkpoint import (
     CheckpointResult,
+    IncompleteCheckpointSet,
     checkpoint_path,
+    gather_set,
     restore,
     save_atomically,
     sha256_of,
+    shard_to_restore,
 )
 from brakeline._commands import CommandFailed
 from brakeline._encoding import to_jsonable
@@ -68,6 +71,9 @@ class CheckpointMixin:
         # Which updates the saved weights hold, as far as the guard of the watched optimizers
         # knows (the console marks the checkpoint clean or "after the anomaly" by it).
         result.weights_step = self._guard.weights_step
+        if self.settings.checkpoint_sets:  # collective: rank 0 writes the set's manifest
+            found = gather_set(result, self.settings.checkpoint_dir)
+            result.set = found.as_report() if found is not None else None
         self.last_checkpoint = result
         self._report_checkpoint(result)
         loader = self.training.loader
@@ -82,6 +88,10 @@ class CheckpointMixin:
         does not match ``sha256``. ``skip_steps``: the batches of these later steps are
         fetched and dropped (the poisoned batch is not trained on again)."""
         path, expected, skip = _roll_back_params(params)
+        try:  # a set: this rank's shard, once the manifest and every shard check out
+            path, expected = shard_to_restore(params, self.settings.rank) or (path, expected)
+        except IncompleteCheckpointSet as error:
+            raise CommandFailed(str(error), {"rank": error.rank}) from None
         if self._saver is not None or self.training.empty:
             raise CommandFailed(
                 "roll back in place restores the SDK's default checkpoints of watched objects; "
@@ -135,7 +145,7 @@ class CheckpointMixin:
         body = {
             key: value
             for key, value in result.as_dict().items()
-            if key in ("path", "sha256", "step", "bytes", "reason", "weights_step")
+            if key in ("path", "sha256", "step", "bytes", "reason", "weights_step", "set")
         }
         body["rank"] = self.settings.rank
         encoded = encode_json(to_jsonable(body))

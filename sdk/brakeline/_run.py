@@ -31,6 +31,13 @@ from brakeline._checkpoint import (
 from brakeline._commands import Command, CommandInbox
 from brakeline._control import ControlLoop
 from brakeline._encoding import LogRecord, to_jsonable
+from brakeline._exit import (
+    exit_if_terminated,
+    launcher_fields,
+    leave_terminated,
+    terminate_exit_code,
+    write_marker,
+)
 from brakeline._guard import GuardedRunMixin, StepGuard
 from brakeline._loader import PausableLoader
 from brakeline._pause import PauseController, PauseInfo, PauseState
@@ -39,7 +46,7 @@ from brakeline._ranksync import CommandApplyMixin, RankAgreement
 from brakeline._rng import seed_everything
 from brakeline._rollback import CheckpointMixin
 from brakeline._sender import MetricsSender
-from brakeline._settings import EXIT_TERMINATED, Settings, resolve_settings
+from brakeline._settings import Settings, resolve_settings
 from brakeline._spool import PointSpool, open_spill_directory
 from brakeline._transport import HttpTransport, Transport, encode_json
 from brakeline.snapshot import (
@@ -130,6 +137,7 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
         # Read once: the scheduler context of a process does not change while it runs.
         self.scheduler_fields = heartbeat_scheduler_fields(os.environ)
         self._world_size = world_size_field(os.environ, settings.rank)
+        self._launcher = launcher_fields(os.environ)  # whom the executor stops (brakeline._exit)
         # A forked child (os.fork, fork-started workers) inherits this object but not its
         # threads; it must never finish the parent's run (final "finished" heartbeat, spill).
         self._owner_pid = os.getpid()
@@ -236,6 +244,7 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
             "hostname": self.hostname,
             "rank": self.settings.rank,
             **self._world_size,
+            **self._launcher,
             **self.scheduler_fields,
         }
 
@@ -384,7 +393,9 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
     def terminate(self, command: Command, step: int) -> None:
         """Flush, acknowledge, finish and exit with EXIT_TERMINATED (or hand over to the
         framework's graceful stop when a terminate handler is set)."""
-        result = {"step": step, "exit_code": EXIT_TERMINATED}
+        result = {"step": step, "exit_code": terminate_exit_code(os.environ)}
+        # Before anything else: a relaunch of this launch must find it (brakeline._exit).
+        write_marker(self.settings.checkpoint_dir, os.environ, command.id, step, self.settings.rank)
         self.stopping = True
         self._pause.stop()
         if self._terminate_handler is not None:
@@ -397,9 +408,9 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
         self.finish_terminated()
 
     def finish_terminated(self) -> None:
-        """Finish the run and leave the process with EXIT_TERMINATED."""
+        """Finish the run and leave the process with EXIT_TERMINATED (0 under torchrun)."""
         self.finish()
-        self._exit_function(EXIT_TERMINATED)
+        leave_terminated(self._launcher, os.environ, self._exit_function)  # brakeline._exit
 
     def call_hooks(self, name: str, info: PauseInfo) -> None:
         for callback in self._hooks[name]:
@@ -567,4 +578,5 @@ def init(
         {"job": job, "url": url, "token": token, "ws_url": ws_url, **settings}
     )
     export_job_marker(resolved)
+    exit_if_terminated(resolved.checkpoint_dir, os.environ, exit_function or default_exit)
     return Run(resolved, transport=transport, exit_function=exit_function, seeds=seeds)

@@ -34,6 +34,7 @@ ENVIRONMENT_VARIABLES: dict[str, str] = {
     "BRAKELINE_GUARD": "guard",
     "BRAKELINE_RANK_AGREEMENT": "rank_agreement",
     "BRAKELINE_AGREEMENT_EVERY": "agreement_every",
+    "BRAKELINE_CHECKPOINT_SETS": "checkpoint_sets",
 }
 
 
@@ -72,6 +73,9 @@ class Settings:
     # How long finish() and terminate wait for the console before giving up (data stays spilled).
     finish_timeout: float = 10.0
     ack_wait_before_release: float = 5.0
+    # In a process group of 2+ ranks, run.checkpoint is collective (every rank, same step) and
+    # rank 0 writes the set's manifest (docs/sdk.md "Checkpoint sets"); False: per-rank files.
+    checkpoint_sets: bool = True
     # The step guard (docs/sdk.md "The step guard"): skip optimizer updates computed from
     # NaN/Inf, then hold at the boundary for up to guard_hold_seconds for the console's rules.
     guard: bool = True

@@ -17,7 +17,7 @@ from breakers.control.commands import expire_overdue_commands, issue_command, st
 from breakers.executors.local import process_is_running
 from breakers.models import Command, CommandStatus
 from incidents.jobs import record_heartbeat
-from incidents.models import Incident, Job, JobStatus
+from incidents.models import Incident, Job, JobRank, JobStatus
 from tests.support.authz import raise_alert
 
 pytestmark = pytest.mark.django_db
@@ -207,6 +207,7 @@ def test_a_reused_pid_is_not_signalled(agent, hung_process):
     command = overdue_pause(agent, process.pid)
     # The job's process ended and its pid went to another process since it was registered.
     Job.objects.filter(pk=agent.job_id).update(agent_pid_start_time=F("agent_pid_start_time") - 1)
+    JobRank.objects.filter(job_id=agent.job_id).update(pid_start_time=F("pid_start_time") - 1)
     outcome = stop_hung_job(command.pk, grace_seconds=0.2)
     assert not outcome.stopped and "the pid now belongs to another process" in outcome.detail
     assert process_is_running(process.pid)

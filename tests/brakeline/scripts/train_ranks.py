@@ -1,0 +1,135 @@
+"""A DDP run (gloo, CPU) under torchrun for the whole-job tests: checkpoint sets, resume, roll
+back, a hung rank, terminate under a restarting launcher.
+
+Usage: torchrun ... train_ranks.py WORK_DIR [options]. Every rank has its own brakeline run,
+appends ``<step> <float.hex(loss)>`` to WORK_DIR/losses-rank<R>.txt and a line
+``<rank> <restart count> <pid> trains`` to WORK_DIR/starts.txt once it starts training (a
+relaunch the exit protocol stops never writes it). The data is a DistributedSampler shard
+without shuffling, so the wrapped loader's position is the whole data state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+import brakeline
+
+
+def options() -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("work", type=Path)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--checkpoint-at", type=int, action="append", default=[])
+    parser.add_argument("--resume", action="store_true", help="from the latest complete set")
+    parser.add_argument("--roll-back-at", type=int, default=0)
+    parser.add_argument("--roll-back-params", type=Path, default=None)
+    parser.add_argument("--hang-rank", type=int, default=-1)
+    parser.add_argument("--hang-at", type=int, default=0)
+    parser.add_argument("--step-seconds", type=float, default=0.0)
+    parser.add_argument("--losses-suffix", default="")
+    parser.add_argument("--dcp", action="store_true", help="torch.distributed.checkpoint saves")
+    return parser.parse_args()
+
+
+def dcp_saver(run, model, optimizer, loader, resume: bool) -> None:
+    """Each rank's shard is a torch.distributed.checkpoint folder of its own (``no_dist``: the
+    rank's own state, no collective inside the save), in the brakeline set of its step."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    def state():
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        # The data position (nested, with RNG tensors) as one bytes object: DCP stores BytesIO.
+        data = io.BytesIO()
+        torch.save(loader.state_dict(), data)
+        return {"model": model_state, "optimizer": optimizer_state, "data": data}
+
+    run.set_saver(lambda path, step: dcp.save(state(), checkpoint_id=path, no_dist=True), ".dcp")
+    if resume:
+        found = brakeline.latest_set(run.settings.checkpoint_dir, dist.get_rank())
+        loaded = {**state(), "data": io.BytesIO()}
+        dcp.load(loaded, checkpoint_id=found.shard(dist.get_rank())["path"], no_dist=True)
+        loaded["data"].seek(0)
+        set_state_dict(model, optimizer, model_state_dict=loaded["model"],
+                       optim_state_dict=loaded["optimizer"])  # fmt: skip
+        loader.load_state_dict(torch.load(loaded["data"], weights_only=True))
+        run.step = found.step
+
+
+def main() -> None:
+    opts = options()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    run = brakeline.init(
+        job="ranks",
+        spill_dir=str(opts.work / "spill"),
+        checkpoint_dir=str(opts.work / "checkpoints"),
+        heartbeat_interval=0.1,
+        flush_interval=0.05,
+        backoff_base=0.05,
+        backoff_cap=1.0,
+        finish_timeout=20.0,
+        send_snapshots=False,
+    )
+    restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT", "?")
+    with open(opts.work / "starts.txt", "a") as starts:
+        starts.write(f"{rank} {restarts} {os.getpid()} trains\n")
+    torch.manual_seed(1234)
+    model = DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    )
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    inputs = torch.randn(512, 8, generator=torch.Generator().manual_seed(7))
+    dataset = torch.utils.data.TensorDataset(inputs, inputs[:, :4].sum(dim=1, keepdim=True).sin())
+    sampler = torch.utils.data.distributed.DistributedSampler(dataset, shuffle=False)
+    loader = run.wrap_loader(torch.utils.data.DataLoader(dataset, batch_size=8, sampler=sampler))
+    run.watch(model=model, optimizer=optimizer)
+    if opts.dcp:
+        dcp_saver(run, model, optimizer, loader, opts.resume)
+    elif opts.resume:
+        path = brakeline.latest_checkpoint(opts.work / "checkpoints", rank=rank)
+        if path is None:
+            sys.exit(f"rank {rank}: no complete checkpoint set to resume from")
+        run.step = brakeline.restore(path, model=model, optimizer=optimizer, loader=loader).step
+    losses = open(opts.work / f"losses-rank{rank}{opts.losses_suffix}.txt", "a", buffering=1)  # noqa: SIM115
+    while run.step < opts.steps:
+        for batch, target in loader:
+            step = run.step + 1
+            loss = torch.nn.functional.mse_loss(model(batch), target)
+            optimizer.zero_grad()
+            loss.backward()  # the gradients' all_reduce: ranks move in lockstep
+            optimizer.step()
+            run.log({"loss": loss}, step=step)
+            losses.write(f"{step} {loss.item().hex()}\n")
+            if step in opts.checkpoint_at:
+                run.checkpoint(step)  # collective: rank 0 writes the set's manifest
+            while rank == opts.hang_rank and step == opts.hang_at:
+                # Hung before its boundary: no more progress nor heartbeats, while the other
+                # ranks pass this step's boundary and block in the next step's all_reduce.
+                time.sleep(1)
+            if step == opts.roll_back_at and opts.roll_back_params is not None:
+                opts.roll_back_at = 0  # once
+                run.roll_back(json.loads(opts.roll_back_params.read_text()))
+            else:
+                run.step_boundary(step)
+            if opts.step_seconds:
+                time.sleep(opts.step_seconds)
+            if run.step >= opts.steps:
+                break
+    losses.close()
+    run.finish()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
