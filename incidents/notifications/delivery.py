@@ -30,6 +30,7 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Exists, F, OuterRef
+from django.db.models.fields.json import KT
 from django.utils import timezone
 
 from core.text import fit
@@ -49,6 +50,7 @@ from incidents.models import (
     NotificationRound,
     Role,
     RoundStatus,
+    TimelineEntry,
     TimelineKind,
 )
 from incidents.notifications import grouping
@@ -378,7 +380,16 @@ def undispatched_alerts(now: datetime) -> list[int]:
         raised_at__gte=now - SWEEP_ALERTS_WITHIN,
         job__team__notification_policy__isnull=False,
     ).exclude(layer="performance")
-    return list(alerts.filter(~Exists(rounds)).values_list("pk", flat=True)[:SWEEP_LIMIT])
+    # An alert of a storm that pages through its leader has no round of its own, by design: its
+    # "grouped" note says its dispatch ran (else the sweep would dispatch it every 10 s).
+    grouped = TimelineEntry.objects.annotate(noted_severity=KT("data__severity")).filter(
+        alert_id=OuterRef("pk"),
+        kind=TimelineKind.NOTE,
+        data__notification="grouped",
+        noted_severity=OuterRef("severity"),
+    )
+    alerts = alerts.filter(~Exists(rounds), ~Exists(grouped))
+    return list(alerts.values_list("pk", flat=True)[:SWEEP_LIMIT])
 
 
 def sweep_deliveries(*, now: datetime | None = None) -> list[int]:

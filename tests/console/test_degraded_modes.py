@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from dataclasses import replace
 from datetime import timedelta
 from functools import partial
 
@@ -28,7 +29,11 @@ from console.ratelimit import RedisRateCounter
 from incidents.alerts.lifecycle import raise_or_update_alert
 from incidents.jobs import create_job
 from incidents.models import NotificationPolicy, NotificationRound
-from incidents.notifications.delivery import sweep_deliveries, undispatched_alerts
+from incidents.notifications.delivery import (
+    dispatch_alert,
+    sweep_deliveries,
+    undispatched_alerts,
+)
 from tests.conftest import free_port
 from tests.incidents.test_notifications import nan_signal
 
@@ -189,3 +194,18 @@ def test_the_agent_gate_answers_503_when_the_token_lookup_meets_an_outage(monkey
     asyncio.run(agent_gate.AgentRequestGate(never_called)(scope, receive, send))
     assert sent[0]["status"] == 503 and (b"retry-after", b"1") in sent[0]["headers"]
     assert json.loads(sent[1]["body"])["error"] == "unavailable"
+
+
+def test_an_alert_grouped_into_a_storm_is_not_dispatched_again_by_every_sweep():
+    """Two L3s of one incident page once, through the first (the second's dispatch notes that
+    it was grouped): the sweep must not take the second for a lost dispatch. Seen in the demo,
+    where the guard's L3 beside the NaN's was dispatched again every 10 s."""
+    job = create_job("research", "storm", "training").job
+    raised = timezone.now() - timedelta(minutes=10)
+    leader = raise_or_update_alert(job.pk, nan_signal(), now=raised).alert
+    grouped_signal = replace(nan_signal(), rule_key="update-refused-by-guard", metric="guard")
+    follower = raise_or_update_alert(job.pk, grouped_signal, now=raised).alert
+    assert follower.incident_id == leader.incident_id
+    dispatch_alert(leader.pk, now=raised)
+    assert dispatch_alert(follower.pk, now=raised) == []  # grouped: no round of its own
+    assert undispatched_alerts(timezone.now()) == []
