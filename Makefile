@@ -53,8 +53,10 @@ bench: install
 	cd bench && $(TEST_ENV) ../$(BIN)/python evaluation.py
 	cd bench && $(TEST_ENV) ../$(BIN)/python brake.py
 	cd bench && $(TEST_ENV) ../$(BIN)/python page.py
+	cd bench && $(TEST_ENV) ../$(BIN)/python storage.py
 	cd bench && $(TEST_ENV) ../$(BIN)/python sdk_overhead.py
 	cd bench && $(TEST_ENV) ../$(BIN)/python guard.py
+	cd bench && ../$(BIN)/python ranks_agreement.py
 	cd bench && ../$(BIN)/python faults.py
 
 clean:
