@@ -122,7 +122,13 @@ class RuleSetView(PersonView):
         responses={201: RuleSetOut, **error_responses(400, 401, 403, 404)},
     )
     def post(self, request: Request, pk: int) -> Response:
-        team = _team(request, pk)  # another team's id is a 404 whatever the body
+        try:
+            team = _team(request, pk)  # another team's id is a 404 whatever the body
+        except NotFound:
+            # The service audits the refused probe for the owning team (who knocked), then
+            # answers the same 404; the body is never looked at.
+            rulesets.change_rules(request.user, pk, None, None, context=audit_context(request))
+            raise
         data = request.data if isinstance(request.data, dict) else None
         if data is None:
             raise InvalidInput("The body is an object {why, changes}.", fields={"body": "object"})

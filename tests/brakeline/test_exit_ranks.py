@@ -41,8 +41,11 @@ def test_a_hung_rank_is_named_and_the_whole_job_is_stopped(live_console, agent, 
         "1",
         "--hang-at",
         "12",
+        # Rank 0 goes silent too, once it blocks in the next step's all_reduce: a step of
+        # 0.5 s (5 heartbeat intervals) keeps the hung rank the first silent one on a loaded
+        # machine; with 20 ms steps the two fell silent within one interval, in either order.
         "--step-seconds",
-        "0.02",
+        "0.5",
         console=live_console,
         token=agent.token,
     )

@@ -151,10 +151,10 @@ def test_a_new_l3_is_a_browser_notification_for_a_signed_in_oncall(
         page.click("#notify-enable")
         expect(page.locator("#notify-offer")).to_be_hidden()
         expect(page.locator("#live-indicator")).to_have_text("live")
-        page.wait_for_function("window.Brakeline && window.Brakeline.connected")
+        page.wait_for_function("() => window.Brakeline && window.Brakeline.connected")
         in_thread(raise_or_update_alert, agent.job_id, signal("L2", step=9, rule="loss-sustained"))
         in_thread(raise_or_update_alert, agent.job_id, signal("L3", step=10))
-        page.wait_for_function("window.Brakeline.notified.length >= 1")
+        page.wait_for_function("() => window.Brakeline.notified.length >= 1")
         assert page.evaluate("window.Brakeline.notified") == [
             "L3 llm-70b-pretrain: rule non-finite"
         ]  # the L2 before it did not notify
