@@ -97,13 +97,7 @@ def issue_command(
     alert_id: int | None = None,
 ) -> IssuedCommand:
     """Store a command for the job (once per idempotency key) and push it after commit."""
-    if kind not in CommandKind.values:
-        raise InvalidInput(
-            f"Unknown command {kind!r}.",
-            fields={"kind": f"must be one of {', '.join(CommandKind.values)}"},
-        )
-    if not reason.strip():
-        raise InvalidInput("A command needs a reason.", fields={"reason": "must not be empty"})
+    _check_kind_and_reason(kind, reason)
     now = timezone.now()
     # Fit to its column by construction (a long node name is the agent's choice).
     key = fit(idempotency_key or f"{actor_kind}:{kind}:{now.timestamp()}", IDEMPOTENCY_KEY_LENGTH)
@@ -138,13 +132,30 @@ def issue_command(
         except IntegrityError:
             # Another worker issued the same key between our check and our insert.
             return IssuedCommand(Command.objects.get(job_id=job_id, idempotency_key=key), False)
-        _job_effect_on_issue(command)
-        record_issued(command)
-        route_to_scheduler(command)  # Slurm-bound jobs: drains and L4 cancels go there too
-        payload = command_payload(command)
-        publish_after_commit(agent_group(job_id), {"type": "agent.command", "command": payload})
-        publish_after_commit(job_group(job_id), {"type": "command.issued", "command": payload})
+        _after_issue(command)
     return IssuedCommand(command, created=True)
+
+
+def _check_kind_and_reason(kind: str, reason: str) -> None:
+    if kind not in CommandKind.values:
+        raise InvalidInput(
+            f"Unknown command {kind!r}.",
+            fields={"kind": f"must be one of {', '.join(CommandKind.values)}"},
+        )
+    if not reason.strip():
+        raise InvalidInput("A command needs a reason.", fields={"reason": "must not be empty"})
+
+
+def _after_issue(command: Command) -> None:
+    """In the issuing transaction: the job's state, the timeline, the scheduler, and the
+    pushes to the agent and the job page once it commits."""
+    _job_effect_on_issue(command)
+    record_issued(command)
+    route_to_scheduler(command)  # Slurm-bound jobs: drains and L4 cancels go there too
+    payload = command_payload(command)
+    job_id = command.job_id
+    publish_after_commit(agent_group(job_id), {"type": "agent.command", "command": payload})
+    publish_after_commit(job_group(job_id), {"type": "command.issued", "command": payload})
 
 
 def mark_delivered(command_ids: list[int]) -> int:
