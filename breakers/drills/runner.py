@@ -387,8 +387,17 @@ def _paging_facts(job: Job, alert: Alert) -> dict[str, Any]:
     policy = NotificationPolicy.objects.filter(team_id=job.team_id).first()
     if policy is None:
         return {"policy": False}
-    deliveries = Delivery.objects.filter(alert=alert, round__number=0)
-    wait_until(lambda: not deliveries.filter(status="queued").exists(), "the deliveries", 45)
+    # An alert storm pages once per incident and level, through whichever of its alerts was
+    # dispatched first (the NaN's L3 or the guard's): that round is this alert's page too.
+    deliveries = Delivery.objects.filter(round__number=0, round__severity=alert.severity)
+    if alert.incident_id is not None:
+        deliveries = deliveries.filter(alert__incident_id=alert.incident_id)
+    else:
+        deliveries = deliveries.filter(alert=alert)
+    # Until round 0 exists and none of its deliveries is still on its way: a dispatch that has
+    # not run yet has no rows, and "none queued" alone would read that as "nobody paged".
+    sending = deliveries.filter(status="queued")
+    wait_until(lambda: deliveries.exists() and not sending.exists(), "the deliveries", 45)
     wanted = [c for c in channels_for(policy.rules, alert.layer, alert.severity) if c != DIGEST]
     people = _people_for_round(job.team_id, 0, alert.raised_at)
     sent = list(deliveries.select_related("recipient"))
