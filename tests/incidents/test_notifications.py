@@ -20,7 +20,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 
 from incidents.alerts.acknowledge import acknowledge_alert
-from incidents.alerts.lifecycle import AlertSignal, raise_or_update_alert
+from incidents.alerts.lifecycle import AlertSignal, raise_or_update_alert, resolve_alert
 from incidents.jobs import create_job
 from incidents.models import (
     Alert,
@@ -32,7 +32,12 @@ from incidents.models import (
     OnCallShift,
     TimelineEntry,
 )
-from incidents.notifications.delivery import attempt_delivery, dispatch_alert, fire_due_rounds
+from incidents.notifications.delivery import (
+    _still_pages,
+    attempt_delivery,
+    dispatch_alert,
+    fire_due_rounds,
+)
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 FIRST_LINE = "L3 research/llama-7b: loss is NaN at step 4512 — paused"
@@ -314,6 +319,61 @@ def test_raised_alerts_fan_out_through_a_real_worker(team, receiver, celery_work
     assert calls[1] - calls[0] >= 0.2 and calls[2] - calls[1] >= 0.4  # backoff 0.2 s, 0.4 s
     assert receiver.to("/hooks/chat")[0].at < calls[1]  # the chat never waited for the phone
     NotificationRound.objects.filter(alert=alert).update(status="cancelled")  # no lingering ETA
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_braking_alert_resolved_before_its_page_still_pages_saying_so(
+    team, receiver, celery_worker
+):
+    """A stalled loop that answers the watchdog's brake at once: its next heartbeat resolves
+    the alert before the dispatch task runs. The page still goes out (through a real worker,
+    to the real receiver), says the alert has since resolved, and nothing escalates."""
+    from incidents.notifications.delivery import notify_alert
+
+    _, job, _, _ = team
+    with transaction.atomic():
+        alert = raise_or_update_alert(job.pk, nan_signal(), now=T0).alert
+        notify_alert(alert.pk)  # dispatched after commit, by then resolved
+        resolve_alert(alert.pk, reason="heartbeats are back")
+    deadline = time.monotonic() + 30
+    statuses: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        statuses = dict(Delivery.objects.filter(alert=alert).values_list("channel", "status"))
+        if statuses == {"chat": "delivered", "phone": "sent"}:
+            break
+        time.sleep(0.05)
+    assert statuses == {"chat": "delivered", "phone": "sent"}
+    for delivery in Delivery.objects.filter(alert=alert):
+        assert delivery.first_line.endswith("(resolved since)"), delivery.first_line
+        assert "before this page went out; paged because it braked the job" in delivery.body
+    assert b"resolved since" in receiver.to("/hooks/chat")[0].body
+    rounds = NotificationRound.objects.filter(alert=alert)
+    assert list(rounds.values_list("number", "status")) == [(0, "fired")]  # no escalation
+
+
+@pytest.mark.parametrize(
+    ("status", "severity", "action", "acknowledged", "number", "pages"),
+    [
+        ("firing", "L1", "none", False, 0, True),
+        ("firing", "L3", "checkpoint_and_pause", False, 2, True),
+        ("resolved", "L3", "checkpoint_and_pause", False, 0, True),  # braked, then resolved
+        ("resolved", "L2", "lower_lr", False, 0, True),  # a brake below L3
+        ("resolved", "L4", "none", False, 0, True),  # L3+ pages whatever its action
+        ("resolved", "L1", "none", False, 0, False),  # a blip that went away
+        ("resolved", "L2", "record", False, 0, False),
+        ("resolved", "L3", "checkpoint_and_pause", False, 1, False),  # never escalated
+        ("resolved", "L3", "checkpoint_and_pause", True, 0, False),  # a person saw it
+        ("acknowledged", "L3", "checkpoint_and_pause", True, 0, False),
+    ],
+)
+def test_which_alerts_still_page(status, severity, action, acknowledged, number, pages):
+    alert = Alert(
+        status=status,
+        severity=severity,
+        action=action,
+        acknowledged_at=T0 if acknowledged else None,
+    )
+    assert _still_pages(alert, number) is pages
 
 
 @pytest.mark.django_db
