@@ -209,7 +209,14 @@ def fire_round(round_id: int, *, now: datetime | None = None) -> list[int] | Non
     with transaction.atomic():
         # The alert's row lock orders this round against an acknowledgement (its UPDATE
         # waits) and against a second copy of this task (which then finds the round fired).
-        alert = Alert.objects.select_for_update().select_related("job__team").get(pk=alert_id)
+        # Only the alert's row (of=self): a plain FOR UPDATE over the join also locks the job
+        # and team rows, which ingest and acknowledgements lock job first, then alert — a
+        # deadlock the fire drills hit with nine sandboxes braking at once.
+        alert = (
+            Alert.objects.select_for_update(of=("self",))
+            .select_related("job__team")
+            .get(pk=alert_id)
+        )
         round_ = NotificationRound.objects.get(pk=round_id)
         if round_.status != RoundStatus.SCHEDULED:
             return []

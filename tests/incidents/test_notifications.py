@@ -351,6 +351,45 @@ def test_a_braking_alert_resolved_before_its_page_still_pages_saying_so(
     assert list(rounds.values_list("number", "status")) == [(0, "fired")]  # no escalation
 
 
+@pytest.mark.django_db(transaction=True)
+def test_firing_a_round_locks_the_alert_only_not_its_job(team, receiver):
+    """Ingest and acknowledgements lock the job's row, then the alert's: a round that locked
+    the job's row with the alert's (FOR UPDATE over the join) deadlocked with them when nine
+    drill sandboxes braked at once. The round must not wait on a job locked elsewhere."""
+    import threading
+
+    from incidents.models import Job
+    from incidents.notifications.delivery import fire_round
+
+    _, job, _, _ = team
+    alert = raise_or_update_alert(job.pk, nan_signal(), now=T0).alert
+    round_ = NotificationRound.objects.create(alert=alert, severity="L3", number=0, due_at=T0)
+    locked, done = threading.Event(), threading.Event()
+
+    def hold_the_job() -> None:
+        try:
+            with transaction.atomic():
+                Job.objects.select_for_update().get(pk=job.pk)
+                locked.set()
+                done.wait(20)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_the_job)
+    holder.start()
+    try:
+        assert locked.wait(20)
+        with transaction.atomic():
+            with connection.cursor() as cursor:  # waiting on the job's lock fails, not hangs
+                cursor.execute("SET LOCAL lock_timeout = '3s'")
+            ids = fire_round(round_.pk)
+        assert ids and Delivery.objects.filter(alert=alert).count() == len(ids)
+    finally:
+        done.set()
+        holder.join()
+    NotificationRound.objects.filter(alert=alert).update(status="cancelled")  # no lingering ETA
+
+
 @pytest.mark.parametrize(
     ("status", "severity", "action", "acknowledged", "number", "pages"),
     [
