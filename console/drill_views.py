@@ -60,10 +60,7 @@ def team_drills_page(request: HttpRequest, pk: int) -> HttpResponse:
     context: dict[str, Any] = {
         "team": team,
         "may_run": may_run,
-        "scenarios": [
-            {"scenario": s, **latest[s.name]}
-            for s in SCENARIOS.values()
-        ],
+        "scenarios": [{"scenario": s, **latest[s.name]} for s in SCENARIOS.values()],
         "trend": trend,
         "trend_points": trend_points([run.brake_seconds or 0.0 for run in trend]),
         "trend_max": max((run.brake_seconds or 0.0 for run in trend), default=0.0),

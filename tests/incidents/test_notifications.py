@@ -305,13 +305,7 @@ def test_raised_alerts_fan_out_through_a_real_worker(team, receiver, celery_work
     with transaction.atomic():
         alert = raise_or_update_alert(job.pk, nan_signal(), now=T0).alert
         notify_alert(alert.pk)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        statuses = dict(Delivery.objects.filter(alert=alert).values_list("channel", "status"))
-        if statuses == {"chat": "delivered", "phone": "sent"}:
-            break
-        time.sleep(0.05)
-    assert statuses == {"chat": "delivered", "phone": "sent"}
+    _wait_for_page(alert, timeout=20)
     chat = Delivery.objects.get(alert=alert, channel="chat")
     phone = Delivery.objects.get(alert=alert, channel="phone")
     assert phone.attempts == 3 and chat.attempts == 1
@@ -335,14 +329,7 @@ def test_a_braking_alert_resolved_before_its_page_still_pages_saying_so(
         alert = raise_or_update_alert(job.pk, nan_signal(), now=T0).alert
         notify_alert(alert.pk)  # dispatched after commit, by then resolved
         resolve_alert(alert.pk, reason="heartbeats are back")
-    deadline = time.monotonic() + 30
-    statuses: dict[str, str] = {}
-    while time.monotonic() < deadline:
-        statuses = dict(Delivery.objects.filter(alert=alert).values_list("channel", "status"))
-        if statuses == {"chat": "delivered", "phone": "sent"}:
-            break
-        time.sleep(0.05)
-    assert statuses == {"chat": "delivered", "phone": "sent"}
+    _wait_for_page(alert, timeout=30)
     for delivery in Delivery.objects.filter(alert=alert):
         assert delivery.first_line.endswith("(resolved since)"), delivery.first_line
         assert "before this page went out; paged because it braked the job" in delivery.body
@@ -526,3 +513,15 @@ def test_a_failed_slurm_call_pages_on_call_and_managers_by_phone_and_chat(team, 
     send_all(list(deliveries.values_list("pk", flat=True)))
     call = receiver.to("/Calls.json")[0].form
     assert "Slurm could not cancel the job" in call["Twiml"]
+
+
+def _wait_for_page(alert, timeout: float) -> None:
+    """Until the chat delivery is delivered and the phone call sent (the real worker's)."""
+    deadline = time.monotonic() + timeout
+    statuses: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        statuses = dict(Delivery.objects.filter(alert=alert).values_list("channel", "status"))
+        if statuses == {"chat": "delivered", "phone": "sent"}:
+            break
+        time.sleep(0.05)
+    assert statuses == {"chat": "delivered", "phone": "sent"}
