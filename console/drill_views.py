@@ -11,7 +11,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
 from breakers.drills import runs
-from breakers.drills.scenarios import CI_SCENARIOS, SCENARIOS
+from breakers.drills.scenarios import SCENARIOS
 from breakers.models import DrillRun
 from console.api.reviews import audit_context
 from console.pages.forms import attempt
@@ -60,10 +60,7 @@ def team_drills_page(request: HttpRequest, pk: int) -> HttpResponse:
     context: dict[str, Any] = {
         "team": team,
         "may_run": may_run,
-        "scenarios": [
-            {"scenario": s, "in_ci": s.name in CI_SCENARIOS, **latest[s.name]}
-            for s in SCENARIOS.values()
-        ],
+        "scenarios": [{"scenario": s, **latest[s.name]} for s in SCENARIOS.values()],
         "trend": trend,
         "trend_points": trend_points([run.brake_seconds or 0.0 for run in trend]),
         "trend_max": max((run.brake_seconds or 0.0 for run in trend), default=0.0),

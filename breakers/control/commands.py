@@ -258,6 +258,10 @@ def _record_outcome(command: Command, per_rank: bool) -> None:
             record_from_acknowledgement(job_id, command.pk, command.result)
         if per_rank:
             clear_split(job_id, command.result.get("step"))
+    elif _paused_without_checkpoint(command):
+        # The save failed (disk full...) but the SDK holds anyway, without releasing: the job
+        # is paused, with no new checkpoint. Left "pausing" it would look stuck for ever.
+        move_job(job_id, "paused")
     record_acknowledged(command)
     clear_unapplied(job_id, command.result.get("step"))
     publish_after_commit(
@@ -269,6 +273,14 @@ def _record_outcome(command: Command, per_rank: bool) -> None:
             "result": command.result,
             "error": command.error,
         },
+    )
+
+
+def _paused_without_checkpoint(command: Command) -> bool:
+    return (
+        command.kind == CommandKind.CHECKPOINT_AND_PAUSE
+        and command.status == CommandStatus.FAILED
+        and command.result.get("paused") is True
     )
 
 

@@ -32,7 +32,7 @@ from breakers.control.commands import issue_command
 from breakers.drills import runs
 from breakers.drills.launch import Sandbox, launch_sandbox
 from breakers.drills.scenarios import SCENARIOS, Scenario
-from breakers.drills.scorecard import Facts, score
+from breakers.drills.scorecard import DETECT_MARGIN_SECONDS, Facts, score
 from breakers.models import (
     Checkpoint,
     Command,
@@ -41,6 +41,7 @@ from breakers.models import (
     DrillRun,
     DrillStatus,
     MetricPoint,
+    RuleSetVersion,
 )
 from core.errors import ServiceError
 from incidents.jobs import create_job, heartbeat_timeout_seconds
@@ -62,8 +63,7 @@ WORKLOAD = Path(__file__).resolve().parent / "workload.py"
 FAULT_METRIC = "drill.fault"  # the SDK's (brakeline._drill.FAULT_METRIC)
 WARM_UP_STEPS = 12  # past the first periodic checkpoint (the workload's, every 10 steps)
 FAULT_MARGIN_STEPS = 8  # the command must reach the job before the fault's step
-MAX_PARALLEL = 4  # scenarios of one set carried out at once
-ANSWER_AFTER_SECONDS = 8.0  # heartbeat_loss: a stall long enough to be paged (drills.md)
+MAX_PARALLEL = len(SCENARIOS)  # the whole set at once: it lasts as long as its slowest
 
 
 class DrillError(Exception):
@@ -167,11 +167,6 @@ def _observe(
     step = Job.objects.get(pk=job.pk).current_step or 0
     _stage(run, "stepping")
     params = {"fault": scenario.fault, "at_step": step + FAULT_MARGIN_STEPS, **scenario.params}
-    if scenario.fault == "heartbeat_loss":
-        # The stalled loop answers its brake only after the page had time to go out: one
-        # that answers at once ends the silence, and the heartbeat that follows resolves the
-        # alert before anyone is paged (docs/drills.md "Findings").
-        params.setdefault("answer_after", ANSWER_AFTER_SECONDS)
     injected = issue_command(
         job.pk,
         CommandKind.INJECT_FAULT,
@@ -194,6 +189,7 @@ def _observe(
     facts.heartbeat_timeout_s = heartbeat_timeout_seconds(Job.objects.get(pk=job.pk))
     facts.stop_after_s = _stop_after_seconds()
     facts.alert = _alert_facts(alert, point) if alert else None
+    facts.rule = _rule_in_force(run, alert.rule_key) if alert else None
     facts.brake = _brake_facts(brake, alert, point) if brake else None
     facts.release = _release_facts(job, sandbox, alert)
     _stage(run, "braked, released")
@@ -224,10 +220,19 @@ def _fault_point(job: Job, injected: Command) -> MetricPoint | bool | None:
 
 
 def _wait_for_alert(job: Job, scenario: Scenario, point: MetricPoint) -> Alert | None:
-    budget = heartbeat_timeout_seconds(Job.objects.get(pk=job.pk)) + scenario.detect_seconds + 30
+    # Waits past any rule's budget, so a late alert is scored late rather than missed.
+    budget = heartbeat_timeout_seconds(Job.objects.get(pk=job.pk)) + DETECT_MARGIN_SECONDS + 40
     alerts = Alert.objects.filter(job=job).order_by("raised_at", "pk")
     expected = wait_until(lambda: alerts.filter(rule_key__in=scenario.rules).first(), "", budget)
     return expected or alerts.first()  # what fired instead, if anything did
+
+
+def _rule_in_force(run: DrillRun, rule_key: str) -> dict[str, Any] | None:
+    """The answering rule as the drill's rule-set version holds it (its own delay sets the
+    detection budget); None for the watchdog's rule, which is no rule row."""
+    version = RuleSetVersion.objects.filter(team_id=run.team_id, number=run.ruleset_version)
+    snapshot = version.values_list("snapshot", flat=True).first() or {}
+    return (snapshot.get("rules") or {}).get(rule_key)
 
 
 def _brake_command(job: Job, alert: Alert | None) -> Command | None:
@@ -334,19 +339,23 @@ def _release_facts(job: Job, sandbox: Sandbox, alert: Alert | None) -> dict[str,
 
 
 def _checkpoint_facts(job: Job, brake: Command | None) -> dict[str, Any] | None:
-    """The brake's own checkpoint, else what a roll back would offer first (the catalogue's
-    preselected clean entry), else the newest one."""
-    row = None
-    if brake is not None and brake.kind == CommandKind.CHECKPOINT_AND_PAUSE:
+    """What a roll back would offer first (the catalogue's preselected clean entry: the
+    brake's own checkpoint when it is clean), else the brake's own, else the newest one.
+    After an lr_spike the brake's save holds the diverged updates: the catalogue then offers
+    the periodic one before the anomaly, and that is the one to restart from."""
+    entries = catalogue(job.pk)
+    chosen = next((e for e in entries if e["preselected"]), None)
+    row = Checkpoint.objects.get(pk=chosen["id"]) if chosen else None
+    if row is None and brake is not None and brake.kind == CommandKind.CHECKPOINT_AND_PAUSE:
         row = Checkpoint.objects.filter(job=job, command_id=brake.pk).first()
-    if row is None:
-        entries = catalogue(job.pk)
-        chosen = next((e for e in entries if e["preselected"]), entries[0] if entries else None)
-        row = Checkpoint.objects.get(pk=chosen["id"]) if chosen else None
+    if row is None and entries:
+        row = Checkpoint.objects.get(pk=entries[0]["id"])
     if row is None:
         return None
     fields = ("path", "sha256", "step", "weights_step", "reason")
-    return {name: getattr(row, name) for name in fields}
+    facts = {name: getattr(row, name) for name in fields}
+    brake_saved = brake is not None and Checkpoint.objects.filter(command_id=brake.pk).exists()
+    return {**facts, "brake_saved": brake_saved}
 
 
 def start_verifier() -> subprocess.Popen:

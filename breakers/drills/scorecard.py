@@ -8,6 +8,7 @@ expectation it was held against. A drill passes only when every line passes.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePath as Path
 from typing import Any
@@ -33,6 +34,7 @@ class Facts:
     fault_step: int | None = None
     alert: dict[str, Any] | None = None  # rule_key, severity, detect_s, first_step, step
     heartbeat_timeout_s: float | None = None  # the job's watchdog deadline, for that rule
+    rule: dict[str, Any] | None = None  # the answering rule as in the drill's rule-set version
     # A hung job is stopped from outside only after its brake's acknowledgement deadline and
     # the executor's grace: part of the expectation of a "stopped" release.
     stop_after_s: float = 0.0
@@ -48,12 +50,60 @@ def _s(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f} s"
 
 
-def detect_budget(scenario: Scenario, facts: Facts) -> float:
-    """The rule's expectation: the watchdog's deadline plus the scenario's margin for the
-    heartbeat rule; the scenario's budget for rules fed by the metric stream."""
-    if facts.alert and facts.alert.get("rule_key") == HEARTBEAT_RULE:
-        return (facts.heartbeat_timeout_s or 0.0) + scenario.detect_seconds
-    return scenario.detect_seconds
+# The margin on top of a rule's own delay: on a loaded two-core CI machine an evaluation may
+# wait seconds for the worker, and a step or two may pass before the point reaches it.
+DETECT_MARGIN_SECONDS = 10.0
+DETECT_MARGIN_STEPS = 3
+
+
+@dataclass(frozen=True)
+class Budget:
+    seconds: float
+    steps: int
+    why: str  # "rule R's 2.0 s, 4 steps + 10 s, 3 steps margin"
+
+    def expectation(self) -> str:
+        return f"≤ {self.seconds:.1f} s and ≤ {self.steps} steps after the fault: {self.why}"
+
+
+def rule_delay(
+    rule_key: str, rule: Mapping[str, Any] | None, heartbeat_timeout_s: float | None
+) -> tuple[float, int]:
+    """How long the rule itself waits before it fires, in seconds and steps: the watchdog's
+    deadline for ``heartbeat-timeout``; else what its parameters ask the condition to last
+    (``sustain_seconds``/``sustain_points``, a ``rising`` detector's windows, a
+    ``window_seconds``). A rule that fires on its first point waits nothing."""
+    if rule_key == HEARTBEAT_RULE:
+        return float(heartbeat_timeout_s or 0.0), 0
+    params = (rule or {}).get("params") or {}
+    seconds = float(params.get("sustain_seconds") or 0.0) + float(
+        params.get("window_seconds") or 0.0
+    )
+    steps = max(0, int(params.get("sustain_points") or 1) - 1)
+    if (rule or {}).get("detector") == "rising":
+        steps += int(params.get("window") or 0) * int(params.get("windows") or 0)
+    return seconds, steps
+
+
+def detect_budget(
+    rule_key: str | None, rule: Mapping[str, Any] | None, heartbeat_timeout_s: float | None
+) -> Budget:
+    """The expectation of "time to detect": the answering rule's own delay, read from the
+    team's rules in force (the drill's rule-set version), plus the loaded-machine margin."""
+    if rule_key is None:
+        return Budget(DETECT_MARGIN_SECONDS, DETECT_MARGIN_STEPS, "no rule answered")
+    seconds, steps = rule_delay(rule_key, rule, heartbeat_timeout_s)
+    own = "the watchdog's deadline" if rule_key == HEARTBEAT_RULE else f"rule {rule_key}'s"
+    why = (
+        f"{own} {seconds:.1f} s, {steps} steps + {DETECT_MARGIN_SECONDS:g} s, "
+        f"{DETECT_MARGIN_STEPS} steps margin"
+    )
+    return Budget(seconds + DETECT_MARGIN_SECONDS, steps + DETECT_MARGIN_STEPS, why)
+
+
+def _detect_budget(facts: Facts) -> Budget:
+    key = (facts.alert or {}).get("rule_key")
+    return detect_budget(key, facts.rule, facts.heartbeat_timeout_s)
 
 
 def fired_line(scenario: Scenario, facts: Facts) -> Line:
@@ -66,21 +116,24 @@ def fired_line(scenario: Scenario, facts: Facts) -> Line:
 
 
 def detect_line(scenario: Scenario, facts: Facts) -> Line:
-    budget = detect_budget(scenario, facts)
-    expected = f"≤ {budget:.1f} s and ≤ {scenario.detect_steps} steps after the fault"
+    budget = _detect_budget(facts)
+    expected = budget.expectation()
     alert = facts.alert
     if alert is None or facts.fault_step is None:
         return Line("time to detect", False, "not detected", expected)
     steps = max(0, alert["first_step"] - facts.fault_step)
-    ok = alert["detect_s"] <= budget and steps <= scenario.detect_steps
+    ok = alert["detect_s"] <= budget.seconds and steps <= budget.steps
     return Line("time to detect", ok, f"{_s(alert['detect_s'])}, {steps} steps", expected)
 
 
 def brake_line(scenario: Scenario, facts: Facts) -> Line:
-    budget = detect_budget(scenario, facts) + scenario.brake_seconds
+    detect = _detect_budget(facts)
+    budget = detect.seconds + scenario.brake_seconds
+    why = f"the detection's {detect.seconds:.1f} s + {scenario.brake_seconds:g} s to brake"
     if scenario.release == "stopped":
         budget += facts.stop_after_s
-    expected = f"braked ≤ {budget:.1f} s after the fault"
+        why += f" + {facts.stop_after_s:g} s acknowledgement deadline and grace"
+    expected = f"braked ≤ {budget:.1f} s after the fault: {why}"
     brake = facts.brake
     if brake is None or brake.get("brake_s") is None:
         why = "no brake command" if brake is None else f"{brake['kind']} {brake['status']}"
@@ -101,13 +154,7 @@ def checkpoint_lines(scenario: Scenario, facts: Facts) -> list[Line]:
             Line("checkpoint before the anomaly", False, missing, "no update from the fault on"),
         ]
     through = row["weights_step"] if row.get("weights_step") is not None else row["step"]
-    saved = Line(
-        "checkpoint saved",
-        True,
-        f"step {row['step']} ({row['reason']}), in the catalogue",
-        "a checkpoint to restart from, in the catalogue",
-        f"{row['path']} sha256 {row['sha256']}",
-    )
+    saved = _saved_line(scenario, facts, row)
     loads = facts.loads or {}
     error = str(loads.get("error", "no answer"))
     loaded = Line(
@@ -127,9 +174,32 @@ def checkpoint_lines(scenario: Scenario, facts: Facts) -> list[Line]:
     return [saved, loaded, before]
 
 
+def _saved_line(scenario: Scenario, facts: Facts, row: dict[str, Any]) -> Line:
+    measured = f"step {row['step']} ({row['reason']}), in the catalogue"
+    expected = "a checkpoint to restart from, in the catalogue"
+    detail = f"{row['path']} sha256 {row['sha256']}"
+    if scenario.brake_saves:
+        return Line("checkpoint saved", True, measured, expected, detail)
+    # The brake's save was meant to fail: it must say so, and have saved nothing.
+    brake = facts.brake or {}
+    failed = brake.get("status") == "failed" and not row.get("brake_saved")
+    said = brake.get("error") or "no error reported"
+    measured = f"the brake saved none ({said[:80]}); {measured}"
+    expected = "the brake's save failed and saved nothing; " + expected
+    return Line("checkpoint saved", failed, measured, expected, detail)
+
+
 def release_line(scenario: Scenario, facts: Facts) -> Line:
     r = facts.release
-    if scenario.release == "holds":
+    if scenario.release == "holds" and not scenario.brake_saves:
+        # No confirmed checkpoint: freeing the accelerators would lose the state.
+        ok = r.get("job_status") == "paused" and r.get("alive") and not r.get("release_hook")
+        expected = "paused, process alive and holding, release hook NOT run (nothing saved)"
+        measured = (
+            f"job {r.get('job_status')}, process {'alive' if r.get('alive') else 'gone'}, "
+            f"release hook {'ran' if r.get('release_hook') else 'did not run'}"
+        )
+    elif scenario.release == "holds":
         ok = r.get("job_status") == "paused" and r.get("alive") and r.get("release_hook")
         expected = "paused, process alive and holding, release hook ran"
         measured = (
@@ -172,7 +242,7 @@ def paging_line(facts: Facts) -> Line:
 def timeline_line(scenario: Scenario, facts: Facts) -> Line:
     needed = ["first_anomalous_point", "alert_raised", "command_issued", "notification"]
     if scenario.release == "holds":
-        needed += ["command_acknowledged", "checkpoint_saved"]
+        needed += ["command_acknowledged"] + (["checkpoint_saved"] if scenario.brake_saves else [])
     elif scenario.release == "exits":
         needed += ["command_acknowledged", "terminated"]
     else:

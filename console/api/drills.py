@@ -22,7 +22,7 @@ class DrillIn(serializers.Serializer):
         child=serializers.CharField(max_length=64),
         min_length=1,
         max_length=len(SCENARIOS) + 2,
-        help_text=f"Scenario names, or ['all'] / ['every']: {', '.join(SCENARIOS)}.",
+        help_text=f"Scenario names, or ['all'] (the full drill set): {', '.join(SCENARIOS)}.",
     )
     executor = serializers.ChoiceField(choices=list(runs.EXECUTORS), default="local")
 

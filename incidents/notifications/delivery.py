@@ -29,7 +29,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, F, OuterRef
+from django.db.models import Exists, F, OuterRef, Q
 from django.db.models.fields.json import KT
 from django.utils import timezone
 
@@ -135,13 +135,47 @@ def alert_message(alert: Alert) -> Message:
 
 # --- Rounds ----------------------------------------------------------------------------------
 
+# An alert that braked its job (or reached L3+) and resolved before its first page went out
+# still pages, saying it has since resolved: a stalled loop that answers its brake at once
+# sends a heartbeat that resolves the watchdog's alert within a second, and the job would
+# otherwise sit paused with nobody told. Only round 0: nothing escalates a resolved alert, and
+# one a person acknowledged (then resolved) was seen already.
+PAGES_WHEN_RESOLVED_SEVERITIES = ("L3", "L4")
+NO_BRAKE_ACTIONS = ("", "none", "record")
+
+
+def pages_when_resolved(severity: str, action: str) -> bool:
+    return severity in PAGES_WHEN_RESOLVED_SEVERITIES or action not in NO_BRAKE_ACTIONS
+
+
+def _still_pages(alert: Alert, round_number: int = 0) -> bool:
+    """Whether a page of this round of the alert may (still) go out."""
+    if alert.status == AlertStatus.FIRING:
+        return True
+    return (
+        round_number == 0
+        and alert.status == AlertStatus.RESOLVED
+        and alert.acknowledged_at is None
+        and pages_when_resolved(alert.severity, alert.action)
+    )
+
+
+# The same, as a filter on deliveries (the claim is one UPDATE).
+_DELIVERY_STILL_PAGES = Q(alert__status=AlertStatus.FIRING) | (
+    Q(round__number=0, alert__status=AlertStatus.RESOLVED, alert__acknowledged_at__isnull=True)
+    & (
+        Q(alert__severity__in=PAGES_WHEN_RESOLVED_SEVERITIES)
+        | ~Q(alert__action__in=NO_BRAKE_ACTIONS)
+    )
+)
+
 
 def dispatch_alert(alert_id: int, *, now: datetime | None = None) -> list[int]:
     """Round 0 of the alert at its current level (once: a second call finds the round)."""
     now = now or timezone.now()
     alert = Alert.objects.select_related("job__team").get(pk=alert_id)
-    if alert.status != AlertStatus.FIRING or alert.layer == "performance":
-        return []  # acknowledged already, or a digest finding
+    if not _still_pages(alert) or alert.layer == "performance":
+        return []  # acknowledged already, resolved without braking, or a digest finding
     if not notifications_configured(alert.job.team_id):
         # A team that never set up notifications has no addresses to page: say so in the log
         # rather than fill its timeline with failed deliveries.
@@ -175,13 +209,20 @@ def fire_round(round_id: int, *, now: datetime | None = None) -> list[int] | Non
     with transaction.atomic():
         # The alert's row lock orders this round against an acknowledgement (its UPDATE
         # waits) and against a second copy of this task (which then finds the round fired).
-        alert = Alert.objects.select_for_update().select_related("job__team").get(pk=alert_id)
+        # Only the alert's row (of=self): a plain FOR UPDATE over the join also locks the job
+        # and team rows, which ingest and acknowledgements lock job first, then alert — a
+        # deadlock the fire drills hit with nine sandboxes braking at once.
+        alert = (
+            Alert.objects.select_for_update(of=("self",))
+            .select_related("job__team")
+            .get(pk=alert_id)
+        )
         round_ = NotificationRound.objects.get(pk=round_id)
         if round_.status != RoundStatus.SCHEDULED:
             return []
         if round_.due_at > now:
             return None
-        if alert.status != AlertStatus.FIRING or alert.severity != round_.severity:
+        if not _still_pages(alert, round_.number) or alert.severity != round_.severity:
             _cancel_round(round_.pk)
             return []
         if silences.hold_back(alert, round_, now):
@@ -198,7 +239,8 @@ def fire_round(round_id: int, *, now: datetime | None = None) -> list[int] | Non
         policy = policy_for(alert.job.team_id)
         people = _people_for_round(alert.job.team_id, round_.number, now)
         ids = _plan_deliveries(alert, round_, policy, people, now)
-        _schedule_next_round(alert, round_, policy, now)
+        if alert.status == AlertStatus.FIRING:  # a resolved alert pages once, never escalates
+            _schedule_next_round(alert, round_, policy, now)
         transaction.on_commit(lambda: fan_out(ids))
     return ids
 
@@ -292,6 +334,24 @@ def _purpose(alert: Alert, round_: NotificationRound) -> str:
     return "alert" if round_.number == 0 else "escalation"
 
 
+RESOLVED_MARK = " (resolved since)"
+
+
+def _since_resolved(alert: Alert, message: Message) -> Message:
+    """A page of an alert that resolved before it went out says so (see _still_pages)."""
+    if alert.status != AlertStatus.RESOLVED:
+        return message
+    when = alert.resolved_at.strftime("%H:%M:%S UTC") if alert.resolved_at else "since"
+    first = fit(message.first_line, FIRST_LINE_LENGTH - len(RESOLVED_MARK)) + RESOLVED_MARK
+    why = (
+        f"it braked the job ({alert.action})"
+        if alert.action not in NO_BRAKE_ACTIONS
+        else (f"it reached {alert.severity}")
+    )
+    body = f"Resolved at {when}, before this page went out; paged because {why}.\n"
+    return Message(first, body + message.body)
+
+
 def _plan_deliveries(
     alert: Alert,
     round_: NotificationRound,
@@ -301,7 +361,7 @@ def _plan_deliveries(
 ) -> list[int]:
     """One queued delivery per channel and person (one chat message per round names them all);
     a missing address is a failed delivery at once, so the gap shows on the timeline."""
-    message = alert_message(alert)
+    message = _since_resolved(alert, alert_message(alert))
     names = ", ".join(p.get_username() for p in people) or "nobody (no on-call, no managers)"
     body = f"{message.body}\nPaging: {names} (round {round_.number})"
     ids = []
@@ -435,7 +495,7 @@ def _claim(delivery: Delivery) -> bool:
         pk=delivery.pk, status=DeliveryStatus.QUEUED, attempts=delivery.attempts
     )
     if delivery.alert_id is not None:
-        rows = rows.filter(alert__status=AlertStatus.FIRING)
+        rows = rows.filter(_DELIVERY_STILL_PAGES)
     return rows.update(attempts=F("attempts") + 1, lease_until=lease(timezone.now())) == 1
 
 

@@ -10,7 +10,7 @@ import pytest
 from breakers.control.braking import brake_for_alert
 from breakers.control.commands import acknowledge_command
 from breakers.control.job_state import ACCEPTED_IN, refusal
-from breakers.models import Command, CommandKind
+from breakers.models import Checkpoint, Command, CommandKind
 from incidents.alerts.lifecycle import AlertSignal, raise_or_update_alert
 from incidents.models import (
     FINAL_JOB_STATUSES,
@@ -131,3 +131,19 @@ def test_an_escalation_approved_after_the_job_was_paused_is_409_and_sends_nothin
     assert list(Command.objects.filter(kind=CommandKind.CHECKPOINT_AND_PAUSE)) == [pause]
     assert EscalationRequest.objects.get().status == "pending"  # nothing half-written
     assert Job.objects.get(pk=scene.job_id).status == S.PAUSED
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("result", "status"), [({"step": 7, "paused": True}, S.PAUSED),
+                                                ({"step": 7}, S.PAUSING)])  # fmt: skip
+def test_a_failed_save_that_still_holds_leaves_the_job_paused(scene, result, status):
+    """The SDK holds without a checkpoint when its save fails (disk full): the failed ack
+    says ``paused``, and the job is paused, not left "pausing" for ever (a fire drill found)."""
+    manager = scene.api("manager")
+    response = manager.post(f"/api/v1/jobs/{scene.job_id}/pause", {"reason": "odd loss"})
+    assert response.status_code == 202, response.content
+    pause = Command.objects.get(pk=response.json()["command"]["id"])
+    error = "checkpoint failed (OSError: [Errno 28] No space left on device)"
+    acknowledge_command(scene.job_id, pause.pk, status="failed", result=result, error=error)
+    assert Job.objects.get(pk=scene.job_id).status == status
+    assert not Checkpoint.objects.filter(command_id=pause.pk).exists()

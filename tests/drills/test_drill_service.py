@@ -8,7 +8,7 @@ import pytest
 
 from breakers.control.commands import issue_command
 from breakers.drills import runs
-from breakers.drills.scenarios import CI_SCENARIOS, SCENARIOS, covering, resolve
+from breakers.drills.scenarios import DRILL_SET, SCENARIOS, covering, resolve
 from breakers.drills.scorecard import Line
 from breakers.models import Command, DrillCheck, DrillRun, DrillStatus
 from core.append_only import AppendOnlyError
@@ -53,7 +53,7 @@ def test_an_admin_queues_one_drill_set_and_it_is_launched_after_commit(
         response = api.post(f"/api/v1/teams/{scene.team.pk}/drills", {"scenarios": ["all"]})
     assert response.status_code == 202, response.content
     body = response.json()
-    assert [d["scenario"] for d in body] == list(CI_SCENARIOS)
+    assert [d["scenario"] for d in body] == list(DRILL_SET)
     assert {d["status"] for d in body} == {"queued"} and len({d["drill_set"] for d in body}) == 1
     assert [str(s) for s in launched] == [body[0]["drill_set"]]
     one = api.get(f"/api/v1/drills/{body[0]['id']}")
@@ -127,7 +127,7 @@ def test_the_scenario_registry_answers_which_scenarios_cover_a_rule():
     assert "nan_loss" in covering("non-finite-loss-or-gradients")
     assert covering("heartbeat-timeout") == ["heartbeat_loss", "hang"]
     assert covering("throughput-drop") == []
-    assert [s.name for s in resolve(["all"])] == list(CI_SCENARIOS)
+    assert [s.name for s in resolve(["all"])] == list(DRILL_SET)
     with pytest.raises(ValueError, match="meteor"):
         resolve(["meteor"])
 

@@ -20,7 +20,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 
 from incidents.alerts.acknowledge import acknowledge_alert
-from incidents.alerts.lifecycle import AlertSignal, raise_or_update_alert
+from incidents.alerts.lifecycle import AlertSignal, raise_or_update_alert, resolve_alert
 from incidents.jobs import create_job
 from incidents.models import (
     Alert,
@@ -32,7 +32,12 @@ from incidents.models import (
     OnCallShift,
     TimelineEntry,
 )
-from incidents.notifications.delivery import attempt_delivery, dispatch_alert, fire_due_rounds
+from incidents.notifications.delivery import (
+    _still_pages,
+    attempt_delivery,
+    dispatch_alert,
+    fire_due_rounds,
+)
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 FIRST_LINE = "L3 research/llama-7b: loss is NaN at step 4512 — paused"
@@ -300,13 +305,7 @@ def test_raised_alerts_fan_out_through_a_real_worker(team, receiver, celery_work
     with transaction.atomic():
         alert = raise_or_update_alert(job.pk, nan_signal(), now=T0).alert
         notify_alert(alert.pk)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        statuses = dict(Delivery.objects.filter(alert=alert).values_list("channel", "status"))
-        if statuses == {"chat": "delivered", "phone": "sent"}:
-            break
-        time.sleep(0.05)
-    assert statuses == {"chat": "delivered", "phone": "sent"}
+    _wait_for_page(alert, timeout=20)
     chat = Delivery.objects.get(alert=alert, channel="chat")
     phone = Delivery.objects.get(alert=alert, channel="phone")
     assert phone.attempts == 3 and chat.attempts == 1
@@ -314,6 +313,93 @@ def test_raised_alerts_fan_out_through_a_real_worker(team, receiver, celery_work
     assert calls[1] - calls[0] >= 0.2 and calls[2] - calls[1] >= 0.4  # backoff 0.2 s, 0.4 s
     assert receiver.to("/hooks/chat")[0].at < calls[1]  # the chat never waited for the phone
     NotificationRound.objects.filter(alert=alert).update(status="cancelled")  # no lingering ETA
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_braking_alert_resolved_before_its_page_still_pages_saying_so(
+    team, receiver, celery_worker
+):
+    """A stalled loop that answers the watchdog's brake at once: its next heartbeat resolves
+    the alert before the dispatch task runs. The page still goes out (through a real worker,
+    to the real receiver), says the alert has since resolved, and nothing escalates."""
+    from incidents.notifications.delivery import notify_alert
+
+    _, job, _, _ = team
+    with transaction.atomic():
+        alert = raise_or_update_alert(job.pk, nan_signal(), now=T0).alert
+        notify_alert(alert.pk)  # dispatched after commit, by then resolved
+        resolve_alert(alert.pk, reason="heartbeats are back")
+    _wait_for_page(alert, timeout=30)
+    for delivery in Delivery.objects.filter(alert=alert):
+        assert delivery.first_line.endswith("(resolved since)"), delivery.first_line
+        assert "before this page went out; paged because it braked the job" in delivery.body
+    assert b"resolved since" in receiver.to("/hooks/chat")[0].body
+    rounds = NotificationRound.objects.filter(alert=alert)
+    assert list(rounds.values_list("number", "status")) == [(0, "fired")]  # no escalation
+
+
+@pytest.mark.django_db(transaction=True)
+def test_firing_a_round_locks_the_alert_only_not_its_job(team, receiver):
+    """Ingest and acknowledgements lock the job's row, then the alert's: a round that locked
+    the job's row with the alert's (FOR UPDATE over the join) deadlocked with them when nine
+    drill sandboxes braked at once. The round must not wait on a job locked elsewhere."""
+    import threading
+
+    from incidents.models import Job
+    from incidents.notifications.delivery import fire_round
+
+    _, job, _, _ = team
+    alert = raise_or_update_alert(job.pk, nan_signal(), now=T0).alert
+    round_ = NotificationRound.objects.create(alert=alert, severity="L3", number=0, due_at=T0)
+    locked, done = threading.Event(), threading.Event()
+
+    def hold_the_job() -> None:
+        try:
+            with transaction.atomic():
+                Job.objects.select_for_update().get(pk=job.pk)
+                locked.set()
+                done.wait(20)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_the_job)
+    holder.start()
+    try:
+        assert locked.wait(20)
+        with transaction.atomic():
+            with connection.cursor() as cursor:  # waiting on the job's lock fails, not hangs
+                cursor.execute("SET LOCAL lock_timeout = '3s'")
+            ids = fire_round(round_.pk)
+        assert ids and Delivery.objects.filter(alert=alert).count() == len(ids)
+    finally:
+        done.set()
+        holder.join()
+    NotificationRound.objects.filter(alert=alert).update(status="cancelled")  # no lingering ETA
+
+
+@pytest.mark.parametrize(
+    ("status", "severity", "action", "acknowledged", "number", "pages"),
+    [
+        ("firing", "L1", "none", False, 0, True),
+        ("firing", "L3", "checkpoint_and_pause", False, 2, True),
+        ("resolved", "L3", "checkpoint_and_pause", False, 0, True),  # braked, then resolved
+        ("resolved", "L2", "lower_lr", False, 0, True),  # a brake below L3
+        ("resolved", "L4", "none", False, 0, True),  # L3+ pages whatever its action
+        ("resolved", "L1", "none", False, 0, False),  # a blip that went away
+        ("resolved", "L2", "record", False, 0, False),
+        ("resolved", "L3", "checkpoint_and_pause", False, 1, False),  # never escalated
+        ("resolved", "L3", "checkpoint_and_pause", True, 0, False),  # a person saw it
+        ("acknowledged", "L3", "checkpoint_and_pause", True, 0, False),
+    ],
+)
+def test_which_alerts_still_page(status, severity, action, acknowledged, number, pages):
+    alert = Alert(
+        status=status,
+        severity=severity,
+        action=action,
+        acknowledged_at=T0 if acknowledged else None,
+    )
+    assert _still_pages(alert, number) is pages
 
 
 @pytest.mark.django_db
@@ -427,3 +513,15 @@ def test_a_failed_slurm_call_pages_on_call_and_managers_by_phone_and_chat(team, 
     send_all(list(deliveries.values_list("pk", flat=True)))
     call = receiver.to("/Calls.json")[0].form
     assert "Slurm could not cancel the job" in call["Twiml"]
+
+
+def _wait_for_page(alert, timeout: float) -> None:
+    """Until the chat delivery is delivered and the phone call sent (the real worker's)."""
+    deadline = time.monotonic() + timeout
+    statuses: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        statuses = dict(Delivery.objects.filter(alert=alert).values_list("channel", "status"))
+        if statuses == {"chat": "delivered", "phone": "sent"}:
+            break
+        time.sleep(0.05)
+    assert statuses == {"chat": "delivered", "phone": "sent"}

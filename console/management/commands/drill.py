@@ -22,8 +22,8 @@ class Command(BaseCommand):
             "--scenario",
             action="append",
             default=[],
-            help="A scenario (repeat it for several), 'all' (the verified drill set) or "
-            "'every' (every scenario, experimental ones too).",
+            help="A scenario (repeat it for several) or 'all' (the full drill set, the default; "
+            "'every' is accepted as a synonym).",
         )
         parser.add_argument("--executor", default="local", choices=runs.EXECUTORS)
         parser.add_argument(
