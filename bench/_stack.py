@@ -39,7 +39,7 @@ def set_up_django() -> None:
             admin.execute(f'CREATE DATABASE "{name}"')
     os.environ["DATABASE_URL"] = url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    os.environ.setdefault("BRAKELINE_SECRET_KEY", "bench-only-secret-key")
+    os.environ.setdefault("BRAKELINE_SECRET_KEY", "bench-only-secret-key-never-for-a-deployment")
     import django
     from django.core.management import call_command
 
