@@ -230,6 +230,8 @@ def _wait_for_alert(job: Job, scenario: Scenario, point: MetricPoint) -> Alert |
 def _rule_in_force(run: DrillRun, rule_key: str) -> dict[str, Any] | None:
     """The answering rule as the drill's rule-set version holds it (its own delay sets the
     detection budget); None for the watchdog's rule, which is no rule row."""
+    if run.ruleset_version is None:
+        return None  # no version recorded to read the rule from: judged by the margin alone
     version = RuleSetVersion.objects.filter(team_id=run.team_id, number=run.ruleset_version)
     snapshot = version.values_list("snapshot", flat=True).first() or {}
     return (snapshot.get("rules") or {}).get(rule_key)
