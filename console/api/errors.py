@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django import db
@@ -11,6 +12,8 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from core.errors import ServiceError
+
+log = logging.getLogger("brakeline.outages")
 
 _DRF_CODES = {
     status.HTTP_400_BAD_REQUEST: "invalid",
@@ -53,11 +56,33 @@ def _flatten(detail: Any, prefix: str = "") -> dict[str, str]:
 READ_ONLY = "25006"
 
 
+# SQLSTATEs of a transaction PostgreSQL refused because of another one (deadlock_detected,
+# serialization_failure, lock_not_available): not an outage, but the same answer — nothing
+# was written, retry — so the client's retry loop applies. Named apart in the body and the
+# log, because "unreachable" sent people looking at a database that was up.
+CONFLICT_STATES = frozenset({"40P01", "40001", "55P03"})
+CONFLICT = "database (a conflicting transaction)"
+
+
 def outage_part(exc: BaseException | None) -> str | None:
-    """The part that is down when ``exc`` says the database or Redis cannot be reached."""
+    """The part that is down when ``exc`` says the database or Redis cannot be reached (or the
+    database refused the transaction for a conflicting one); logged once per answer, with the
+    driver's own error, since the 503 itself says nothing of the cause."""
+    part = _outage_part(exc)
+    if part is not None:
+        cause = exc.__cause__ or exc if exc is not None else exc
+        first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+        log.warning("answered 503, %s: %s: %s", part, type(cause).__name__, first)
+    return part
+
+
+def _outage_part(exc: BaseException | None) -> str | None:
+    sqlstate = getattr(getattr(exc, "__cause__", None), "sqlstate", None)
+    if isinstance(exc, db.Error) and sqlstate in CONFLICT_STATES:
+        return CONFLICT
     if isinstance(exc, db.OperationalError | db.InterfaceError):
         return "database"
-    if isinstance(exc, db.Error) and getattr(exc.__cause__, "sqlstate", None) == READ_ONLY:
+    if isinstance(exc, db.Error) and sqlstate == READ_ONLY:
         return "database (read-only)"  # a standby, or default_transaction_read_only
     try:
         import redis
@@ -100,8 +125,11 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
 
 def outage_body(part: str) -> dict:
     """The answer's body while ``part`` is down (docs/protocol.md "Errors"): retry."""
-    return {"error": "unavailable", "detail": f"The console's {part} is unreachable; retry.",
-            "fields": {}}  # fmt: skip
+    if part == CONFLICT:
+        detail = "The console's database refused this as conflicting with another request; retry."
+    else:
+        detail = f"The console's {part} is unreachable; retry."
+    return {"error": "unavailable", "detail": detail, "fields": {}}
 
 
 def server_error(request: Any) -> Any:

@@ -209,3 +209,29 @@ def test_an_alert_grouped_into_a_storm_is_not_dispatched_again_by_every_sweep():
     dispatch_alert(leader.pk, now=raised)
     assert dispatch_alert(follower.pk, now=raised) == []  # grouped: no round of its own
     assert undispatched_alerts(timezone.now()) == []
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("sqlstate", ["deadlock_detected", "serialization_failure"])
+def test_a_conflicting_transaction_answers_503_naming_the_conflict_and_logs_the_cause(
+    sqlstate, caplog
+):
+    """PostgreSQL's own refusal (raised by the real server with that SQLSTATE) is retried like
+    an outage, but neither the answer nor the log calls the database unreachable."""
+    from django.db import DatabaseError, connection, transaction
+
+    with (
+        pytest.raises(DatabaseError) as raised,
+        transaction.atomic(),
+        connection.cursor() as cursor,
+    ):
+        cursor.execute(
+            f"DO $$ BEGIN RAISE EXCEPTION 'refused' USING ERRCODE = '{sqlstate}'; END $$"
+        )
+    with caplog.at_level("WARNING", logger="brakeline.outages"):
+        response = exception_handler(raised.value, {})
+    assert response.status_code == 503 and response["Retry-After"] == "1"
+    assert "conflicting" in response.data["detail"]
+    assert "unreachable" not in response.data["detail"]
+    assert any("conflicting transaction" in r.getMessage() and "refused" in r.getMessage()
+               for r in caplog.records)  # fmt: skip
