@@ -117,12 +117,19 @@ def record_checkpoint(
     }
     if command_id is not None:
         values["command_id"] = command_id
-    if report.set is not None:
-        values["checkpoint_set_id"] = record_set(job_id, report.step, report.set).pk
-    row, created = _get_or_create(job_id, report.path, report.sha256, values)
-    if not created and report.set is not None and row.checkpoint_set_id is None:
-        Checkpoint.objects.filter(pk=row.pk).update(checkpoint_set_id=values["checkpoint_set_id"])
-        row.checkpoint_set_id = values["checkpoint_set_id"]
+    with transaction.atomic():
+        # The job's row first, as an acknowledgement takes it: a rank's report and the last
+        # rank's ack of the same brake insert the same row. Unlocked, the report inserted it,
+        # then waited at commit on the job's row (its foreign key check) while the ack, holding
+        # that row, waited on the report's uncommitted row — a deadlock torchrun jobs hit.
+        Job.objects.select_for_update().filter(pk=job_id).values_list("pk", flat=True).first()
+        if report.set is not None:
+            values["checkpoint_set_id"] = record_set(job_id, report.step, report.set).pk
+        row, created = _get_or_create(job_id, report.path, report.sha256, values)
+        if not created and report.set is not None and row.checkpoint_set_id is None:
+            set_id = values["checkpoint_set_id"]
+            Checkpoint.objects.filter(pk=row.pk).update(checkpoint_set_id=set_id)
+            row.checkpoint_set_id = set_id
     return row, created
 
 

@@ -71,8 +71,8 @@ def outage_part(exc: BaseException | None) -> str | None:
     part = _outage_part(exc)
     if part is not None:
         cause = exc.__cause__ or exc if exc is not None else exc
-        first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
-        log.warning("answered 503, %s: %s: %s", part, type(cause).__name__, first)
+        said = " ".join(str(cause).split())[:600]  # with PostgreSQL's DETAIL: who waits on whom
+        log.warning("answered 503, %s: %s: %s", part, type(cause).__name__, said)
     return part
 
 

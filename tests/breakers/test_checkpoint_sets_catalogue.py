@@ -76,3 +76,56 @@ def test_a_set_of_another_world_size_is_refused(three_ranks, agent_post):
     answer = agent_post(URL, _report(world_size=2))
     assert answer.status_code == 400
     assert "3 ranks, not 2" in answer.json()["fields"]["set.world_size"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_ranks_report_and_the_ack_of_the_same_brake_do_not_deadlock():
+    """Rank 0 reports its checkpoint while the last rank's ack, holding the job's row, records
+    the same file from the brake's result. The report once inserted the row first and then
+    waited at commit on the job's row (its foreign key check) while the ack waited on that
+    uncommitted row: PostgreSQL broke the deadlock with an error, answered 503. Now the report
+    takes the job's row first and simply finds the ack's row. Waits on PostgreSQL's own view
+    of who is waiting on a lock, never on a timer."""
+    import threading
+
+    from django.db import connection, transaction
+
+    from breakers.checkpoints import parse_report, record_checkpoint
+    from incidents.jobs import create_job
+    from incidents.models import Job
+    from tests.support.waiting import wait_for
+
+    job_id = create_job("research", "ck-race", "training").job.pk
+    report = parse_report({"path": "/ck/step-00000040.pt", "sha256": "a" * 64, "step": 40})
+    reporter: dict = {}
+
+    def report_it() -> None:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                reporter["pid"] = cursor.fetchone()[0]
+            reporter["row"] = record_checkpoint(job_id, report)
+        except Exception as error:  # noqa: BLE001 - the test reports it below
+            reporter["error"] = error
+        finally:
+            connection.close()
+
+    def waiting_on_a_lock() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
+                [reporter.get("pid")],
+            )
+            return cursor.fetchone() is not None
+
+    thread = threading.Thread(target=report_it)
+    with transaction.atomic():  # the ack: the job's row first, then the brake's checkpoint
+        Job.objects.select_for_update().get(pk=job_id)
+        thread.start()
+        wait_for(lambda: "pid" in reporter and waiting_on_a_lock(), "the report waits", 60)
+        acked, created = record_checkpoint(job_id, report)
+        assert created
+    thread.join(timeout=60)
+    assert "error" not in reporter, reporter.get("error")
+    assert reporter["row"] == (acked, False)
+    assert Checkpoint.objects.filter(job_id=job_id).count() == 1
