@@ -10,7 +10,10 @@ an alert for it. Two delays per injected NaN, from the moment that batch committ
 * raised — the alert's ``raised_at``, set inside the evaluation transaction;
 * visible — when a separate connection first sees the alert row, i.e. its commit (polled
   every 2 ms, so up to 2 ms late).
-Median and p95 of each are printed. Runs in the scratch database ``<name>_bench``.
+Median and p95 of each are printed. Then the evaluator's own cost: ``evaluate_job`` run in
+this process over a backlog of ``--backlog`` points (loss and grad_norm, one and two ranks;
+stored directly, nothing scheduled), in µs of wall time per point, median of 3 runs.
+Runs in the scratch database ``<name>_bench``.
 """
 
 from __future__ import annotations
@@ -119,12 +122,45 @@ def report(label: str, delays: list[float]) -> None:
     )
 
 
+def backlog_cost(ranks: int, points: int, repeat: int = 3) -> float:
+    """µs per point of ``evaluate_job`` (read, engine, state save) over a stored backlog."""
+    from datetime import UTC, datetime, timedelta
+
+    from breakers.agent.protocol import PointIn
+    from breakers.agent.store import store_points
+    from breakers.detection.evaluation import evaluate_job
+    from breakers.models import EvaluationState, MetricPoint
+    from incidents.jobs import create_job
+
+    job_id = create_job("bench", f"backlog-{ranks}-{time.time_ns()}").job.pk
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    steps = points // (2 * ranks)
+    for first in range(0, steps, 1000):
+        for rank in range(ranks):
+            batch = [
+                PointIn(name, step, base + 0.5 * rank + 0.01 * (step % 7), t0 + timedelta(
+                    seconds=step), None, rank)
+                for step in range(first, min(first + 1000, steps))
+                for name, base in (("loss", 2.0), ("grad_norm", 1.0))
+            ]  # fmt: skip
+            store_points(job_id, batch)
+    costs = []
+    for _ in range(repeat):
+        EvaluationState.objects.filter(job_id=job_id).delete()
+        started = time.perf_counter()
+        evaluated = evaluate_job(job_id).points
+        costs.append((time.perf_counter() - started) / evaluated * 1e6)
+    MetricPoint.objects.filter(job_id=job_id).delete()
+    return median(costs)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=5_000, help="points per second")
     parser.add_argument("--batch", type=int, default=500, help="points per batch")
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--nan-every", type=float, default=0.5, help="seconds between NaNs")
+    parser.add_argument("--backlog", type=int, default=100_000, help="points of the backlog")
     args = parser.parse_args()
     set_up_django()
     from breakers.models import MetricPoint
@@ -163,6 +199,10 @@ def main() -> None:
     report("visible", visible)
     print(f"after the last batch the evaluator caught up in {catch_up * 1e3:.0f} ms")
     MetricPoint.objects.filter(job_id=job.pk).delete()
+    for ranks in (1, 2):
+        cost = backlog_cost(ranks, args.backlog)
+        print(f"evaluate_job over a {args.backlog:,}-point backlog, {ranks} rank(s): "
+              f"{cost:.1f} µs/point (median of 3)")  # fmt: skip
 
 
 if __name__ == "__main__":

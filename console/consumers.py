@@ -12,6 +12,7 @@ from django.conf import settings
 from rest_framework.settings import api_settings
 
 from breakers.agent import service as breaker_services
+from breakers.agent.ack_rank import MAX_RANK
 from breakers.agent.protocol import parse_json_object
 from breakers.agent.store import Stored
 from breakers.control.commands import deliverable_commands, mark_delivered
@@ -23,6 +24,7 @@ from incidents.jobs import authenticate_agent
 from incidents.models import Job
 
 CLOSE_UNAUTHENTICATED = 4401
+CLOSE_INVALID = 4400
 # The token is checked again on every message received and at least this often (seconds): a
 # revoked token's open socket is closed (4401), it does not keep receiving commands.
 RECHECK_SECONDS = 30.0
@@ -34,6 +36,22 @@ def token_from_scope(scope: dict) -> str | None:
             return bearer_token(value)
     values = parse_qs(scope.get("query_string", b"").decode()).get("token")
     return values[0] if values else None
+
+
+def rank_from_scope(scope: dict) -> int | None:
+    """The ``rank`` query parameter: which rank of a multi-rank job this socket is (None: not
+    said — one process, or an older SDK). Hostile: anything but one whole number from 0 to
+    2³¹−1 is refused naming the field."""
+    values = parse_qs(scope.get("query_string", b"").decode(), keep_blank_values=True).get("rank")
+    if values is None:
+        return None
+    text = values[0]
+    if len(values) == 1 and text.isascii() and text.isdigit() and int(text) <= MAX_RANK:
+        return int(text)
+    raise InvalidInput(
+        "The websocket's rank is not valid.",
+        fields={"rank": f"must be one whole number from 0 to {MAX_RANK}"},
+    )
 
 
 class AgentConsumer(AsyncJsonWebsocketConsumer):
@@ -51,12 +69,20 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         except ServiceError:
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
+        try:
+            rank = rank_from_scope(self.scope)
+        except InvalidInput as error:
+            await self.accept()  # to say which field, then close
+            await self.send_json({"type": "error", **error.as_body()})
+            await self.close(code=CLOSE_INVALID)
+            return
         self.job_id = job.pk
         await self.channel_layer.group_add(agent_group(job.pk), self.channel_name)
         await self.accept()
         self.watcher = asyncio.ensure_future(self._watch())
-        # Catch-up: whatever was issued while this process had no websocket.
-        for command in await database_sync_to_async(deliverable_commands)(job.pk):
+        # Catch-up: whatever was issued while this process had no websocket, less what this
+        # rank acknowledged already (the heartbeat replies' rule, the same query).
+        for command in await database_sync_to_async(deliverable_commands)(job.pk, rank):
             await self.send_json({"type": "command", "command": command})
 
     async def _watch(self) -> None:

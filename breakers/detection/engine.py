@@ -1,8 +1,10 @@
 """The breaker engine — pure Python, no Django.
 
 Rules are data (`RuleSpec`). A `JobEvaluator` holds, for one job, the detector state of every
-(rule, metric, node) series, turns detector verdicts into edge-triggered `Finding`s and
-serialises all of it to a JSON-able dict.
+(rule, metric, node, rank) series, turns detector verdicts into edge-triggered `Finding`s and
+serialises all of it to a JSON-able dict. Each rank of a multi-rank job is a series of its own:
+two ranks' losses are two curves, and interleaving them into one would make every rolling,
+spike or rising detector compare rank 0's value with rank 1's.
 
 How a caller (the Django worker) drives it, per job and strictly one job evaluation at a time:
     evaluator = JobEvaluator.from_state(rules, stored_state)   # or JobEvaluator(rules)
@@ -48,7 +50,12 @@ ACTIONS = (
     "terminate_and_isolate",
     "record",
 )
-STATE_VERSION = 1
+# 2: series keys carry the rank. A version-1 state (no ranks) is read as rank 0's series.
+STATE_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+
+# (rule key, metric name or "*" when pooled, node or None when pooled, rank or None when pooled)
+SeriesKey = tuple[str, str, str | None, int | None]
 
 __all__ = [
     "ACTIONS",
@@ -78,13 +85,15 @@ def encode_number(value: float | None) -> float | str | None:
 
 @dataclass(slots=True)
 class Point:
-    """One metric sample. `time` is float epoch seconds, on the same clock as tick(now)."""
+    """One metric sample. `time` is float epoch seconds, on the same clock as tick(now);
+    `rank` the process (torch.distributed rank) that measured it, 0 for a single process."""
 
     name: str
     step: int
     time: float
     value: float
     node: str | None = None
+    rank: int = 0
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], default_time: float) -> Point:
@@ -97,7 +106,12 @@ class Point:
         else:
             time = float(raw_time)
         return cls(
-            str(data["name"]), int(data["step"]), time, parse_value(data["value"]), data.get("node")
+            str(data["name"]),
+            int(data["step"]),
+            time,
+            parse_value(data["value"]),
+            data.get("node"),
+            int(data.get("rank") or 0),
         )
 
 
@@ -108,8 +122,9 @@ class RuleSpec:
     `metric` is a selector: an exact name or an fnmatch glob (`gpu.*.temp`), several joined
     with "|" (`loss|grad_norm`); matching is case-sensitive. `detector` names a kind of
     `breakers.detection.detectors.DETECTORS`, configured by `params`. Detector state is kept per
-    (rule, metric name, node): `per_metric=False` pools every matching metric into one series
-    (node-failure counts), `per_node=False` pools the nodes. An open episode clears after
+    (rule, metric name, node, rank): `per_metric=False` pools every matching metric of every
+    rank into one series (node-failure counts: a node reported down by rank 3 and another by
+    rank 5 are two failing nodes), `per_node=False` pools the nodes. An open episode clears after
     `clear_after` consecutive healthy observations spanning at least `clear_after_seconds`
     (hysteresis, so a flapping metric does not page ten times). Performance-layer rules only
     record: their action is always "record".
@@ -193,6 +208,8 @@ class Finding:
     judged value (seconds of silence, number of failing nodes for those detectors);
     `threshold` the crossed boundary as a number, None where there is none (non-finite).
     `duration_seconds`/`duration_steps` measure first anomalous point → this finding.
+    `rank` is the rank of the series (None for a rule pooling its metrics, hence its ranks);
+    once the job has shown more than one rank the description starts with "rank N: ".
     """
 
     kind: str
@@ -215,6 +232,7 @@ class Finding:
     duration_seconds: float
     duration_steps: int
     runbook: str = ""
+    rank: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Strict-JSON dict (non-finite numbers as "NaN" / "Infinity" / "-Infinity")."""
@@ -271,7 +289,7 @@ class _Episode:
 class _Series:
     __slots__ = ("rule", "key", "detector", "episode", "last")
 
-    def __init__(self, rule: RuleSpec, key: tuple[str, str, str | None]) -> None:
+    def __init__(self, rule: RuleSpec, key: SeriesKey) -> None:
         self.rule = rule
         self.key = key
         self.detector: Detector = DETECTOR_KINDS[rule.detector](rule.config)
@@ -294,8 +312,11 @@ class JobEvaluator:
             if rule.key in self._rules_by_key:
                 raise ValueError(f"duplicate rule key {rule.key!r}")
             self._rules_by_key[rule.key] = rule
-        self._series: dict[tuple[str, str, str | None], _Series] = {}
-        self._timed: dict[tuple[str, str, str | None], _Series] = {}
+        self._series: dict[SeriesKey, _Series] = {}
+        self._timed: dict[SeriesKey, _Series] = {}
+        # Whether any point came from a rank other than 0: only then do descriptions name the
+        # rank (a single-process job's alerts read as they always did).
+        self.multi_rank = False
         self._matches: dict[str, tuple[RuleSpec, ...]] = {}
         # Episodes that were open in a restored state but whose rule is gone or now keys its
         # series differently: the caller should close the corresponding alerts.
@@ -308,12 +329,15 @@ class JobEvaluator:
             rules = self._matches[point.name] = tuple(
                 rule for rule in self.rules if rule.matches(point.name)
             )
+        if point.rank and not self.multi_rank:
+            self.multi_rank = True
         findings: list[Finding] = []
         for rule in rules:
             key = (
                 rule.key,
                 point.name if rule.per_metric else "*",
                 point.node if rule.per_node else None,
+                point.rank if rule.per_metric else None,
             )
             series = self._series.get(key) or self._add_series(rule, key)
             verdict = series.detector.observe(point)
@@ -341,29 +365,24 @@ class JobEvaluator:
                 continue
             name, step, node = series.last
             value = verdict.observed if verdict.observed is not None else math.nan
-            finding = self._advance(series, verdict, Point(name, step, now, value, node))
+            rank = series.key[3] or 0
+            finding = self._advance(series, verdict, Point(name, step, now, value, node, rank))
             if finding is not None:
                 findings.append(finding)
         return findings
 
     def open_episodes(self) -> list[dict[str, Any]]:
-        """The conditions currently firing (rule key, metric, node, first step and time)."""
+        """The conditions currently firing (rule key, metric, node, rank, first step and time)."""
         return [
-            {
-                "rule": key[0],
-                "metric": key[1],
-                "node": key[2],
-                "first_step": s.episode.first_step,
-                "first_time": s.episode.first_time,
-            }
-            for key, s in self._series.items()
-            if s.episode.firing
+            _episode_info(key, series.episode.to_state())
+            for key, series in self._series.items()
+            if series.episode.firing
         ]
 
     def rearm(self, rule_key: str, node: str | None) -> int:
-        """Forget the open episodes of a rule (on a node): the next anomalous point fires
-        again. For an alert closed from outside the engine (re-armed when training resumed
-        after its brake). Returns how many series were re-armed."""
+        """Forget the open episodes of a rule (on a node), every rank's: the next anomalous
+        point fires again. For an alert closed from outside the engine (re-armed when training
+        resumed after its brake). Returns how many series were re-armed."""
         rearmed = 0
         for key, series in self._series.items():
             if key[0] == rule_key and (key[2] or "") == (node or "") and series.episode.firing:
@@ -371,7 +390,7 @@ class JobEvaluator:
                 rearmed += 1
         return rearmed
 
-    def _add_series(self, rule: RuleSpec, key: tuple[str, str, str | None]) -> _Series:
+    def _add_series(self, rule: RuleSpec, key: SeriesKey) -> _Series:
         series = self._series[key] = _Series(rule, key)
         if series.detector.time_based:
             self._timed[key] = series
@@ -409,11 +428,13 @@ class JobEvaluator:
         rule, episode = series.rule, series.episode
         value = verdict.observed if verdict.observed is not None else point.value
         duration = point.time - episode.first_time
+        rank = series.key[3]
+        who = f"rank {rank}: " if self.multi_rank and rank is not None else ""
         if kind == "fire":
-            description = series.detector.describe(point.name, value, verdict)
+            description = who + series.detector.describe(point.name, value, verdict)
             action, action_params = rule.action, dict(rule.action_params)
         else:
-            description = (
+            description = who + (
                 f"{point.name} back to normal ({rule.name}): healthy for {episode.healthy} "
                 f"observation(s); the episode began at step {episode.first_step} and lasted "
                 f"{format_duration(duration)}"
@@ -440,6 +461,7 @@ class JobEvaluator:
             duration_seconds=duration,
             duration_steps=point.step - episode.first_step,
             runbook=rule.runbook,
+            rank=rank,
         )
 
     def to_state(self) -> dict[str, Any]:
@@ -451,6 +473,7 @@ class JobEvaluator:
                     "rule": key[0],
                     "metric": key[1],
                     "node": key[2],
+                    "rank": key[3],
                     "fingerprint": series.rule.fingerprint,
                     "detector": series.detector.to_state(),
                     "episode": series.episode.to_state(),
@@ -465,34 +488,43 @@ class JobEvaluator:
         """Resume from `to_state()` output. Series whose rule changed its detector
         configuration keep their open episode but restart their detector (warm-up); series
         whose rule is gone or disabled are dropped, and their open episodes listed in
-        `orphaned`."""
+        `orphaned`. A version-1 state (before ranks) resumes as rank 0's series: exactly what
+        it was for a single-process job; a multi-rank job's pooled series is its best guess."""
         evaluator = cls(rules)
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"unsupported evaluator state version {state.get('version')!r}")
+        version = state.get("version")
+        if version not in READABLE_VERSIONS:
+            raise ValueError(f"unsupported evaluator state version {version!r}")
         for entry in state["series"]:
             rule = evaluator._rules_by_key.get(entry["rule"])
-            key = (entry["rule"], entry["metric"], entry["node"])
+            # Version 1 kept no ranks: its series become rank 0's (pooled ones stay pooled).
+            pooled = entry["metric"] == "*"
+            rank = entry["rank"] if version != 1 else (None if pooled else 0)
+            key: SeriesKey = (entry["rule"], entry["metric"], entry["node"], rank)
             if rule is None or not _key_fits(rule, key):
                 if entry["episode"][0]:
-                    evaluator.orphaned.append(
-                        {
-                            "rule": key[0],
-                            "metric": key[1],
-                            "node": key[2],
-                            "first_step": entry["episode"][1],
-                            "first_time": entry["episode"][2],
-                        }
-                    )
+                    evaluator.orphaned.append(_episode_info(key, entry["episode"]))
                 continue
             series = evaluator._add_series(rule, key)
             if entry["fingerprint"] == rule.fingerprint:
                 series.detector.load_state(entry["detector"])
             series.episode.load_state(list(entry["episode"]))
             series.last = list(entry["last"])
+            evaluator.multi_rank = evaluator.multi_rank or bool(rank)
         return evaluator
 
 
-def _key_fits(rule: RuleSpec, key: tuple[str, str, str | None]) -> bool:
+def _episode_info(key: SeriesKey, episode: list[Any]) -> dict[str, Any]:
+    """An open episode as `open_episodes` and `orphaned` list it."""
+    rule, metric, node, rank = key
+    info = {"rule": rule, "metric": metric, "node": node, "rank": rank}
+    return info | {"first_step": episode[1], "first_time": episode[2]}
+
+
+def _key_fits(rule: RuleSpec, key: SeriesKey) -> bool:
     """Whether a stored series key has the shape the rule would give it now."""
     pooled_metric = key[1] == "*"
-    return pooled_metric != rule.per_metric and (key[2] is None or rule.per_node)
+    return (
+        pooled_metric != rule.per_metric
+        and (key[2] is None or rule.per_node)
+        and (key[3] is None) == pooled_metric
+    )

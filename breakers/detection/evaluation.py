@@ -52,6 +52,9 @@ log = logging.getLogger(__name__)
 # amortising the state load/save (tens of kB of JSON) over many points.
 CHUNK_POINTS = 5_000
 
+# One engine series of an alert's fingerprint: (metric name or "*" when pooled, rank or None).
+Series = tuple[str, int | None]
+
 
 @dataclass
 class EvaluationReport:
@@ -161,14 +164,14 @@ def evaluate_job(
 # cursor). The read is kept cheap instead: plain SQL with the time as epoch seconds, so no
 # datetime is built per point (half of the evaluator's CPU went to Django's timestamp loader).
 READ_POINTS_SQL = (
-    "SELECT id, name, step, EXTRACT(EPOCH FROM time)::float8, value, node "
+    "SELECT id, name, step, EXTRACT(EPOCH FROM time)::float8, value, node, rank "
     f"FROM {MetricPoint._meta.db_table} WHERE job_id = %s AND id > %s ORDER BY id LIMIT %s"
 )
 
 
 def read_points(job_id: int, after_id: int, limit: int) -> list[tuple]:
     """Up to ``limit`` points of the job with id > ``after_id`` in id order, as tuples
-    (id, name, step, time in epoch seconds, value, node)."""
+    (id, name, step, time in epoch seconds, value, node, rank)."""
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(READ_POINTS_SQL, [job_id, after_id, limit])
@@ -176,11 +179,11 @@ def read_points(job_id: int, after_id: int, limit: int) -> list[tuple]:
     rows = (
         MetricPoint.objects.filter(job_id=job_id, id__gt=after_id)
         .order_by("id")
-        .values_list("id", "name", "step", "time", "value", "node")[:limit]
+        .values_list("id", "name", "step", "time", "value", "node", "rank")[:limit]
     )
     return [
-        (id_, name, step, time.timestamp(), value, node)
-        for id_, name, step, time, value, node in rows
+        (id_, name, step, time.timestamp(), value, node, rank)
+        for id_, name, step, time, value, node, rank in rows
     ]
 
 
@@ -203,9 +206,10 @@ def _to_datetime(epoch_seconds: float) -> datetime:
 class _Run:
     """One transaction's evaluation of one job: the restored engine, and its findings applied.
 
-    An alert's fingerprint is (job, rule, node) but the engine keeps a series per metric too
-    (``loss|grad_norm`` is two series of one rule): ``open`` tracks which series of each
-    fingerprint are firing, so the alert resolves only when the last of them clears.
+    An alert's fingerprint is (job, rule, node) but the engine keeps a series per metric and
+    per rank too (``loss|grad_norm`` on 2 ranks is four series of one rule): ``open`` tracks
+    which (metric, rank) series of each fingerprint are firing, so the alert resolves only when
+    the last of them clears, and its description names every rank firing.
     """
 
     def __init__(
@@ -215,7 +219,7 @@ class _Run:
         self.rules = {rule.key: rule for rule in rules}
         self.fingerprint = ruleset_fingerprint(rules)
         self.evaluator = _restore(rules, state.state, job_id)
-        self.open: dict[tuple[str, str], set[str]] = defaultdict(set)
+        self.open: dict[tuple[str, str], set[Series]] = defaultdict(set)
         for episode in self.evaluator.open_episodes():
             fingerprint = (episode["rule"], episode["node"] or "")
             if fingerprint not in self.open and active_alert(job_id, *fingerprint) is None:
@@ -223,13 +227,13 @@ class _Run:
                 # its brake): a recurrence must fire, and brake, again.
                 self.evaluator.rearm(*fingerprint)
                 continue
-            self.open[fingerprint].add(episode["metric"])
+            self.open[fingerprint].add((episode["metric"], episode["rank"]))
         for orphan in self.evaluator.orphaned:
             # Its rule was removed or disabled, or now keys its series differently.
             self._series_cleared(
                 orphan["rule"],
                 orphan["node"] or "",
-                orphan["metric"],
+                (orphan["metric"], orphan["rank"]),
                 reason="its rule was removed or disabled",
                 step=None,
             )
@@ -237,8 +241,8 @@ class _Run:
     def feed(self, rows: list[tuple]) -> None:
         rows.sort(key=lambda row: (row[2], row[0]))  # step order within the chunk (see above)
         feed, apply = self.evaluator.feed, self._apply
-        for _, name, step, epoch, value, node in rows:
-            findings = feed(Point(name, step, epoch, value, node))
+        for _, name, step, epoch, value, node, rank in rows:
+            findings = feed(Point(name, step, epoch, value, node, rank))
             if findings:  # rare: only episode edges produce findings
                 for finding in findings:
                     apply(finding)
@@ -262,19 +266,20 @@ class _Run:
     def _apply(self, finding: Finding) -> None:
         rule = self.rules[finding.rule_key]
         node = (finding.node or "") if rule.per_node else ""
-        series = finding.metric if rule.per_metric else "*"
+        series = (finding.metric if rule.per_metric else "*", finding.rank)
         if finding.kind == "clear":
             self._series_cleared(rule.key, node, series, finding.description, finding.step)
             return
-        self.open[(rule.key, node)].add(series)
-        outcome = raise_or_update_alert(self.job_id, _signal(finding, node))
+        firing = self.open[(rule.key, node)]
+        firing.add(series)
+        outcome = raise_or_update_alert(self.job_id, _signal(finding, node, _ranks_firing(firing)))
         self.report.raised += outcome.created
         self.report.escalated += outcome.escalated
         if outcome.action_due and outcome.alert.incident_id is not None:
             on_alert_raised(outcome)
 
     def _series_cleared(
-        self, rule_key: str, node: str, series: str, reason: str, step: int | None
+        self, rule_key: str, node: str, series: Series, reason: str, step: int | None
     ) -> None:
         firing = self.open[(rule_key, node)]
         firing.discard(series)
@@ -285,7 +290,14 @@ class _Run:
             self.report.resolved += 1
 
 
-def _signal(finding: Finding, node: str) -> AlertSignal:
+def _ranks_firing(firing: set[Series]) -> str:
+    """The prefix "ranks 0, 3 firing; " when several ranks' series of one alert fire, else
+    "": the finding's own description already names its rank."""
+    ranks = sorted({rank for _, rank in firing if rank is not None})
+    return f"ranks {', '.join(map(str, ranks))} firing; " if len(ranks) > 1 else ""
+
+
+def _signal(finding: Finding, node: str, prefix: str = "") -> AlertSignal:
     return AlertSignal(
         rule_key=finding.rule_key,
         rule_name=finding.rule_name,
@@ -295,7 +307,7 @@ def _signal(finding: Finding, node: str) -> AlertSignal:
         node=node,
         value=finding.value,
         threshold=finding.threshold,
-        description=finding.description,
+        description=prefix + finding.description,
         step=finding.step,
         time=_to_datetime(finding.time),
         first_step=finding.first_step,

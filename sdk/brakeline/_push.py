@@ -33,8 +33,12 @@ class PushListener:
         inbox: CommandInbox,
         open_timeout: float = 10.0,
         backoff: Backoff | None = None,
+        rank: int | None = None,
     ) -> None:
-        query = urllib.parse.urlencode({"token": token})
+        # A rank of a multi-rank job names itself: the console's catch-up on (re)connect then
+        # leaves out the commands this rank acknowledged already (docs/protocol.md).
+        fields = {"token": token} | ({"rank": str(rank)} if rank is not None else {})
+        query = urllib.parse.urlencode(fields)
         self.url = f"{ws_url}{'&' if '?' in ws_url else '?'}{query}"
         self.token = token
         self.inbox = inbox

@@ -200,6 +200,7 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
                 self.inbox,
                 open_timeout=settings.http_timeout,
                 backoff=Backoff(settings.backoff_base, settings.backoff_cap),
+                rank=settings.rank if self._world_size or settings.rank else None,
             )
         self.sender.start()
         self.control.start()

@@ -155,6 +155,8 @@ def test_push_messages_feed_the_inbox_and_junk_is_ignored():
     inbox = CommandInbox()
     listener = PushListener("ws://console.invalid/ws/agent/", "tok en", inbox)
     assert listener.url == "ws://console.invalid/ws/agent/?token=tok+en"
+    ranked = PushListener("ws://console.invalid/ws/agent/", "t", inbox, rank=0)
+    assert ranked.url == "ws://console.invalid/ws/agent/?token=t&rank=0"  # a multi-rank job's
     listener._handle(json.dumps({"type": "command", "command": {"id": 3, "kind": "resume"}}))
     listener._handle("not json")
     listener._handle(json.dumps({"type": "hello"}))

@@ -220,3 +220,61 @@ def test_points_are_read_back_with_epoch_times_and_non_finite_values_intact(agen
     assert [r[3] for r in rows] == [(T0 + timedelta(seconds=s)).timestamp() for s in (3, 1, 2)]
     assert math.isnan(rows[0][4]) and rows[1][4] == math.inf and rows[2][4] == -math.inf
     assert [r[0] for r in evaluation.read_points(agent.job_id, rows[0][0], 1)] == [rows[1][0]]
+
+
+def store_ranks(job_id, rank, points):
+    """Like ``store``, as one rank's batch."""
+    rows = [PointIn(n, s, v, T0 + timedelta(seconds=s), None, rank) for n, s, v in points]
+    store_points(job_id, rows)
+
+
+def test_two_ranks_of_one_alert_are_named_and_resolve_only_when_both_clear(agent):
+    for rank in (0, 1):
+        store_ranks(agent.job_id, rank, losses(range(10), 2.0 + rank))
+    store_ranks(agent.job_id, 1, [("loss", 10, math.nan)])
+    assert evaluate_job(agent.job_id).raised == 1
+    alert = Alert.objects.get()
+    assert alert.description == "rank 1: loss is NaN at step 10"
+    store_ranks(agent.job_id, 0, [("loss", 11, math.nan)])
+    evaluate_job(agent.job_id)
+    alert = Alert.objects.get()  # one fingerprint (job, rule, node) for both ranks
+    assert alert.description == "ranks 0, 1 firing; rank 0: loss is NaN at step 11"
+    store_ranks(agent.job_id, 0, losses(range(12, 30)))
+    evaluate_job(agent.job_id, chunk_size=7)  # several transactions: `open` is restored
+    alert.refresh_from_db()
+    assert alert.status == "firing"  # rank 0 cleared, rank 1 still fires
+    store_ranks(agent.job_id, 1, losses(range(11, 21), 3.0))
+    assert evaluate_job(agent.job_id).resolved == 1
+    alert.refresh_from_db()
+    assert alert.status == "resolved"
+    entry = TimelineEntry.objects.get(kind="alert_resolved")
+    assert "rank 1: loss back to normal" in entry.message
+
+
+def as_version_1(state: dict) -> dict:
+    series = [{k: v for k, v in entry.items() if k != "rank"} for entry in state["series"]]
+    return {"version": 1, "series": series}
+
+
+def test_a_state_stored_before_ranks_resumes_its_open_episodes(agent):
+    store(agent.job_id, losses(range(10)) + [("loss", 10, math.nan)])
+    evaluate_job(agent.job_id)
+    state = EvaluationState.objects.get(job_id=agent.job_id)
+    state.state = as_version_1(state.state)
+    state.save()
+    store(agent.job_id, losses(range(11, 21)))
+    # Read as rank 0's series, the open NaN episode clears: a fresh start would never clear it.
+    assert evaluate_job(agent.job_id).resolved == 1
+    assert EvaluationState.objects.get(job_id=agent.job_id).state["version"] == 2
+
+
+def test_an_unreadable_state_restarts_the_evaluation_instead_of_failing(agent, caplog):
+    store(agent.job_id, losses(range(10)))
+    evaluate_job(agent.job_id)
+    EvaluationState.objects.filter(job_id=agent.job_id).update(
+        state={"version": 1, "series": [{"rule": "loss-deviation"}]}
+    )
+    store(agent.job_id, [("loss", 10, math.nan)])
+    assert evaluate_job(agent.job_id).raised == 1
+    assert "unreadable, restarting it" in caplog.text
+    assert not Alert.objects.filter(rule_key=evaluation.BREAKERS_FAILING_RULE).exists()

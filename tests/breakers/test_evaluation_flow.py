@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import threading
 import time
 from contextlib import contextmanager
@@ -160,3 +161,35 @@ def test_the_periodic_tick_evaluates_what_a_lost_task_left_behind(client, agent,
     assert tasks.tick_evaluations.apply().result == 1  # beat: one tick per running job
     wait_for(lambda: Alert.objects.filter(job_id=agent.job_id).exists(), "the alert")
     assert EvaluationState.objects.get(job_id=agent.job_id).last_tick is not None
+
+
+def post_rank_batch(client, agent, rank, points) -> None:
+    body = {"rank": rank, "points": points}
+    response = client.post(
+        METRICS, data=json.dumps(body), content_type="application/json", headers=agent.headers
+    )
+    assert response.status_code == 202, response.content
+
+
+def test_two_ranks_posting_their_own_batches_are_judged_apart(client, agent, worker):
+    """Rank 1's loss runs 0.5 above rank 0's (its shard), each rank posts its own batches and
+    the worker evaluates each on arrival: pooled, rank 1's first batch read as a jump of 50σ
+    over rank 0's window. Per rank nothing fires — until rank 1's loss turns NaN."""
+    rng = random.Random(3)
+    for rank in (0, 1):
+        points = [
+            {"name": "loss", "step": s, "value": 2.0 + 0.5 * rank + 0.01 * rng.gauss(0, 1)}
+            for s in range(250)
+        ]
+        post_rank_batch(client, agent, rank, points)
+        wait_for(lambda: evaluated_everything(agent.job_id), f"rank {rank}'s batch evaluated")
+    assert list(Alert.objects.filter(job_id=agent.job_id).values_list("rule_key")) == []
+    post_rank_batch(client, agent, 1, [{"name": "loss", "step": 250, "value": "NaN"}])
+    alert = wait_for(lambda: Alert.objects.filter(job_id=agent.job_id).first(), "the alert")
+    assert (alert.rule_key, alert.description) == (
+        "non-finite-loss-or-gradients",
+        "rank 1: loss is NaN at step 250",
+    )
+    wait_for(lambda: evaluated_everything(agent.job_id), "the NaN evaluated")
+    wait_for(worker_idle, "the worker to settle")
+    assert Alert.objects.filter(job_id=agent.job_id).count() == 1

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
+from breakers.agent.service import heartbeat_reply
 from breakers.control.commands import issue_command
 from breakers.models import Command, CommandStatus
 
@@ -77,3 +78,57 @@ def test_an_idle_websocket_survives_longer_than_the_redis_read_timeout(live_cons
         time.sleep(7)
         issued = issue_command(agent.job_id, "lower_lr", reason="after a quiet spell").command
         assert next_message(socket)["command"]["id"] == issued.pk
+
+
+def catch_up(socket) -> list[int]:
+    """The ids a fresh socket's catch-up sent: everything before the answer to a junk message
+    (the consumer sends its catch-up before it reads anything)."""
+    socket.send(json.dumps({"type": "hello"}))
+    ids = []
+    while (message := next_message(socket))["type"] == "command":
+        ids.append(message["command"]["id"])
+    assert message["type"] == "error"
+    return ids
+
+
+def test_a_rank_s_catch_up_leaves_out_the_commands_it_acked(live_console, agent):
+    for rank in (0, 1):
+        body = {"step": 100, "status": "running", "rank": rank, "world_size": 2, "pid": 10 + rank}
+        heartbeat_reply(agent.job_id, json.dumps(body).encode())
+    lower = issue_command(agent.job_id, "lower_lr", reason="L2", params={"factor": 0.5})
+    pause = issue_command(agent.job_id, "checkpoint_and_pause", reason="NaN", severity="L3")
+    both = [lower.command.pk, pause.command.pk]
+    url = ws_url(live_console) + f"?token={agent.token}"
+    with connect(url + "&rank=0") as socket:
+        assert catch_up(socket) == both
+        step = pause.command.apply_at_step
+        ack = {
+            "type": "ack",
+            "id": pause.command.pk,
+            "status": "succeeded",
+            "result": {"rank": 0, "step": step},
+        }
+        socket.send(json.dumps(ack))
+        answer = next_message(socket)
+        assert answer == {"type": "acked", "id": pause.command.pk, "status": "delivered"}
+    # Rank 0 reconnects: the pause it applied is not sent again; rank 1 has acked nothing.
+    with connect(url + "&rank=0") as socket:
+        assert catch_up(socket) == [lower.command.pk]
+    with connect(url + "&rank=1") as socket:
+        assert catch_up(socket) == both
+    with connect(url) as socket:  # no rank said (one process, an older SDK): every open one
+        assert catch_up(socket) == both
+
+
+@pytest.mark.parametrize("query", ["rank=-1", "rank=one", "rank=", "rank=2147483648",
+                                   "rank=1&rank=2", "rank=%D9%A3"])  # fmt: skip
+def test_a_rank_that_is_not_one_is_refused_naming_the_field(live_console, agent, query):
+    issue_command(agent.job_id, "lower_lr", reason="L2", params={"factor": 0.5})
+    with connect(ws_url(live_console) + f"?token={agent.token}&{query}") as socket:
+        message = next_message(socket)
+        assert (message["type"], message["error"], list(message["fields"])) == (
+            "error", "invalid", ["rank"],
+        )  # fmt: skip
+        with pytest.raises(ConnectionClosed) as closed:
+            socket.recv(timeout=10)
+    assert closed.value.rcvd.code == 4400
