@@ -16,18 +16,14 @@ from rest_framework.views import APIView
 
 from console.api.person_auth import PersonView, audit_context, error_responses
 from incidents.models import Alert, Delivery, Severity, Team
-from incidents.notifications.delivery import (
-    last_delivered,
-    notifications_configured,
-    policy_for,
-    record_receipt,
-)
+from incidents.notifications.delivery import notifications_configured, policy_for
 from incidents.notifications.policy import (
     ask_for_confirmation,
     save_policy,
     send_test_notification,
     set_contact,
 )
+from incidents.notifications.receipts import last_delivered, record_receipt
 from incidents.notifications.routing import CHANNELS
 from incidents.notifications.senders import provider_signature, receipt_url
 from incidents.teams.access import role_in_team, scoped_get

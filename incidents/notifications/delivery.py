@@ -12,7 +12,7 @@ A queued delivery holds a lease (``lease_until``): its task must claim it, and a
 attempt must be finished, before the lease runs out. A worker SIGKILLed mid-send leaves its
 row queued with a claimed attempt that nobody will finish (the redelivered task message finds
 its attempt taken and stops, rightly: it cannot know whether the page went out); a task
-message lost with Redis leaves a row nobody claims. ``sweep_deliveries`` (on the beat) hands
+message lost with Redis leaves a row nobody claims. ``sweep.sweep_deliveries`` (on the beat) hands
 each such row the next attempt, at most once per lease (a compare-and-swap on the lease).
 
 Delivery is therefore at least once. A send that reached the provider before its worker died
@@ -29,8 +29,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, F, OuterRef, Q
-from django.db.models.fields.json import KT
+from django.db.models import F, Q
 from django.utils import timezone
 
 from core.text import fit
@@ -50,7 +49,6 @@ from incidents.models import (
     NotificationRound,
     Role,
     RoundStatus,
-    TimelineEntry,
     TimelineKind,
 )
 from incidents.notifications import grouping
@@ -66,15 +64,10 @@ from incidents.notifications.routing import (
 )
 from incidents.teams.oncall import who_is_on_call
 
-# Queued deliveries a sweep re-queues at most: the rest wait for the next sweep.
-SWEEP_LIMIT = 500
-# Alerts older than this are not looked at by the sweep for a lost dispatch.
-SWEEP_ALERTS_WITHIN = timedelta(days=1)
-
 log = logging.getLogger(__name__)
 
 
-def _tasks() -> Any:
+def tasks() -> Any:
     from incidents.notifications import tasks  # the tasks import this module
 
     return tasks
@@ -93,7 +86,7 @@ def notifications_configured(team_id: int) -> bool:
 
 def notify_alert(alert_id: int) -> None:
     """Call inside the transaction that raised or escalated the alert: notifies after commit."""
-    transaction.on_commit(lambda: _tasks().dispatch_alert_task.delay(alert_id))
+    transaction.on_commit(lambda: tasks().dispatch_alert_task.delay(alert_id))
 
 
 # --- Content ---------------------------------------------------------------------------------
@@ -273,9 +266,7 @@ def _schedule_next_round(
         alert=alert, severity=round_.severity, number=round_.number + 1, defaults={"due_at": due}
     )
     if created:
-        transaction.on_commit(
-            lambda: _tasks().fire_round_task.apply_async((following.pk,), eta=due)
-        )
+        transaction.on_commit(lambda: tasks().fire_round_task.apply_async((following.pk,), eta=due))
 
 
 def fire_due_rounds(*, now: datetime | None = None) -> list[int]:
@@ -426,65 +417,9 @@ def lease(now: datetime, extra_seconds: float = 0.0) -> datetime:
     return now + timedelta(seconds=float(settings.NOTIFY_DELIVERY_LEASE_SECONDS) + extra_seconds)
 
 
-def undispatched_alerts(now: datetime) -> list[int]:
-    """Firing alerts that should page and have no round 0 at their level: their dispatch task
-    was lost (published while Redis was down, or lost with it). dispatch_alert is idempotent
-    (the round's unique constraint), so sending it again never pages twice."""
-    rounds = NotificationRound.objects.filter(
-        alert=OuterRef("pk"), severity=OuterRef("severity"), number=0
-    )
-    alerts = Alert.objects.filter(
-        status=AlertStatus.FIRING,
-        # A lease's grace: a dispatch on its way is not raced (it would be harmless anyway).
-        raised_at__lt=now - timedelta(seconds=float(settings.NOTIFY_DELIVERY_LEASE_SECONDS)),
-        raised_at__gte=now - SWEEP_ALERTS_WITHIN,
-        job__team__notification_policy__isnull=False,
-    ).exclude(layer="performance")
-    # An alert of a storm that pages through its leader has no round of its own, by design: its
-    # "grouped" note says its dispatch ran (else the sweep would dispatch it every 10 s).
-    grouped = TimelineEntry.objects.annotate(noted_severity=KT("data__severity")).filter(
-        alert_id=OuterRef("pk"),
-        kind=TimelineKind.NOTE,
-        data__notification="grouped",
-        noted_severity=OuterRef("severity"),
-    )
-    alerts = alerts.filter(~Exists(rounds), ~Exists(grouped))
-    return list(alerts.values_list("pk", flat=True)[:SWEEP_LIMIT])
-
-
-def sweep_deliveries(*, now: datetime | None = None) -> list[int]:
-    """Re-queue every queued delivery whose lease ran out; the ids re-queued. Also dispatch
-    again the alerts whose dispatch was lost (see undispatched_alerts).
-
-    The next attempt is the row's current ``attempts``: if the dead worker's claim somehow
-    finishes after all, the new task finds its attempt taken. The lease is moved forward by a
-    compare-and-swap first, so two sweepers (or two beats) re-queue a row once."""
-    now = now or timezone.now()
-    expired = Delivery.objects.filter(status=DeliveryStatus.QUEUED, lease_until__lt=now)
-    requeued: list[tuple[int, int]] = []
-    for delivery_id, attempts, until in expired.values_list("pk", "attempts", "lease_until")[
-        :SWEEP_LIMIT
-    ]:
-        won = Delivery.objects.filter(
-            pk=delivery_id, status=DeliveryStatus.QUEUED, attempts=attempts, lease_until=until
-        ).update(lease_until=lease(now))
-        if won:
-            requeued.append((delivery_id, attempts))
-    lost = undispatched_alerts(now)
-    if lost:
-        log.warning("dispatching %d alerts whose dispatch was lost: %s", len(lost), lost)
-        transaction.on_commit(lambda: [_tasks().dispatch_alert_task.delay(pk) for pk in lost])
-    if requeued:
-        log.warning("re-queued %d deliveries whose lease ran out: %s", len(requeued), requeued)
-        transaction.on_commit(
-            lambda: [_tasks().send_delivery_task.delay(pk, attempt) for pk, attempt in requeued]
-        )
-    return [pk for pk, _ in requeued]
-
-
 def fan_out(delivery_ids: list[int]) -> None:
     for delivery_id in delivery_ids:
-        _tasks().send_delivery_task.delay(delivery_id)
+        tasks().send_delivery_task.delay(delivery_id)
 
 
 def _claim(delivery: Delivery) -> bool:
@@ -566,10 +501,12 @@ def _finish(
         **extra,
     )
     if won and delivery.incident_id is not None:
-        _timeline(delivery, outcome, extra.get("latency_ms"), now)
+        outcome_timeline(delivery, outcome, extra.get("latency_ms"), now)
 
 
-def _timeline(delivery: Delivery, outcome: str, latency: float | None, now: datetime) -> None:
+def outcome_timeline(
+    delivery: Delivery, outcome: str, latency: float | None, now: datetime
+) -> None:
     if delivery.incident_id is None:
         return  # a delivery of no incident (a test message) has no timeline
     who = delivery.recipient.get_username() if delivery.recipient else "the team"
@@ -594,54 +531,3 @@ def _timeline(delivery: Delivery, outcome: str, latency: float | None, now: date
             "purpose": delivery.purpose,
         },
     )
-
-
-RECEIPT_OUTCOMES = {
-    "delivered": DeliveryStatus.DELIVERED,
-    "completed": DeliveryStatus.DELIVERED,  # a call that was answered
-    "failed": DeliveryStatus.FAILED,
-    "undelivered": DeliveryStatus.FAILED,
-    "busy": DeliveryStatus.FAILED,
-    "no-answer": DeliveryStatus.FAILED,
-    "canceled": DeliveryStatus.FAILED,
-}
-
-
-def record_receipt(provider_id: str, provider_status: str, *, now: datetime | None = None) -> bool:
-    """The provider's status callback: sent → delivered / failed, with its timeline row.
-    False for an unknown id, an interim state (ringing, queued …) or a row already final."""
-    outcome = RECEIPT_OUTCOMES.get(provider_status.lower())
-    delivery = Delivery.objects.filter(provider_id=provider_id).exclude(provider_id="").first()
-    if outcome is None or delivery is None:
-        return False
-    now = now or timezone.now()
-    stamp = "delivered_at" if outcome == DeliveryStatus.DELIVERED else "failed_at"
-    stamped: dict[str, Any] = {stamp: now}
-    with transaction.atomic():
-        won = compare_and_swap(
-            Delivery,
-            delivery.pk,
-            table=DELIVERY_TRANSITIONS,
-            expected=[DeliveryStatus.SENT],
-            new=outcome,
-            **stamped,
-        )
-        if won and delivery.incident_id is not None:
-            _timeline(delivery, outcome, delivery.latency_ms, now)
-    return won
-
-
-def last_delivered(team_id: int) -> dict[str, str | None]:
-    """Per channel, when the team's last delivery got through (the team page's status)."""
-    result: dict[str, str | None] = {}
-    for channel in channels.ADAPTERS:
-        last = (
-            Delivery.objects.filter(
-                team_id=team_id, channel=channel, status=DeliveryStatus.DELIVERED
-            )
-            .order_by("-delivered_at")
-            .values_list("delivered_at", flat=True)
-            .first()
-        )
-        result[channel] = last.isoformat() if last else None
-    return result

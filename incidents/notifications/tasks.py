@@ -12,6 +12,7 @@ from celery import shared_task
 from incidents.models import NotificationPolicy
 from incidents.notifications import delivery as notifications
 from incidents.notifications import policy as notify_services
+from incidents.notifications import sweep
 
 
 @shared_task(name="notifications.dispatch_alert", acks_late=True, ignore_result=True)
@@ -53,7 +54,7 @@ def send_delivery_task(self, delivery_id: int, attempt: int = 0) -> None:
 
 @shared_task(name="notifications.sweep_deliveries", acks_late=True, ignore_result=True)
 def sweep_deliveries_task() -> None:
-    notifications.sweep_deliveries()
+    sweep.sweep_deliveries()
 
 
 @shared_task(name="notifications.daily_digest", acks_late=True, ignore_result=True)

@@ -27,7 +27,8 @@ from django.utils import timezone
 from config.celery import app
 from incidents.jobs import create_job
 from incidents.models import Delivery, DeliveryStatus
-from incidents.notifications.delivery import attempt_delivery, lease, sweep_deliveries
+from incidents.notifications.delivery import attempt_delivery, lease
+from incidents.notifications.sweep import sweep_deliveries
 from tests.conftest import ROOT, server_environment
 from tests.support.notify import Receiver
 from tests.support.waiting import wait_for
