@@ -19,6 +19,7 @@ app.autodiscover_tasks(
         "breakers.detection",
         "breakers.storage",
         "breakers.pace",
+        "breakers.drills",
         "breakers.control",
         "breakers.executors.slurm",
         "breakers.executors.traffic",

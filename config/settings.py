@@ -529,6 +529,10 @@ HEARTBEAT_TIMEOUT_DEFAULT_SECONDS = _env_seconds("BRAKELINE_HEARTBEAT_DEFAULT_SE
 # Fire drills: each team's full drill set is due once per this period (default 30 days), on the
 # beat (breakers.detection.rulesets.due_drills).
 DRILL_INTERVAL_SECONDS = _env_seconds("BRAKELINE_DRILL_INTERVAL_SECONDS", 30 * 86400.0)
+# A drill still queued or running this long after it was asked for lost its runner (the process
+# died with the machine): the hourly schedule marks it "error", which pages when it was
+# scheduled. A whole drill set takes minutes; an hour leaves room for a slow Slurm queue.
+DRILL_RUN_TIMEOUT_SECONDS = _env_seconds("BRAKELINE_DRILL_RUN_TIMEOUT_SECONDS", 3600.0)
 # An escalation request nobody decides within this long expires (the next manager is told).
 ESCALATION_DECISION_SECONDS = _env_seconds("BRAKELINE_ESCALATION_DECISION_SECONDS", 15 * 60.0)
 

@@ -56,11 +56,16 @@ def team_drills_page(request: HttpRequest, pk: int) -> HttpResponse:
         )
         return redirect(f"/teams/{team.pk}/drills/")
     latest = runs.last_runs_by_scenario(team)
+    # The badge's link names the missing scenarios: those ticked, the others not.
+    asked = set(request.GET.getlist("scenario")) & set(SCENARIOS)
     trend = runs.brake_trend(team)
     context: dict[str, Any] = {
         "team": team,
         "may_run": may_run,
-        "scenarios": [{"scenario": s, **latest[s.name]} for s in SCENARIOS.values()],
+        "scenarios": [
+            {"scenario": s, "ticked": not asked or s.name in asked, **latest[s.name]}
+            for s in SCENARIOS.values()
+        ],
         "trend": trend,
         "trend_points": trend_points([run.brake_seconds or 0.0 for run in trend]),
         "trend_max": max((run.brake_seconds or 0.0 for run in trend), default=0.0),

@@ -24,11 +24,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
-from django.urls import NoReverseMatch, reverse
+from django.urls import reverse
 from django.utils import timezone
 
 from breakers.detection import ruleset_core as core
@@ -261,12 +262,11 @@ def _drill_results(team: Team, version: int) -> DrillResults:
     return DrillResults(coverage, runs.passing_scenarios(team, version))
 
 
-def drills_url(team_id: int) -> str:
-    """Where to run a team's missing drills (the drills package's page, once it exists)."""
-    try:
-        return f"{reverse('drills:team')}?team={team_id}"
-    except NoReverseMatch:
-        return f"/drills/?team={team_id}"
+def drills_url(team_id: int, scenarios: Iterable[str] = ()) -> str:
+    """The team's drills page with the missing scenarios ticked (``?scenario=`` each): where
+    the badge's "run the missing drills" leads."""
+    query = urlencode([("scenario", name) for name in scenarios])
+    return reverse("team-drills-page", args=[team_id]) + (f"?{query}" if query else "")
 
 
 @dataclass(frozen=True)
@@ -297,7 +297,7 @@ def drill_badge(team: Team) -> DrillBadge:
         since=f"v{version.number}: {version.summary} ({who}, {when})",
         missing_scenarios=status.missing_scenarios,
         uncovered_rules=status.uncovered_rules,
-        url=drills_url(team.pk),
+        url=drills_url(team.pk, status.missing_scenarios),
     )
 
 

@@ -20,6 +20,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
 from breakers.detection import evaluation, rulesets
+from core.errors import Conflict
 from incidents.models import Job, JobStatus
 
 log = logging.getLogger(__name__)
@@ -140,14 +141,24 @@ def tick_job(job_id: int) -> int:
 
 @shared_task(name="rulesets.schedule_drills", acks_late=True, ignore_result=True)
 def schedule_drills() -> int:
-    """Beat (hourly): queue each team's drill set that is due (``rulesets.due_drills``), as the
-    system. Idempotent: a set queued in this period for this rule-set version (by the schedule
-    or a person) makes the team not due, so the hourly runs, a retry or two beats queue it once."""
-    from breakers.drills.runs import request_drills
+    """Beat (hourly): end the drills whose runner died (``expire_stale_runs``), then queue each
+    team's drill set that is due (``rulesets.due_drills``), as the system. Idempotent: a set
+    queued in this period for this rule-set version (by the schedule or a person) makes the
+    team not due, and the schedule's key is unique per scenario, so two beats racing past that
+    check, or a retry, queue it once."""
+    from breakers.drills.runs import expire_stale_runs, request_drills
     from incidents.models import Team
 
-    due = rulesets.due_drills()
-    for drill in due:
+    for run_id in expire_stale_runs():
+        log.warning("drill #%s lost its runner: marked error", run_id)
+    queued = 0
+    for drill in rulesets.due_drills():
         log.info("drill set due: %s %s", drill.idempotency_key, ", ".join(drill.scenarios))
-        request_drills(Team.objects.get(pk=drill.team_id), drill.scenarios)
-    return len(due)
+        try:
+            team = Team.objects.get(pk=drill.team_id)
+            request_drills(team, drill.scenarios, schedule_key=drill.idempotency_key)
+        except Conflict as conflict:
+            log.info("%s", conflict)  # the other beat's
+            continue
+        queued += 1
+    return queued

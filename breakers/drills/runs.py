@@ -16,18 +16,19 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterable
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from breakers.detection import rulesets
 from breakers.drills.scenarios import SCENARIOS, resolve
 from breakers.drills.scorecard import Line
 from breakers.models import DRILL_TRANSITIONS, DrillCheck, DrillRun, DrillStatus
-from breakers.models.drills import FINISHED_DRILL_STATUSES
+from breakers.models.drills import FINISHED_DRILL_STATUSES, OPEN_DRILL_STATUSES
 from core.errors import Conflict, InvalidInput
 from core.transitions import compare_and_swap
 from incidents.models import Team
@@ -48,10 +49,13 @@ def request_drills(
     corrupt_checkpoint: bool = False,
     context: AuditContext | None = None,
     launch: bool = True,
+    schedule_key: str = "",
 ) -> list[DrillRun]:
     """Queue one drill set (403 below admin, 400 naming an unknown scenario or executor).
-    ``actor`` None: the operator's command line (audited as the system). With ``launch``, the
-    set starts after commit in a background ``manage.py drill --drill-set`` process."""
+    ``actor`` None: the operator's command line or the schedule (audited as the system). With
+    ``launch``, the set starts after commit in a background ``manage.py drill --drill-set``
+    process. ``schedule_key``: the schedule's period key (409 when that set was queued
+    already); a scheduled set that does not pass pages the team (``page_failed_set``)."""
     with audited(actor, Action.RUN_DRILL, "team", team.pk, context) as attempt:
         attempt.team_id = team.pk
         if actor is not None:
@@ -69,21 +73,25 @@ def request_drills(
         # The version the drill vouches for ("drilled" is per version: a rule change after
         # this needs the drill again). Read before the runs exist, so it is the one in force.
         version = rulesets.current_version(team).number
-        with transaction.atomic():
-            runs = [
-                DrillRun.objects.create(
-                    team=team,
-                    scenario=scenario.name,
-                    drill_set=drill_set,
-                    executor=executor,
-                    requested_by=actor,
-                    corrupt_checkpoint=corrupt_checkpoint,
-                    ruleset_version=version,
-                )
-                for scenario in chosen
-            ]
-            if launch:
-                transaction.on_commit(lambda: launch_drill_set(drill_set))
+        try:
+            with transaction.atomic():
+                runs = [
+                    DrillRun.objects.create(
+                        team=team,
+                        scenario=scenario.name,
+                        drill_set=drill_set,
+                        executor=executor,
+                        requested_by=actor,
+                        corrupt_checkpoint=corrupt_checkpoint,
+                        ruleset_version=version,
+                        schedule_key=schedule_key,
+                    )
+                    for scenario in chosen
+                ]
+                if launch:
+                    transaction.on_commit(lambda: launch_drill_set(drill_set))
+        except IntegrityError:  # drill_scheduled_once: another beat queued this set first
+            raise Conflict(f"The scheduled drill set {schedule_key} is queued already.") from None
         attempt.succeeded(f"drill set {drill_set}: {', '.join(s.name for s in chosen)}")
     return runs
 
@@ -140,6 +148,7 @@ def finish(run: DrillRun, lines: list[Line], **figures: Any) -> DrillRun:
             run, status, finished_at=timezone.now(), **figures
         ):
             raise Conflict(f"Drill #{run.pk} is already {run.status}.")
+        _after_finish(run)
         DrillCheck.objects.bulk_create(
             DrillCheck(
                 run=run,
@@ -159,7 +168,45 @@ def fail_with_error(run: DrillRun, error: str) -> None:
     """The drill could not be carried out (no worker, the sandbox did not start...)."""
     run.refresh_from_db()
     if run.status not in FINISHED_DRILL_STATUSES:
-        move(run, DrillStatus.ERROR, finished_at=timezone.now(), error=error[:4000])
+        with transaction.atomic():
+            if move(run, DrillStatus.ERROR, finished_at=timezone.now(), error=error[:4000]):
+                _after_finish(run)
+
+
+def _after_finish(run: DrillRun) -> None:
+    """A scheduled run's verdict may complete its set: the task pages when the set did not
+    pass (nobody watched it start). Each run's commit asks; the task pages once per set."""
+    if run.scheduled:
+        drill_set = str(run.drill_set)
+        transaction.on_commit(lambda: _tasks().page_failed_set_task.delay(drill_set))
+
+
+def _tasks():
+    from breakers.drills import tasks  # the tasks module imports this one
+
+    return tasks
+
+
+def expire_stale_runs(*, now: datetime | None = None) -> list[int]:
+    """Runs queued or running for longer than ``DRILL_RUN_TIMEOUT_SECONDS`` lost their runner
+    (its process died with its machine, or never started): "error", so the badge, the team's
+    page and — for a scheduled set — the on-call person learn it, instead of "running" for ever."""
+    now = now or timezone.now()
+    limit = now - timedelta(seconds=float(settings.DRILL_RUN_TIMEOUT_SECONDS))
+    stale = DrillRun.objects.filter(status__in=OPEN_DRILL_STATUSES, created_at__lt=limit)
+    expired = []
+    for run in stale.order_by("pk"):
+        since = run.started_at or run.created_at
+        fail_with_error(
+            run,
+            f"the drill runner stopped: no verdict {int((now - since).total_seconds())} s after "
+            f"it {'started' if run.started_at else 'was queued'} "
+            f"(BRAKELINE_DRILL_RUN_TIMEOUT_SECONDS={settings.DRILL_RUN_TIMEOUT_SECONDS:g})",
+        )
+        run.refresh_from_db()
+        if run.status == DrillStatus.ERROR:
+            expired.append(run.pk)
+    return expired
 
 
 def passing_scenarios(team: Team, ruleset_version: int | None) -> set[str]:

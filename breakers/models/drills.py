@@ -70,10 +70,23 @@ class DrillRun(models.Model):
     brake_seconds = models.FloatField(null=True, blank=True)
     brake_steps = models.BigIntegerField(null=True, blank=True)
     error = models.TextField(blank=True)
+    # The drill schedule's key (team, rule-set version, period) on the runs it queued; blank
+    # when a person or the command line asked. Unique per scenario: two beats (or a retry)
+    # racing past the "already drilled this period" check still queue each set once.
+    schedule_key = models.CharField(max_length=100, blank=True, default="")
+    # When the set's failure was paged (a scheduled set pages once, however often asked).
+    failure_paged_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [
             models.Index(fields=["team", "scenario", "status"], name="drill_team_scenario"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["schedule_key", "scenario"],
+                condition=~models.Q(schedule_key=""),
+                name="drill_scheduled_once",
+            )
         ]
 
     def __str__(self) -> str:
@@ -82,6 +95,11 @@ class DrillRun(models.Model):
     @property
     def passed(self) -> bool:
         return self.status == DrillStatus.PASSED
+
+    @property
+    def scheduled(self) -> bool:
+        """Queued by the drill schedule (nobody watches it: its failure pages)."""
+        return bool(self.schedule_key)
 
 
 class DrillCheck(AppendOnlyModel):

@@ -27,6 +27,7 @@ from incidents.models import (
     JobStatus,
     Membership,
     NotificationPolicy,
+    Role,
     Team,
     TimelineKind,
 )
@@ -244,6 +245,25 @@ def notify_incident_people(incident_id: int, first_line: str, body: str) -> list
         for person in people
         for channel in ("phone", "chat")
     ]
+
+
+def notify_team_admins(team_id: int, first_line: str, body: str, *, purpose: str) -> list[int]:
+    """Chat and e-mail the person on call and the team's admins (who own its rules and run its
+    drills): something about the braking set-up itself needs a person, and it is no alert's
+    (a scheduled drill that failed). No phone: nothing is braking now."""
+    if not notifications_configured(team_id):
+        return []
+    admins = Membership.objects.filter(team_id=team_id, role=Role.ADMIN).select_related("user")
+    people = list(
+        dict.fromkeys([*who_is_on_call(team_id)[:1], *(m.user for m in admins.order_by("id"))])
+    )
+    message = Message(first_line, body)
+    with transaction.atomic():
+        return [
+            queue_message(team_id, person, channel, message, purpose=purpose).pk
+            for person in people
+            for channel in ("chat", "email")
+        ]
 
 
 def send_daily_digest(team_id: int, *, now: datetime | None = None) -> list[int]:

@@ -31,7 +31,9 @@ def test_an_admin_changes_the_rules_and_reads_the_versions(crew):
     assert body["version"]["number"] == 2 and body["version"]["actor"] == api.user.username
     assert body["version"]["snapshot"]["rules"]["loss-deviation"]["enabled"] is False
     assert body["drill"]["since"].startswith("v2: loss-deviation changed (")
-    assert body["drill"]["url"] == f"/drills/?team={crew.team.pk}"
+    # The badge's link: the team's drills page with the missing scenarios ticked.
+    assert body["drill"]["url"].startswith(f"/teams/{crew.team.pk}/drills/?scenario=")
+    assert "scenario=nan_loss" in body["drill"]["url"]
 
     listed = crew.api("viewer").get(rules_url(crew, "/versions"))
     assert [v["number"] for v in listed.json()] == [2, 1]

@@ -44,7 +44,7 @@ def test_an_admin_edits_a_rule_on_the_page_and_the_badge_names_the_change(crew):
 
     job = admin.get(f"/jobs/{crew.job_id}/").content.decode()
     assert "not drilled since v2: loss-rising changed (admin-" in job
-    assert f'href="/drills/?team={crew.team.pk}"' in job
+    assert f'href="/teams/{crew.team.pk}/drills/?scenario=' in job
     dashboard = admin.get("/").content.decode()
     assert "not drilled since v2: loss-rising changed" in dashboard
 
@@ -131,11 +131,17 @@ def test_the_drill_schedule_is_due_once_per_team_and_period(crew, monkeypatch, s
     assert [(d.team_id, d.scenarios) for d in first] == [(crew.team.pk, ["nan_loss", "xid"])]
     assert rulesets.due_drills(later) == first  # the same key all period: started once
     assert rulesets.due_drills(tuesday)[0].idempotency_key != first[0].idempotency_key
+    (due_now,) = rulesets.due_drills()
     assert schedule_drills() == 1  # queued as the system, stamped with the version in force
     queued = DrillRun.objects.filter(team=crew.team)
     assert sorted(r.scenario for r in queued) == ["nan_loss", "xid"]
     assert {r.ruleset_version for r in queued} == {rulesets.current_version(crew.team).number}
+    assert {r.schedule_key for r in queued} == {due_now.idempotency_key}  # its failure pages
     assert rulesets.due_drills() == [] and schedule_drills() == 0  # once per period
+    # A second beat that read "due" before the first one's set was committed: the key's
+    # unique constraint refuses its copy.
+    monkeypatch.setattr(rulesets, "_drilled_since", lambda team, version, period: False)
+    assert schedule_drills() == 0 and queued.count() == 2
     assert any(p.task == "rulesets.schedule_drills" for p in PERIODIC)
 
 

@@ -4,6 +4,8 @@ drills; the page fits a 390 px phone. Screenshots: docs/screenshots/rules.png, p
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from playwright.sync_api import expect
 
@@ -46,7 +48,9 @@ def test_an_admin_changes_a_rule_and_the_job_is_not_drilled_since(
     page.goto(f"{live_console}/jobs/{agent.job_id}/")
     badge = page.locator(".drill-badge.not-drilled")
     expect(badge).to_contain_text("not drilled since v2")
-    expect(badge.locator("a")).to_have_attribute("href", f"/drills/?team={team_id}")
+    badge.locator("a").click()  # "run the missing drills": the drills page, those ticked
+    expect(page).to_have_url(re.compile(rf"/teams/{team_id}/drills/\?scenario="))
+    expect(page.locator("#drill-form input[value=nan_loss]")).to_be_checked()
 
     phone = browser.new_context(viewport=PHONE, device_scale_factor=2, is_mobile=True)
     try:
