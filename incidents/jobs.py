@@ -245,12 +245,14 @@ def record_heartbeat(
     hostname: str = "",
     rank: int | None = None,
     world_size: int | None = None,
+    finish_event: str = "finish",
     now: datetime | None = None,
 ) -> Job:
     """Store one rank's heartbeat (no rank: rank 0): its row, the job's world size, and the
     job's deadline — the earliest of its unfinished ranks'. The job-level agent fields
     (pid, host, status, step time) are rank 0's (until rank 0 speaks, the reporting rank's);
-    the job finishes when every rank has."""
+    the job finishes when every rank has — by ``finish_event``: "terminate" when the caller
+    knows the processes were told to stop (their last beat may overtake the acknowledgement)."""
     now = now or timezone.now()
     with transaction.atomic():
         # The job's row lock serialises the heartbeats of all its ranks: each rank's step time
@@ -271,7 +273,7 @@ def record_heartbeat(
         job.save(update_fields=[*JOB_HEARTBEAT_FIELDS])
         advance_current_step(job_id, step)
         if status == AgentStatus.FINISHED and _every_rank_finished(job):
-            move_job(job_id, "finish", heartbeat_deadline=None)
+            move_job(job_id, finish_event, heartbeat_deadline=None)
         else:
             mark_job_running(job_id)
         back = job.heartbeat_deadline is None or job.heartbeat_deadline >= now

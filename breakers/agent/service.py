@@ -22,7 +22,7 @@ from breakers.control.commands import acknowledge_command, deliverable_commands
 from breakers.detection.tasks import schedule_evaluation
 from breakers.executors.launchers import record_launcher
 from breakers.executors.scheduler import record_scheduler_context
-from breakers.models import Command
+from breakers.models import Command, CommandKind, CommandStatus
 from core.errors import NotFound
 from core.nonfinite import encode
 from core.realtime import job_group, publish_after_commit
@@ -98,10 +98,26 @@ def _record_heartbeat(job_id: int, heartbeat: HeartbeatIn) -> Job:
         hostname=heartbeat.hostname,
         rank=heartbeat.rank,
         world_size=heartbeat.world_size,
+        finish_event=_finish_event(job_id, heartbeat.status),
     )
     record_scheduler_context(job_id, heartbeat)
     record_launcher(job_id, heartbeat)  # whom the executor stops: the whole job
     return job
+
+
+def _finish_event(job_id: int, status: str) -> str:
+    """A process that received a terminate and then says "finished" exited on the terminate:
+    its last heartbeat can overtake the acknowledgement (the SDK waits for it, bounded, and
+    under load the ack's POST may still be on its way), and a job stopped by an L4 must not
+    read "finished" — the final status would then refuse the terminate for good."""
+    if status != "finished":
+        return "finish"
+    told = Command.objects.filter(
+        job_id=job_id,
+        kind=CommandKind.TERMINATE,
+        status__in=(CommandStatus.DELIVERED, CommandStatus.SUCCEEDED),
+    )
+    return "terminate" if told.exists() else "finish"
 
 
 def pending_commands(job_id: int) -> list[dict]:

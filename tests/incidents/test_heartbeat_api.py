@@ -96,3 +96,30 @@ def test_heartbeat_without_token_is_401(client, agent):
         URL, data={"step": 1, "status": "running"}, content_type="application/json"
     )
     assert response.status_code == 401
+
+
+def test_finished_after_a_delivered_terminate_is_terminated(agent, agent_post):
+    """The process's last beat overtook its terminate's acknowledgement (seen under load in
+    the drill set): the job stopped by the terminate reads terminated, not finished, and the
+    late acknowledgement is still taken."""
+    from breakers.control.commands import issue_command
+
+    agent_post(URL, {"step": 5, "status": "running"})
+    command = issue_command(agent.job_id, "terminate", reason="L4").command
+    replied = agent_post(URL, {"step": 6, "status": "running"}).json()["commands"]
+    assert [c["id"] for c in replied] == [command.pk]  # delivered in the reply
+    agent_post(URL, {"step": 6, "status": "finished"})
+    assert Job.objects.get(pk=agent.job_id).status == JobStatus.TERMINATED
+    late = agent_post(f"/api/v1/agent/commands/{command.pk}/ack",
+                      {"status": "succeeded", "result": {"step": 6, "exit_code": 75}})  # fmt: skip
+    assert late.status_code == 200, late.content
+    assert Job.objects.get(pk=agent.job_id).status == JobStatus.TERMINATED
+
+
+def test_finished_with_a_terminate_never_delivered_is_finished(agent, agent_post):
+    from breakers.control.commands import issue_command
+
+    agent_post(URL, {"step": 5, "status": "running"})
+    issue_command(agent.job_id, "terminate", reason="L4")  # still pending: never reached it
+    agent_post(URL, {"step": 9, "status": "finished"})
+    assert Job.objects.get(pk=agent.job_id).status == JobStatus.FINISHED
