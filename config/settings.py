@@ -533,6 +533,19 @@ DRILL_INTERVAL_SECONDS = _env_seconds("BRAKELINE_DRILL_INTERVAL_SECONDS", 30 * 8
 # died with the machine): the hourly schedule marks it "error", which pages when it was
 # scheduled. A whole drill set takes minutes; an hour leaves room for a slow Slurm queue.
 DRILL_RUN_TIMEOUT_SECONDS = _env_seconds("BRAKELINE_DRILL_RUN_TIMEOUT_SECONDS", 3600.0)
+# May a team's admins make their own training command the drill workload? It runs on this
+# machine (or its Slurm) as the console's user, so the operator opts in; off by default.
+DRILL_TEAM_COMMANDS = _env_bool("BRAKELINE_DRILL_TEAM_COMMANDS", False)
+# What a sandbox's environment keeps of the console's: these names only (never its database
+# URL, secret key or provider tokens), plus what the drill sets (docs/drills.md).
+DRILL_ENVIRONMENT_ALLOWLIST = tuple(
+    name.strip()
+    for name in os.environ.get(
+        "BRAKELINE_DRILL_ENVIRONMENT",
+        "PATH,HOME,USER,LOGNAME,LANG,LC_ALL,LC_CTYPE,TZ,TMPDIR,VIRTUAL_ENV,SLURM_CONF",
+    ).split(",")
+    if name.strip()
+)
 # An escalation request nobody decides within this long expires (the next manager is told).
 ESCALATION_DECISION_SECONDS = _env_seconds("BRAKELINE_ESCALATION_DECISION_SECONDS", 15 * 60.0)
 

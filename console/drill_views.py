@@ -10,9 +10,9 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
-from breakers.drills import runs
+from breakers.drills import runs, workloads
 from breakers.drills.scenarios import SCENARIOS
-from breakers.models import DrillRun
+from breakers.models import DrillRun, DrillWorkload
 from console.api.reviews import audit_context
 from console.pages.forms import attempt
 from incidents.models import Team
@@ -45,13 +45,28 @@ def trend_points(values: list[float]) -> str:
 def team_drills_page(request: HttpRequest, pk: int) -> HttpResponse:
     team = _team(request, pk)
     may_run = decide(role_in_team(request.user, team.pk), Action.RUN_DRILL).allowed
+    if request.method == "POST" and request.POST.get("form") == "workload":
+        data = {name: request.POST.get(name, "") for name in workloads.FIELDS}
+        attempt(
+            request,
+            "The team's drill workload is saved." if data["command"].strip()
+            else "The team's drills run the built-in workload again.",
+            lambda: workloads.save_team_workload(
+                request.user, team.pk, data, context=audit_context(request)
+            ),
+        )  # fmt: skip
+        return redirect(f"/teams/{team.pk}/drills/")
     if request.method == "POST":
         chosen = request.POST.getlist("scenario") or ["all"]
         attempt(
             request,
             f"Drill set started: {', '.join(chosen)}. Each scorecard appears below when done.",
             lambda: runs.request_drills(
-                team, chosen, actor=request.user, context=audit_context(request)
+                team,
+                chosen,
+                actor=request.user,
+                workload=request.POST.get("workload", "builtin"),
+                context=audit_context(request),
             ),
         )
         return redirect(f"/teams/{team.pk}/drills/")
@@ -71,6 +86,8 @@ def team_drills_page(request: HttpRequest, pk: int) -> HttpResponse:
         "trend_max": max((run.brake_seconds or 0.0 for run in trend), default=0.0),
         "trend_box": (TREND_WIDTH, TREND_HEIGHT),
         "recent": DrillRun.objects.filter(team=team).order_by("-pk")[:20],
+        "own_commands": workloads.team_commands_enabled(),
+        "own": DrillWorkload.objects.filter(team=team).first(),
     }
     return render(request, "drills/team.html", context)
 

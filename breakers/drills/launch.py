@@ -1,17 +1,20 @@
 """Starting the drill workload the way the job's executor runs jobs: a local process, or a
 batch job submitted with ``sbatch`` (the same Slurm the Slurm executor acts through).
 
-The sandbox's environment carries the job's token (the local executor signals only a process
-whose environment holds it), ``BRAKELINE_DRILL_SANDBOX=1`` (the SDK's own consent to faults)
-and, on Slurm, ``--comment=brakeline:<job id>``, which the console checks with Slurm before it
-binds the job and acts on it through Slurm.
+The sandbox's environment is built from an allowlist (``DRILL_ENVIRONMENT_ALLOWLIST``: PATH,
+HOME, the locale...), never the console's own: a training command — the team's own, above all —
+must not read the console's database URL, secret key or provider tokens. It carries the job's
+token (the local executor signals only a process whose environment holds it),
+``BRAKELINE_DRILL_SANDBOX=1`` (the SDK's own consent to faults), where to checkpoint and where
+the SDK notes that the release hooks ran, and, on Slurm, ``--comment=brakeline:<job id>``,
+which the console checks with Slurm before it binds the job and acts on it through Slurm.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,16 +23,26 @@ from django.conf import settings
 from incidents.models import Job
 
 SANDBOX_VARIABLE = "BRAKELINE_DRILL_SANDBOX"  # the SDK's (brakeline._drill.SANDBOX_VARIABLE)
+RELEASE_MARKER_VARIABLE = "BRAKELINE_DRILL_RELEASE_MARKER"  # brakeline._drill's
+RELEASE_MARKER = "released"  # in the sandbox's folder: the SDK ran the release hooks
+
+
+def base_environment() -> dict[str, str]:
+    """The allowlisted part of the console's environment (the verifier gets only this)."""
+    allowed = settings.DRILL_ENVIRONMENT_ALLOWLIST
+    env = {name: os.environ[name] for name in allowed if name in os.environ}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    return env
 
 
 def sandbox_environment(url: str, token: str, work_dir: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BRAKELINE_")}
+    env = base_environment()
     env.update(
         BRAKELINE_URL=url,
         BRAKELINE_TOKEN=token,
-        **{SANDBOX_VARIABLE: "1"},
-        OMP_NUM_THREADS="1",
-        PYTHONUNBUFFERED="1",
+        BRAKELINE_CHECKPOINT_DIR=str(work_dir / "checkpoints"),
+        BRAKELINE_SPILL_DIR=str(work_dir / "spill"),
+        **{SANDBOX_VARIABLE: "1", RELEASE_MARKER_VARIABLE: str(work_dir / RELEASE_MARKER)},
         TRAIN_DIR=str(work_dir),
     )
     return env
@@ -73,11 +86,11 @@ class Sandbox:
 
 
 def launch_sandbox(
-    executor: str, job: Job, token: str, url: str, work_dir: Path, workload: Path
+    executor: str, job: Job, token: str, url: str, work_dir: Path, arguments: list[str]
 ) -> Sandbox:
+    """Start ``arguments`` (the workload's command line, run without a shell) in ``work_dir``."""
     work_dir.mkdir(parents=True, exist_ok=True)
     env = sandbox_environment(url, token, work_dir)
-    arguments = [sys.executable, str(workload), "--work-dir", str(work_dir)]
     if executor == "slurm":
         return _submit(job, env, arguments, work_dir)
     with open(work_dir / "workload.log", "wb") as output:
@@ -112,8 +125,9 @@ def _slurm(arguments: list[str], env: dict[str, str] | None = None) -> subproces
 
 
 def _submit(job: Job, env: dict[str, str], arguments: list[str], work_dir: Path) -> Sandbox:
-    # The exit code lands in a file: without accounting, Slurm forgets a finished job.
-    script = f"{' '.join(arguments)}; echo $? > {work_dir}/exit-code"
+    # The exit code lands in a file: without accounting, Slurm forgets a finished job. The
+    # arguments are quoted: a team's command line is data, never shell code.
+    script = f"{shlex.join(arguments)}; echo $? > {shlex.quote(str(work_dir))}/exit-code"
     submitted = _slurm(
         [
             "sbatch",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import shlex
 import subprocess
 import sys
 import time
@@ -30,7 +31,7 @@ from django.utils import timezone
 from breakers.checkpoints import catalogue
 from breakers.control.commands import issue_command
 from breakers.drills import runs
-from breakers.drills.launch import Sandbox, launch_sandbox
+from breakers.drills.launch import RELEASE_MARKER, Sandbox, base_environment, launch_sandbox
 from breakers.drills.scenarios import SCENARIOS, Scenario
 from breakers.drills.scorecard import DETECT_MARGIN_SECONDS, Facts, score
 from breakers.models import (
@@ -115,7 +116,8 @@ def run_drill(run: DrillRun, *, console_url: str | None = None) -> DrillRun:
         job, token = _sandbox_job(run)
         work_dir = runs.drill_folder() / str(run.drill_set) / f"{run.pk}-{run.scenario}"
         url = console_url or str(settings.BRAKELINE_PUBLIC_URL)
-        sandbox = launch_sandbox(run.executor, job, token, url, work_dir, WORKLOAD)
+        arguments = workload_arguments(run, work_dir)
+        sandbox = launch_sandbox(run.executor, job, token, url, work_dir, arguments)
         facts, figures = _drive(run, scenario, job, sandbox)
         lines = score(scenario, facts)
         return runs.finish(run, lines, **figures)
@@ -129,6 +131,19 @@ def run_drill(run: DrillRun, *, console_url: str | None = None) -> DrillRun:
     finally:
         if sandbox is not None:
             _clean_up(run, sandbox)
+
+
+def workload_arguments(run: DrillRun, work_dir: Path) -> list[str]:
+    """The built-in workload, or the team's own command as the run recorded it."""
+    if run.command:
+        return shlex.split(run.command)
+    return [sys.executable, str(WORKLOAD), "--work-dir", str(work_dir)]
+
+
+def verify_arguments(run: DrillRun) -> list[str]:
+    if run.verify_command:
+        return shlex.split(run.verify_command)
+    return [sys.executable, str(WORKLOAD), "--verify", "-"]
 
 
 def _sandbox_job(run: DrillRun) -> tuple[Job, str]:
@@ -152,7 +167,7 @@ def _drive(
     if not stepping:
         raise DrillError(f"the workload never reached step {WARM_UP_STEPS}: {sandbox.tail()}")
     # Started once the sandbox steps (two torch imports at once only slow both down).
-    verifier = start_verifier()
+    verifier = start_verifier(verify_arguments(run), sandbox.work_dir)
     try:
         return _observe(run, scenario, job, sandbox, verifier)
     finally:
@@ -334,10 +349,18 @@ def _release_facts(job: Job, sandbox: Sandbox, alert: Alert | None) -> dict[str,
         "job_status": job.status,
         "alive": sandbox.alive(),
         "exit_code": sandbox.exit_code(),
-        "release_hook": (sandbox.work_dir / "released").exists(),
+        "release_hook": _release_hooks_run(sandbox.work_dir) > 0,
         "executor_stopped": entry is not None,
         "executor_detail": entry.message if entry is not None else refused,
     }
+
+
+def _release_hooks_run(work_dir: Path) -> int:
+    """How many release hooks the SDK ran (its note in the sandbox's folder; 0 without one)."""
+    try:
+        return int((work_dir / RELEASE_MARKER).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _checkpoint_facts(job: Job, brake: Command | None) -> dict[str, Any] | None:
@@ -360,11 +383,14 @@ def _checkpoint_facts(job: Job, brake: Command | None) -> dict[str, Any] | None:
     return {**facts, "brake_saved": brake_saved}
 
 
-def start_verifier() -> subprocess.Popen:
+def start_verifier(arguments: list[str], work_dir: Path) -> subprocess.Popen:
     """The fresh process of the "loads" line, started ahead: importing torch takes seconds on
-    a loaded machine, and a fresh process it stays (it has never seen the sandbox)."""
+    a loaded machine, and a fresh process it stays (it has never seen the sandbox, and holds
+    no token: only the allowlisted environment)."""
     return subprocess.Popen(
-        [sys.executable, str(WORKLOAD), "--verify", "-"],
+        arguments,
+        cwd=work_dir,
+        env={**base_environment(), "TRAIN_DIR": str(work_dir)},
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -25,6 +25,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from breakers.detection import rulesets
+from breakers.drills import workloads
 from breakers.drills.scenarios import SCENARIOS, resolve
 from breakers.drills.scorecard import Line
 from breakers.models import DRILL_TRANSITIONS, DrillCheck, DrillRun, DrillStatus
@@ -50,16 +51,22 @@ def request_drills(
     context: AuditContext | None = None,
     launch: bool = True,
     schedule_key: str = "",
+    workload: str = "builtin",
 ) -> list[DrillRun]:
     """Queue one drill set (403 below admin, 400 naming an unknown scenario or executor).
     ``actor`` None: the operator's command line or the schedule (audited as the system). With
     ``launch``, the set starts after commit in a background ``manage.py drill --drill-set``
     process. ``schedule_key``: the schedule's period key (409 when that set was queued
-    already); a scheduled set that does not pass pages the team (``page_failed_set``)."""
+    already); a scheduled set that does not pass pages the team (``page_failed_set``).
+    ``workload``: ``builtin`` or ``team`` (the team's own command, ``workloads.py``)."""
     with audited(actor, Action.RUN_DRILL, "team", team.pk, context) as attempt:
         attempt.team_id = team.pk
         if actor is not None:
             attempt.check(decide(role_in_team(actor, team.pk), Action.RUN_DRILL))
+        else:  # audited as allowed: the row said "refused" for every scheduled set before
+            attempt.allowed, attempt.reason = True, (
+                "The drill schedule or an operator at the server (manage.py drill)."
+            )
         try:
             chosen = resolve(list(scenarios))
         except ValueError as error:
@@ -69,6 +76,7 @@ def request_drills(
                 f"Unknown executor {executor!r}.",
                 fields={"executor": f"must be one of {', '.join(EXECUTORS)}"},
             )
+        command, verify_command = _workload_commands(team, workload)
         drill_set = uuid.uuid4()
         # The version the drill vouches for ("drilled" is per version: a rule change after
         # this needs the drill again). Read before the runs exist, so it is the one in force.
@@ -85,6 +93,8 @@ def request_drills(
                         corrupt_checkpoint=corrupt_checkpoint,
                         ruleset_version=version,
                         schedule_key=schedule_key,
+                        command=command,
+                        verify_command=verify_command,
                     )
                     for scenario in chosen
                 ]
@@ -94,6 +104,34 @@ def request_drills(
             raise Conflict(f"The scheduled drill set {schedule_key} is queued already.") from None
         attempt.succeeded(f"drill set {drill_set}: {', '.join(s.name for s in chosen)}")
     return runs
+
+
+WORKLOADS = ("builtin", "team")
+
+
+def _workload_commands(team: Team, workload: str) -> tuple[str, str]:
+    """The command lines the runs record ("" and "" for the built-in workload), checked again
+    now: the program may have gone since the admin set it."""
+    if workload not in WORKLOADS:
+        raise InvalidInput(
+            f"Unknown workload {workload!r}.", fields={"workload": "builtin or team"}
+        )
+    if workload == "builtin":
+        return "", ""
+    own = workloads.team_workload(team)
+    if own is None:
+        why = (
+            "the team has set no command"
+            if workloads.team_commands_enabled()
+            else (workloads.NOT_ENABLED)
+        )
+        raise InvalidInput(f"No own drill workload: {why}", fields={"workload": why})
+    for name in workloads.FIELDS:
+        try:
+            workloads.parse_command(getattr(own, name), name)
+        except InvalidInput as error:
+            raise InvalidInput(error.detail, fields={"workload": error.detail}) from None
+    return own.command, own.verify_command
 
 
 def launch_drill_set(drill_set: uuid.UUID) -> None:

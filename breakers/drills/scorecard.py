@@ -155,13 +155,13 @@ def checkpoint_lines(scenario: Scenario, facts: Facts) -> list[Line]:
         ]
     through = row["weights_step"] if row.get("weights_step") is not None else row["step"]
     saved = _saved_line(scenario, facts, row)
-    loads = facts.loads or {}
+    loads = facts.loads if isinstance(facts.loads, dict) else {}
     error = str(loads.get("error", "no answer"))
     loaded = Line(
         "checkpoint loads",
-        bool(loads.get("loads")),
-        f"restored step {loads['step']}, one step ran (loss {loads['loss']:.4g})"
-        if loads.get("loads")
+        loads.get("loads") is True,
+        _loaded(loads)
+        if loads.get("loads") is True
         else "did not load: " + error.replace(row["path"], Path(row["path"]).name),
         "restored in a fresh process, SHA-256 verified, one step runs",
         "" if loads.get("loads") else error,
@@ -187,6 +187,15 @@ def _saved_line(scenario: Scenario, facts: Facts, row: dict[str, Any]) -> Line:
     measured = f"the brake saved none ({said[:80]}); {measured}"
     expected = "the brake's save failed and saved nothing; " + expected
     return Line("checkpoint saved", failed, measured, expected, detail)
+
+
+def _loaded(answer: dict[str, Any]) -> str:
+    """The verify process's answer in words (a team's own may leave out step or loss)."""
+    step, loss = answer.get("step"), answer.get("loss")
+    said = f"restored step {step}" if isinstance(step, int) else "restored"
+    if isinstance(loss, int | float) and not isinstance(loss, bool):
+        return f"{said}, one step ran (loss {loss:.4g})"
+    return f"{said}, one step ran"
 
 
 def release_line(scenario: Scenario, facts: Facts) -> Line:

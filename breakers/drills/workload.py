@@ -63,8 +63,9 @@ def train(options: argparse.Namespace) -> None:
     run.watch(model=model, optimizer=optimizer, scheduler=scheduler)
     # This process is the job's only one: leaving the node is what stopping does.
     run.on_command("isolate_node", lambda run, command, step: {"node": command.params.get("node")})
-    # The release hook: here a real job frees its accelerators; the drill checks it ran.
-    run.on_release(lambda info: (work / "released").write_text(f"{info.step}\n"))
+    # The release hook: here a real job frees its accelerators (the SDK notes for the drill
+    # that it ran: the scorecard's release line).
+    run.on_release(lambda info: print(f"accelerators released at step {info.step}", flush=True))
     wrapped = run.wrap_loader(loader)
     while run.step < options.steps:
         for inputs, targets in wrapped:

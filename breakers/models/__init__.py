@@ -19,6 +19,7 @@ from breakers.models.drills import (  # noqa: F401
     DrillCheck,
     DrillRun,
     DrillStatus,
+    DrillWorkload,
 )
 from breakers.models.inference import (  # noqa: F401
     REPLICA_TRANSITIONS,

@@ -16,7 +16,7 @@ from django.db import models
 from core.append_only import AppendOnlyModel, AppendOnlyQuerySet
 from incidents.models import Job, Team
 
-__all__ = ["DRILL_TRANSITIONS", "DrillCheck", "DrillRun", "DrillStatus"]
+__all__ = ["DRILL_TRANSITIONS", "DrillCheck", "DrillRun", "DrillStatus", "DrillWorkload"]
 
 
 class DrillStatus(models.TextChoices):
@@ -76,6 +76,10 @@ class DrillRun(models.Model):
     schedule_key = models.CharField(max_length=100, blank=True, default="")
     # When the set's failure was paged (a scheduled set pages once, however often asked).
     failure_paged_at = models.DateTimeField(null=True, blank=True)
+    # The team's own training and verify commands as they were when the drill was asked for
+    # (blank: the built-in workload); the report says what ran, whatever changes later.
+    command = models.TextField(blank=True, default="")
+    verify_command = models.TextField(blank=True, default="")
 
     class Meta:
         indexes = [
@@ -124,3 +128,23 @@ class DrillCheck(AppendOnlyModel):
 
     def __str__(self) -> str:
         return f"{self.name}: {'pass' if self.passed else 'FAIL'} ({self.measured})"
+
+
+class DrillWorkload(models.Model):
+    """A team's own training command for its drills, instead of the built-in workload (admins
+    set it, and only where the operator allows it: it runs on the console's machine or its
+    Slurm). ``verify_command`` is the scorecard's "loads" check: a fresh process that reads
+    ``{"path", "sha256"}`` on standard input, restores that checkpoint, runs one step and prints
+    one JSON line ``{"loads": true, ...}``. Both are argument lists in shell syntax (split with
+    ``shlex``, never run by a shell)."""
+
+    team = models.OneToOneField(Team, on_delete=models.CASCADE, related_name="drill_workload")
+    command = models.TextField()
+    verify_command = models.TextField()
+    updated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"drill workload of {self.team_id}: {self.command[:60]}"

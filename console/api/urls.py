@@ -191,6 +191,11 @@ team_routes = [
 drill_routes = [
     path(f"{V1}/teams/<int:pk>/drills", drills.TeamDrillsView.as_view(), name="team-drills"),
     path(f"{V1}/drills/<int:pk>", drills.DrillDetailView.as_view(), name="drill-detail"),
+    path(
+        f"{V1}/teams/<int:pk>/drill-workload",
+        drills.TeamWorkloadView.as_view(),
+        name="team-drill-workload",
+    ),
 ]
 
 silence_routes = [

@@ -66,6 +66,24 @@ def is_sandbox(environ: Any = None) -> bool:
     return (environ if environ is not None else os.environ).get(SANDBOX_VARIABLE) == "1"
 
 
+RELEASE_MARKER_VARIABLE = "BRAKELINE_DRILL_RELEASE_MARKER"
+
+
+def note_release(hooks_run: int, step: int, environ: Any = None) -> None:
+    """In a drill sandbox, leave the drill a note that the release hooks ran (how many, at
+    which step): the scorecard's "release" line reads it, whichever training script ran —
+    the built-in workload or a team's own. Nothing happens outside a sandbox."""
+    environ = environ if environ is not None else os.environ
+    path = environ.get(RELEASE_MARKER_VARIABLE)
+    if not path or not is_sandbox(environ):
+        return
+    try:
+        with open(path, "w", encoding="ascii") as marker:
+            marker.write(f"{hooks_run} {step}\n")
+    except OSError as error:  # the drill then reads "did not run": never the pause's problem
+        logger.warning("brakeline: could not note the release for the drill: %s", error)
+
+
 @dataclass
 class PlannedFault:
     fault: str

@@ -30,6 +30,7 @@ from brakeline._checkpoint import (
 )
 from brakeline._commands import Command, CommandInbox
 from brakeline._control import ControlLoop
+from brakeline._drill import note_release
 from brakeline._encoding import LogRecord, to_jsonable
 from brakeline._exit import (
     exit_if_terminated,
@@ -414,11 +415,15 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
         leave_terminated(self._launcher, os.environ, self._exit_function)  # brakeline._exit
 
     def call_hooks(self, name: str, info: PauseInfo) -> None:
+        ran = 0
         for callback in self._hooks[name]:
             try:
                 callback(info)
+                ran += 1
             except Exception:  # a broken hook must not lose the pause
                 logger.exception("brakeline: %s callback failed", name)
+        if name == "release":
+            note_release(ran, info.step)  # a fire drill's release line (brakeline._drill)
 
     # -- console traffic -------------------------------------------------------------------------
     def ack(

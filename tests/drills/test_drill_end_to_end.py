@@ -10,11 +10,16 @@ purpose must fail on the "loads" line and on that line only.
 from __future__ import annotations
 
 import io
+import json
+import shlex
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
 
+from breakers.drills import workloads
 from breakers.drills.scenarios import DRILL_SET
 from breakers.models import DrillCheck, DrillRun, DrillStatus
 from incidents.models import Delivery, Job
@@ -101,3 +106,32 @@ def test_a_corrupted_checkpoint_fails_on_the_loads_line(live_console, drill_team
     failed = list(run.checks.filter(passed=False).values_list("name", flat=True))
     assert failed == ["checkpoint loads"], output
     assert "does not match the expected sha256" in run.checks.get(name="checkpoint loads").measured
+
+
+OWN_SCRIPT = Path(__file__).parent / "scripts" / "own_train.py"
+
+
+def test_the_teams_own_training_command_passes_a_drill_without_the_consoles_secrets(
+    live_console, drill_team, settings
+):
+    """A team's own script (not the built-in workload) as the drill workload: every line
+    passes, and its environment held the sandbox's settings but none of the console's."""
+    settings.DRILL_TEAM_COMMANDS = True
+    admin = drill_team.memberships.get(role="admin").user
+    python = shlex.quote(sys.executable)
+    workloads.save_team_workload(admin, drill_team.pk, {
+        "command": f"{python} {shlex.quote(str(OWN_SCRIPT))}",
+        "verify_command": f"{python} {shlex.quote(str(OWN_SCRIPT))} --verify -",
+    })  # fmt: skip
+    output, code = drill(live_console, "--scenario", "nan_loss", "--workload", "team")
+    run = DrillRun.objects.get(team=drill_team)
+    assert code == 0 and run.status == DrillStatus.PASSED, output
+    assert run.command.endswith("own_train.py") and f"workload: {run.command}" in output
+    folder = Path(settings.DRILL_DIR) / str(run.drill_set) / f"{run.pk}-nan_loss"
+    assert (folder / "gpus-freed").exists()  # the script's own release hook ran
+    names = set(json.loads((folder / "environment.json").read_text()))
+    assert {"BRAKELINE_URL", "BRAKELINE_TOKEN", "BRAKELINE_DRILL_SANDBOX", "PATH"} <= names
+    leaked = names & {"DATABASE_URL", "REDIS_URL", "BRAKELINE_SECRET_KEY", "DJANGO_SETTINGS_MODULE"}
+    assert not leaked, leaked
+    loads = run.checks.get(name="checkpoint loads").measured
+    assert loads.startswith("restored step ") and "one step ran" in loads

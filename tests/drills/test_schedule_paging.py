@@ -126,3 +126,12 @@ def test_a_drill_whose_runner_died_is_an_error_and_a_scheduled_one_pages(
         page = Delivery.objects.get(purpose="drill_failure", channel="email")
         assert "(hang error)" in page.first_line and "the drill runner stopped" in page.body
     connection.close()
+
+
+@pytest.mark.django_db
+def test_a_set_the_system_queues_is_audited_as_allowed(scene):
+    from incidents.models import AuditEntry
+
+    runs.request_drills(scene.team, ["xid"], schedule_key=KEY, launch=False)
+    entry = AuditEntry.objects.get(action="run_drill")
+    assert (entry.actor_kind, entry.allowed, entry.outcome_code) == ("system", True, "ok")

@@ -127,3 +127,21 @@ def test_an_unknown_fault_or_step_is_refused_by_name(run, monkeypatch):
     assert "unknown fault 'meteor'" in ack(run, "meteor")["error"]
     assert "at_step must be a whole step number" in ack(run, "bad-step")["error"]
     assert set(FAULTS) >= {"nan_loss", "heartbeat_loss", "hang", "xid", "checkpoint_disk_full"}
+
+
+def test_the_sdk_notes_for_a_drill_that_the_release_hooks_ran(run, tmp_path, monkeypatch):
+    """The drill's release line reads this note, whatever training script ran."""
+    from brakeline._drill import RELEASE_MARKER_VARIABLE
+    from brakeline._pause import PauseInfo
+
+    marker = tmp_path / "released"
+    monkeypatch.setenv(RELEASE_MARKER_VARIABLE, str(marker))
+    monkeypatch.delenv(SANDBOX_VARIABLE, raising=False)
+    freed = []
+    run.on_release(lambda info: freed.append(info.step))
+    run.on_release(lambda info: 1 / 0)  # a broken hook is not counted
+    run.call_hooks("release", PauseInfo(7, "c1", "drill", None))
+    assert freed == [7] and not marker.exists()  # not a sandbox: no note
+    monkeypatch.setenv(SANDBOX_VARIABLE, "1")
+    run.call_hooks("release", PauseInfo(9, "c2", "drill", None))
+    assert marker.read_text() == "1 9\n"

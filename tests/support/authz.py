@@ -85,6 +85,11 @@ class Api:
             path, json.dumps(body or {}), content_type="application/json", headers=self.headers
         )
 
+    def put(self, path: str, body: dict[str, Any] | None = None):
+        return self.client.put(
+            path, json.dumps(body or {}), content_type="application/json", headers=self.headers
+        )
+
     def delete(self, path: str):
         return self.client.delete(path, headers=self.headers)
 

@@ -27,6 +27,11 @@ class Command(BaseCommand):
         )
         parser.add_argument("--executor", default="local", choices=runs.EXECUTORS)
         parser.add_argument(
+            "--workload", default="builtin", choices=runs.WORKLOADS,
+            help="builtin (the built-in PyTorch workload) or team (the team's own command, "
+            "where BRAKELINE_DRILL_TEAM_COMMANDS allows it).",
+        )  # fmt: skip
+        parser.add_argument(
             "--console-url", default=None, help="The console as the sandbox reaches it "
             "(default BRAKELINE_PUBLIC_URL).",
         )  # fmt: skip
@@ -50,6 +55,7 @@ class Command(BaseCommand):
                     team,
                     scenarios or ["all"],
                     executor=options["executor"],
+                    workload=options["workload"],
                     corrupt_checkpoint=options["corrupt_checkpoint"],
                     launch=False,
                 )
@@ -69,6 +75,8 @@ class Command(BaseCommand):
             f"\nDrill #{run.pk} {run.scenario} on job {run.job_id} "
             f"({run.executor}): {run.status.upper()}"
         )
+        if run.command:
+            self.stdout.write(f"  workload: {run.command}")
         if run.error:
             self.stdout.write(f"  error: {run.error}")
         for check in run.checks.all():
