@@ -6,7 +6,8 @@ policy routes the alert's layer and level to, one delivery (one task) per channe
 so a failing channel never delays the others. Unacknowledged after the policy's time, round 1
 pages the managers, and so on until someone acknowledges. Acknowledging stops everything: each
 delivery and each round re-checks, in the same UPDATE that claims it, that the alert is still
-firing, and cancels itself (and the alert's other pending rows) when it is not.
+firing, and cancels itself (and the alert's other pending rows) when it is not. A fire drill's
+alert pages the team's drill receivers instead when its policy says so (``people_to_page``).
 
 A queued delivery holds a lease (``lease_until``): its task must claim it, and a claimed
 attempt must be finished, before the lease runs out. A worker SIGKILLed mid-send leaves its
