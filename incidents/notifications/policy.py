@@ -164,7 +164,11 @@ def _check_drills_page_somebody(policy: NotificationPolicy, receivers: list[User
     if policy.drill_delivery != DrillDelivery.RECEIVERS:
         return
     if receivers is None:
-        exists = policy.pk is not None and policy.drill_receivers.exists()
+        # Receivers who have left the team are no longer paged (delivery.people_to_page).
+        exists = (
+            policy.pk is not None
+            and policy.drill_receivers.filter(memberships__team_id=policy.team_id).exists()
+        )
     else:
         exists = bool(receivers)
     if not exists:

@@ -229,3 +229,13 @@ def test_receivers_who_left_the_team_are_skipped_and_none_left_pages_as_any_aler
     Membership.objects.filter(user=people["dave"]).delete()
     assert people_to_page(real.team_id, 0, T0, drill=True) == [people["alice"]]
     assert people_to_page(real.team_id, 1, T0, drill=True) == [people["bob"]]
+
+
+def test_receivers_mode_is_refused_when_every_named_receiver_left_the_team(scene):
+    admin, member = scene.person("admin"), scene.person("oncall")
+    save_policy(admin, scene.team.pk, {"drill_receivers": [member.pk]})
+    Membership.objects.filter(user=member).delete()
+    path = f"/api/v1/teams/{scene.team.pk}/notification-policy"
+    response = put(scene.api("admin"), path, {"drill_delivery": "receivers"})
+    assert response.status_code == 400 and "drill_receivers" in response.json()["fields"]
+    assert policy_state(scene.team) == ("on_call", [member.pk], 300)
