@@ -15,7 +15,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='notificationpolicy',
             name='drill_delivery',
-            field=models.CharField(choices=[('on_call', 'The real channels (on call, then managers)'), ('receivers', "The team's drill receivers")], default='on_call', max_length=10),
+            field=models.CharField(choices=[('on_call', 'The real people (on call)'), ('receivers', 'The drill receivers')], default='on_call', max_length=10),
         ),
         migrations.AddField(
             model_name='notificationpolicy',

@@ -34,8 +34,8 @@ class ChatFormat(models.TextChoices):
 
 
 class DrillDelivery(models.TextChoices):
-    ON_CALL = "on_call", "The real channels (on call, then managers)"
-    RECEIVERS = "receivers", "The team's drill receivers"
+    ON_CALL = "on_call", "The real people (on call)"
+    RECEIVERS = "receivers", "The drill receivers"
 
 
 class NotificationPolicy(models.Model):
