@@ -56,7 +56,7 @@ from incidents.models import (
     TimelineEntry,
     TimelineKind,
 )
-from incidents.notifications.delivery import _people_for_round, stop_notifications
+from incidents.notifications.delivery import people_to_page, stop_notifications
 from incidents.notifications.routing import DIGEST, channels_for
 
 log = logging.getLogger(__name__)
@@ -436,13 +436,14 @@ def _paging_facts(job: Job, alert: Alert) -> dict[str, Any]:
     sending = deliveries.filter(status="queued")
     wait_until(lambda: deliveries.exists() and not sending.exists(), "the deliveries", 45)
     wanted = [c for c in channels_for(policy.rules, alert.layer, alert.severity) if c != DIGEST]
-    people = _people_for_round(job.team_id, 0, alert.raised_at)
+    people = people_to_page(job.team_id, 0, alert.raised_at, drill=True, policy=policy)
     sent = list(deliveries.select_related("recipient"))
     alert.refresh_from_db()
     rounds = alert.notification_rounds.count()
     return {
         "detail": f"alert {alert.status}, {rounds} round(s), {len(sent)} deliveries in round 0",
         "policy": True,
+        "receivers": policy.drill_delivery == "receivers",
         "expected_channels": wanted,
         "expected_people": ", ".join(sorted(p.get_username() for p in people)) or "nobody",
         "paged_channels": sorted({d.channel for d in sent if d.status != "failed"}),

@@ -64,8 +64,9 @@ def request_drills(
         if actor is not None:
             attempt.check(decide(role_in_team(actor, team.pk), Action.RUN_DRILL))
         else:  # audited as allowed: the row said "refused" for every scheduled set before
-            attempt.allowed, attempt.reason = True, (
-                "The drill schedule or an operator at the server (manage.py drill)."
+            attempt.allowed, attempt.reason = (
+                True,
+                ("The drill schedule or an operator at the server (manage.py drill)."),
             )
         try:
             chosen = resolve(list(scenarios))

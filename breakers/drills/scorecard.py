@@ -229,7 +229,10 @@ def release_line(scenario: Scenario, facts: Facts) -> Line:
 def paging_line(facts: Facts) -> Line:
     p = facts.paging
     expected_channels = sorted(p.get("expected_channels", []))
-    expected = f"{', '.join(expected_channels) or 'no channel'} to {p.get('expected_people')}"
+    who = "the team's drill receivers" if p.get("receivers") else "the on-call person"
+    expected = (
+        f"{', '.join(expected_channels) or 'no channel'} to {who} ({p.get('expected_people')})"
+    )
     if not p.get("policy"):
         return Line("paged", False, "the team has no notification policy", expected)
     paged = sorted(p.get("paged_channels", []))

@@ -15,9 +15,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console.api.person_auth import PersonView, audit_context, error_responses
-from incidents.models import Alert, Delivery, Severity, Team
+from incidents.models import Alert, Delivery, DrillDelivery, Severity, Team
 from incidents.notifications.delivery import notifications_configured, policy_for
 from incidents.notifications.policy import (
+    MAX_DRILL_RECEIVERS,
     ask_for_confirmation,
     save_policy,
     send_test_notification,
@@ -46,9 +47,26 @@ class PolicyIn(serializers.Serializer):
     chat_format = serializers.ChoiceField(choices=["generic", "slack"], required=False)
     ack_timeout_seconds = serializers.IntegerField(required=False)
     escalate_min_level = serializers.ChoiceField(choices=Severity.choices, required=False)
+    drill_delivery = serializers.ChoiceField(
+        choices=DrillDelivery.choices,
+        required=False,
+        help_text="Whom a fire drill's page reaches: on_call (as any alert) or receivers.",
+    )
+    drill_receivers = serializers.ListField(
+        child=serializers.IntegerField(),
+        required=False,
+        max_length=MAX_DRILL_RECEIVERS,
+        help_text="User ids of the team's members a drill pages when drill_delivery is receivers.",
+    )
+
+
+class ReceiverOut(serializers.Serializer):
+    id = serializers.IntegerField()
+    username = serializers.CharField()
 
 
 class PolicyOut(PolicyIn):
+    drill_receivers = ReceiverOut(many=True)  # type: ignore[assignment]
     chat_webhook_url = serializers.CharField(
         help_text='Admins see the URL; other members "(set)" or "" (it is a secret).'
     )
@@ -104,6 +122,11 @@ def policy_out(team_id: int, *, admin: bool) -> dict[str, Any]:
         "chat_format": policy.chat_format,
         "ack_timeout_seconds": policy.ack_timeout_seconds,
         "escalate_min_level": policy.escalate_min_level,
+        "drill_delivery": policy.drill_delivery,
+        "drill_receivers": [
+            {"id": person.pk, "username": person.get_username()}
+            for person in (policy.drill_receivers.order_by("id") if policy.pk else [])
+        ],
         "last_delivered": last_delivered(team_id),
     }
 

@@ -14,7 +14,7 @@ from django.utils import timezone
 from console.api.notifications import delivery_out, is_admin, policy_out
 from console.api.reviews import audit_context
 from console.pages.forms import attempt, int_field, utc_field
-from incidents.models import Contact, Delivery, Membership, Team
+from incidents.models import Contact, Delivery, DrillDelivery, Membership, Team
 from incidents.notifications.policy import save_policy, send_test_notification, set_contact
 from incidents.notifications.reach import paging_reach
 from incidents.notifications.routing import CHANNELS, DIGEST, LEVELS
@@ -87,6 +87,9 @@ def _post(request: HttpRequest, team: Team) -> None:
                 "chat_webhook_url": request.POST.get("chat_webhook_url", "").strip(),
                 "chat_format": request.POST.get("chat_format", ""),
                 "ack_timeout_seconds": int(timeout) if timeout.isdigit() else timeout,
+                "drill_delivery": request.POST.get("drill_delivery", "on_call"),
+                "drill_receivers": [int(v) if v.isdigit() else v
+                                    for v in request.POST.getlist("drill_receivers")],
             }, context=context)  # fmt: skip
 
         attempt(request, "Notification policy saved.", policy)
@@ -142,6 +145,8 @@ def paging_page(request: HttpRequest, pk: int) -> HttpResponse:
         policy=policy,
         grid=policy_grid(policy["rules"]),
         digest=any(r["layer"] == "performance" for r in policy["rules"]),
+        drill_deliveries=DrillDelivery.choices,
+        receiver_ids={r["id"] for r in policy["drill_receivers"]},
         levels=LEVELS,
         channels=CHANNELS,
         members=[{"user": m.user, "role": m.role, "phone": phones.get(m.user_id, "")}

@@ -46,6 +46,7 @@ from incidents.models.notifications import (  # noqa: F401
     Contact,
     Delivery,
     DeliveryStatus,
+    DrillDelivery,
     NotificationPolicy,
     NotificationRound,
     RoundStatus,

@@ -16,6 +16,7 @@ __all__ = [
     "DELIVERY_TRANSITIONS",
     "Delivery",
     "DeliveryStatus",
+    "DrillDelivery",
     "NotificationPolicy",
     "NotificationRound",
     "ROUND_TRANSITIONS",
@@ -30,6 +31,11 @@ def default_rules() -> list[dict]:
 class ChatFormat(models.TextChoices):
     GENERIC = "generic", "Generic JSON"
     SLACK = "slack", "Slack-compatible"
+
+
+class DrillDelivery(models.TextChoices):
+    ON_CALL = "on_call", "The real people (on call)"
+    RECEIVERS = "receivers", "The drill receivers"
 
 
 class NotificationPolicy(models.Model):
@@ -48,6 +54,12 @@ class NotificationPolicy(models.Model):
     # Alerts below this level are not escalated to managers (an L1 notice pages nobody).
     escalate_min_level = models.CharField(max_length=2, default="L2")
     max_rounds = models.PositiveIntegerField(default=10)
+    # Whom a fire drill's page (an alert of a drill sandbox job) reaches: the real people, as
+    # any alert does, or — so a drill need not wake the on-call — the receivers named here.
+    drill_delivery = models.CharField(
+        max_length=10, choices=DrillDelivery.choices, default=DrillDelivery.ON_CALL
+    )
+    drill_receivers = models.ManyToManyField(settings.AUTH_USER_MODEL, blank=True, related_name="+")
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:

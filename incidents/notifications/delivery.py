@@ -6,7 +6,8 @@ policy routes the alert's layer and level to, one delivery (one task) per channe
 so a failing channel never delays the others. Unacknowledged after the policy's time, round 1
 pages the managers, and so on until someone acknowledges. Acknowledging stops everything: each
 delivery and each round re-checks, in the same UPDATE that claims it, that the alert is still
-firing, and cancels itself (and the alert's other pending rows) when it is not.
+firing, and cancels itself (and the alert's other pending rows) when it is not. A fire drill's
+alert pages the team's drill receivers instead when its policy says so (``people_to_page``).
 
 A queued delivery holds a lease (``lease_until``): its task must claim it, and a claimed
 attempt must be finished, before the lease runs out. A worker SIGKILLed mid-send leaves its
@@ -44,6 +45,7 @@ from incidents.models import (
     Contact,
     Delivery,
     DeliveryStatus,
+    DrillDelivery,
     Membership,
     NotificationPolicy,
     NotificationRound,
@@ -230,12 +232,38 @@ def fire_round(round_id: int, *, now: datetime | None = None) -> list[int] | Non
         ):
             return []
         policy = policy_for(alert.job.team_id)
-        people = _people_for_round(alert.job.team_id, round_.number, now)
+        people = people_to_page(
+            alert.job.team_id, round_.number, now, drill=alert.job.drill_sandbox, policy=policy
+        )
         ids = _plan_deliveries(alert, round_, policy, people, now)
         if alert.status == AlertStatus.FIRING:  # a resolved alert pages once, never escalates
             _schedule_next_round(alert, round_, policy, now)
         transaction.on_commit(lambda: fan_out(ids))
     return ids
+
+
+def people_to_page(
+    team_id: int,
+    number: int,
+    now: datetime,
+    *,
+    drill: bool,
+    policy: NotificationPolicy | None = None,
+) -> list[Any]:
+    """Whom round ``number`` of an alert of the team pages: the one rule, asked by the round
+    and by the drill runner (which checks that the page reached them).
+
+    A fire drill's alert (``drill``: its job is a drill sandbox) of a team whose policy sends
+    drills to its drill receivers pages those receivers in every round, in id order, so a
+    drill never wakes the on-call; receivers who have since left the team are skipped, and
+    when none is left the drill pages as any alert does (a drill must reach somebody)."""
+    policy = policy if policy is not None else policy_for(team_id)
+    if drill and policy.pk is not None and policy.drill_delivery == DrillDelivery.RECEIVERS:
+        receivers = policy.drill_receivers.filter(memberships__team_id=team_id).distinct()
+        people = list(receivers.order_by("id"))
+        if people:
+            return people
+    return _people_for_round(team_id, number, now)
 
 
 def _people_for_round(team_id: int, number: int, now: datetime) -> list[Any]:

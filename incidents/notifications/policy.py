@@ -15,12 +15,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from core.errors import Conflict, InvalidInput
+from core.text import fit
 from incidents.alerts.lifecycle import append_timeline
 from incidents.models import (
     Alert,
     ChatFormat,
     Contact,
     Delivery,
+    DrillDelivery,
     EscalationRequest,
     Incident,
     Job,
@@ -52,7 +54,14 @@ from incidents.teams.authority import Action, decide
 from incidents.teams.oncall import who_is_on_call
 from incidents.teams.users import User
 
-POLICY_FIELDS = ("rules", "chat_webhook_url", "chat_format", "ack_timeout_seconds")
+POLICY_FIELDS = (
+    "rules",
+    "chat_webhook_url",
+    "chat_format",
+    "ack_timeout_seconds",
+    "drill_delivery",
+)
+MAX_DRILL_RECEIVERS = 50
 
 
 def _admin_team(user: User, team_id: int, attempt: Attempt) -> Team:
@@ -94,6 +103,10 @@ def clean_policy(data: dict[str, Any]) -> dict[str, Any]:
         )
     if data.get("escalate_min_level", "L2") not in LEVELS:
         raise InvalidInput("Unknown level.", fields={"escalate_min_level": "L1 … L4"})
+    if "drill_delivery" in data and data["drill_delivery"] not in DrillDelivery.values:
+        raise InvalidInput(
+            "Unknown drill delivery.", fields={"drill_delivery": "on_call or receivers"}
+        )
     for name in (*POLICY_FIELDS, "escalate_min_level"):
         if name in data and name not in clean:
             clean[name] = data[name]
@@ -107,13 +120,63 @@ def save_policy(
     with audited(user, Action.MANAGE_NOTIFICATIONS, "team", team_id, context) as attempt:
         team = _admin_team(user, team_id, attempt)
         fields = clean_policy(data)
+        receivers = None
+        if "drill_receivers" in data:
+            receivers = _drill_receivers(team, data["drill_receivers"])
         with transaction.atomic():
             policy, _ = NotificationPolicy.objects.select_for_update().get_or_create(team=team)
             for name, value in fields.items():
                 setattr(policy, name, value)
+            _check_drills_page_somebody(policy, receivers)
             policy.save()
+            if receivers is not None:
+                policy.drill_receivers.set(receivers)
+                fields["drill_receivers"] = [p.pk for p in receivers]
             attempt.succeeded(f"notification policy of {team.name}: {sorted(fields)}")
     return policy
+
+
+def _drill_receivers(team: Team, value: Any) -> list[User]:
+    """The members a drill pages: a list of user ids, each a member of the team."""
+    if not isinstance(value, list) or len(value) > MAX_DRILL_RECEIVERS:
+        raise InvalidInput(
+            f"drill_receivers must be a list of at most {MAX_DRILL_RECEIVERS} user ids.",
+            fields={"drill_receivers": "a list of the team's members' user ids"},
+        )
+    for person_id in value:
+        if isinstance(person_id, bool) or not isinstance(person_id, int) or person_id < 1:
+            raise InvalidInput(
+                f"drill_receivers holds {fit(repr(person_id), 40)}, which is no user id.",
+                fields={"drill_receivers": "a list of the team's members' user ids"},
+            )
+    people = []
+    for person_id in dict.fromkeys(value):  # a repeated id is one receiver
+        try:
+            people.append(_member(team, person_id))
+        except InvalidInput as error:
+            raise InvalidInput(
+                error.detail, fields={"drill_receivers": "must be members of the team"}
+            ) from None
+    return people
+
+
+def _check_drills_page_somebody(policy: NotificationPolicy, receivers: list[User] | None) -> None:
+    """Drills sent to the receivers need one at least: a drill must page somebody."""
+    if policy.drill_delivery != DrillDelivery.RECEIVERS:
+        return
+    if receivers is None:
+        # Receivers who have left the team are no longer paged (delivery.people_to_page).
+        exists = (
+            policy.pk is not None
+            and policy.drill_receivers.filter(memberships__team_id=policy.team_id).exists()
+        )
+    else:
+        exists = bool(receivers)
+    if not exists:
+        raise InvalidInput(
+            "Drills go to the drill receivers, but none is named: a drill must page somebody.",
+            fields={"drill_receivers": "at least one member when drill_delivery is receivers"},
+        )
 
 
 def set_contact(

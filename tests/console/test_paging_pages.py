@@ -173,3 +173,39 @@ def test_incidents_list_audit_for_managers_and_the_nav(client, crew):
     audit = client.get("/audit/").content.decode()
     assert "<table" in audit and "UTC" in audit
     assert client.get("/teams/").status_code == 200
+
+
+POLICY_FORM = {
+    "form": "policy", "rule-health-phone": "L1", "rule-health-sms": "L1",
+    "rule-stability-chat": "L1", "rule-stability-phone": "L3", "chat_format": "slack",
+    "chat_webhook_url": "https://chat.example/hook", "ack_timeout_seconds": "300",
+}  # fmt: skip
+
+
+def test_an_admin_sends_the_drills_to_receivers_on_the_page_and_nobody_is_refused(client, crew):
+    job, people = crew
+    client.force_login(people["ana"])
+    path = f"/teams/{job.team_id}/paging/"
+    page = client.get(path).content.decode()
+    assert 'name="drill_delivery"' in page and page.count('name="drill_receivers"') == 4
+    answer = client.post(path, {**POLICY_FORM, "drill_delivery": "receivers"}, follow=True)
+    assert b"a drill must page somebody" in answer.content
+    policy = NotificationPolicy.objects.get(team=job.team)
+    assert policy.drill_delivery == "on_call" and not policy.drill_receivers.exists()
+
+    answer = client.post(path, {**POLICY_FORM, "drill_delivery": "receivers",
+                                "drill_receivers": [people["vic"].pk, people["olga"].pk]},
+                         follow=True)  # fmt: skip
+    assert b"Notification policy saved." in answer.content
+    policy.refresh_from_db()
+    assert policy.drill_delivery == "receivers"
+    assert set(policy.drill_receivers.all()) == {people["vic"], people["olga"]}
+    html = answer.content.decode()
+    assert f'value="{people["vic"].pk}" checked' in html
+    assert f'value="{people["max"].pk}" checked' not in html
+    assert '<option value="receivers" selected>' in html
+
+    client.force_login(people["vic"])  # a viewer reads the setting, without the form
+    html = client.get(path).content.decode()
+    assert 'name="drill_delivery"' not in html
+    assert "Fire drills page the team's drill receivers: olga, vic." in html
