@@ -127,7 +127,8 @@ def live_console(django_db_setup, django_db_blocker):
     """
     port = free_port()
     with django_db_blocker.unblock():
-        env = server_environment()
+        # Teams' own drill commands on: the drills page's workload form is in the browser tests.
+        env = server_environment(BRAKELINE_DRILL_TEAM_COMMANDS="true")
     process = subprocess.Popen(
         [
             sys.executable,

@@ -8,6 +8,9 @@ lines like the runner's; the runner itself runs end to end in tests/drills/.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 from playwright.sync_api import expect
 
@@ -19,6 +22,7 @@ from tests.console.browser.test_live_console import in_thread
 from tests.console.browser.test_phone import PHONE, sideways
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+OWN_SCRIPT = Path(__file__).parents[2] / "drills" / "scripts" / "own_train.py"
 
 
 def lines(loads: bool, brake_s: float) -> list[Line]:
@@ -72,6 +76,19 @@ def test_the_scorecard_pages_at_a_desk_and_on_a_phone(
     )
     expect(page.locator("#brake-trend polyline")).to_have_count(1)
     expect(page.locator("#drill-form button")).to_have_text("Run the drill set")
+    # The team's own training command: a relative program is refused naming the field, an
+    # absolute one is saved and offered as the drill's workload.
+    form = page.locator("#workload-form")
+    form.locator("input[name=command]").fill("train.py --drill")
+    form.locator("button").click()
+    expect(page.locator(".message.error")).to_contain_text("(command: the program as an absolute")
+    expect(page.locator("#drill-form input[value=team]")).to_have_count(0)
+    form.locator("input[name=command]").fill(f"{sys.executable} {OWN_SCRIPT}")
+    form.locator("input[name=verify_command]").fill(f"{sys.executable} {OWN_SCRIPT} --verify -")
+    form.locator("button").click()
+    expect(page.locator(".message.success")).to_contain_text("drill workload is saved")
+    expect(page.locator("#drill-form input[value=team]")).to_have_count(1)
+    expect(form.locator("input[name=command]")).to_have_value(f"{sys.executable} {OWN_SCRIPT}")
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / "drills-team-desktop.png"), full_page=True)
 
