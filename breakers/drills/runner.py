@@ -58,6 +58,7 @@ from incidents.models import (
 )
 from incidents.notifications.delivery import people_to_page, stop_notifications
 from incidents.notifications.routing import DIGEST, channels_for
+from incidents.teams.oncall import who_is_on_call
 
 log = logging.getLogger(__name__)
 WORKLOAD = Path(__file__).resolve().parent / "workload.py"
@@ -444,6 +445,7 @@ def _paging_facts(job: Job, alert: Alert) -> dict[str, Any]:
         "detail": f"alert {alert.status}, {rounds} round(s), {len(sent)} deliveries in round 0",
         "policy": True,
         "receivers": policy.drill_delivery == "receivers",
+        "on_call": bool(who_is_on_call(job.team_id, alert.raised_at)),
         "expected_channels": wanted,
         "expected_people": ", ".join(sorted(p.get_username() for p in people)) or "nobody",
         "paged_channels": sorted({d.channel for d in sent if d.status != "failed"}),

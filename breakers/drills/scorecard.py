@@ -229,7 +229,12 @@ def release_line(scenario: Scenario, facts: Facts) -> Line:
 def paging_line(facts: Facts) -> Line:
     p = facts.paging
     expected_channels = sorted(p.get("expected_channels", []))
-    who = "the team's drill receivers" if p.get("receivers") else "the on-call person"
+    if p.get("receivers"):
+        who = "the team's drill receivers"
+    elif p.get("on_call", True):
+        who = "the on-call person"
+    else:  # round 0 with nobody on call pages the managers: say so, or it reads as a mix-up
+        who = "the managers (nobody on call)"
     expected = (
         f"{', '.join(expected_channels) or 'no channel'} to {who} ({p.get('expected_people')})"
     )

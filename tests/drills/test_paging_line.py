@@ -26,3 +26,10 @@ def test_the_paged_line_names_the_drill_receivers_or_the_on_call_person():
         and line.expectation == "chat, phone to the on-call person (alice), marked DRILL"
     )
     assert line.measured == "chat, phone to alice"
+
+
+def test_with_nobody_on_call_the_paged_line_expects_the_managers():
+    nobody = facts(False, "bob")
+    nobody.paging["on_call"] = False
+    line = paging_line(nobody)
+    assert line.expectation == "chat, phone to the managers (nobody on call) (bob), marked DRILL"
