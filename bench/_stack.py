@@ -40,6 +40,9 @@ def set_up_django() -> None:
     os.environ["DATABASE_URL"] = url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     os.environ.setdefault("BRAKELINE_SECRET_KEY", "bench-only-secret-key-never-for-a-deployment")
+    # The stack's beat must not start the hourly drill sets (nine PyTorch processes) mid-run:
+    # seen at minute 17, skewing an ingest run. Every process of the bench inherits this.
+    os.environ.setdefault("BRAKELINE_DRILL_SCHEDULE", "false")
     import django
     from django.core.management import call_command
 

@@ -529,6 +529,9 @@ HEARTBEAT_TIMEOUT_DEFAULT_SECONDS = _env_seconds("BRAKELINE_HEARTBEAT_DEFAULT_SE
 # Fire drills: each team's full drill set is due once per this period (default 30 days), on the
 # beat (breakers.detection.rulesets.due_drills).
 DRILL_INTERVAL_SECONDS = _env_seconds("BRAKELINE_DRILL_INTERVAL_SECONDS", 30 * 86400.0)
+# false: the beat starts no drills (a benchmark's or a test's stack: a drill set is nine real
+# PyTorch processes, which would skew what is measured there).
+DRILL_SCHEDULE = _env_bool("BRAKELINE_DRILL_SCHEDULE", True)
 # A drill still queued or running this long after it was asked for lost its runner (the process
 # died with the machine): the hourly schedule marks it "error", which pages when it was
 # scheduled. A whole drill set takes minutes; an hour leaves room for a slow Slurm queue.

@@ -151,6 +151,8 @@ def schedule_drills() -> int:
 
     for run_id in expire_stale_runs():
         log.warning("drill #%s lost its runner: marked error", run_id)
+    if not settings.DRILL_SCHEDULE:
+        return 0  # BRAKELINE_DRILL_SCHEDULE=false
     queued = 0
     for drill in rulesets.due_drills():
         log.info("drill set due: %s %s", drill.idempotency_key, ", ".join(drill.scenarios))

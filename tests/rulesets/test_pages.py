@@ -125,6 +125,9 @@ def test_the_drill_schedule_is_due_once_per_team_and_period(crew, monkeypatch, s
         rulesets, "_drill_results", lambda team, version: rulesets.DrillResults(coverage, set())
     )
     settings.DRILL_INTERVAL_SECONDS = 86400.0
+    settings.DRILL_SCHEDULE = False  # a bench's or the tests' own stacks: the beat starts none
+    assert rulesets.due_drills() and schedule_drills() == 0
+    settings.DRILL_SCHEDULE = True
     monday, later = (datetime(2026, 11, 30, h, tzinfo=UTC) for h in (1, 23))
     tuesday = datetime(2026, 12, 1, 0, tzinfo=UTC)
     first = rulesets.due_drills(monday)
