@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -33,11 +34,24 @@ from incidents.models import Job, JobStatus
 def ingest_metrics(job: Job, raw_body: bytes) -> Stored:
     """Validate and store one metrics batch of ``job``: all of it or nothing, and once per
     batch id (a retried batch answers what its first copy stored)."""
-    return ingest_metrics_body(job, parse_json_object(raw_body))
+    return _ingest(job, parse_json_object(raw_body))[0]
+
+
+def metrics_reply(job: Job, raw_body: bytes) -> dict[str, Any]:
+    """Ingest one batch (``ingest_metrics``) and answer it: how many points were accepted and
+    the open commands the sending rank has not acknowledged yet (a batch of one rank's points,
+    as the SDK sends them; a batch mixing ranks gets every open command)."""
+    stored, rank = _ingest(job, parse_json_object(raw_body))
+    return {"accepted": stored.accepted, "commands": deliverable_commands(job.pk, rank=rank)}
 
 
 def ingest_metrics_body(job: Job, body: dict) -> Stored:
     """The same for a batch already decoded (the websocket's metrics messages)."""
+    return _ingest(job, body)[0]
+
+
+def _ingest(job: Job, body: dict) -> tuple[Stored, int | None]:
+    """Store the batch; also the one rank its points came from (None: none, or several)."""
     batch = parse_metrics_body(
         body,
         max_points=settings.AGENT_MAX_BATCH_POINTS,
@@ -57,7 +71,8 @@ def ingest_metrics_body(job: Job, body: dict) -> Stored:
         # Live charts: a summary only (the console fetches the new points from the series
         # API); its websocket consumer coalesces these to at most ~10 per second per job.
         publish_after_commit(job_group(job_id), metrics_appended(job_id, points), robust=True)
-    return stored
+    ranks = {point.rank for point in points}
+    return stored, (ranks.pop() if len(ranks) == 1 else None)
 
 
 def metrics_appended(job_id: int, points: Sequence[PointIn]) -> dict:
@@ -118,11 +133,6 @@ def _finish_event(job_id: int, status: str) -> str:
         status__in=(CommandStatus.DELIVERED, CommandStatus.SUCCEEDED),
     )
     return "terminate" if told.exists() else "finish"
-
-
-def pending_commands(job_id: int) -> list[dict]:
-    """Commands waiting for the job's acknowledgement, delivered in this reply."""
-    return deliverable_commands(job_id)
 
 
 def receive_acknowledgement(job_id: int, command_id: int, raw_body: bytes) -> Command:

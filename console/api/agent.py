@@ -124,14 +124,10 @@ class MetricsView(AgentView):
         summary="Upload a batch of metric points",
     )
     def post(self, request: Request) -> Response:
-        job = request.user.job
-        stored = breaker_services.ingest_metrics(job, self.raw_body(request))
+        reply = breaker_services.metrics_reply(request.user.job, self.raw_body(request))
         # A retried batch (same id) gets the same answer as its first copy: nothing tells the
         # agent apart from the first reply, so an agent has no duplicate case to handle.
-        return Response(
-            {"accepted": stored.accepted, "commands": breaker_services.pending_commands(job.pk)},
-            status=202,
-        )
+        return Response(reply, status=202)
 
 
 class HeartbeatView(AgentView):

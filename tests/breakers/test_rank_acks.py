@@ -161,3 +161,25 @@ def test_a_command_waiting_for_its_step_is_not_an_unapplied_one(agent, agent_pos
     assert flag_unapplied_commands() == 0  # counted from step 122, not from the delivery
     agent_post(METRICS, {"points": [{"name": "loss", "step": 122 + UNAPPLIED_STEPS, "value": 1}]})
     assert flag_unapplied_commands() == 1
+
+
+def test_a_ranks_metrics_reply_leaves_out_what_that_rank_acked(agent, agent_post, ranks):
+    """As the heartbeat replies do: the batch's points name their rank; a batch mixing ranks
+    (none such from the SDK) gets every open command."""
+    beat, _ = ranks
+    command = pause(agent)
+    ack(agent_post, command.pk, 0, 122)
+
+    def metrics(batch: str, *point_ranks: int) -> list[int]:
+        points = [
+            {"name": "loss", "step": 104 + i, "value": 1.0, "rank": rank}
+            for i, rank in enumerate(point_ranks)
+        ]
+        response = agent_post(METRICS, {"batch": batch, "points": points})
+        assert response.status_code == 202, response.content
+        return [c["id"] for c in response.json()["commands"]]
+
+    assert metrics("rank-0", 0, 0) == []  # rank 0 acked: a restarted rank 0 must not re-apply
+    assert metrics("rank-1", 1, 1) == [command.pk]
+    assert metrics("mixed", 0, 1) == [command.pk]
+    assert metrics("rank-0", 0, 0) == []  # a retried batch: the same answer
