@@ -11,6 +11,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
 from breakers.drills import runs, workloads
+from breakers.drills.launch import slurm_available
 from breakers.drills.scenarios import SCENARIOS
 from breakers.models import DrillRun, DrillWorkload
 from console.api.reviews import audit_context
@@ -65,6 +66,7 @@ def team_drills_page(request: HttpRequest, pk: int) -> HttpResponse:
                 team,
                 chosen,
                 actor=request.user,
+                executor=request.POST.get("executor", "local"),
                 workload=request.POST.get("workload", "builtin"),
                 context=audit_context(request),
             ),
@@ -86,6 +88,7 @@ def team_drills_page(request: HttpRequest, pk: int) -> HttpResponse:
         "trend_max": max((run.brake_seconds or 0.0 for run in trend), default=0.0),
         "trend_box": (TREND_WIDTH, TREND_HEIGHT),
         "recent": DrillRun.objects.filter(team=team).order_by("-pk")[:20],
+        "executors": ["local", *(["slurm"] if slurm_available() else [])],
         "own_commands": workloads.team_commands_enabled(),
         "own": DrillWorkload.objects.filter(team=team).first(),
     }

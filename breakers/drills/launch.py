@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,6 +106,15 @@ def launch_sandbox(
             start_new_session=True,
         )
     return Sandbox("local", work_dir, process=process)
+
+
+def slurm_available() -> bool:
+    """Whether this console can submit to Slurm (``sbatch`` in BRAKELINE_SLURM_BIN_DIR, or on
+    the PATH): the drills page offers the Slurm executor only then."""
+    if settings.SLURM_BIN_DIR:
+        binary = Path(settings.SLURM_BIN_DIR) / "sbatch"
+        return binary.is_file() and os.access(binary, os.X_OK)
+    return shutil.which("sbatch") is not None
 
 
 def _slurm(arguments: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

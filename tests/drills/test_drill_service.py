@@ -147,3 +147,22 @@ def test_the_pages_show_a_scorecard_to_members_and_the_form_to_admins(scene, cli
     assert client.get(f"/drills/{run.pk}/").status_code == 404
     client.force_login(scene.person("admin"))
     assert 'id="drill-form"' in client.get(f"/teams/{scene.team.pk}/drills/").content.decode()
+
+
+def test_the_page_offers_slurm_only_where_the_console_can_submit_to_it(
+    scene, client, settings, tmp_path, monkeypatch, django_capture_on_commit_callbacks
+):
+    monkeypatch.setattr(runs, "launch_drill_set", lambda drill_set: None)  # no child process
+    settings.SLURM_BIN_DIR = str(tmp_path)  # no sbatch there
+    client.force_login(scene.person("admin"))
+    page = f"/teams/{scene.team.pk}/drills/"
+    assert 'name="executor"' not in client.get(page).content.decode()
+    sbatch = tmp_path / "sbatch"
+    sbatch.write_text("#!/bin/sh\nexit 1\n")  # only looked for here, never run
+    sbatch.chmod(0o755)
+    assert 'value="slurm"' in client.get(page).content.decode()
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post(page, {"scenario": ["xid"], "executor": "slurm"})
+    assert DrillRun.objects.get().executor == "slurm"
+    refused = client.post(page, {"scenario": ["xid"], "executor": "kubernetes"}, follow=True)
+    assert "Unknown executor" in refused.content.decode() and DrillRun.objects.count() == 1
