@@ -191,7 +191,12 @@ def resolve_alert(
         incident_id = Alert.objects.values_list("incident_id", flat=True).get(pk=alert_id)
         incident = None
         if incident_id is not None:
-            incident = Incident.objects.select_for_update().get(pk=incident_id)
+            # FOR NO KEY UPDATE, as every incident lock here: it still orders the incident's
+            # writers, but lets through the foreign-key checks (FOR KEY SHARE) of rows that
+            # reference the incident. With FOR UPDATE, a heartbeat resolving the watchdog's
+            # alert (incident locked, waiting for the alert) deadlocked with the page of that
+            # alert (alert locked, its deliveries' check on the incident waiting at COMMIT).
+            incident = Incident.objects.select_for_update(no_key=True).get(pk=incident_id)
         won = compare_and_swap(
             Alert,
             alert_id,
@@ -225,7 +230,7 @@ def _lock_or_open_incident(
     condition began in (reopened), else a new one with its first row."""
     for _ in range(3):
         incident = (
-            Incident.objects.select_for_update()
+            Incident.objects.select_for_update(no_key=True)
             .filter(job_id=job_id, status__in=ACTIVE_INCIDENT_STATUSES)
             .first()
         )
@@ -263,7 +268,7 @@ def _lock_or_open_incident(
 def _reopen_episode(job_id: int, signal: AlertSignal, now: datetime) -> Incident | None:
     """The resolved incident whose episode the signal's condition began in, reopened."""
     incident = (
-        Incident.objects.select_for_update()
+        Incident.objects.select_for_update(no_key=True)
         .filter(job_id=job_id, status=IncidentStatus.RESOLVED, resolved_step__gte=signal.first_step)
         .order_by("-opened_at")
         .first()
@@ -427,7 +432,7 @@ def settle_incident(job_id: int, step: int | None, now: datetime | None = None) 
         # The incident row only: FOR UPDATE over a join would lock the job's row too, and a
         # command being issued holds the job and waits for the incident (deadlock).
         incident = (
-            Incident.objects.select_for_update()
+            Incident.objects.select_for_update(no_key=True)
             .filter(job_id=job_id, status__in=ACTIVE_INCIDENT_STATUSES)
             .first()
         )

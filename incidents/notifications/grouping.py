@@ -32,7 +32,9 @@ def page_leader(alert: Alert) -> Alert | None:
     second waits, then finds the first one's round)."""
     if alert.incident_id is None:
         return None
-    Incident.objects.select_for_update().filter(pk=alert.incident_id).values_list("pk").first()
+    Incident.objects.select_for_update(no_key=True).filter(pk=alert.incident_id).values_list(
+        "pk"
+    ).first()
     leading = (
         NotificationRound.objects.filter(
             alert__incident_id=alert.incident_id,

@@ -235,7 +235,7 @@ def save_review(
         now = timezone.now()
         with transaction.atomic():
             # The incident's row lock serialises the writers of its review (and its creation).
-            incident = Incident.objects.select_for_update().get(pk=incident.pk)
+            incident = Incident.objects.select_for_update(no_key=True).get(pk=incident.pk)
             review, started = _lock_or_start(incident, base_revision, now)
             # A new review's base is the unsaved draft (0), stored as revision 1 just now.
             _check_editable(review, clean, 1 if started else base_revision)

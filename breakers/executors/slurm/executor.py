@@ -207,7 +207,7 @@ def scheduler_call_failed(call_log: CallLog, call: SlurmCall, purpose: str) -> N
 
 def _raise_to_l4(incident_id: int, why: str) -> None:
     with transaction.atomic():
-        incident = Incident.objects.select_for_update().get(pk=incident_id)
+        incident = Incident.objects.select_for_update(no_key=True).get(pk=incident_id)
         if incident.status not in ACTIVE_INCIDENT_STATUSES or incident.level >= "L4":
             return
         Incident.objects.filter(pk=incident_id).update(level="L4")
