@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from breakers.detection import rulesets
 from breakers.drills import workloads
-from breakers.drills.scenarios import SCENARIOS, resolve
+from breakers.drills.scenarios import SCENARIOS, Scenario, resolve
 from breakers.drills.scorecard import Line
 from breakers.models import DRILL_TRANSITIONS, DrillCheck, DrillRun, DrillStatus
 from breakers.models.drills import FINISHED_DRILL_STATUSES, OPEN_DRILL_STATUSES
@@ -34,7 +34,7 @@ from core.errors import Conflict, InvalidInput
 from core.transitions import compare_and_swap
 from incidents.models import Team
 from incidents.teams.access import role_in_team
-from incidents.teams.audit import AuditContext, audited
+from incidents.teams.audit import Attempt, AuditContext, audited
 from incidents.teams.authority import Action, decide
 
 log = logging.getLogger(__name__)
@@ -61,49 +61,55 @@ def request_drills(
     ``workload``: ``builtin`` or ``team`` (the team's own command, ``workloads.py``)."""
     with audited(actor, Action.RUN_DRILL, "team", team.pk, context) as attempt:
         attempt.team_id = team.pk
-        if actor is not None:
-            attempt.check(decide(role_in_team(actor, team.pk), Action.RUN_DRILL))
-        else:  # audited as allowed: the row said "refused" for every scheduled set before
-            attempt.allowed, attempt.reason = (
-                True,
-                ("The drill schedule or an operator at the server (manage.py drill)."),
-            )
-        try:
-            chosen = resolve(list(scenarios))
-        except ValueError as error:
-            raise InvalidInput(str(error), fields={"scenarios": str(error)}) from None
-        if executor not in EXECUTORS:
-            raise InvalidInput(
-                f"Unknown executor {executor!r}.",
-                fields={"executor": f"must be one of {', '.join(EXECUTORS)}"},
-            )
+        _authorise(attempt, actor, team)
+        chosen = _checked_scenarios(scenarios, executor)
         command, verify_command = _workload_commands(team, workload)
         drill_set = uuid.uuid4()
-        # The version the drill vouches for ("drilled" is per version: a rule change after
-        # this needs the drill again). Read before the runs exist, so it is the one in force.
-        version = rulesets.current_version(team).number
-        try:
-            with transaction.atomic():
-                runs = [
-                    DrillRun.objects.create(
-                        team=team,
-                        scenario=scenario.name,
-                        drill_set=drill_set,
-                        executor=executor,
-                        requested_by=actor,
-                        corrupt_checkpoint=corrupt_checkpoint,
-                        ruleset_version=version,
-                        schedule_key=schedule_key,
-                        command=command,
-                        verify_command=verify_command,
-                    )
-                    for scenario in chosen
-                ]
-                if launch:
-                    transaction.on_commit(lambda: launch_drill_set(drill_set))
-        except IntegrityError:  # drill_scheduled_once: another beat queued this set first
-            raise Conflict(f"The scheduled drill set {schedule_key} is queued already.") from None
+        fields = {
+            "team": team, "drill_set": drill_set, "executor": executor, "requested_by": actor,
+            "corrupt_checkpoint": corrupt_checkpoint, "schedule_key": schedule_key,
+            "command": command, "verify_command": verify_command,
+            # The version the drill vouches for ("drilled" is per version: a rule change after
+            # this needs the drill again). Read before the runs exist: the one in force.
+            "ruleset_version": rulesets.current_version(team).number,
+        }  # fmt: skip
+        runs = _store_set([scenario.name for scenario in chosen], fields, launch)
         attempt.succeeded(f"drill set {drill_set}: {', '.join(s.name for s in chosen)}")
+    return runs
+
+
+def _authorise(attempt: Attempt, actor: Any, team: Team) -> None:
+    if actor is not None:
+        attempt.check(decide(role_in_team(actor, team.pk), Action.RUN_DRILL))
+    else:  # audited as allowed: the row said "refused" for every scheduled set before
+        attempt.allowed = True
+        attempt.reason = "The drill schedule or an operator at the server (manage.py drill)."
+
+
+def _checked_scenarios(scenarios: Iterable[str], executor: str) -> list[Scenario]:
+    try:
+        chosen = resolve(list(scenarios))
+    except ValueError as error:
+        raise InvalidInput(str(error), fields={"scenarios": str(error)}) from None
+    if executor not in EXECUTORS:
+        raise InvalidInput(
+            f"Unknown executor {executor!r}.",
+            fields={"executor": f"must be one of {', '.join(EXECUTORS)}"},
+        )
+    return chosen
+
+
+def _store_set(scenarios: list[str], fields: dict[str, Any], launch: bool) -> list[DrillRun]:
+    """One run per scenario, all or none; launched after commit."""
+    try:
+        with transaction.atomic():
+            runs = [DrillRun.objects.create(scenario=name, **fields) for name in scenarios]
+            if launch:
+                drill_set = fields["drill_set"]
+                transaction.on_commit(lambda: launch_drill_set(drill_set))
+    except IntegrityError:  # drill_scheduled_once: another beat queued this set first
+        key = fields["schedule_key"]
+        raise Conflict(f"The scheduled drill set {key} is queued already.") from None
     return runs
 
 

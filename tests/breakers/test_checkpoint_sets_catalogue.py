@@ -93,7 +93,7 @@ def test_a_ranks_report_and_the_ack_of_the_same_brake_do_not_deadlock():
     from breakers.checkpoints import parse_report, record_checkpoint
     from incidents.jobs import create_job
     from incidents.models import Job
-    from tests.support.waiting import wait_for
+    from tests.support.waiting import backend_pid, wait_for, waits_on_a_lock
 
     job_id = create_job("research", "ck-race", "training").job.pk
     report = parse_report({"path": "/ck/step-00000040.pt", "sha256": "a" * 64, "step": 40})
@@ -101,28 +101,22 @@ def test_a_ranks_report_and_the_ack_of_the_same_brake_do_not_deadlock():
 
     def report_it() -> None:
         try:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_backend_pid()")
-                reporter["pid"] = cursor.fetchone()[0]
+            reporter["pid"] = backend_pid()
             reporter["row"] = record_checkpoint(job_id, report)
         except Exception as error:  # noqa: BLE001 - the test reports it below
             reporter["error"] = error
         finally:
             connection.close()
 
-    def waiting_on_a_lock() -> bool:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
-                [reporter.get("pid")],
-            )
-            return cursor.fetchone() is not None
-
     thread = threading.Thread(target=report_it)
     with transaction.atomic():  # the ack: the job's row first, then the brake's checkpoint
         Job.objects.select_for_update().get(pk=job_id)
         thread.start()
-        wait_for(lambda: "pid" in reporter and waiting_on_a_lock(), "the report waits", 60)
+        wait_for(
+            lambda: "pid" in reporter and waits_on_a_lock(reporter.get("pid")),
+            "the report waits",
+            60,
+        )
         acked, created = record_checkpoint(job_id, report)
         assert created
     thread.join(timeout=60)

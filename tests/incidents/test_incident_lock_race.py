@@ -15,7 +15,7 @@ from incidents.alerts.lifecycle import raise_or_update_alert, resolve_alert
 from incidents.jobs import create_job
 from incidents.models import Alert, AlertStatus, Delivery
 from tests.incidents.test_notifications import nan_signal
-from tests.support.waiting import wait_for
+from tests.support.waiting import backend_pid, wait_for, waits_on_a_lock
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -28,22 +28,12 @@ def test_resolving_an_alert_while_it_is_paged_is_no_deadlock():
 
     def resolve_it() -> None:  # the heartbeat's part: incident first, then the alert
         try:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_backend_pid()")
-                resolver["pid"] = cursor.fetchone()[0]
+            resolver["pid"] = backend_pid()
             resolver["won"] = resolve_alert(alert.pk, reason="heartbeats are back")
         except Exception as error:  # noqa: BLE001 - reported below
             resolver["error"] = error
         finally:
             connection.close()
-
-    def waiting_on_a_lock() -> bool:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
-                [resolver.get("pid")],
-            )
-            return cursor.fetchone() is not None
 
     thread = threading.Thread(target=resolve_it)
     with transaction.atomic():  # the page's part (fire_round): the alert's row, a delivery
@@ -53,7 +43,11 @@ def test_resolving_an_alert_while_it_is_paged_is_no_deadlock():
             first_line="L3 page", body="…",
         )  # fmt: skip
         thread.start()
-        wait_for(lambda: "pid" in resolver and waiting_on_a_lock(), "the resolve waits", 60)
+        wait_for(
+            lambda: "pid" in resolver and waits_on_a_lock(resolver.get("pid")),
+            "the resolve waits",
+            60,
+        )
     thread.join(timeout=60)
     assert "error" not in resolver, resolver.get("error")
     assert resolver["won"] is True

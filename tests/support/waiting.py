@@ -39,3 +39,24 @@ def wait_for(
             raise failure(f"{reason} while waiting")
         time.sleep(interval)
     raise failure(f"still waiting after {timeout:.0f} s")
+
+
+def backend_pid() -> int:
+    """The PostgreSQL backend of this thread's connection (for ``waits_on_a_lock``)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
+def waits_on_a_lock(pid: int | None) -> bool:
+    """Whether backend ``pid`` is waiting for a lock, by PostgreSQL's own view: the race tests
+    wait on this, never on a timer."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'", [pid]
+        )
+        return cursor.fetchone() is not None
