@@ -111,16 +111,17 @@ def launch_sandbox(
 def slurm_available() -> bool:
     """Whether this console can submit to Slurm (``sbatch`` in BRAKELINE_SLURM_BIN_DIR, or on
     the PATH): the drills page offers the Slurm executor only then."""
-    if settings.SLURM_BIN_DIR:
-        binary = Path(settings.SLURM_BIN_DIR) / "sbatch"
-        return binary.is_file() and os.access(binary, os.X_OK)
-    return shutil.which("sbatch") is not None
+    return shutil.which(_slurm_binary("sbatch")) is not None
+
+
+def _slurm_binary(name: str) -> str:
+    """A Slurm command in BRAKELINE_SLURM_BIN_DIR, or by name on the PATH."""
+    return str(Path(settings.SLURM_BIN_DIR) / name) if settings.SLURM_BIN_DIR else name
 
 
 def _slurm(arguments: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """A Slurm command of the console's Slurm settings (BRAKELINE_SLURM_BIN_DIR, SLURM_CONF)."""
-    binary = Path(settings.SLURM_BIN_DIR) / arguments[0] if settings.SLURM_BIN_DIR else None
-    command = [str(binary) if binary else arguments[0], *arguments[1:]]
+    command = [_slurm_binary(arguments[0]), *arguments[1:]]
     env = dict(os.environ if env is None else env)
     if settings.SLURM_CONF:
         env["SLURM_CONF"] = settings.SLURM_CONF

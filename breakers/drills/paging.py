@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import uuid
 
-from django.conf import settings
 from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
 from breakers.models import DrillRun, DrillStatus
 from breakers.models.drills import FINISHED_DRILL_STATUSES
+from incidents.notifications.delivery import console_link
 from incidents.notifications.policy import notify_team_admins
 
 
@@ -61,8 +61,8 @@ def failure_message(runs: list[DrillRun], failed: list[DrillRun]) -> tuple[str, 
     ]
     for run in failed:
         lines.append(f"- {run.scenario}: {run.status} — {_why(run)}")
-        lines.append(f"  {_absolute(reverse('drill-page', args=[run.pk]))}")
-    lines += ["", f"Run them again: {_absolute(reverse('team-drills-page', args=[team.pk]))}"]
+        lines.append(f"  {console_link(reverse('drill-page', args=[run.pk]))}")
+    lines += ["", f"Run them again: {console_link(reverse('team-drills-page', args=[team.pk]))}"]
     return first_line, "\n".join(lines)
 
 
@@ -71,7 +71,3 @@ def _why(run: DrillRun) -> str:
         return run.error.splitlines()[0][:300] if run.error else "the drill could not run"
     failing = run.checks.filter(passed=False).order_by("position")
     return "; ".join(f"{c.name}: {c.measured}" for c in failing)[:300] or "no line passed"
-
-
-def _absolute(path: str) -> str:
-    return str(settings.BRAKELINE_PUBLIC_URL).rstrip("/") + path

@@ -94,9 +94,13 @@ def notify_alert(alert_id: int) -> None:
 # --- Content ---------------------------------------------------------------------------------
 
 
+def console_link(path: str) -> str:
+    """A console page's address as a message carries it (BRAKELINE_PUBLIC_URL + path)."""
+    return str(settings.BRAKELINE_PUBLIC_URL).rstrip("/") + path
+
+
 def job_link(job_id: int) -> str:
-    base = str(settings.BRAKELINE_PUBLIC_URL).rstrip("/")
-    return f"{base}/jobs/{job_id}/"
+    return console_link(f"/jobs/{job_id}/")
 
 
 DRILL_PREFIX = "DRILL — "

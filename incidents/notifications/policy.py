@@ -224,6 +224,26 @@ def send_test_notification(
     return delivery
 
 
+def queue_to(
+    team_id: int,
+    people: list[User],
+    channels: tuple[str, ...],
+    message: Message,
+    *,
+    purpose: str,
+    incident_id: int | None = None,
+) -> list[int]:
+    """One queued delivery per person and channel (person by person), for a page that is no
+    alert's; their ids."""
+    return [
+        queue_message(
+            team_id, person, channel, message, purpose=purpose, incident_id=incident_id
+        ).pk
+        for person in people
+        for channel in channels
+    ]
+
+
 ASK_CONFIRMATION = "ask_confirmation"  # audit action; allowed to whoever may pause the job
 
 
@@ -248,12 +268,10 @@ def ask_for_confirmation(
             (f"Note: {note.strip()}\n" if note.strip() else "") + f"Open: {job_link(job.pk)}",
         )
         with transaction.atomic():
-            ids = [
-                queue_message(job.team_id, person, channel, message, purpose="confirmation",
-                              incident_id=incident.pk if incident else None).pk
-                for person in managers
-                for channel in ("chat", "email")
-            ]  # fmt: skip
+            ids = queue_to(
+                job.team_id, managers, ("chat", "email"), message, purpose="confirmation",
+                incident_id=incident.pk if incident else None,
+            )  # fmt: skip
             names = ", ".join(p.get_username() for p in managers) or "nobody (no manager)"
             if incident is not None:
                 append_timeline(
@@ -277,20 +295,10 @@ def notify_escalation_request(request_id: int, *, expired: bool) -> list[int]:
         f"({request.command_kind}) {what}",
         f"Reason: {request.reason}\nOpen: {job_link(job.pk)}",
     )
-    ids = []
-    for person in managers_of(job.team_id):
-        for channel in ("chat", "email"):
-            ids.append(
-                queue_message(
-                    job.team_id,
-                    person,
-                    channel,
-                    message,
-                    purpose="escalation",
-                    incident_id=request.incident_id,
-                ).pk
-            )
-    return ids
+    return queue_to(
+        job.team_id, managers_of(job.team_id), ("chat", "email"), message,
+        purpose="escalation", incident_id=request.incident_id,
+    )  # fmt: skip
 
 
 def notify_incident_people(incident_id: int, first_line: str, body: str) -> list[int]:
@@ -301,13 +309,9 @@ def notify_incident_people(incident_id: int, first_line: str, body: str) -> list
         return []
     people = list(dict.fromkeys([*who_is_on_call(team_id)[:1], *managers_of(team_id)]))
     message = Message(first_line, body + f"\nOpen: {job_link(incident.job_id)}")
-    return [
-        queue_message(
-            team_id, person, channel, message, purpose="scheduler", incident_id=incident_id
-        ).pk
-        for person in people
-        for channel in ("phone", "chat")
-    ]
+    return queue_to(
+        team_id, people, ("phone", "chat"), message, purpose="scheduler", incident_id=incident_id
+    )
 
 
 def notify_team_admins(team_id: int, first_line: str, body: str, *, purpose: str) -> list[int]:
@@ -320,13 +324,10 @@ def notify_team_admins(team_id: int, first_line: str, body: str, *, purpose: str
     people = list(
         dict.fromkeys([*who_is_on_call(team_id)[:1], *(m.user for m in admins.order_by("id"))])
     )
-    message = Message(first_line, body)
     with transaction.atomic():
-        return [
-            queue_message(team_id, person, channel, message, purpose=purpose).pk
-            for person in people
-            for channel in ("chat", "email")
-        ]
+        return queue_to(
+            team_id, people, ("chat", "email"), Message(first_line, body), purpose=purpose
+        )
 
 
 def send_daily_digest(team_id: int, *, now: datetime | None = None) -> list[int]:
