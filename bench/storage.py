@@ -5,10 +5,16 @@
 1. Bytes per point of the raw table: ``pg_total_relation_size`` (heap, TOAST and indexes) of
    ``breakers_metricpoint`` divided by its rows, for a dense per-rank series (8 ranks × 125k
    steps of ``loss``, written with COPY as ingest writes them), after VACUUM. The rollups'
-   bytes per raw point they stand for are printed next to it.
+   bytes per raw point they stand for are printed next to it. Then the compacted layout
+   (``breakers.storage.compaction``): 1M points of 8 ranks × 12,500 steps × 10 metrics with
+   full-precision noisy values (poorly compressible, as real metrics are), compacted into blocks;
+   ``pg_total_relation_size`` of ``breakers_metricblock`` (heap, TOAST, indexes) per point.
+   Goal: ≤ 10 B per point.
 2. Server time (Django's test client in this process: the view and its queries, no network)
    of the chart's full-range request (``/series?names=loss``, 2,000 points) for
    - a 1M-point series read from raw points (no rollups; the baseline of this run),
+   - a 1M-point series read from compacted blocks that also hold three other metrics (no
+     rollups: every point unpacked from the blocks), and a zoom on 1 % of it,
    - the same series once rolled up (read from the 1 min rollups),
    - a 100M-point series (8 ranks × 12.5M steps at 10 steps/s, two weeks) whose rollup rows
      are synthesised directly in SQL (its raw points would be past the raw window anyway),
@@ -61,7 +67,8 @@ def _job(name: str, fresh: bool):
 
         with connection.cursor() as cursor:
             for table in ("breakers_metricpoint", "breakers_metricrollup",
-                          "breakers_rollupcursor"):  # fmt: skip
+                          "breakers_rollupcursor", "breakers_metricblock",
+                          "breakers_compactioncursor", "breakers_evaluationstate"):  # fmt: skip
                 cursor.execute(f"DELETE FROM {table} WHERE job_id = %s", [job.pk])
         job.delete()
         job = None
@@ -98,6 +105,71 @@ def raw_job(fresh: bool, rolled: bool):
     return Job.objects.get(pk=created.pk)
 
 
+def _cursors_past(job_id: int) -> int:
+    """The evaluator's and the rollups' cursors set past every point of the job (what a real
+    stack's worker does as it goes; here without rollup rows, so reads take the raw path)."""
+    from breakers.models import EvaluationState, MetricPoint, RollupCursor
+
+    top = MetricPoint.objects.filter(job_id=job_id).order_by("-id").values_list("id", flat=True)
+    EvaluationState.objects.update_or_create(job_id=job_id, defaults={"cursor": top[0]})
+    RollupCursor.objects.update_or_create(job_id=job_id, defaults={"cursor": top[0]})
+    return top[0]
+
+
+def _copy_metrics(job_id: int, ranks: int, steps: int, names: tuple[str, ...]) -> None:
+    import random
+
+    from django.db import connection, transaction
+
+    from breakers.agent.store import copy_rows
+
+    noise = random.Random(22)
+    with transaction.atomic(), connection.cursor() as cursor:
+        rows = (
+            (job_id, name, s, START + timedelta(seconds=s * 0.1), 2.0 + noise.gauss(0, 0.05),
+             f"node{r // 4}", r)
+            for s in range(steps) for r in range(ranks) for name in names
+        )  # fmt: skip
+        copy_rows(cursor.cursor, rows)
+
+
+def compacted_job(fresh: bool, name: str, ranks: int, steps: int, names: tuple[str, ...]):
+    """A job whose points are all compacted into blocks."""
+    from breakers.storage import compaction
+    from incidents.models import Job
+
+    existing, created = _job(name, fresh)
+    if existing is not None:
+        return existing
+    _copy_metrics(created.pk, ranks, steps, names)
+    compaction.compact_job(created.pk, 0, _cursors_past(created.pk))
+    Job.objects.filter(pk=created.pk).update(current_step=steps - 1, status="running",
+                                             world_size=ranks)  # fmt: skip
+    return Job.objects.get(pk=created.pk)
+
+
+def compacted_bytes(job, label: str) -> None:
+    """Bytes per point of one job's blocks: copied into a table of their own with the same
+    columns, storage and indexes (the values are stored again, TOAST and compression as in
+    the real table), so no other bench job's blocks are counted."""
+    from django.db import connection, transaction
+
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("CREATE TEMP TABLE measured (LIKE breakers_metricblock INCLUDING ALL) "
+                       "ON COMMIT DROP")  # fmt: skip
+        cursor.execute("INSERT INTO measured SELECT * FROM breakers_metricblock WHERE job_id = %s",
+                       [job.pk])  # fmt: skip
+        cursor.execute("SELECT pg_total_relation_size('measured'), pg_relation_size('measured'), "
+                       "count(*), avg(array_length(names, 1)) FROM measured")  # fmt: skip
+        total, heap, blocks, names = cursor.fetchone()
+        cursor.execute("SELECT points FROM breakers_compactioncursor WHERE job_id = %s", [job.pk])
+        points = cursor.fetchone()[0]
+    print(f"Compacted, {label}: {blocks:,} blocks ({names:.0f} metrics each) holding "
+          f"{points:,} points")  # fmt: skip
+    print(f"  bytes per point, heap + TOAST + indexes: {total / points:7.2f} B (heap alone "
+          f"{heap / points:.2f} B; goal ≤ 10 B)")  # fmt: skip
+
+
 def synthetic_job(fresh: bool, ranks: int = 8, steps: int = 12_500_000):
     from django.db import connection, transaction
 
@@ -130,7 +202,8 @@ def bytes_per_point(fresh: bool) -> None:
         while rollups.roll_up_job(job.pk):
             pass
     with connection.cursor() as cursor:
-        cursor.execute("VACUUM ANALYZE breakers_metricpoint")
+        # FULL: compacting the other bench jobs left the table's pages half empty.
+        cursor.execute("VACUUM FULL ANALYZE breakers_metricpoint")
         cursor.execute("VACUUM ANALYZE breakers_metricrollup")
         cursor.execute("SELECT count(*) FROM breakers_metricpoint")
         points = cursor.fetchone()[0]
@@ -193,12 +266,21 @@ def main() -> None:
     raw = raw_job(args.fresh, rolled=False)
     rolled = raw_job(args.fresh, rolled=True)
     synthetic = synthetic_job(args.fresh)
+    blocks = compacted_job(args.fresh, "blocks-1m-4", 1, 1_000_000,
+                           ("loss", "grad_norm", "lr", "throughput"))  # fmt: skip
+    dense = compacted_job(args.fresh, "blocks-8x12.5k-10", 8, 12_500,
+                          tuple(f"m{i}" for i in range(10)))  # fmt: skip
     bytes_per_point(args.fresh)
+    compacted_bytes(dense, "8 ranks × 12,500 steps × 10 metrics")
+    compacted_bytes(blocks, "1 rank × 1M steps × 4 metrics")
     print(f"(bench data ready in {time.perf_counter() - started:.0f} s)")
     series_times(
         [
             ("1M points, raw (baseline)", raw, ""),
             ("1M points, rolled up", rolled, ""),
+            ("1M points, compacted blocks (4 metrics each)", blocks, ""),
+            ("1M points compacted, zoom on 1 % (10k steps)", blocks,
+             "&from_step=500000&to_step=509999"),
             ("100M points (8 ranks), rollups + band", synthetic, ""),
             ("100M points, rank 5 only", synthetic, "&rank=5&spread=0"),
             ("100M points, zoom on 1 % (125k steps)", synthetic,

@@ -26,17 +26,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection
-from django.db.models import OuterRef, Subquery
+from django.db.models import F, FloatField, Func, OuterRef, Subquery, Value
 
 from breakers.detection.engine import RuleSpec
 from breakers.detection.rules import effective_rules
-from breakers.models import Command, MetricPoint
+from breakers.models import Command, CompactionCursor, MetricBlock, MetricPoint
 from breakers.storage import reading
 from breakers.storage.buckets import Bucket
 from core.nonfinite import encode
 from incidents.models import Alert, Job, TimelineEntry, TimelineKind
 
 TABLE = MetricPoint._meta.db_table
+BLOCKS = MetricBlock._meta.db_table
+COMPACTION = CompactionCursor._meta.db_table
 MAX_POINTS_LIMIT = 10_000
 MAX_NAMES = 200
 MAX_RANKS = 16  # per-rank series one request may ask for
@@ -65,13 +67,16 @@ class BandRule:
 
 
 def metric_names(job_id: int) -> list[str]:
-    """Distinct metric names of a job: a loose index scan, one index probe per name."""
+    """Distinct metric names of a job: a loose index scan of the raw rows, one index probe per
+    name, and the names its compaction cursor recorded (series whose rows are all compacted)."""
     if connection.vendor != "postgresql":
         names = MetricPoint.objects.filter(job_id=job_id).values_list("name", flat=True)
         return sorted(set(names))[:MAX_NAMES]
     with connection.cursor() as cursor:
         cursor.execute(_NAMES_SQL, {"job": job_id})
-        return [row[0] for row in cursor.fetchall()]
+        raw = {row[0] for row in cursor.fetchall()}
+    compacted = CompactionCursor.objects.filter(job_id=job_id).values_list("names", flat=True)
+    return sorted(raw.union(*compacted))[:MAX_NAMES]
 
 
 def band_rule(team_id: int, metric: str = "loss") -> BandRule | None:
@@ -240,15 +245,36 @@ COMMAND_LABELS = {
 }
 
 
+# The newest loss point at or before a moment, raw or in the newest blocks begun before it (a
+# block per rank: the newest 64 cover 64 ranks; beyond, a near step is as good for a marker).
+_STEP_AT_SQL = f"""
+SELECT step FROM (
+  (SELECT step, time FROM {TABLE} WHERE job_id = %(job)s AND name = 'loss' AND time <= %(when)s
+   ORDER BY time DESC LIMIT 1)
+  UNION ALL
+  (SELECT p.step, p.time FROM (SELECT min(first_step) AS low, max(last_step) AS high
+     FROM (SELECT first_step, last_step FROM {BLOCKS}
+           WHERE job_id = %(job)s AND first_time <= %(when)s AND names @> ARRAY['loss'::varchar]
+           ORDER BY first_time DESC LIMIT 64) AS newest_blocks) AS b
+   CROSS JOIN LATERAL brakeline_points(%(job)s, 'loss', b.low, b.high) AS p
+   WHERE p.time <= %(when)s ORDER BY p.time DESC LIMIT 1)
+) AS found ORDER BY time DESC LIMIT 1
+"""
+
+
 def _step_at(job_id: int, when) -> int | None:
     """The job's step at a moment: its last loss point at or before it (index on time)."""
-    point = (
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(_STEP_AT_SQL, {"job": job_id, "when": when})
+            row = cursor.fetchone()
+        return None if row is None else int(row[0])
+    return (
         MetricPoint.objects.filter(job_id=job_id, name="loss", time__lte=when)
         .order_by("-time")
         .values_list("step", flat=True)
         .first()
     )
-    return point
 
 
 def markers(job: Job, limit: int = 200) -> dict[str, list[dict[str, Any]]]:
@@ -332,11 +358,23 @@ def _group_of(name: str) -> tuple[str, str]:
 
 # --- Reads for the pages: the dashboard's sparklines, the review's curve, the job list --------
 
+# Rank 0's last points per job: the raw rows' newest, and those of the newest blocks (a job
+# compacted while it runs, or finished, has its last points there).
 _RECENT_SQL = f"""
-SELECT j.id, p.step, p.value FROM unnest(%s::bigint[]) AS j(id)
+SELECT j.id, p.step, p.value FROM unnest(%(jobs)s::bigint[]) AS j(id)
 CROSS JOIN LATERAL (
-  SELECT step, value FROM {TABLE}
-  WHERE job_id = j.id AND name = %s AND rank = 0 ORDER BY step DESC LIMIT %s
+  SELECT step, value FROM (
+    (SELECT step, value FROM {TABLE}
+     WHERE job_id = j.id AND name = %(name)s AND rank = 0 ORDER BY step DESC LIMIT %(count)s)
+    UNION ALL
+    (SELECT u.step, u.value FROM (SELECT min(first_step) AS low, max(last_step) AS high
+       FROM (SELECT first_step, last_step FROM {BLOCKS}
+             WHERE job_id = j.id AND rank = 0 AND names @> ARRAY[%(name)s::varchar]
+             ORDER BY first_step DESC LIMIT 4) AS newest_blocks) AS b
+     CROSS JOIN LATERAL brakeline_points(j.id, %(name)s, b.low, b.high) AS u
+     WHERE u.rank = 0 AND u.id <= (SELECT coalesce(max(cursor), 0) FROM {COMPACTION}
+                                   WHERE job_id = j.id))
+  ) AS newest ORDER BY step DESC LIMIT %(count)s
 ) AS p
 """
 
@@ -350,7 +388,7 @@ def recent_points(job_ids: list[int], name: str, count: int) -> dict[int, list[t
     rows: list[tuple[int, int, float]]
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
-            cursor.execute(_RECENT_SQL, [job_ids, name, count])
+            cursor.execute(_RECENT_SQL, {"jobs": job_ids, "name": name, "count": count})
             rows = cursor.fetchall()
     else:
         rows = [
@@ -369,17 +407,30 @@ def points_between(
     job_id: int, name: str, low: int, high: int, limit: int
 ) -> list[tuple[int, float]]:
     """Raw (step, value) points of one metric of rank 0 in a step range, at most ``limit``."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT step, value FROM brakeline_points(%s, %s, %s, %s) WHERE rank = 0 "
+                "ORDER BY step LIMIT %s",
+                [job_id, name, low, high, limit],
+            )
+            return cursor.fetchall()
     rows = MetricPoint.objects.filter(
         job_id=job_id, name=name, rank=0, step__gte=low, step__lte=high
     ).values_list("step", "value")[:limit]
     return list(rows)
 
 
-def latest_value(name: str) -> Subquery:
-    """A subquery for the newest value of metric ``name`` of the outer query's job."""
+def latest_value(name: str) -> Func | Subquery:
+    """The newest value of metric ``name`` of the outer query's job (an annotation)."""
+    if connection.vendor == "postgresql":
+        # brakeline_latest_value (migration breakers 0022): raw rows, else compacted blocks.
+        return Func(
+            F("pk"), Value(name), function="brakeline_latest_value", output_field=FloatField()
+        )
     newest = (
         MetricPoint.objects.filter(job=OuterRef("pk"), name=name)
-        .order_by("-step", "-id")
+        .order_by("-step", "-time")
         .values("value")[:1]
     )
     return Subquery(newest)

@@ -56,6 +56,8 @@ PERIODIC: tuple[Periodic, ...] = (
              why="each team's drill set, once per BRAKELINE_DRILL_INTERVAL_SECONDS (monthly)"),
     Periodic("metric-rollups", "storage.roll_up", every=10.0, expires=9,
              why="merge new metric points into their 10 s / 1 min rollups per rank"),
+    Periodic("metric-compaction", "storage.compact", every=60.0, expires=50,
+             why="fold points the evaluator and rollups are past into blocks (~8 B a point)"),
     Periodic("metric-retention", "storage.prune", every=300.0, expires=240,
              why="delete raw points past the raw window (never around incidents), old rollups"),
     Periodic("rank-stragglers", "pace.check_stragglers", every=30.0, expires=25,

@@ -377,6 +377,7 @@ CELERY_TASK_ROUTES = {
     # Housekeeping of metric storage: behind every evaluation, never ahead of a brake.
     "storage.roll_up": {"queue": TICK_QUEUE},
     "storage.prune": {"queue": TICK_QUEUE},
+    "storage.compact": {"queue": TICK_QUEUE},
     "pace.check_stragglers": {"queue": TICK_QUEUE},
 }
 CELERY_BROKER_TRANSPORT_OPTIONS = {
@@ -454,6 +455,10 @@ AGENT_TIME_WINDOW_SECONDS = _env_seconds("BRAKELINE_AGENT_TIME_WINDOW_SECONDS", 
 METRIC_RAW_RETENTION_SECONDS = _env_seconds("BRAKELINE_RAW_RETENTION_SECONDS", 72 * 3600.0)
 METRIC_INCIDENT_MARGIN_STEPS = _env_int("BRAKELINE_INCIDENT_MARGIN_STEPS", 1000)
 METRIC_ROLLUP_RETENTION_DAYS = _env_int("BRAKELINE_ROLLUP_RETENTION_DAYS", 180)
+# Raw points are compacted into blocks (~8 B a point) once the evaluator and the rollups are
+# past them and they are this old (or the job logged nothing for this long): the recent tail
+# stays one row per point, and a round's blocks are ~this long a stretch of each rank's steps.
+METRIC_COMPACT_AFTER_SECONDS = _env_seconds("BRAKELINE_COMPACT_AFTER_SECONDS", 600.0)
 if METRIC_INCIDENT_MARGIN_STEPS < 0 or METRIC_ROLLUP_RETENTION_DAYS < 1:
     raise ImproperlyConfigured(
         "BRAKELINE_INCIDENT_MARGIN_STEPS must be ≥ 0 and BRAKELINE_ROLLUP_RETENTION_DAYS ≥ 1."

@@ -25,3 +25,24 @@ class NonFiniteFloatField(models.FloatField):
         if isinstance(value, str):
             return float(value)
         return value
+
+
+class PostgresArrayField(models.Field):
+    """An array column on PostgreSQL (``float8[]``, ``int8[]``…), plain text elsewhere.
+
+    For tables written and read only through SQL on PostgreSQL (the compacted metric blocks):
+    the embedded SQLite mode creates the column so the schema is the same, and never fills it.
+    The ORM never converts these values; a query reads them with the driver's own arrays.
+    """
+
+    def __init__(self, *args: Any, element: str = "float8", **kwargs: Any) -> None:
+        self.element = element
+        super().__init__(*args, **kwargs)
+
+    def deconstruct(self) -> tuple:
+        name, path, args, kwargs = super().deconstruct()
+        kwargs["element"] = self.element
+        return name, path, args, kwargs
+
+    def db_type(self, connection: Any) -> str:
+        return f"{self.element}[]" if connection.vendor == "postgresql" else "text"

@@ -28,8 +28,10 @@ from breakers.models.inference import (  # noqa: F401
 )
 from breakers.models.launchers import JobLauncher  # noqa: F401
 from breakers.models.metrics import (  # noqa: F401
+    CompactionCursor,
     EvaluationState,
     MetricBatch,
+    MetricBlock,
     MetricPoint,
     MetricRollup,
     RankPaceHistory,
@@ -56,7 +58,9 @@ from breakers.models.snapshots import (  # noqa: F401
 # isort: on
 
 __all__ = [
+    "CompactionCursor",
     "MetricBatch",
+    "MetricBlock",
     "MetricPoint",
     "MetricRollup",
     "RankPaceHistory",

@@ -5,6 +5,8 @@ points of their own, and count/Σx/Σx² (the loss band). ``min(ARRAY[value, ste
 carries the arg-min along without a sort.
 
 ``rank``: one rank's series, or None for every rank at once (the spread across ranks).
+Raw points are read through ``brakeline_points`` (raw rows and compacted blocks as one set,
+``breakers.storage.compaction``).
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from breakers.models import MetricPoint, MetricRollup
+from breakers.models import MetricBlock, MetricPoint, MetricRollup
 
 TABLE = MetricPoint._meta.db_table
+BLOCKS = MetricBlock._meta.db_table
 ROLLUPS = MetricRollup._meta.db_table
 FINITE = "value NOT IN ('NaN'::float8, 'Infinity'::float8, '-Infinity'::float8)"
 RANK = " AND rank = %(rank)s"
@@ -32,9 +35,8 @@ SELECT (step - %(origin)s) / %(width)s AS bucket,
   min(ARRAY[step, date_part('epoch', time)]) FILTER (WHERE value = 'NaN'::float8),
   min(ARRAY[step, date_part('epoch', time)]) FILTER (WHERE value = 'Infinity'::float8),
   min(ARRAY[step, date_part('epoch', time)]) FILTER (WHERE value = '-Infinity'::float8)
-FROM {TABLE}
-WHERE job_id = %(job)s AND name = %(name)s AND step BETWEEN %(low)s AND %(high)s
-  AND id > %(after)s{{rank}}
+FROM brakeline_points(%(job)s, %(name)s, %(low)s, %(high)s)
+WHERE id > %(after)s{{rank}}
 GROUP BY bucket ORDER BY bucket
 """
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from django.db import connection
 
-from breakers.storage.buckets import ROLLUPS, TABLE, Bucket, fetch_buckets
+from breakers.storage.buckets import BLOCKS, ROLLUPS, TABLE, Bucket, fetch_buckets
 from breakers.storage.rollups import CURSORS
 from breakers.storage.rollups import supported as rollups_supported
 
@@ -34,12 +34,30 @@ class Source:
         return "raw" if self.seconds is None else f"rollups-{self.seconds}s"
 
 
+_RAW_RANGE_SQL = f"""
+SELECT min(low), max(high) FROM (
+  SELECT min(step), max(step) FROM {TABLE} WHERE job_id = %(job)s AND name = %(name)s
+  UNION ALL
+  SELECT (SELECT first_step FROM {BLOCKS} WHERE job_id = %(job)s AND names @> %(names)s::varchar[]
+          ORDER BY first_step LIMIT 1),
+         (SELECT max(last_step) FROM (SELECT last_step FROM {BLOCKS}
+          WHERE job_id = %(job)s AND names @> %(names)s::varchar[]
+          ORDER BY first_step DESC LIMIT 64) AS b)
+) AS ranges(low, high)
+"""
+
+
 def raw_range(job_id: int, name: str) -> tuple[int, int] | None:
+    """First and last step of the series' raw points (compacted ones to their block's bounds:
+    a block holding the series may start or end a few steps before or after its points)."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT min(step), max(step) FROM {TABLE} WHERE job_id = %s AND name = %s",
-            [job_id, name],
-        )
+        if connection.vendor == "postgresql":
+            cursor.execute(_RAW_RANGE_SQL, {"job": job_id, "name": name, "names": [name]})
+        else:
+            cursor.execute(
+                f"SELECT min(step), max(step) FROM {TABLE} WHERE job_id = %s AND name = %s",
+                [job_id, name],
+            )
         low, high = cursor.fetchone()
     return None if low is None else (int(low), int(high))
 

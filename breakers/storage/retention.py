@@ -6,7 +6,8 @@ Raw points older than ``METRIC_RAW_RETENTION_SECONDS`` are deleted, except:
 - points around any incident of the job (the *freeze*): from its first anomalous step minus
   ``METRIC_INCIDENT_MARGIN_STEPS`` up to the moment it resolved — and for ever while it is
   active (open or mitigated), so a review always has the raw curve of what happened.
-Rollups are deleted past ``METRIC_ROLLUP_RETENTION_DAYS``. Deletes go in batches of ids, each
+Compacted blocks follow the same rule, block by block. Rollups are deleted past
+``METRIC_ROLLUP_RETENTION_DAYS``. Deletes go in batches of ids, each
 its own short transaction, so ingest is not blocked behind one huge DELETE.
 """
 
@@ -19,10 +20,12 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from breakers.models import MetricBlock
 from breakers.storage.rollups import CURSORS, POINTS, ROLLUPS, supported
 from incidents.models import ACTIVE_INCIDENT_STATUSES, Incident
 
 INCIDENTS = Incident._meta.db_table
+BLOCKS = MetricBlock._meta.db_table
 BATCH_ROWS = 50_000
 
 # The freeze of one incident, as a condition on a point ``p`` of the same job.
@@ -40,6 +43,20 @@ DELETE FROM {POINTS} WHERE id IN (
 )
 """
 
+# A compacted block goes when every point in it is past the window and none can be frozen: the
+# freeze's point condition, conservatively on the block's bounds (its last step, first time).
+_BLOCKS_SQL = f"""
+DELETE FROM {BLOCKS} WHERE id IN (
+  SELECT b.id FROM {BLOCKS} b
+  WHERE b.job_id = %(job)s AND b.last_time < %(cutoff)s AND NOT EXISTS (
+    SELECT 1 FROM {INCIDENTS} i
+    WHERE i.job_id = b.job_id AND b.last_step >= i.first_step - %(margin)s
+      AND (i.status = ANY(%(active)s) OR i.resolved_at IS NULL OR b.first_time <= i.resolved_at)
+  )
+  ORDER BY b.id LIMIT %(batch)s
+)
+"""
+
 _ROLLUP_SQL = f"""
 DELETE FROM {ROLLUPS} WHERE id IN (
   SELECT id FROM {ROLLUPS} WHERE bucket < %(cutoff)s LIMIT %(batch)s
@@ -51,6 +68,7 @@ DELETE FROM {ROLLUPS} WHERE id IN (
 class Pruned:
     raw_points: int
     rollups: int
+    blocks: int = 0  # compacted blocks of raw points (breakers.storage.compaction)
 
 
 def freeze_params() -> dict:
@@ -80,10 +98,11 @@ def prune(now: datetime | None = None) -> Pruned:
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT job_id, cursor FROM {CURSORS} WHERE cursor > 0 ORDER BY job_id")
         marks = cursor.fetchall()
-    raw = 0
+    raw = blocks = 0
     for job_id, mark in marks:
         params = {"job": job_id, "cursor": mark, "cutoff": raw_cutoff, **freeze_params()}
         raw += _delete_in_batches(_RAW_SQL, params)
+        blocks += _delete_in_batches(_BLOCKS_SQL, params)
     rollup_cutoff = now - timedelta(days=settings.METRIC_ROLLUP_RETENTION_DAYS)
     rollups = _delete_in_batches(_ROLLUP_SQL, {"cutoff": rollup_cutoff})
-    return Pruned(raw_points=raw, rollups=rollups)
+    return Pruned(raw_points=raw, rollups=rollups, blocks=blocks)

@@ -7,7 +7,7 @@ import logging
 
 from celery import shared_task
 
-from breakers.storage import retention, rollups
+from breakers.storage import compaction, retention, rollups
 
 log = logging.getLogger(__name__)
 
@@ -20,5 +20,13 @@ def roll_up() -> int:
 @shared_task(name="storage.prune", acks_late=True, ignore_result=True, expires=240)
 def prune() -> None:
     pruned = retention.prune()
-    if pruned.raw_points or pruned.rollups:
-        log.info("retention: %s raw points and %s rollups deleted", *pruned.__dict__.values())
+    if pruned.raw_points or pruned.rollups or pruned.blocks:
+        log.info(
+            "retention: %s raw points, %s rollups and %s compacted blocks deleted",
+            pruned.raw_points, pruned.rollups, pruned.blocks,
+        )  # fmt: skip
+
+
+@shared_task(name="storage.compact", acks_late=True, ignore_result=True, expires=50)
+def compact() -> int:
+    return sum(compaction.compact_all().values())

@@ -126,9 +126,9 @@ def test_the_beat_runs_both_tasks_by_their_names_behind_the_evaluations(settings
     from config.celery import app
     from config.schedule import PERIODIC
 
-    names = {"storage.roll_up", "storage.prune"}
+    names = {"storage.roll_up", "storage.prune", "storage.compact"}
     assert names <= {entry.task for entry in PERIODIC}
-    assert {tasks.roll_up.name, tasks.prune.name} == names
+    assert {tasks.roll_up.name, tasks.prune.name, tasks.compact.name} == names
     assert names <= set(app.tasks)
     assert {settings.CELERY_TASK_ROUTES[n]["queue"] for n in names} == {settings.TICK_QUEUE}
 
