@@ -28,6 +28,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from breakers.models import CompactionCursor, EvaluationState, MetricBlock, MetricPoint
+from breakers.storage import partitions
 from breakers.storage.rollups import CURSORS as ROLLUP_CURSORS
 from breakers.storage.rollups import supported
 from incidents.models import Job
@@ -162,9 +163,24 @@ def blocks_of(points: list[tuple]) -> list[Block]:
     return blocks
 
 
+_SPAN_SQL = f"""
+SELECT min(time), max(time) FROM (
+  SELECT time FROM {POINTS} WHERE job_id = %s AND id > %s AND id <= %s ORDER BY id LIMIT %s
+) AS chunk
+"""
+
+
 def _compact_chunk(job_id: int, after: int, bound: int) -> tuple[int, int]:
     """Compact up to ``BATCH_POINTS`` points of the job above ``after`` and at most ``bound``;
     returns (points compacted, the cursor reached). Raises Conflict when another round won."""
+    # The day partitions the blocks will land in, first and outside the chunk's transaction:
+    # creating one locks the blocks' table, which must not last as long as the chunk.
+    with connection.cursor() as cursor:
+        cursor.execute(_SPAN_SQL, [job_id, after, bound, BATCH_POINTS])
+        first, last = cursor.fetchone()
+    if first is None:
+        return 0, bound
+    partitions.ensure(first, last)
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(_READ_SQL, [job_id, after, bound, BATCH_POINTS])
         points = cursor.fetchall()
@@ -239,6 +255,6 @@ def compact_all(now: datetime | None = None) -> dict[int, int]:
             continue
         try:
             done[job_id] = compact_job(job_id, after, bound)
-        except Conflict as conflict:
-            log.info("compaction skipped: %s", conflict)
+        except (Conflict, ValueError) as skipped:
+            log.info("compaction of job %s skipped: %s", job_id, skipped)
     return done

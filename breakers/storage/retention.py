@@ -6,7 +6,8 @@ Raw points older than ``METRIC_RAW_RETENTION_SECONDS`` are deleted, except:
 - points around any incident of the job (the *freeze*): from its first anomalous step minus
   ``METRIC_INCIDENT_MARGIN_STEPS`` up to the moment it resolved — and for ever while it is
   active (open or mitigated), so a review always has the raw curve of what happened.
-Compacted blocks follow the same rule, block by block. Rollups are deleted past
+Compacted blocks follow the same rule: a day of them (a partition) is dropped whole when no
+block of it must stay; the others are deleted block by block. Rollups are deleted past
 ``METRIC_ROLLUP_RETENTION_DAYS``. Deletes go in batches of ids, each
 its own short transaction, so ingest is not blocked behind one huge DELETE.
 """
@@ -21,6 +22,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from breakers.models import MetricBlock
+from breakers.storage import partitions
 from breakers.storage.rollups import CURSORS, POINTS, ROLLUPS, supported
 from incidents.models import ACTIVE_INCIDENT_STATUSES, Incident
 
@@ -68,7 +70,8 @@ DELETE FROM {ROLLUPS} WHERE id IN (
 class Pruned:
     raw_points: int
     rollups: int
-    blocks: int = 0  # compacted blocks of raw points (breakers.storage.compaction)
+    blocks: int = 0  # compacted blocks of raw points (breakers.storage.compaction) deleted
+    block_days: int = 0  # day partitions of blocks dropped whole (breakers.storage.partitions)
 
 
 def freeze_params() -> dict:
@@ -98,6 +101,8 @@ def prune(now: datetime | None = None) -> Pruned:
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT job_id, cursor FROM {CURSORS} WHERE cursor > 0 ORDER BY job_id")
         marks = cursor.fetchall()
+    # Whole days of blocks first: what they held needs no DELETE below.
+    days = partitions.drop_expired(raw_cutoff, freeze_params(), INCIDENTS)
     raw = blocks = 0
     for job_id, mark in marks:
         params = {"job": job_id, "cursor": mark, "cutoff": raw_cutoff, **freeze_params()}
@@ -105,4 +110,4 @@ def prune(now: datetime | None = None) -> Pruned:
         blocks += _delete_in_batches(_BLOCKS_SQL, params)
     rollup_cutoff = now - timedelta(days=settings.METRIC_ROLLUP_RETENTION_DAYS)
     rollups = _delete_in_batches(_ROLLUP_SQL, {"cutoff": rollup_cutoff})
-    return Pruned(raw_points=raw, rollups=rollups, blocks=blocks)
+    return Pruned(raw_points=raw, rollups=rollups, blocks=blocks, block_days=days)

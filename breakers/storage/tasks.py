@@ -20,10 +20,10 @@ def roll_up() -> int:
 @shared_task(name="storage.prune", acks_late=True, ignore_result=True, expires=240)
 def prune() -> None:
     pruned = retention.prune()
-    if pruned.raw_points or pruned.rollups or pruned.blocks:
+    if any(pruned.__dict__.values()):
         log.info(
-            "retention: %s raw points, %s rollups and %s compacted blocks deleted",
-            pruned.raw_points, pruned.rollups, pruned.blocks,
+            "retention: %s raw points, %s rollups, %s compacted blocks and %s days of blocks "
+            "deleted", pruned.raw_points, pruned.rollups, pruned.blocks, pruned.block_days,
         )  # fmt: skip
 
 

@@ -141,6 +141,19 @@ def evaluated_and_rolled_up(job_id: int, upto: int | None = None) -> None:
     rollups.roll_up_job(job_id)
 
 
+def compacted(job_id: int) -> int:
+    evaluated_and_rolled_up(job_id)
+    return compaction.compact_job(job_id, 0, EvaluationState.objects.get(job_id=job_id).cursor)
+
+
+def resolved_incident(job_id: int, first_step: int, resolved_step: int) -> None:
+    Incident.objects.create(
+        job_id=job_id, title="spike", level="L2", opened_at=at(first_step * 10),
+        first_step=first_step, first_time=at(first_step * 10),
+        resolved_at=at(resolved_step * 10), status=IncidentStatus.RESOLVED,
+    )  # fmt: skip
+
+
 def answers(job) -> dict:
     """What every raw reader says of the job."""
     job_id = job.job_id
@@ -259,12 +272,8 @@ def test_retention_deletes_blocks_past_the_window_but_never_around_an_incident(
     settings.METRIC_INCIDENT_MARGIN_STEPS = 10
     job_id = make_agent().job_id
     run(job_id, range(3000), ranks=1)  # a step every 10 s
-    evaluated_and_rolled_up(job_id)
-    compaction.compact_job(job_id, 0, EvaluationState.objects.get(job_id=job_id).cursor)
-    Incident.objects.create(
-        job_id=job_id, title="spike", level="L2", opened_at=at(1000 * 10), first_step=1000,
-        first_time=at(1000 * 10), resolved_at=at(1100 * 10), status=IncidentStatus.RESOLVED,
-    )  # fmt: skip
+    compacted(job_id)
+    resolved_incident(job_id, 1000, 1100)
     with time_machine.travel(at(3000 * 10 + 72 * 3600), tick=False):
         pruned = retention.prune()
         assert retention.prune().blocks == 0  # idempotent
@@ -272,3 +281,74 @@ def test_retention_deletes_blocks_past_the_window_but_never_around_an_incident(
     assert set(range(990, 1101)) <= kept  # the freeze: first step − margin to the close
     assert min(kept) >= 990 - BLOCK_COLUMNS and max(kept) < 1101 + BLOCK_COLUMNS  # whole blocks
     assert pruned.blocks > 0 and MetricBlock.objects.filter(job_id=job_id).count() <= 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_real_worker_compacts_through_the_named_task(make_agent, worker, settings):
+    from breakers.storage import tasks
+    from tests.support.waiting import wait_for
+    from tests.support.worker import worker_idle
+
+    settings.METRIC_COMPACT_AFTER_SECONDS = 0  # the points (spring 2026) are old enough
+    job_id = make_agent().job_id
+    run(job_id, range(500))
+    evaluated_and_rolled_up(job_id)
+    before = metrics.points_between(job_id, "loss", 0, 499, 1000)
+    tasks.compact.delay()
+    tasks.compact.delay()  # twice on purpose: a beat firing again folds nothing twice
+    wait_for(
+        lambda: CompactionCursor.objects.filter(job_id=job_id, cursor__gt=0).exists(),
+        "the worker to compact the job",
+    )
+    wait_for(worker_idle, "the worker to finish")
+    assert not MetricPoint.objects.filter(job_id=job_id).exists()
+    assert CompactionCursor.objects.get(job_id=job_id).points == 2 * 2 * 500
+    assert metrics.points_between(job_id, "loss", 0, 499, 1000) == before
+
+
+# Committed blocks, as in production: a partition with the test transaction's pending foreign-key
+# checks cannot be dropped.
+@pytest.mark.django_db(transaction=True)
+def test_blocks_land_in_day_partitions_and_a_day_no_freeze_holds_is_dropped_whole(
+    make_agent, settings
+):
+    from breakers.storage import partitions
+
+    settings.METRIC_RAW_RETENTION_SECONDS = 72 * 3600
+    settings.METRIC_INCIDENT_MARGIN_STEPS = 10
+    quiet, frozen = make_agent().job_id, make_agent().job_id
+    # 10 s a step from T0 (1 March, noon): steps 4,300 … 4,319 are on 1 March, 4,320 … 12,959
+    # on the 2nd, 12,960 … 17,779 on the 3rd.
+    for job_id in (quiet, frozen):
+        store_points(job_id, [PointIn("loss", s, 1.0, at(s * 10.0), None, 0)
+                              for s in range(4300, 17_280 + 500)])  # fmt: skip
+        compacted(job_id)
+    march = [T0.date() + timedelta(days) for days in range(3)]
+    assert set(march) <= set(partitions.existing())
+    resolved_incident(frozen, 17_000, 17_100)
+    with time_machine.travel(at(17_780 * 10.0 + 72 * 3600), tick=False):
+        pruned = retention.prune()
+    # The window ends on 3 March, 13:23: 1 and 2 March go whole, the 3rd holds the freeze.
+    assert pruned.block_days == 2
+    assert [day in partitions.existing() for day in march] == [False, False, True]
+    kept = {s for s, _ in metrics.points_between(frozen, "loss", 0, 20_000, 20_000)}
+    assert set(range(16_990, 17_101)) <= kept and min(kept) > 8_000
+    assert not metrics.points_between(quiet, "loss", 0, 20_000, 10)  # the rest went by rows
+
+
+# Committed blocks, as in production: a partition with the test transaction's pending foreign-key
+# checks cannot be dropped.
+@pytest.mark.django_db(transaction=True)
+def test_a_day_written_to_after_its_check_is_not_dropped(make_agent):
+    from breakers.storage import partitions
+
+    job_id = make_agent().job_id
+    run(job_id, range(100), ranks=1)
+    compacted(job_id)
+    table = partitions.name_of(T0.date())
+    newest = partitions._newest_id(table)
+    assert partitions._drop_unless_written(table, newest - 1) is False  # a block came since
+    assert T0.date() in partitions.existing()
+    assert MetricBlock.objects.filter(job_id=job_id).exists()
+    assert partitions._drop_unless_written(table, newest) is True
+    assert T0.date() not in partitions.existing()
