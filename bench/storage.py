@@ -57,20 +57,24 @@ FROM generate_series(0, %(ranks)s - 1) AS r, (VALUES (10), (60)) AS widths(w),
 """
 
 
+def _drop(job) -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        for table in ("breakers_metricpoint", "breakers_metricrollup", "breakers_rollupcursor",
+                      "breakers_metricblock", "breakers_compactioncursor",
+                      "breakers_evaluationstate"):  # fmt: skip
+            cursor.execute(f"DELETE FROM {table} WHERE job_id = %s", [job.pk])
+    job.delete()
+
+
 def _job(name: str, fresh: bool):
     from incidents.jobs import create_job
     from incidents.models import Job
 
     job = Job.objects.filter(team__name=TEAM, name=name).first()
     if job is not None and fresh:
-        from django.db import connection
-
-        with connection.cursor() as cursor:
-            for table in ("breakers_metricpoint", "breakers_metricrollup",
-                          "breakers_rollupcursor", "breakers_metricblock",
-                          "breakers_compactioncursor", "breakers_evaluationstate"):  # fmt: skip
-                cursor.execute(f"DELETE FROM {table} WHERE job_id = %s", [job.pk])
-        job.delete()
+        _drop(job)
         job = None
     return job, job is None and create_job(TEAM, name).job
 
@@ -168,6 +172,29 @@ def compacted_bytes(job, label: str) -> None:
           f"{points:,} points")  # fmt: skip
     print(f"  bytes per point, heap + TOAST + indexes: {total / points:7.2f} B (heap alone "
           f"{heap / points:.2f} B; goal ≤ 10 B)")  # fmt: skip
+
+
+def compaction_cost(repeats: int) -> None:
+    """Worker time of compaction per point (200,000 points: 8 ranks × 2,500 steps × 10 metrics)
+    against the COPY that wrote them (the ingest floor, measured in the same run)."""
+    from breakers.storage import compaction
+
+    copies, compactions = [], []
+    for round_ in range(repeats):
+        _, created = _job(f"compaction-cost-{round_}", fresh=True)
+        started = time.perf_counter()
+        _copy_metrics(created.pk, 8, 2_500, tuple(f"m{i}" for i in range(10)))
+        copies.append(time.perf_counter() - started)
+        bound = _cursors_past(created.pk)
+        started = time.perf_counter()
+        count = compaction.compact_job(created.pk, 0, bound)
+        compactions.append(time.perf_counter() - started)
+        _drop(created)
+    copy, compact = median(copies) / count * 1e6, median(compactions) / count * 1e6
+    print(
+        f"Compaction of {count:,} points, median of {repeats}: {compact:.2f} µs per point "
+        f"(COPY of the same rows {copy:.2f} µs: ×{compact / copy:.2f})"
+    )
 
 
 def synthetic_job(fresh: bool, ranks: int = 8, steps: int = 12_500_000):
@@ -273,6 +300,7 @@ def main() -> None:
     bytes_per_point(args.fresh)
     compacted_bytes(dense, "8 ranks × 12,500 steps × 10 metrics")
     compacted_bytes(blocks, "1 rank × 1M steps × 4 metrics")
+    compaction_cost(3)
     print(f"(bench data ready in {time.perf_counter() - started:.0f} s)")
     series_times(
         [

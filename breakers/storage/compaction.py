@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -51,6 +51,7 @@ BLOCK_CELLS = 65_536
 BATCH_POINTS = 200_000  # per transaction: bounded lock time and memory
 _DELTA_LIMIT = 2**31 - 1  # microseconds a point's time may lie from its column's (int4)
 _MICROSECOND = timedelta(microseconds=1)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 COPY_BLOCKS_SQL = (
     f"COPY {BLOCKS} (job_id, rank, node, first_step, last_step, first_time, last_time, "
@@ -75,7 +76,8 @@ ORDER BY e.job_id
 _OLDEST_SQL = f"SELECT time FROM {POINTS} WHERE job_id = %s AND id > %s ORDER BY id LIMIT 1"
 
 _READ_SQL = f"""
-SELECT id, name, step, time, value, node, rank FROM {POINTS}
+SELECT id, name, step, (extract(epoch FROM time) * 1000000)::int8, value, node, rank
+FROM {POINTS}
 WHERE job_id = %s AND id > %s AND id <= %s ORDER BY id LIMIT %s
 """
 
@@ -87,7 +89,7 @@ class Conflict(Exception):
 @dataclass
 class _Column:
     step: int
-    time: datetime
+    time: int  # microseconds since the epoch (exact: times are parsed once, as integers)
     values: dict[str, tuple[float, int]] = field(default_factory=dict)  # name → (value, µs)
 
 
@@ -104,18 +106,20 @@ class Block:
         vals = [[c.values.get(name, absent)[0] for c in self.columns] for name in names]
         deltas = [[c.values.get(name, absent)[1] for c in self.columns] for name in names]
         shifted = any(d for row in deltas for d in row)
-        times = [c.time for c in self.columns]
+        times = [moment(c.time) for c in self.columns]
         listed = [c.step for c in self.columns]
         # Contiguous, each once (the usual case): NULL, and brakeline_points regenerates them.
         steps = None if listed == list(range(listed[0], listed[0] + len(listed))) else listed
-        point_times = [
-            c.time + delta * _MICROSECOND for c in self.columns for _, delta in c.values.values()
-        ]
+        point_times = [c.time + delta for c in self.columns for _, delta in c.values.values()]
         return (
             job_id, self.rank, self.node, self.columns[0].step, self.columns[-1].step,
-            min(point_times), max(point_times), self.last_id, names,
+            moment(min(point_times)), moment(max(point_times)), self.last_id, names,
             steps, times, vals, deltas if shifted else None,
         )  # fmt: skip
+
+
+def moment(microseconds: int) -> datetime:
+    return EPOCH + microseconds * _MICROSECOND
 
 
 def _columns(points: list[tuple]) -> list[_Column]:
@@ -129,7 +133,7 @@ def _columns(points: list[tuple]) -> list[_Column]:
             if column is None:
                 by_key[(step, k)] = _Column(step, time, {name: (value, 0)})
                 break
-            delta = (time - column.time) // _MICROSECOND
+            delta = time - column.time
             if name not in column.values and -_DELTA_LIMIT <= delta <= _DELTA_LIMIT:
                 column.values[name] = (value, delta)
                 break
@@ -138,7 +142,8 @@ def _columns(points: list[tuple]) -> list[_Column]:
 
 
 def blocks_of(points: list[tuple]) -> list[Block]:
-    """Points ``(id, name, step, time, value, node, rank)`` in id order → blocks, each of one
+    """Points ``(id, name, step, µs since the epoch, value, node, rank)`` in id order → blocks,
+    each of one
     rank and node, at most ``BLOCK_COLUMNS`` columns, less than ``BLOCK_STEP_SPAN`` steps and
     at most ``BLOCK_CELLS`` metrics × columns (a single column may hold more)."""
     groups: dict[tuple[int, str | None], list[tuple]] = {}

@@ -32,7 +32,9 @@ def at(seconds: float) -> datetime:
 
 
 def point(i: int, name: str, step: int, value: float = 1.0, *, rank=0, node=None, t=None):
-    return (i, name, step, at(step if t is None else t), value, node, rank)
+    """A point as compaction reads it: its time in microseconds since the epoch."""
+    microseconds = (at(step if t is None else t) - compaction.EPOCH) // timedelta(microseconds=1)
+    return (i, name, step, microseconds, value, node, rank)
 
 
 # --- The pure layout: points → blocks ---------------------------------------------------------
