@@ -126,8 +126,11 @@ def _columns(points: list[tuple]) -> list[_Column]:
     """One rank's points (id order) as columns in step order: a column holds each metric at
     most once, so a step logged again (a restart re-logging it) opens a second column for it."""
     by_key: dict[tuple[int, int], _Column] = {}
+    # The first column each (metric, step) may still go in: a rank logging one metric at one
+    # step a million times (hostile, or a loop gone wrong) costs a million steps, not 10¹².
+    free: dict[tuple[str, int], int] = {}
     for _, name, step, time, value, _, _ in points:
-        k = 0
+        k = free.get((name, step), 0)
         while True:
             column = by_key.get((step, k))
             if column is None:
@@ -138,6 +141,7 @@ def _columns(points: list[tuple]) -> list[_Column]:
                 column.values[name] = (value, delta)
                 break
             k += 1
+        free[(name, step)] = k + 1
     return [by_key[key] for key in sorted(by_key)]
 
 

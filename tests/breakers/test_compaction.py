@@ -107,6 +107,14 @@ def test_a_block_holds_at_most_its_columns_and_keeps_each_points_time():
     assert blocks[1].row(job_id=1)[12] is None  # every point at its column's time: no deltas
 
 
+def test_one_metric_logged_at_one_step_many_times_folds_in_linear_time():
+    points = [point(i, "loss", 7, float(i)) for i in range(50_000)]  # quadratic: ~10⁹ probes
+    blocks = blocks_of(points)
+    assert sum(len(b.columns) for b in blocks) == 50_000
+    values = [c.values["loss"][0] for b in blocks for c in b.columns]
+    assert values == [float(i) for i in range(50_000)]  # every logging kept, in order
+
+
 def test_hundreds_of_metrics_a_step_make_narrower_blocks_never_a_huge_grid():
     names = [f"layer{i}.grad_norm" for i in range(1000)]
     points = [point(s * 1000 + i, name, s) for s in range(300) for i, name in enumerate(names)]
