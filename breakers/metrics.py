@@ -371,6 +371,7 @@ CROSS JOIN LATERAL (
        FROM (SELECT first_step, last_step FROM {BLOCKS}
              WHERE job_id = j.id AND rank = 0 AND names @> ARRAY[%(name)s::varchar]
              ORDER BY first_step DESC LIMIT 4) AS newest_blocks) AS b
+     -- only the points of the blocks: the raw rows of that range come from the branch above
      CROSS JOIN LATERAL brakeline_points(j.id, %(name)s, b.low, b.high) AS u
      WHERE u.rank = 0 AND u.id <= (SELECT coalesce(max(cursor), 0) FROM {COMPACTION}
                                    WHERE job_id = j.id))

@@ -17,10 +17,9 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from breakers.models import MetricBlock, MetricPoint, MetricRollup
+from breakers.models import MetricPoint, MetricRollup
 
 TABLE = MetricPoint._meta.db_table
-BLOCKS = MetricBlock._meta.db_table
 ROLLUPS = MetricRollup._meta.db_table
 FINITE = "value NOT IN ('NaN'::float8, 'Infinity'::float8, '-Infinity'::float8)"
 RANK = " AND rank = %(rank)s"

@@ -172,35 +172,26 @@ def blocks_of(points: list[tuple]) -> list[Block]:
     return blocks
 
 
-_SPAN_SQL = f"""
-SELECT min(time), max(time) FROM (
-  SELECT time FROM {POINTS} WHERE job_id = %s AND id > %s AND id <= %s ORDER BY id LIMIT %s
-) AS chunk
-"""
-
-
 def _compact_chunk(job_id: int, after: int, bound: int) -> tuple[int, int]:
     """Compact up to ``BATCH_POINTS`` points of the job above ``after`` and at most ``bound``;
     returns (points compacted, the cursor reached). Raises Conflict when another round won."""
-    # The day partitions the blocks will land in, first and outside the chunk's transaction:
-    # creating one locks the blocks' table, which must not last as long as the chunk.
+    # Read before the transaction: no point is ever committed at or below the bound later, and
+    # none is updated, so the only change until the DELETE is a deletion (another round, or
+    # retention) — which the DELETE's count catches. The blocks' day partitions are created
+    # in between, outside the transaction: creating one locks the table, briefly.
     with connection.cursor() as cursor:
-        cursor.execute(_SPAN_SQL, [job_id, after, bound, BATCH_POINTS])
-        first, last = cursor.fetchone()
-    if first is None:
-        return 0, bound
-    partitions.ensure(first, last)
-    with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(_READ_SQL, [job_id, after, bound, BATCH_POINTS])
         points = cursor.fetchall()
-        if not points:
-            return 0, bound
-        high = bound if len(points) < BATCH_POINTS else points[-1][0]
-        raw = cursor.cursor
-        with raw.copy(COPY_BLOCKS_SQL) as copy:
+    if not points:
+        return 0, bound
+    high = bound if len(points) < BATCH_POINTS else points[-1][0]
+    rows = [block.row(job_id) for block in blocks_of(points)]
+    partitions.ensure(min(row[5] for row in rows), max(row[5] for row in rows))
+    with transaction.atomic(), connection.cursor() as cursor:
+        with cursor.cursor.copy(COPY_BLOCKS_SQL) as copy:
             copy.set_types(COPY_BLOCK_TYPES)
-            for block in blocks_of(points):
-                copy.write_row(block.row(job_id))
+            for row in rows:
+                copy.write_row(row)
         cursor.execute(
             f"DELETE FROM {POINTS} WHERE job_id = %s AND id > %s AND id <= %s",
             [job_id, after, high],

@@ -79,24 +79,16 @@ def _create(day: date) -> None:
             raise
 
 
-_KEEPS_SQL = """
-SELECT EXISTS (
-  SELECT 1 FROM "{table}" b WHERE b.last_time >= %(cutoff)s OR EXISTS (
-    SELECT 1 FROM {incidents} i
-    WHERE i.job_id = b.job_id AND b.last_step >= i.first_step - %(margin)s
-      AND (i.status = ANY(%(active)s) OR i.resolved_at IS NULL OR b.first_time <= i.resolved_at)
-  )
-)
-"""
-
-
-def drop_expired(cutoff: datetime, freeze: dict, incidents: str) -> int:
-    """Drop every day wholly before ``cutoff`` holding no block retention must keep; how many."""
+def drop_expired(cutoff: datetime, frozen: str, freeze: dict) -> int:
+    """Drop every day wholly before ``cutoff`` holding no block retention must keep (one past
+    the window, or ``frozen``: retention's condition on a block ``b``); how many."""
     dropped = 0
     for day, table in existing().items():
         if _start(day + timedelta(days=1)) > cutoff:
             continue
-        keeps = _KEEPS_SQL.format(table=table, incidents=incidents)
+        keeps = (
+            f'SELECT EXISTS (SELECT 1 FROM "{table}" b WHERE b.last_time >= %(cutoff)s OR {frozen})'
+        )
         with connection.cursor() as cursor:
             cursor.execute(keeps, {"cutoff": cutoff, **freeze})
             if cursor.fetchone()[0]:

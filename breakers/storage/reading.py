@@ -14,10 +14,12 @@ from dataclasses import dataclass
 
 from django.db import connection
 
-from breakers.storage.buckets import BLOCKS, ROLLUPS, TABLE, Bucket, fetch_buckets
+from breakers.models import MetricBlock
+from breakers.storage.buckets import ROLLUPS, TABLE, Bucket, fetch_buckets
 from breakers.storage.rollups import CURSORS
 from breakers.storage.rollups import supported as rollups_supported
 
+BLOCKS = MetricBlock._meta.db_table
 _ONE_SERIES = "job_id = %(job)s AND name = %(name)s AND seconds = 60"
 
 

@@ -45,16 +45,19 @@ DELETE FROM {POINTS} WHERE id IN (
 )
 """
 
-# A compacted block goes when every point in it is past the window and none can be frozen: the
-# freeze's point condition, conservatively on the block's bounds (its last step, first time).
+# A compacted block ``b`` may hold a frozen point: the freeze's point condition, conservatively
+# on the block's bounds (its last step, its first time). A block goes when every point in it
+# is past the window and it is not frozen; a day partition when none of its blocks stays.
+FROZEN_BLOCK = f"""EXISTS (
+  SELECT 1 FROM {INCIDENTS} i
+  WHERE i.job_id = b.job_id AND b.last_step >= i.first_step - %(margin)s
+    AND (i.status = ANY(%(active)s) OR i.resolved_at IS NULL OR b.first_time <= i.resolved_at)
+)"""
+
 _BLOCKS_SQL = f"""
 DELETE FROM {BLOCKS} WHERE id IN (
   SELECT b.id FROM {BLOCKS} b
-  WHERE b.job_id = %(job)s AND b.last_time < %(cutoff)s AND NOT EXISTS (
-    SELECT 1 FROM {INCIDENTS} i
-    WHERE i.job_id = b.job_id AND b.last_step >= i.first_step - %(margin)s
-      AND (i.status = ANY(%(active)s) OR i.resolved_at IS NULL OR b.first_time <= i.resolved_at)
-  )
+  WHERE b.job_id = %(job)s AND b.last_time < %(cutoff)s AND NOT {FROZEN_BLOCK}
   ORDER BY b.id LIMIT %(batch)s
 )
 """
@@ -102,7 +105,7 @@ def prune(now: datetime | None = None) -> Pruned:
         cursor.execute(f"SELECT job_id, cursor FROM {CURSORS} WHERE cursor > 0 ORDER BY job_id")
         marks = cursor.fetchall()
     # Whole days of blocks first: what they held needs no DELETE below.
-    days = partitions.drop_expired(raw_cutoff, freeze_params(), INCIDENTS)
+    days = partitions.drop_expired(raw_cutoff, FROZEN_BLOCK, freeze_params())
     raw = blocks = 0
     for job_id, mark in marks:
         params = {"job": job_id, "cursor": mark, "cutoff": raw_cutoff, **freeze_params()}
