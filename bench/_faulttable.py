@@ -55,8 +55,9 @@ def _commands(stack: Stack, scenario: Scenario) -> dict[int, int]:
     )
 
 
-def _alerts(stack: Stack, scenario: Scenario) -> tuple[int, int]:
-    """(rules alerted more than once on a job, alerts no scenario asked for)."""
+def _alerts(stack: Stack, scenario: Scenario) -> tuple[int, list[str]]:
+    """(rules alerted more than once on a job, "job: rule — description" of each alert no
+    scenario asked for)."""
     ids = _ids(scenario)
     doubled = stack.sql(
         "SELECT count(*) FROM (SELECT job_id, rule_key FROM incidents_alert WHERE job_id = ANY(%s)"
@@ -68,9 +69,15 @@ def _alerts(stack: Stack, scenario: Scenario) -> tuple[int, int]:
                 scenario.nan_after.job_id: "non-finite-loss-or-gradients",
                 scenario.hung.job_id: "heartbeat-timeout"}  # fmt: skip
     alerts = stack.sql(
-        "SELECT job_id, rule_key FROM incidents_alert WHERE job_id = ANY(%s)", (ids,)
+        "SELECT job_id, rule_key, description FROM incidents_alert WHERE job_id = ANY(%s)",
+        (ids,),
     )
-    return doubled, sum(1 for job_id, rule in alerts if expected.get(job_id) != rule)
+    names = {job.job_id: job.name for job in scenario.jobs}
+    return doubled, [
+        f"{names[job_id]}: {rule} — {description}"
+        for job_id, rule, description in alerts
+        if expected.get(job_id) != rule
+    ]
 
 
 def _pages(stack: Stack, scenario: Scenario) -> dict[str, int]:
@@ -110,7 +117,7 @@ def measure(stack: Stack, scenario: Scenario, recovered: float | None) -> dict:
     lost, duplicated = _points(stack, scenario)
     commands = _commands(stack, scenario)
     nan_jobs = [scenario.nan_during, scenario.nan_after]
-    alerts_doubled, other_alerts = _alerts(stack, scenario)
+    alerts_doubled, other = _alerts(stack, scenario)
     return {
         "brake_during": scenario.nan_during.brake_latency,
         "brake_after": scenario.nan_after.brake_latency,
@@ -127,7 +134,8 @@ def measure(stack: Stack, scenario: Scenario, recovered: float | None) -> dict:
             if job not in (*nan_jobs, scenario.hung) and commands.get(job.job_id, 0)
         ),  # fmt: skip
         "alerts_doubled": alerts_doubled,
-        "other_alerts": other_alerts,
+        "other_alerts": len(other),
+        "other_alert_texts": other,  # said with the failure: which rule, and why
         **_pages(stack, scenario),
         "health_red": _health_red(scenario),
         "health_green": recovered is not None,
@@ -142,6 +150,7 @@ ZERO_COLUMNS = (
 
 def failures(result: dict) -> list[str]:
     bad = [f"{column}={result[column]}" for column in ZERO_COLUMNS if result[column]]
+    bad += [f"unexpected alert {text}" for text in result.get("other_alert_texts", [])]
     if result["health_red"] is False and result.get("red_required", True):
         bad.append("health stayed green while a part was down")
     if not result["health_green"]:
