@@ -444,6 +444,28 @@ def print_scaling(results: dict, webs: tuple[int, ...], clients: int) -> None:
               f"   lag p95 {median([r.lag_p95 or 0.0 for r in runs]):.2f} s"
               f"   behind at stop {max(r.behind_at_end for r in runs):,}"
               f"   CPU µs/pt: {_cpu(runs)}")  # fmt: skip
+        print(f"      {_cores(runs, web)}")
+
+
+def _cores(runs: list[Result], web: int) -> str:
+    """Which process is CPU-bound, and the ceiling the machine sets: the cores each process
+    kept busy at the measured rate (µs per point × points/s), and what all of them together
+    allow on this machine's cores at that CPU per point."""
+    rate = median([r.points_per_second for r in runs])
+    names = sorted({name for r in runs for name in r.cpu})
+    per_point = {name: median([r.cpu.get(name, 0.0) for r in runs]) for name in names}
+    busy = {name: value * rate / 1e6 for name, value in per_point.items()}
+    cores = len(os.sched_getaffinity(0))
+    total = sum(per_point.values())
+    shown = ", ".join(
+        f"{name} {busy[name]:.2f}" + (f" ({busy[name] / web:.2f} each)" if name == "web" else "")
+        for name in sorted(busy, key=busy.get, reverse=True)
+        if busy[name] >= 0.01
+    )
+    return (
+        f"cores busy: {sum(busy.values()):.2f} of {cores} ({shown}); "
+        f"all {cores} cores at {total:.0f} µs a point: {cores / total * 1e6 / 1000:.1f}k points/s"
+    )
 
 
 def main() -> None:
