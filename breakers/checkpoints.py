@@ -375,6 +375,20 @@ def set_out(found: CheckpointSet) -> dict[str, Any]:
     }
 
 
+def _missing_ranks_text(world_size: int, present: set[int]) -> str:
+    """ "1, 2, 3 and 997 more": the first missing ranks and a count, never the whole range (a
+    heartbeat may report a world of 2³¹−1 ranks)."""
+    named: list[str] = []
+    rank = 0
+    while rank < world_size and len(named) < 8:
+        if rank not in present:
+            named.append(str(rank))
+        rank += 1
+    count = world_size - sum(1 for r in present if 0 <= r < world_size)
+    more = f" and {count - len(named)} more" if count > len(named) else ""
+    return ", ".join(named) + more if named else "none"
+
+
 def _refuse_incomplete_set(job_id: int, named: str) -> None:
     """A file of a multi-rank job outside any complete set: refused, naming what is missing."""
     query = Checkpoint.objects.filter(job_id=job_id, checkpoint_set__isnull=True)
@@ -386,7 +400,7 @@ def _refuse_incomplete_set(job_id: int, named: str) -> None:
     ranks = set(
         Checkpoint.objects.filter(job_id=job_id, step=found.step).values_list("rank", flat=True)
     )
-    missing = ", ".join(str(r) for r in range(world_size) if r not in ranks) or "none"
+    missing = _missing_ranks_text(world_size, ranks)
     raise InvalidInput(
         f"Step {found.step} is no complete checkpoint set: rank(s) {missing} missing.",
         fields={"checkpoint": f"not a complete checkpoint set (rank(s) {missing} missing)"},

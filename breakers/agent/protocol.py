@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from breakers.agent.jsonbody import (
     MAX_JSON_DEPTH,
@@ -99,7 +100,7 @@ def _check_slurm(body: dict, errors: dict[str, str]) -> tuple[str, str, str]:
         if value is not None and not (isinstance(value, str) and pattern.fullmatch(value)):
             errors[key] = f"must be {what}"
         values[key] = value or ""
-    nodelist = body.get("slurm_nodelist") or ""
+    nodelist = _given(body, "slurm_nodelist", "")
     if not isinstance(nodelist, str) or len(nodelist) > MAX_NODELIST_LENGTH:
         errors["slurm_nodelist"] = f"must be a string of at most {MAX_NODELIST_LENGTH} characters"
     elif has_unstorable(nodelist):
@@ -125,7 +126,7 @@ def parse_heartbeat(raw: bytes) -> HeartbeatIn:
     pid = body.get("pid")
     if pid is not None and not (is_whole_number(pid) and 0 < pid < 2**31):
         errors["pid"] = "must be a positive whole number (the process id)"
-    hostname = body.get("hostname") or ""
+    hostname = _given(body, "hostname", "")
     if not isinstance(hostname, str) or len(hostname) > 255:
         errors["hostname"] = "must be a string of at most 255 characters"
     elif has_unstorable(hostname):
@@ -170,6 +171,25 @@ ACK_STATUSES = ("succeeded", "failed")
 MAX_ERROR_LENGTH = 10_000
 
 
+# The steps an acknowledgement's result may name (docs/protocol.md "Commands"): written to the
+# incident's timeline and compared with the alert's steps, so each is a step or absent.
+RESULT_STEP_KEYS = ("step", "restored_step", "weights_step", "apply_at_step")
+
+
+def _given(body: dict, key: str, default: Any) -> Any:
+    """The field, or ``default`` when it is absent or null (and only then: ``false``, ``0`` or
+    ``""`` are values, checked like any other, not an absent field)."""
+    value = body.get(key)
+    return default if value is None else value
+
+
+def _check_result_steps(result: dict, errors: dict[str, str]) -> None:
+    for key in RESULT_STEP_KEYS:
+        value = result.get(key)
+        if value is not None and not (is_whole_number(value) and 0 <= value <= MAX_STEP):
+            errors[f"result.{key}"] = f"must be a whole number from 0 to {MAX_STEP}, or null"
+
+
 def parse_ack(raw: bytes) -> AckIn:
     body = parse_json_object(raw, max_depth=MAX_JSON_DEPTH)
     errors: dict[str, str] = {}
@@ -180,14 +200,15 @@ def parse_ack(raw: bytes) -> AckIn:
         errors["status"] = (
             "is required" if "status" not in body else f"must be one of {', '.join(ACK_STATUSES)}"
         )
-    result = body.get("result") or {}
+    result = _given(body, "result", {})
     if not isinstance(result, dict):
         errors["result"] = f"must be an object, not {json_type(result)}"
     else:
         problem = unstorable_json(result, "result")
         if problem:
             errors[problem[0]] = problem[1]
-    error = body.get("error") or ""
+        _check_result_steps(result, errors)
+    error = _given(body, "error", "")
     if not isinstance(error, str) or len(error) > MAX_ERROR_LENGTH:
         errors["error"] = f"must be a string of at most {MAX_ERROR_LENGTH} characters"
     elif has_unstorable(error):

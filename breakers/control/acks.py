@@ -27,6 +27,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from breakers.models import OPEN_COMMAND_STATUSES, Command, CommandAck, CommandKind, CommandStatus
+from core.errors import InvalidInput
 from core.text import fit
 from incidents.alerts.lifecycle import (
     AlertSignal,
@@ -55,20 +56,37 @@ class Verdict:
     """Where a command stands given its ranks' answers."""
 
     status: str  # "waiting", "succeeded" or "failed"
-    missing: tuple[int, ...] = ()  # ranks that have not answered
+    # The first MAX_NAMED_RANKS ranks that have not answered (a world of 2³¹ ranks is a legal
+    # report: it is never listed whole), and how many have not.
+    missing: tuple[int, ...] = ()
     failed: tuple[int, ...] = ()
     # Succeeded ranks by the step they applied it at, when there is more than one step.
     split_steps: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+
+    missing_count: int = 0
 
     @property
     def split(self) -> bool:
         return bool(self.split_steps)
 
 
+def _first_missing(world_size: int, answers: Mapping[int, object]) -> tuple[int, ...]:
+    """The lowest ranks below ``world_size`` without an answer, at most MAX_NAMED_RANKS: a
+    walk of len(answers) + MAX_NAMED_RANKS ranks at most, whatever the world size."""
+    missing: list[int] = []
+    rank = 0
+    while rank < world_size and len(missing) < MAX_NAMED_RANKS:
+        if rank not in answers:
+            missing.append(rank)
+        rank += 1
+    return tuple(missing)
+
+
 def tally(world_size: int, answers: Mapping[int, RankAnswer]) -> Verdict:
     """All ranks succeeded at one step → succeeded; any failure, or two steps → failed (the
     ranks disagree: not one consistent state); else waiting for the missing ranks."""
-    missing = tuple(r for r in range(world_size) if r not in answers)
+    missing = _first_missing(world_size, answers)
+    missing_count = world_size - sum(1 for r in answers if 0 <= r < world_size)
     failed = tuple(sorted(r for r, a in answers.items() if a.status != CommandStatus.SUCCEEDED))
     by_step: dict[int, list[int]] = {}
     for rank, answer in sorted(answers.items()):
@@ -76,8 +94,9 @@ def tally(world_size: int, answers: Mapping[int, RankAnswer]) -> Verdict:
             by_step.setdefault(answer.step if answer.step is not None else -1, []).append(rank)
     split = {step: tuple(ranks) for step, ranks in by_step.items()} if len(by_step) > 1 else {}
     if failed or split:
-        return Verdict(CommandStatus.FAILED, missing, failed, split)
-    return Verdict("waiting" if missing else CommandStatus.SUCCEEDED, missing)
+        return Verdict(CommandStatus.FAILED, missing, failed, split, missing_count)
+    status = "waiting" if missing else CommandStatus.SUCCEEDED
+    return Verdict(status, missing, missing_count=missing_count)
 
 
 def counts_ranks(command: Command, job: Job, rank: int | None) -> bool:
@@ -95,6 +114,13 @@ def record_rank_ack(
 ) -> tuple[Verdict, dict, str]:
     """Store one rank's answer (its first one: a retried ack changes nothing) and tally all
     of them. Returns the verdict with the result and error the command gets if it is done."""
+    if rank >= (job.world_size or 1):
+        # Before anything is written: a rank the job's heartbeats never counted would make
+        # the command wait for ranks that do not exist.
+        raise InvalidInput(
+            "The acknowledgement was refused.",
+            fields={"result.rank": f"must be below the job's world size ({job.world_size})"},
+        )
     now = timezone.now()
     CommandAck.objects.get_or_create(
         command=command,
@@ -110,8 +136,7 @@ def record_rank_ack(
     if command.first_ack_at is None:
         Command.objects.filter(pk=command.pk, first_ack_at__isnull=True).update(first_ack_at=now)
     acks = list(CommandAck.objects.filter(command=command).order_by("rank"))
-    world = max(job.world_size or 1, 1 + max(a.rank for a in acks))
-    verdict = tally(world, {a.rank: RankAnswer(a.status, a.step) for a in acks})
+    verdict = tally(job.world_size or 1, {a.rank: RankAnswer(a.status, a.step) for a in acks})
     first = next((a for a in acks if a.rank == 0), acks[0])
     merged = {**first.result, "ranks": {str(a.rank): _summary(a) for a in acks}}
     if verdict.split:
@@ -134,10 +159,13 @@ def _error(verdict: Verdict, acks: list[CommandAck]) -> str:
     return fit("; ".join(parts[:MAX_NAMED_RANKS]), 10_000)
 
 
-def _ranks_text(ranks: tuple[int, ...]) -> str:
+def _ranks_text(ranks: tuple[int, ...], count: int | None = None) -> str:
+    """ "ranks 0, 1 and 30 more": ``count`` ranks in all, the first of them ``ranks``."""
+    count = len(ranks) if count is None else count
     named = ", ".join(str(r) for r in ranks[:MAX_NAMED_RANKS])
-    more = f" and {len(ranks) - MAX_NAMED_RANKS} more" if len(ranks) > MAX_NAMED_RANKS else ""
-    return f"rank{'s' if len(ranks) > 1 else ''} {named}{more}"
+    shown = min(len(ranks), MAX_NAMED_RANKS)
+    more = f" and {count - shown} more" if count > shown else ""
+    return f"rank{'s' if count > 1 else ''} {named}{more}"
 
 
 def _steps_text(verdict: Verdict) -> str:
@@ -152,9 +180,15 @@ def raise_split_alert(command: Command, job: Job, verdict: Verdict, now: datetim
     if verdict.split:
         what = f"applied at different steps: {_steps_text(verdict)}"
     else:
-        done = tuple(r for r in range(job.world_size or 1) if r not in verdict.missing)
+        done = tuple(
+            CommandAck.objects.filter(command=command)
+            .order_by("rank")
+            .values_list("rank", flat=True)[:MAX_NAMED_RANKS]
+        )
+        missing = _ranks_text(verdict.missing, verdict.missing_count)
         what = (
-            f"acknowledged by {_ranks_text(done)}, not by {_ranks_text(verdict.missing)} "
+            f"acknowledged by {_ranks_text(done, (job.world_size or 1) - verdict.missing_count)}"
+            f", not by {missing} "
             f"{settings.COMMAND_SPLIT_SECONDS:.0f} s later"
         )
     named = [r for ranks in verdict.split_steps.values() for r in ranks] + list(verdict.missing)
@@ -169,7 +203,7 @@ def raise_split_alert(command: Command, job: Job, verdict: Verdict, now: datetim
         severity="L3",
         metric="commands",
         node="",
-        value=float(len(verdict.missing) or len(verdict.split_steps)),
+        value=float(verdict.missing_count or len(verdict.split_steps)),
         threshold=settings.COMMAND_SPLIT_SECONDS,
         description=fit(
             f"Split job: {command.kind} #{command.pk} (apply at step {command.apply_at_step}) "

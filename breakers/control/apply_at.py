@@ -24,6 +24,7 @@ from datetime import datetime
 from django.conf import settings
 from django.utils import timezone
 
+from breakers.agent.points import MAX_STEP
 from breakers.models import CommandKind
 from incidents.models import Job, JobRank
 
@@ -63,7 +64,8 @@ def projected_step(step: int, seconds_since_report: float, step_time_seconds: fl
         or seconds_since_report <= 0
     ):
         return step
-    return step + min(MAX_MARGIN_STEPS, math.floor(seconds_since_report / step_time_seconds))
+    ahead = min(MAX_MARGIN_STEPS, math.floor(seconds_since_report / step_time_seconds))
+    return min(step + ahead, MAX_STEP)
 
 
 def choose_apply_at_step(
@@ -78,7 +80,10 @@ def choose_apply_at_step(
     or a kind every rank takes where it is: applied at the first boundary, as ever)."""
     if (world_size or 1) <= 1 or kind not in STEP_SYNCED_KINDS:
         return None
-    return max(highest_step or 0, 0) + margin_steps(step_time_seconds, margin_seconds)
+    # Capped at the last step the protocol knows: a rank that reported 2⁶³−1 (a legal step)
+    # must still be brakable, and no bigint column holds one step more.
+    ahead = max(highest_step or 0, 0) + margin_steps(step_time_seconds, margin_seconds)
+    return min(ahead, MAX_STEP)
 
 
 def apply_at_step_for(job: Job, kind: str, now: datetime | None = None) -> int | None:

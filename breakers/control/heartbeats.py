@@ -13,17 +13,21 @@ it from the outside. A paused job is not paused again: its alert calls a person.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, transaction
 from django.utils import timezone
 
 from breakers.control.braking import brake_for_alert
+from breakers.detection.evaluation import report_failing_breakers
 from incidents.alerts.lifecycle import AlertSignal, raise_or_update_alert
 from incidents.jobs import HEARTBEAT_RULE_KEY, heartbeat_timeout_seconds
 from incidents.models import Job, JobRank, JobStatus
 from incidents.notifications.delivery import notify_alert
+
+log = logging.getLogger(__name__)
 
 # Paused jobs too: a paused rank goes on heartbeating ("paused"), so silence there is a rank
 # that died or hung in a collective while the others hold.
@@ -133,17 +137,34 @@ def check_heartbeats(now: datetime | None = None) -> list[int]:
     now = now or timezone.now()
     raised = []
     for job in overdue_jobs(now):
-        with transaction.atomic():
-            claimed = Job.objects.filter(
-                pk=job.pk,
-                heartbeat_overdue_since__isnull=True,
-                heartbeat_deadline__lt=now,
-            ).update(heartbeat_overdue_since=now)
-            if not claimed:
-                continue  # another watchdog took it, or a heartbeat arrived meanwhile
-            outcome = raise_or_update_alert(job.pk, heartbeat_signal(job, now), now=now)
-            if outcome.action_due:
-                brake_for_alert(outcome.alert)
-                notify_alert(outcome.alert.pk)  # after commit
-            raised.append(outcome.alert.pk)
+        try:
+            alert_id = _raise_heartbeat_alert(job, now)
+        except (OperationalError, InterfaceError):
+            raise  # the database, not this job: the next tick tries every job again
+        except Exception as error:
+            # This job's alone, as an evaluation's error is (its L3 "breakers failing",
+            # paged): the other jobs' silences are still judged in this tick.
+            log.exception("heartbeat check of job %s failed", job.pk)
+            report_failing_breakers(job.pk, error)
+            continue
+        if alert_id is not None:
+            raised.append(alert_id)
     return raised
+
+
+def _raise_heartbeat_alert(job: Job, now: datetime) -> int | None:
+    """Claim the job's silence and raise its alert (and brake) in one transaction: None when
+    another watchdog claimed it first, or a heartbeat arrived meanwhile."""
+    with transaction.atomic():
+        claimed = Job.objects.filter(
+            pk=job.pk,
+            heartbeat_overdue_since__isnull=True,
+            heartbeat_deadline__lt=now,
+        ).update(heartbeat_overdue_since=now)
+        if not claimed:
+            return None
+        outcome = raise_or_update_alert(job.pk, heartbeat_signal(job, now), now=now)
+        if outcome.action_due:
+            brake_for_alert(outcome.alert)
+            notify_alert(outcome.alert.pk)  # after commit
+        return outcome.alert.pk

@@ -23,11 +23,20 @@ def watchdog_tick(stop_job: Callable[[int], object]) -> list[int]:
     commands, hand hung jobs to
     ``stop_job(command_id)``."""
     liveness.record(BEAT)
-    check_heartbeats()
-    flag_unapplied_commands()
-    flag_split_commands()
+    failed: Exception | None = None
+    # Each duty runs whatever the others did: an error in one (a job's data nobody foresaw)
+    # must not keep overdue commands from expiring for every job. The first error is raised
+    # once all have run, so the tick still shows as failed.
+    for duty in (check_heartbeats, flag_unapplied_commands, flag_split_commands):
+        try:
+            duty()
+        except Exception as error:
+            log.exception("watchdog: %s failed", duty.__name__)
+            failed = failed or error
     with transaction.atomic():
         to_stop = expire_overdue_commands()
         for command_id in to_stop:
             transaction.on_commit(partial(stop_job, command_id))
+    if failed is not None:
+        raise failed
     return to_stop

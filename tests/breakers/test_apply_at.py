@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from breakers.agent.points import MAX_STEP
 from breakers.control.acks import RankAnswer, Verdict, tally
 from breakers.control.apply_at import (
     MAX_MARGIN_STEPS,
@@ -44,6 +45,10 @@ from breakers.control.apply_at import (
         # Taken where the ranks are: a resume (they hold at one step), the executor's kinds.
         (100, 0.04, 3.0, 4, "resume", None),
         (100, 0.04, 3.0, 4, "isolate_node", None),
+        # A rank at the last step a bigint holds (a legal report) or just below it: the
+        # brake is still applied, at that step, never one past it.
+        (MAX_STEP, 0.04, 3.0, 2, "checkpoint_and_pause", MAX_STEP),
+        (MAX_STEP - 5, 0.04, 3.0, 2, "terminate", MAX_STEP),
     ],
 )
 def test_the_apply_step_is_above_every_rank_by_the_margin(
@@ -71,6 +76,7 @@ def test_the_margin_is_always_within_its_bounds(step_time):
         (100, 5.0, 0.0, 100),
         (100, 5.0, math.inf, 100),
         (100, 1e6, 0.001, 100 + MAX_MARGIN_STEPS),  # a long silence is not a long projection
+        (MAX_STEP - 3, 1.0, 0.1, MAX_STEP),  # never past the last step a bigint holds
     ],
 )
 def test_a_ranks_step_is_projected_to_now_at_its_pace(step, seconds, step_time, expected):
@@ -83,21 +89,28 @@ S, F = "succeeded", "failed"
 @pytest.mark.parametrize(
     ("world", "answers", "expected"),
     [
-        (2, {}, Verdict("waiting", missing=(0, 1))),
-        (2, {0: RankAnswer(S, 40)}, Verdict("waiting", missing=(1,))),
+        (2, {}, Verdict("waiting", missing=(0, 1), missing_count=2)),
+        (2, {0: RankAnswer(S, 40)}, Verdict("waiting", missing=(1,), missing_count=1)),
+        # A world of 2³¹−1 ranks (a legal heartbeat): counted, the first sixteen named, never
+        # listed whole (it was a 70 GB tuple).
+        (
+            2**31 - 1,
+            {0: RankAnswer(S, 4), 2: RankAnswer(S, 4)},
+            Verdict("waiting", missing=(1, *range(3, 18)), missing_count=2**31 - 3),
+        ),
         (2, {0: RankAnswer(S, 40), 1: RankAnswer(S, 40)}, Verdict(S)),
         (1, {0: RankAnswer(S, 3)}, Verdict(S)),
         # A rank that failed fails the command at once, named.
         (
             3,
             {0: RankAnswer(S, 40), 2: RankAnswer(F, 40)},
-            Verdict(F, missing=(1,), failed=(2,)),
+            Verdict(F, missing=(1,), failed=(2,), missing_count=1),
         ),
         # Different steps: split, even before the last rank answers.
         (
             3,
             {0: RankAnswer(S, 131), 1: RankAnswer(S, 132)},
-            Verdict(F, missing=(2,), split_steps={131: (0,), 132: (1,)}),
+            Verdict(F, missing=(2,), split_steps={131: (0,), 132: (1,)}, missing_count=1),
         ),
         (
             4,
