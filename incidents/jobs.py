@@ -270,11 +270,14 @@ def record_heartbeat(
             job.agent_status, job.agent_pid = status, seat.pid
             job.agent_hostname, job.agent_pid_start_time = seat.hostname, seat.pid_start_time
         job.heartbeat_deadline = _earliest_deadline(job)
-        job.save(update_fields=[*JOB_HEARTBEAT_FIELDS])
-        advance_current_step(job_id, step)
+        # One UPDATE of the job's row per heartbeat (a 1,000-rank job sends hundreds a second,
+        # and each UPDATE is a new version of this one hot row): the step moves forward here,
+        # under the row lock that metrics ingest takes too, not in an UPDATE of its own.
+        job.current_step = max(step, job.current_step if job.current_step is not None else step)
+        job.save(update_fields=[*JOB_HEARTBEAT_FIELDS, "current_step"])
         if status == AgentStatus.FINISHED and _every_rank_finished(job):
             move_job(job_id, finish_event, heartbeat_deadline=None)
-        else:
+        elif job.status in job_statuses_for("start"):  # read under the lock: the first moves it
             mark_job_running(job_id)
         back = job.heartbeat_deadline is None or job.heartbeat_deadline >= now
         if job.heartbeat_overdue_since is not None and back:
