@@ -32,8 +32,11 @@ from incidents.alerts.lifecycle import (  # noqa: F401
     resolve_alert,
 )
 from incidents.models import (
+    ACTIVE_INCIDENT_STATUSES,
+    FINAL_JOB_STATUSES,
     JOB_EVENTS,
     JOB_TRANSITIONS,
+    ActorKind,
     AgentStatus,
     AgentToken,
     Job,
@@ -42,6 +45,7 @@ from incidents.models import (
     Membership,
     Role,
     Team,
+    TimelineKind,
     hash_token,
     job_statuses_for,
 )
@@ -258,10 +262,12 @@ def record_heartbeat(
         # The job's row lock serialises the heartbeats of all its ranks: each rank's step time
         # is measured against its own previous beat, and the earliest deadline is read whole.
         job = Job.objects.select_for_update().get(pk=job_id)
+        if job.status in FINAL_JOB_STATUSES and status == AgentStatus.RUNNING:
+            _refuse_a_new_run(job, rank or 0, pid)
         if world_size is not None:
             job.world_size = world_size
             JobRank.objects.filter(job=job, rank__gte=world_size).delete()  # a smaller restart
-        seat = _record_rank(job, rank or 0, step, status, pid, hostname, now)
+        seat, new_process = _record_rank(job, rank or 0, step, status, pid, hostname, now)
         job.last_heartbeat_at = now
         if seat.rank == 0 or not JobRank.objects.filter(job=job, rank=0).exists():
             # Rank 0's, or — until rank 0 speaks — the reporting rank's: a lone process that
@@ -279,6 +285,8 @@ def record_heartbeat(
             move_job(job_id, finish_event, heartbeat_deadline=None)
         elif job.status in job_statuses_for("start"):  # read under the lock: the first moves it
             mark_job_running(job_id)
+        elif status == AgentStatus.RUNNING and new_process:
+            _restarted_outside(job, seat, now)
         back = job.heartbeat_deadline is None or job.heartbeat_deadline >= now
         if job.heartbeat_overdue_since is not None and back:
             _end_heartbeat_silence(job, now)
@@ -299,10 +307,45 @@ JOB_HEARTBEAT_FIELDS = (
 )
 
 
+def _refuse_a_new_run(job: Job, rank: int, pid: int | None) -> None:
+    """A process the finished (or terminated) job never had says it trains: a new run under an
+    old token. Its breakers could never act (the job takes no more commands), so it is told,
+    with 409, before anything is written; the job's own late heartbeats still count."""
+    known = JobRank.objects.filter(job=job, rank=rank).values_list("pid", flat=True).first()
+    if pid is not None and known is not None and pid != known:
+        raise Conflict(
+            f"Job '{job.name}' is {job.status}: a new run needs a job of its own "
+            "(manage.py create_job) and its token; this one's breakers no longer act.",
+            code="job_over",
+        )
+
+
+def _restarted_outside(job: Job, seat: JobRank, now: datetime) -> None:
+    """A process other than the one that paused says it trains: the job runs again (the
+    "restart" event, from paused only), written on its open incident in the same transaction."""
+    if job.status not in job_statuses_for("restart") or not move_job(job.pk, "restart"):
+        return
+    incident = job.incidents.filter(status__in=ACTIVE_INCIDENT_STATUSES).first()
+    if incident is not None:
+        append_timeline(
+            incident.pk,
+            TimelineKind.RESUMED,
+            f"Training restarted outside the console: a new process (rank {seat.rank}, pid "
+            f"{seat.pid}) reports it trains while the job was paused; its breakers act again.",
+            at=now,
+            step=seat.step,
+            actor_kind=ActorKind.AGENT,
+            data={"restart": True, "rank": seat.rank, "pid": seat.pid},
+        )
+
+
 def _record_rank(
     job: Job, rank: int, step: int, status: str, pid: int | None, hostname: str, now: datetime
-) -> JobRank:
+) -> tuple[JobRank, bool]:
+    """The rank's row, updated; and whether the heartbeat comes from another process than the
+    rank's last one (a pid it did not have before: a restart)."""
     seat = JobRank.objects.filter(job=job, rank=rank).first()
+    new_process = seat is not None and seat.pid is not None and pid is not None and pid != seat.pid
     step_time = _measured_step_time(seat, step, now)
     if seat is None:
         seat = JobRank(job=job, rank=rank)
@@ -320,7 +363,7 @@ def _record_rank(
     timeout = timedelta(seconds=heartbeat_timeout_seconds(job, step_time))
     seat.heartbeat_deadline = None if finished else now + timeout
     seat.save()
-    return seat
+    return seat, new_process
 
 
 def _earliest_deadline(job: Job) -> datetime | None:

@@ -58,7 +58,7 @@ __all__ = [
 # 1: the first protocol. 2: a metrics batch may carry a batch id, stored once
 # (docs/protocol.md "Versions"); everything of 1 is still accepted as it was.
 PROTOCOL_VERSION = 2
-HEARTBEAT_STATUSES = ("running", "paused", "checkpointing", "finished")
+HEARTBEAT_STATUSES = ("running", "paused", "checkpointing", "finished", "holding")
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from breakers.agent.points import MAX_STEP
 from breakers.models import CommandKind
-from incidents.models import Job, JobRank
+from incidents.models import AgentStatus, Job, JobRank
 
 # What changes the training state: applied by every rank at the same step. A resume is taken
 # where the ranks hold (the same step already); isolate_node is the executor's.
@@ -75,11 +75,16 @@ def choose_apply_at_step(
     margin_seconds: float,
     world_size: int | None,
     kind: str,
+    every_rank_holds: bool = False,
 ) -> int | None:
     """The step at which every rank applies a ``kind`` command, or None (a single process,
-    or a kind every rank takes where it is: applied at the first boundary, as ever)."""
+    or a kind every rank takes where it is: applied at the first boundary, as ever). When
+    every rank holds (its step guard refused an update and it waits for this decision), at
+    the step they hold: no margin, or they would train that many steps past the anomaly."""
     if (world_size or 1) <= 1 or kind not in STEP_SYNCED_KINDS:
         return None
+    if every_rank_holds:
+        return min(max(highest_step or 0, 0), MAX_STEP)
     # Capped at the last step the protocol knows: a rank that reported 2⁶³−1 (a legal step)
     # must still be brakable, and no bigint column holds one step more.
     ahead = max(highest_step or 0, 0) + margin_steps(step_time_seconds, margin_seconds)
@@ -95,14 +100,25 @@ def apply_at_step_for(job: Job, kind: str, now: datetime | None = None) -> int |
     now = now or timezone.now()
     ranks = list(
         JobRank.objects.filter(job=job).values_list(
-            "step", "last_heartbeat_at", "step_time_seconds"
+            "step", "last_heartbeat_at", "step_time_seconds", "status"
         )
     )
+    holding = [step for step, _, _, status in ranks if status == AgentStatus.HOLDING]
+    if holding and len(holding) >= (job.world_size or 1):
+        # Every rank waits at its guard's step: the ranks hold at one step (the process group
+        # keeps them in lockstep), and no step is taken past it before the decision.
+        return choose_apply_at_step(
+            max(holding), None, margin_seconds=0.0, world_size=job.world_size, kind=kind,
+            every_rank_holds=True,
+        )  # fmt: skip
     steps = [
-        projected_step(step, (now - at).total_seconds(), step_time) for step, at, step_time in ranks
-    ]
+        # A holding rank is where it says: it takes no step until it hears from us.
+        step if status == AgentStatus.HOLDING else
+        projected_step(step, (now - at).total_seconds(), step_time)
+        for step, at, step_time, status in ranks
+    ]  # fmt: skip
     steps += [s for s in (job.current_step, job.last_heartbeat_step) if s is not None]
-    step_times: list[float | None] = [t for _, _, t in ranks if t] or [job.step_time_seconds]
+    step_times: list[float | None] = [t for _, _, t, _ in ranks if t] or [job.step_time_seconds]
     return choose_apply_at_step(
         max(steps, default=0),
         max((t for t in step_times if t is not None), default=None),

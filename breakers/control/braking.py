@@ -20,7 +20,7 @@ from breakers.models import Command, CommandKind
 from core.errors import Conflict
 from core.text import fit
 from incidents.alerts.lifecycle import append_timeline
-from incidents.models import Alert, Job, JobKind, TimelineKind
+from incidents.models import SYSTEM_COMMAND_REFUSED, Alert, Job, JobKind, TimelineKind
 from incidents.teams.authority import SYSTEM, action_for_command, decide
 
 SYSTEM_VERBS: dict[str, str] = {
@@ -85,7 +85,7 @@ def system_command(
             TimelineKind.NOTE,
             f"No automatic {SYSTEM_VERBS.get(kind, kind)}: {why}",
             alert_id=alert_id,
-            data={"event": "system_command_refused", "kind": kind, "level": level},
+            data={"event": SYSTEM_COMMAND_REFUSED, "kind": kind, "level": level},
         )
     return None
 

@@ -176,6 +176,11 @@ class TimelineKind(models.TextChoices):
     TERMINATED = "terminated", "Terminated"
 
 
+# A NOTE row's data["event"] when the system's own brake for an alert was refused (written by
+# breakers.control.braking, read by the page: it must not say "paused" for a refused pause).
+SYSTEM_COMMAND_REFUSED = "system_command_refused"
+
+
 class ActorKind(models.TextChoices):
     SYSTEM = "system", "System"
     PERSON = "person", "Person"

@@ -70,6 +70,10 @@ JOB_EVENTS: dict[str, dict[str, str]] = {
     "paused": {JobStatus.RUNNING: JobStatus.PAUSED, JobStatus.PAUSING: JobStatus.PAUSED},
     # the agent acknowledged a resume (or a roll back)
     "resume": {JobStatus.PAUSING: JobStatus.RUNNING, JobStatus.PAUSED: JobStatus.RUNNING},
+    # a new process of the paused job says it trains: restarted outside the console (from a
+    # checkpoint, by a person or a scheduler's requeue). It trains, so its breakers must act:
+    # left "paused", every automatic brake would be refused as already done.
+    "restart": {JobStatus.PAUSED: JobStatus.RUNNING},
     # the agent exited on a terminate, or an executor stopped it from outside
     "terminate": {
         JobStatus.PENDING: JobStatus.TERMINATED,
@@ -111,6 +115,9 @@ class AgentStatus(models.TextChoices):
     PAUSED = "paused", "Paused"
     CHECKPOINTING = "checkpointing", "Checkpointing"
     FINISHED = "finished", "Finished"
+    # Its step guard refused a non-finite update and it waits, at that step, for the console's
+    # decision: it trains no further, so a command for it is applied where it holds.
+    HOLDING = "holding", "Holding (step guard)"
 
 
 class Job(models.Model):

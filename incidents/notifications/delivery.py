@@ -40,6 +40,7 @@ from incidents.alerts.lifecycle import append_timeline
 from incidents.models import (
     DELIVERY_TRANSITIONS,
     ROUND_TRANSITIONS,
+    SYSTEM_COMMAND_REFUSED,
     Alert,
     AlertStatus,
     Contact,
@@ -51,6 +52,7 @@ from incidents.models import (
     NotificationRound,
     Role,
     RoundStatus,
+    TimelineEntry,
     TimelineKind,
 )
 from incidents.notifications import grouping
@@ -106,6 +108,20 @@ def job_link(job_id: int) -> str:
 DRILL_PREFIX = "DRILL — "
 
 
+def _refused_brake(alert: Alert) -> str:
+    """The timeline's "No automatic pause: …" of this alert, if the system's brake was refused
+    (breakers.control.braking writes it in the transaction that raised the alert)."""
+    note = (
+        TimelineEntry.objects.filter(
+            alert_id=alert.pk, kind=TimelineKind.NOTE, data__event=SYSTEM_COMMAND_REFUSED
+        )
+        .order_by("-pk")
+        .values_list("message", flat=True)
+        .first()
+    )
+    return note or ""
+
+
 def alert_message(alert: Alert) -> Message:
     job = alert.job
     message = render(
@@ -124,6 +140,7 @@ def alert_message(alert: Alert) -> Message:
             action=alert.action,
             runbook_suggestion=alert.runbook_suggestion,
             link=job_link(job.pk),
+            refused=_refused_brake(alert),
         )
     )
     if job.drill_sandbox:  # nobody may take a fire drill's page for the real thing

@@ -118,6 +118,9 @@ class AlertFacts:
     action: str
     runbook_suggestion: str
     link: str
+    # The system's own brake for this alert, refused ("No automatic pause: job 'x' is already
+    # finished."): then the page says so instead of the action the rule would take.
+    refused: str = ""
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,13 @@ def action_text(level: str, action: str) -> str:
     return f"proposed: {action}"
 
 
+def _outcome(facts: AlertFacts) -> str:
+    """What the system did: never "paused" for a pause it was refused."""
+    if facts.refused:
+        return facts.refused[:1].lower() + facts.refused[1:]
+    return action_text(facts.level, facts.action)
+
+
 def what_happened(facts: AlertFacts) -> str:
     if not math.isfinite(facts.value):
         what = f"{facts.metric} is {number(facts.value)}"
@@ -170,7 +180,7 @@ def what_happened(facts: AlertFacts) -> str:
 def render(facts: AlertFacts) -> Message:
     first = (
         f"{facts.level} {facts.team}/{facts.job_name}: {what_happened(facts)} at step "
-        f"{facts.step} — {action_text(facts.level, facts.action)}"
+        f"{facts.step} — {_outcome(facts)}"
     )
     lines = [
         f"Level: {facts.level}",

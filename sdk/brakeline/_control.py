@@ -82,6 +82,8 @@ class ControlLoop:
         self._next_heartbeat = 0.0
         self._next_outbox_attempt = 0.0
         self._warned_auth = False
+        self._warned_refused = False
+        self._status_delivered: str | None = None  # of the last heartbeat taken (say_status)
         self._server_errors: dict[str, int] = {}  # consecutive 500s per outbox item
         self._thread = threading.Thread(target=self._run, name="brakeline-control", daemon=True)
 
@@ -100,6 +102,22 @@ class ControlLoop:
         """Send a heartbeat now (the status changed: paused, checkpointing, finished)."""
         self._heartbeat_wanted.set()
         self._wake.set()
+
+    def say_status(self, status: str, timeout: float) -> bool:
+        """Send a heartbeat now and wait (bounded) until one saying ``status`` was taken: the
+        console must know it before what the caller sends next (a held rank, before its NaN
+        point: the console applies its brake where every rank holds)."""
+        with self._delivery:
+            self._status_delivered = None
+        self.poke()
+        deadline = time.monotonic() + timeout
+        with self._delivery:
+            while self._status_delivered != status:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._delivery.wait(remaining)
+        return True
 
     def wait_delivered(self, key: str, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -212,6 +230,9 @@ class ControlLoop:
         if response is not None and response.ok:
             self.heartbeats_sent += 1
             self.inbox.offer_all(response.commands)
+            with self._delivery:
+                self._status_delivered = body.get("status")
+                self._delivery.notify_all()
 
     def _post(self, path: str, body: bytes) -> Response | None:
         try:
@@ -222,4 +243,10 @@ class ControlLoop:
         if response.status == 401 and not self._warned_auth:
             self._warned_auth = True
             logger.error("brakeline: THE CONSOLE REJECTED THE AGENT TOKEN (401) on %s", path)
+        elif response.status == 409 and path == "heartbeat" and not self._warned_refused:
+            # Said once, loudly: the console will not brake this run (a finished job's token
+            # reused for a new run), and nothing else would tell the person who started it.
+            self._warned_refused = True
+            detail = response.body.get("detail") if isinstance(response.body, dict) else None
+            logger.error("brakeline: THE CONSOLE REFUSED THIS RUN (409): %s", detail or "")
         return response

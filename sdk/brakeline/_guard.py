@@ -35,6 +35,10 @@ from brakeline._encoding import LogRecord
 logger = logging.getLogger("brakeline")
 
 MAX_RECORDED_STEPS = 100
+# How long a held rank waits for the console to take its "holding" heartbeat before it sends
+# the offending point: bounded, since an older console refuses the status (the brake is then
+# applied a margin of steps later, as before).
+HOLDING_SAID_SECONDS = 2.0
 
 
 def _gradients(optimizer: Any) -> list[Any]:
@@ -209,6 +213,7 @@ class GuardedRunMixin:
     # Attributes of the Run these methods use (set in Run.__init__).
     settings: Any
     step: int
+    status: str
     finished: bool
     stopping: bool
     control: Any
@@ -250,6 +255,18 @@ class GuardedRunMixin:
         rules decide (normally checkpoint_and_pause, which saves this last good state)."""
         if self.control is None or self.finished or self.stopping:
             return  # offline: the skipped update is all the guard can do
+        # Said first (a heartbeat goes at once): a console that knows every rank holds
+        # applies its brake at the held step, not a margin of steps later (docs/protocol.md).
+        previous = self.status
+        self.status = "holding"
+        self.control.say_status("holding", min(self.settings.http_timeout, HOLDING_SAID_SECONDS))
+        try:
+            self._wait_for_decision(tripped)
+        finally:
+            if self.status == "holding":
+                self.status = previous
+
+    def _wait_for_decision(self, tripped: int | None) -> None:
         if self.sender is not None:
             # Said in so many words: a NaN gradient need not show in any logged metric. The
             # default rule pack brakes on it (update-refused-by-guard, L3).

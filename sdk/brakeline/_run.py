@@ -59,7 +59,7 @@ from brakeline.snapshot import (
 
 logger = logging.getLogger("brakeline")
 
-STATUSES = ("running", "paused", "checkpointing", "finished")
+STATUSES = ("running", "paused", "checkpointing", "finished", "holding")
 HOOK_NAMES = ("release", "resume")
 
 

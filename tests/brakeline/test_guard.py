@@ -100,8 +100,11 @@ def test_the_offending_point_is_sent_at_once_and_the_run_holds_for_the_console(m
     run = make_run(guard_hold_seconds=60.0, flush_interval=30.0)
     run.watch(model=model, optimizer=optimizer, scheduler=scheduler)
     seen_at_decision = []
+    beats: list[tuple[str, int]] = []
 
     def console(path, body):
+        if path == "heartbeat":
+            beats.append((body["status"], body["step"]))
         # The console sees the NaN point and answers with its rule's checkpoint_and_pause.
         if path == "metrics" and any(
             isinstance(p.get("value"), str) and p["name"] == "loss" for p in body["points"]
@@ -119,6 +122,10 @@ def test_the_offending_point_is_sent_at_once_and_the_run_holds_for_the_console(m
     ack = next(a for a in run.acknowledgements if a["id"] == 7)
     assert ack["status"] == "succeeded" and ack["result"]["step"] == 3
     assert ack["result"]["weights_step"] == 2 and ack["result"]["reason"] == "brake"
+    # While it held, it said so (a console applies its brake where every rank holds), and
+    # it says so no more once the decision came.
+    assert ("holding", 3) in beats
+    assert run.status != "holding"
 
 
 def test_roll_back_restores_in_place_and_skips_the_named_batch(make_run, tmp_path):

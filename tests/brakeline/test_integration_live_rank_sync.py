@@ -70,7 +70,10 @@ def test_a_nan_on_one_rank_holds_every_rank_at_the_same_step(
             timeout=120,
         )
         assert command.status == CommandStatus.SUCCEEDED, (command.error, log.read_text()[-3000:])
-        assert command.apply_at_step is not None and command.apply_at_step > NAN_AT
+        # At the NaN step when every rank's "holding" heartbeat was in before the brake was
+        # issued (seen with 4 ranks), a margin later when the NaN point won the race (the loss
+        # is logged before the boundary where the guard holds): either way one step for all.
+        assert command.apply_at_step is not None and command.apply_at_step >= NAN_AT
         steps = dict(CommandAck.objects.filter(command=command).values_list("rank", "step"))
         assert steps == {rank: command.apply_at_step for rank in range(ranks)}
         assert command.result["step"] == command.apply_at_step

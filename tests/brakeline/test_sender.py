@@ -279,3 +279,29 @@ def test_an_outage_503_is_retried_without_limit(make_run, transport):
     run.log({"poison": 1.0}, step=1)
     wait_until(lambda: len(transport.bodies("metrics")) >= 8)
     assert run.sender.refused_batches == 0 and run.sender.spool.dropped == 0
+
+
+def test_a_run_the_console_refuses_is_said_loudly_once(make_run, transport, caplog):
+    """A finished job's token reused for a new run: the console answers its heartbeats 409
+    (it will not brake this run) and the SDK says so once, with the console's sentence."""
+    detail = "Job 'x' is finished: a new run needs a job of its own"
+
+    def responder(path, body):
+        return (
+            Response(409, {"error": "job_over", "detail": detail}) if path == "heartbeat" else None
+        )
+
+    transport.responder = responder
+    run = make_run()
+    steps = iter(range(1_000_000))
+
+    def trained_a_step_and_beat_thrice() -> bool:
+        step = next(steps)  # progress between beats: a run without any is not heartbeated
+        run.log({"loss": 1.0}, step=step)
+        run.step_boundary(step)
+        return len(transport.bodies("heartbeat")) >= 3
+
+    with caplog.at_level(logging.ERROR, logger="brakeline"):
+        wait_until(trained_a_step_and_beat_thrice)
+    loud = [r for r in caplog.records if "REFUSED THIS RUN (409)" in r.getMessage()]
+    assert len(loud) == 1 and detail in loud[0].getMessage()

@@ -127,3 +127,20 @@ S, F = "succeeded", "failed"
 )
 def test_every_rank_at_the_same_step_or_it_is_not_done(world, answers, expected):
     assert tally(world, answers) == expected
+
+
+@pytest.mark.parametrize(
+    ("held", "world", "kind", "expected"),
+    [
+        (15, 2, "checkpoint_and_pause", 15),  # every rank holds at 15: applied right there
+        (15, 4, "terminate", 15),
+        (MAX_STEP, 2, "checkpoint_and_pause", MAX_STEP),
+        (15, 1, "checkpoint_and_pause", None),  # one process: its first boundary, as ever
+        (15, 2, "resume", None),
+    ],
+)
+def test_where_every_rank_holds_the_brake_is_applied_at_the_held_step(held, world, kind, expected):
+    chosen = choose_apply_at_step(
+        held, 0.04, margin_seconds=3.0, world_size=world, kind=kind, every_rank_holds=True
+    )
+    assert chosen == expected

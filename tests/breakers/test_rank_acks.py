@@ -183,3 +183,29 @@ def test_a_ranks_metrics_reply_leaves_out_what_that_rank_acked(agent, agent_post
     assert metrics("rank-1", 1, 1) == [command.pk]
     assert metrics("mixed", 0, 1) == [command.pk]
     assert metrics("rank-0", 0, 0) == []  # a retried batch: the same answer
+
+
+def test_where_every_rank_holds_on_its_guard_the_brake_applies_at_that_step(
+    agent, agent_post, ranks
+):
+    """A NaN spread to every rank's gradients: each rank's guard refused the update of step
+    110 and holds there, saying "holding". The brake is applied at 110 — the checkpoint then
+    holds the last good state — not a margin of steps (and a projection) past the anomaly."""
+    beat, clock = ranks
+    clock.shift(1)
+    for rank in range(3):
+        beat(rank, 110, "holding")
+    clock.shift(2)  # a held rank takes no step, however long it waits
+    assert pause(agent).apply_at_step == 110
+
+
+def test_a_holding_rank_is_not_projected_but_the_others_are(agent, agent_post, ranks):
+    beat, clock = ranks
+    clock.shift(1)
+    beat(0, 110, "holding")
+    beat(1, 105)
+    beat(2, 104)  # ranks 1 and 2 still train: the margin stays, over the highest step
+    clock.shift(0.55)
+    # Rank 0 counts at 110 (projected at its 0.1 s a step it would be 115); ranks 1 and 2
+    # are projected below it; the margin is 2 s of the slowest rank's smoothed 0.18 s steps.
+    assert pause(agent).apply_at_step == 110 + 12

@@ -16,12 +16,14 @@ from incidents.models import (
     FINAL_JOB_STATUSES,
     JOB_EVENTS,
     JOB_TRANSITIONS,
+    SYSTEM_COMMAND_REFUSED,
     EscalationRequest,
     Job,
     JobStatus,
     TimelineEntry,
     job_statuses_for,
 )
+from incidents.notifications.delivery import alert_message
 from tests.support.authz import T0, Api, Scene, raise_alert
 
 S = JobStatus
@@ -100,8 +102,11 @@ def test_a_new_l3_alert_does_not_pause_a_paused_job_again_and_oncall_cannot_end_
     assert brake_for_alert(alert) == []
     pauses = Command.objects.filter(job_id=scene.job_id, kind=CommandKind.CHECKPOINT_AND_PAUSE)
     assert list(pauses) == [pause]
-    note = TimelineEntry.objects.filter(data__event="system_command_refused").get()
+    note = TimelineEntry.objects.filter(data__event=SYSTEM_COMMAND_REFUSED).get()
     assert note.message.startswith("No automatic pause: job ") and "already paused" in note.message
+    # The page says what happened, not what the rule would have done ("— paused").
+    first = alert_message(alert).first_line
+    assert "— no automatic pause: job " in first and "already paused" in first, first
     # The pause is still the manager's: on-call may not end it, whatever arrived later.
     path = f"/api/v1/jobs/{scene.job_id}/confirm-pause"
     refused = scene.api("oncall").post(path, {"decision": "resume"})
