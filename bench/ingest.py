@@ -17,7 +17,8 @@ them) over a keep-alive connection. In the same run, in interleaved rounds:
 Printed: points/s (median [min–max] over the rounds) for 1 and 4 clients, the ratios against
 MLflow and COPY, the evaluation lag (p95 seconds by which evaluation trails the
 acknowledgement of a batch, sampled every 50 ms until caught up), the CPU each process spent
-per point, and the scale-out from 1 to 2 web processes with 4 clients.
+per point, the scale-out from 1 to 2 web processes with 4 clients, and what a small request
+(a heartbeat, a batch of one step) costs whatever it carries.
 """
 
 from __future__ import annotations
@@ -169,6 +170,33 @@ def run_brakeline(url: str, jobs: list[tuple[int, str]], seconds: float, acks: l
     _in_parallel(len(jobs), client)
 
 
+def run_small(url: str, jobs: list[tuple[int, str]], seconds: float, kind: str) -> int:
+    """Requests as a big job's ranks send most of them: heartbeats, or the batch one step of
+    ten metrics makes (the SDK flushes every second whatever it holds). The count answered."""
+    counts = [0] * len(jobs)
+    stop_at = time.monotonic() + seconds
+
+    def client(index: int) -> None:
+        headers = {"Authorization": f"Bearer {jobs[index][1]}", "Content-Type": "application/json"}
+
+        def body(offset: int) -> bytes:
+            step = offset // STEPS
+            if kind == "heartbeat":
+                return json.dumps({"step": step, "status": "running", "pid": 4242}).encode()
+            points = [{"name": name, "step": step, "value": 1.0} for name in NAMES]
+            batch = f"small-{jobs[index][0]}-{step}"
+            return json.dumps({"batch": batch, "points": points}).encode()
+
+        def done() -> None:
+            counts[index] += 1
+
+        path = "/api/v1/agent/heartbeat" if kind == "heartbeat" else "/api/v1/agent/metrics"
+        _post_loop(url, path, headers, body, stop_at, done)
+
+    _in_parallel(len(jobs), client)
+    return sum(counts)
+
+
 def run_mlflow(url: str, runs: list[str], seconds: float, offsets: dict[str, int]) -> int:
     counts = [0] * len(runs)
     stop_at, base = time.monotonic() + seconds, time.time()
@@ -316,6 +344,16 @@ class Bench:
         cpu["postgres"] = postgres_delta(pg_before, postgres_cpu(self.admin, databases))
         per_point = {name: seconds / max(points, 1) * 1e6 for name, seconds in cpu.items()}
         return points, elapsed, per_point
+
+    def small(self, stack, clients: int, kind: str) -> Result:
+        """Small requests through one web process: the rate, and the CPU each costs."""
+        jobs = self.new_jobs(clients)
+
+        def work() -> tuple[int, float]:
+            return run_small(stack.urls[1], jobs, self.args.seconds, kind), time.monotonic()
+
+        requests, elapsed, per_request = self._measured(stack, {}, work)
+        return Result(requests / elapsed, cpu=per_request)
 
     def brakeline(self, stack, clients: int, web: int = 1) -> Result:
         jobs = self.new_jobs(clients)
@@ -468,6 +506,22 @@ def _cores(runs: list[Result], web: int) -> str:
     )
 
 
+def print_small(results: dict, clients: int) -> None:
+    """What a request costs whatever it carries: a big job's ranks send many small ones."""
+    print(f"\nSmall requests, {clients} clients (jobs), 1 web process:")
+    for kind, label in (("heartbeat", "heartbeat"), ("batch10", "10-point batch")):
+        runs = results.get(("small", kind))
+        if not runs:
+            continue
+        names = sorted({name for r in runs for name in r.cpu})
+        ms = {name: median([r.cpu.get(name, 0.0) for r in runs]) / 1000 for name in names}
+        shown = "  ".join(f"{name} {value:.2f}" for name, value in ms.items() if value >= 0.005)
+        web = ms.get("web", 0.0)
+        print(f"  {label:15} {median([r.points_per_second for r in runs]):7.0f} requests/s   "
+              f"CPU ms/request: {shown}   (a core of web process: ~{1000 / web:.0f}/s)"
+              if web else f"  {label}: no web CPU measured")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=8.0, help="per measurement")
@@ -509,9 +563,13 @@ def main() -> None:
             for web in range(1, args.web + 1):
                 results.setdefault(("scale", web), []).append(
                     bench.brakeline(running, max(clients), web))  # fmt: skip
+            for kind in ("heartbeat", "batch10"):
+                results.setdefault(("small", kind), []).append(
+                    bench.small(running, max(clients), kind))  # fmt: skip
             print(f"  round {round_number} done, load {os.getloadavg()[0]:.1f}", flush=True)
     print_table(results, clients, mlflow_version)
     print_scaling(results, tuple(range(1, args.web + 1)), max(clients))
+    print_small(results, max(clients))
     bench.clean_up()
 
 
