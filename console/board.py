@@ -46,9 +46,16 @@ from incidents.teams.authority import Action, decide, decide_on_escalation
 SPARK_POINTS = 120
 REASON = {"name": "reason", "label": "Reason (kept in the audit trail)", "required": True}
 NOTE = {"name": "note", "label": "Reason", "required": True}
+# A choice is [value, label] or [value, label, body]: the body is merged into the request when
+# that choice is picked (the escalation API takes lower_lr's factor in command.params).
+LOWER_LR_FACTOR = 0.5
 ESCALATE_KINDS = [
     ["checkpoint_and_pause", "Checkpoint and pause"],
-    ["lower_lr", "Lower the learning rate ×0.5"],
+    [
+        "lower_lr",
+        "Lower the learning rate ×0.5",
+        {"command": {"params": {"factor": LOWER_LR_FACTOR}}},
+    ],
     ["pause_data", "Pause data loading"],
 ]
 

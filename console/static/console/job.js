@@ -238,6 +238,7 @@
       stroke: "#93a1ad", font: FONT, labelFont: FONT, grid: { stroke: "#24303a" }, ticks: { stroke: "#24303a" },
       label: state.x === "step" ? "step" : "time (UTC)", labelSize: 18, labelGap: 0, size: 34,
     };
+    if (state.x === "step") axis.incrs = STEP_INCRS;  // a step is whole: no tick at 100.5
     axis.values = state.x === "step"
       ? function (u, splits, ai, space, incr) { return drawn(key, "xLabels", splits.map(function (v) { return M.formatNumber(v, incr); })); }
       : function (u, splits, ai, space, incr) {
@@ -255,6 +256,7 @@
   // uPlot's own increments stop near 1e15: a loss at 3.5e33 would get no tick at all.
   const INCRS = [];
   for (let e = -16; e <= 40; e++) [1, 2, 2.5, 5].forEach(function (m) { INCRS.push(m * Math.pow(10, e)); });
+  const STEP_INCRS = INCRS.filter(function (v) { return v >= 1 && v !== 2.5; });
 
   function yAxis(key) {
     const axis = {
@@ -279,7 +281,8 @@
     g.meta.forEach(function (m, c) {
       const col = c + 1;
       const raw = function (u, v, si, idx) { return idx === null ? "—" : M.formatNumber(state.charts[key].g.raw[col][idx]); };
-      const base = { spanGaps: false, points: { show: false }, value: raw };
+      // A line needs two points: a series of one or two (a fresh job, a rare metric) gets dots.
+      const base = { spanGaps: false, points: { show: fewPoints, size: 8 }, value: raw };
       if (m.kind === "value") {
         series.push(Object.assign(base, { label: m.name, stroke: state.smoothing ? fade(m.color, 0.35) : m.color, width: 1.5 }));
       } else if (m.kind === "smooth") {
@@ -311,7 +314,7 @@
     };
     return {
       width: width, height: height(), series: series, bands: bands, legend: { live: true },
-      scales: { x: { time: state.x === "time" }, y: y, n: { range: function (u, min, max) { return [0, Math.max(1, max || 0) * 5]; } } },
+      scales: { x: { time: state.x === "time", range: xRange }, y: y, n: { range: function (u, min, max) { return [0, Math.max(1, max || 0) * 5]; } } },
       tzDate: function (ts) { return uPlot.tzDate(new Date(ts * 1e3), "Etc/UTC"); },
       cursor: { drag: { x: true, y: false, setScale: false }, sync: { key: "job-" + jobId } },
       axes: [xAxis(key), yAxis(key)],
@@ -320,6 +323,24 @@
         setSelect: [function (u) { if (u.select.width > 4) zoomTo(u, g.names[0]); }],
       },
     };
+  }
+
+  // One step on the x axis: uPlot runs it from 0 to twice the step (it pads a single x before
+  // asking). Centre it instead (a few steps, or a minute, either side); any other range is
+  // uPlot's own.
+  function xRange(u, min, max) {
+    const xs = u.data && u.data[0];
+    if (xs && xs.length === 1 && xs[0] !== null && xs[0] !== undefined) min = max = xs[0];
+    if (min === null || min !== max) return [min, max];
+    const pad = state.x === "step" ? 5 : 60;
+    return [state.x === "step" ? Math.max(0, min - pad) : min - pad, max + pad];
+  }
+
+  function fewPoints(u, si) {
+    const values = u.data[si] || [];
+    let n = 0;
+    for (let i = 0; i < values.length && n < 3; i++) if (values[i] !== null && values[i] !== undefined) n++;
+    return n > 0 && n < 3;
   }
 
   function fade(hex, alpha) {

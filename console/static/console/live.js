@@ -203,6 +203,7 @@
       spec.choices.forEach(function (c) {
         const option = document.createElement("option");
         option.value = c[0]; option.textContent = c[1];
+        if (c[2]) option.dataset.body = JSON.stringify(c[2]);  // merged in when picked
         input.appendChild(option);
       });
     } else {
@@ -237,8 +238,31 @@
       let target = body;
       path.slice(0, -1).forEach(function (key) { target = target[key] = target[key] || {}; });
       target[path[path.length - 1]] = input.value;
+      const option = input.selectedOptions && input.selectedOptions[0];
+      if (option && option.dataset.body) merge(body, JSON.parse(option.dataset.body));
     });
     return body;
+  }
+
+  function merge(target, extra) {
+    Object.keys(extra).forEach(function (key) {
+      const value = extra[key];
+      if (value && typeof value === "object" && !Array.isArray(value)) {
+        if (!target[key] || typeof target[key] !== "object") target[key] = {};
+        merge(target[key], value);
+      } else {
+        target[key] = value;
+      }
+    });
+  }
+
+  // A refusal's fields ({"params.factor": "must be …"}) as text a person reads.
+  function fieldsText(fields) {
+    if (!fields || typeof fields !== "object") return "";
+    return Object.keys(fields).map(function (key) {
+      const why = fields[key];
+      return key + ": " + (Array.isArray(why) ? why.join(" ") : typeof why === "object" ? JSON.stringify(why) : why);
+    }).join("; ");
   }
 
   async function submit(event) {
@@ -263,8 +287,9 @@
         return;
       }
       const answer = await response.json().catch(function () { return {}; });
+      const why = fieldsText(answer.fields);
       error.textContent = (answer.detail || ("Refused (" + response.status + ")")) +
-        (answer.fields ? " " + JSON.stringify(answer.fields) : "");
+        (why ? " (" + why + ")" : "");
     } catch (e) {
       error.textContent = "The server cannot be reached; nothing was sent.";
     }
