@@ -25,6 +25,7 @@ from django.db import close_old_connections
 
 from console.api.agent_auth import GATE_AUTHENTICATED, required_bearer_token
 from console.api.errors import outage_body, outage_part
+from console.api.params import length_exceeds
 from core.errors import PayloadTooLarge, ServiceError
 from incidents.jobs import authenticate_agent
 from incidents.models import Job
@@ -120,7 +121,7 @@ class AgentRequestGate:
         try:
             await _authenticate(scope)
             declared = (_header(scope, b"content-length") or b"0").decode("latin-1")
-            if declared.isdigit() and int(declared) > limit:
+            if length_exceeds(declared, limit):  # "²" or 5,000 digits: no int() error
                 raise _too_large(limit)
             body = await _read_bounded(receive, limit)
             if body is None:

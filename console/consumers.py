@@ -13,7 +13,7 @@ from rest_framework.settings import api_settings
 
 from breakers.agent import service as breaker_services
 from breakers.agent.ack_rank import MAX_RANK
-from breakers.agent.protocol import parse_json_object
+from breakers.agent.protocol import is_whole_number, parse_json_object
 from breakers.agent.store import Stored
 from breakers.control.commands import deliverable_commands, mark_delivered
 from console.api.agent_auth import bearer_token
@@ -143,13 +143,20 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         if content.get("type") == "metrics":
             await self._receive_metrics(content)
             return
-        if content.get("type") != "ack" or not isinstance(content.get("id"), int):
+        # A command id is a whole number; `true` is not 1 (bool is an int in Python).
+        if content.get("type") != "ack" or not is_whole_number(content.get("id")):
+            wrong = (
+                {"id": "must be a command id (a whole number)"}
+                if content.get("type") == "ack"
+                else {"type": "must be ack or metrics"}
+            )
             await self.send_json(
                 {
                     "type": "error",
                     "error": "invalid",
                     "detail": 'Send {"type": "ack", "id": <command id>, …} or '
                     '{"type": "metrics", "batch": …, "points": […]}.',
+                    "fields": wrong,
                 }
             )
             return

@@ -134,7 +134,9 @@ def parse_json_object(raw: bytes, *, max_depth: int | None = None) -> dict:
     body = load_json(raw, max_depth=max_depth)
     if not isinstance(body, dict):
         raise InvalidInput(
-            f"The body must be a JSON object, not {json_type(body)}.", code="malformed_json"
+            f"The body must be a JSON object, not {json_type(body)}.",
+            fields={"body": "must be a JSON object"},
+            code="malformed_json",
         )
     return body
 

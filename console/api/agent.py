@@ -24,6 +24,7 @@ from console.api.agent_schema import (
     MetricsAcceptedDoc,
     MetricsBatchDoc,
 )
+from console.api.params import length_exceeds
 from core.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
 
 ERRORS = {
@@ -68,6 +69,11 @@ def check_content_type(header: str) -> None:
             )
 
 
+def declares_more_than(request: Request, limit: int) -> bool:
+    """The request's ``Content-Length`` says more than ``limit`` bytes (``length_exceeds``)."""
+    return length_exceeds(request.META.get("CONTENT_LENGTH") or "0", limit)
+
+
 def read_json_body(request: Request, too_large_message: str, typed: bool = True) -> bytes:
     """A JSON request body within ``AGENT_MAX_BATCH_BYTES``, read only when its declared
     length allows (a 413 naming ``body`` otherwise); ``typed``: check the Content-Type first.
@@ -78,8 +84,7 @@ def read_json_body(request: Request, too_large_message: str, typed: bool = True)
     too_large = PayloadTooLarge(
         too_large_message.format(limit=limit), fields={"body": f"at most {limit} bytes"}
     )
-    declared = request.META.get("CONTENT_LENGTH") or "0"
-    if declared.isdigit() and int(declared) > limit:
+    if declares_more_than(request, limit):
         raise too_large
     try:
         body = request.body

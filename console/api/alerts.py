@@ -11,6 +11,7 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from console.api.params import id_param, int_param
 from console.api.person_auth import PersonView, audit_context, error_responses
 from core.errors import InvalidInput
 from incidents.alerts.acknowledge import acknowledge_alert
@@ -61,10 +62,7 @@ LIMIT_PARAMETER = OpenApiParameter(
 
 
 def limit_param(request: Request, default: int = 100) -> int:
-    raw = request.query_params.get("limit", str(default))
-    if not (raw.isascii() and raw.isdigit()) or len(raw) > 9 or not 1 <= int(raw) <= MAX_LIMIT:
-        raise InvalidInput("Bad limit.", fields={"limit": f"a whole number from 1 to {MAX_LIMIT}"})
-    return int(raw)
+    return int_param(request, "limit", minimum=1, maximum=MAX_LIMIT, default=default)
 
 
 def visible_alerts(user: Any) -> QuerySet[Alert]:
@@ -98,11 +96,9 @@ class AlertListView(PersonView):
             raise InvalidInput("Bad status.", fields={"status": ", ".join(AlertStatus.values)})
         if statuses:
             alerts = alerts.filter(status__in=statuses)
-        job = request.query_params.get("job")
+        job = id_param(request, "job")
         if job is not None:
-            if not (job.isascii() and job.isdigit()):
-                raise InvalidInput("Bad job.", fields={"job": "a job id"})
-            alerts = alerts.filter(job_id=int(job))
+            alerts = alerts.filter(job_id=job)
         return Response([alert_payload(a) for a in alerts[: limit_param(request)]])
 
 

@@ -11,6 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from console.api.alerts import LIMIT_PARAMETER, limit_param
+from console.api.params import id_param
 from console.api.person_auth import PersonView, audit_context, error_responses
 from core.errors import Forbidden, InvalidInput
 from incidents.models import AuditEntry, Membership, Team
@@ -60,14 +61,12 @@ def entry_out(entry: AuditEntry) -> dict[str, Any]:
     }
 
 
-def _readable_team_ids(user: Any, team: str | None, request: Request) -> list[int]:
+def _readable_team_ids(user: Any, team: int | None, request: Request) -> list[int]:
     if team is None:
         memberships = Membership.objects.filter(user=user).values_list("team_id", "role")
         return [team_id for team_id, role in memberships if audit_read_refusal(role) is None]
-    if not (team.isascii() and team.isdigit()):
-        raise InvalidInput("Bad team.", fields={"team": "a team id"})
-    with audited(user, READ_AUDIT, "team", int(team), audit_context(request)) as attempt:
-        found = scoped_get(Team.objects, user, int(team), team_path="id", noun="team")
+    with audited(user, READ_AUDIT, "team", team, audit_context(request)) as attempt:
+        found = scoped_get(Team.objects, user, team, team_path="id", noun="team")
         attempt.team_id, attempt.role = found.pk, role_in_team(user, found.pk)
         refusal = audit_read_refusal(attempt.role)
         attempt.allowed, attempt.reason = refusal is None, refusal or "A manager or above."
@@ -91,7 +90,7 @@ class AuditListView(PersonView):
         responses={200: AuditEntryOut(many=True), **error_responses(400, 401, 403, 404)},
     )
     def get(self, request: Request) -> Response:
-        team_ids = _readable_team_ids(request.user, request.query_params.get("team"), request)
+        team_ids = _readable_team_ids(request.user, id_param(request, "team"), request)
         entries = AuditEntry.objects.filter(team_id__in=team_ids).select_related("user")
         allowed = request.query_params.get("allowed")
         if allowed is not None:

@@ -116,6 +116,13 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
     code = _DRF_CODES.get(response.status_code, "error")
     if isinstance(exc, exceptions.ValidationError):
         body = {"error": code, "detail": "The request was refused.", "fields": _flatten(exc.detail)}
+    elif isinstance(exc, exceptions.ParseError):
+        # A body DRF's parsers could not read (a form, an unsupported charset): name it.
+        detail = str(exc.detail)
+        body = {"error": code, "detail": detail, "fields": {"body": detail}}
+    elif isinstance(exc, exceptions.UnsupportedMediaType):
+        detail = str(exc.detail)
+        body = {"error": code, "detail": detail, "fields": {"Content-Type": detail}}
     else:
         detail = exc.detail if isinstance(exc, exceptions.APIException) else str(exc)
         body = {"error": code, "detail": str(detail), "fields": {}}

@@ -10,6 +10,7 @@ from rest_framework.response import Response
 
 from breakers.control.escalations import approve_escalation
 from console.api.alerts import LIMIT_PARAMETER, limit_param
+from console.api.params import id_param
 from console.api.person_auth import PersonView, audit_context, error_responses
 from core.errors import InvalidInput
 from incidents.escalations import (
@@ -93,11 +94,9 @@ class EscalationListView(PersonView):
             if status not in EscalationStatus.values:
                 raise InvalidInput("Bad status.", fields={"status": ", ".join(EscalationStatus)})
             requests = requests.filter(status=status)
-        job = request.query_params.get("job")
+        job = id_param(request, "job")
         if job is not None:
-            if not (job.isascii() and job.isdigit()):
-                raise InvalidInput("Bad job.", fields={"job": "a job id"})
-            requests = requests.filter(job_id=int(job))
+            requests = requests.filter(job_id=job)
         return Response([escalation_payload(r) for r in requests[: limit_param(request)]])
 
     @extend_schema(

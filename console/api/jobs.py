@@ -50,6 +50,7 @@ def visible_jobs(user) -> QuerySet[Job]:
 class JobListView(ListAPIView):
     # A browser session or a personal token, like every person-facing endpoint.
     authentication_classes = PersonView.authentication_classes
+    parser_classes = PersonView.parser_classes
     serializer_class = JobSerializer
 
     def get_queryset(self) -> QuerySet[Job]:
@@ -59,6 +60,7 @@ class JobListView(ListAPIView):
 @extend_schema(tags=["jobs"])
 class JobDetailView(RetrieveAPIView):
     authentication_classes = PersonView.authentication_classes
+    parser_classes = PersonView.parser_classes
     serializer_class = JobSerializer
 
     def get_queryset(self) -> QuerySet[Job]:

@@ -22,6 +22,7 @@ from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from console.api.agent_schema import ErrorDoc
+from console.api.parsers import PERSON_PARSERS
 from core.errors import InvalidInput, Unauthenticated
 from incidents.models import PERSONAL_TOKEN_PREFIX
 from incidents.teams.audit import AuditContext
@@ -88,6 +89,8 @@ def nul_field(value: Any, prefix: str = "") -> str | None:
 
 class PersonView(APIView):
     authentication_classes = [PersonalTokenAuthentication, SessionAuthentication]
+    # JSON bodies as strict as the agent's: a 400 naming the field, never a 500.
+    parser_classes = PERSON_PARSERS
     permission_classes = [IsAuthenticated]
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:

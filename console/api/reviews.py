@@ -8,11 +8,10 @@ check on PUT, or a personal token; nobody logged in is a 401.
 from __future__ import annotations
 
 import ipaddress
-from datetime import UTC, datetime, time, timedelta
+from datetime import datetime, timedelta
 
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
-from django.utils.dateparse import parse_date, parse_datetime
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
@@ -20,6 +19,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from console.api.agent_schema import ErrorDoc
+from console.api.params import parse_moment
 from console.api.person_auth import PersonView
 from core.errors import InvalidInput
 from incidents.models import ReviewStatus
@@ -207,21 +207,9 @@ class ReviewMarkdownExportView(PersonView):
 def report_period(since: str | None, until: str | None) -> tuple[datetime, datetime]:
     """``since``/``until`` as ISO dates or datetimes (UTC when naive); by default the last
     30 days. A date alone means its midnight, so until=2026-02-01 ends with January."""
-    end = _moment(until, "until") if until else timezone.now()
-    start = _moment(since, "since") if since else end - timedelta(days=REPORT_DEFAULT_DAYS)
+    end = parse_moment(until, "until") if until else timezone.now()
+    start = parse_moment(since, "since") if since else end - timedelta(days=REPORT_DEFAULT_DAYS)
     return start, end
-
-
-def _moment(text: str, name: str) -> datetime:
-    moment = parse_datetime(text)
-    if moment is None:
-        day = parse_date(text)
-        if day is None:
-            raise InvalidInput(f"Bad {name}.", fields={name: "an ISO date or date-time"})
-        moment = datetime.combine(day, time.min)
-    if timezone.is_naive(moment):
-        moment = timezone.make_aware(moment, UTC)
-    return moment
 
 
 class TeamIncidentReportView(PersonView):

@@ -15,6 +15,7 @@ from rest_framework.response import Response
 
 from breakers.detection import ruleset_core, rulesets
 from breakers.models import RuleSetVersion
+from console.api.params import int_param
 from console.api.person_auth import PersonView, audit_context, error_responses
 from core.errors import InvalidInput, NotFound
 from incidents.models import Team
@@ -152,11 +153,9 @@ class VersionListView(PersonView):
     )
     def get(self, request: Request, pk: int) -> Response:
         team = _team(request, pk)
-        raw = request.query_params.get("limit", "50")
-        if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 200:
-            raise InvalidInput("limit must be a whole number from 1 to 200.", fields={"limit": raw})
+        limit = int_param(request, "limit", minimum=1, maximum=200, default=50)
         rulesets.current_version(team)
-        versions = team.ruleset_versions.select_related("actor").order_by("-number")[: int(raw)]
+        versions = team.ruleset_versions.select_related("actor").order_by("-number")[:limit]
         return Response([version_out(v) for v in versions])
 
 

@@ -19,8 +19,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from breakers import metrics as history
-from breakers.agent.protocol import MAX_RANK
+from breakers.agent.protocol import MAX_RANK, MAX_STEP
 from console.api.jobs import visible_jobs
+from console.api.params import int_param, parse_int
 from console.api.person_auth import PersonView
 from core.errors import InvalidInput
 from incidents.models import Job
@@ -28,17 +29,10 @@ from incidents.models import Job
 BAND_METRIC = "loss"
 
 
-def _int_param(request: Request, name: str, *, minimum: int | None = None) -> int | None:
-    raw = request.query_params.get(name, "")
-    if raw == "":
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InvalidInput(f"Bad {name}.", fields={name: "a whole number"}) from None
-    if minimum is not None and value < minimum:
-        raise InvalidInput(f"Bad {name}.", fields={name: f"at least {minimum}"})
-    return value
+def _step_param(request: Request, name: str) -> int | None:
+    return int_param(
+        request, name, minimum=0, maximum=MAX_STEP, blank_is_absent=True, what="a step"
+    )
 
 
 def _names(request: Request) -> list[str]:
@@ -54,10 +48,16 @@ def _names(request: Request) -> list[str]:
 def _ranks(request: Request) -> tuple[int, ...]:
     raw = request.query_params.get("ranks", "")
     parts = [part.strip() for part in raw.split(",") if part.strip()]
-    problem = f"up to {history.MAX_RANKS} ranks (whole numbers ≥ 0), comma-separated"
-    if len(parts) > history.MAX_RANKS or not all(p.isdigit() and len(p) < 10 for p in parts):
+    problem = (
+        f"up to {history.MAX_RANKS} ranks (whole numbers from 0 to {MAX_RANK}), comma-separated"
+    )
+    if len(parts) > history.MAX_RANKS:
         raise InvalidInput("Bad ranks.", fields={"ranks": problem})
-    return tuple(dict.fromkeys(int(p) for p in parts))
+    try:
+        ranks = [parse_int(p, "ranks", minimum=0, maximum=MAX_RANK) for p in parts]
+    except InvalidInput:
+        raise InvalidInput("Bad ranks.", fields={"ranks": problem}) from None
+    return tuple(dict.fromkeys(ranks))
 
 
 def _spread(request: Request, job: Job) -> bool:
@@ -128,16 +128,14 @@ class SeriesView(PersonView):
     def get(self, request: Request, pk: int) -> Response:
         job = scoped_job(request, pk)
         names = _names(request)
-        from_step = _int_param(request, "from_step")
-        to_step = _int_param(request, "to_step")
-        max_points = _int_param(request, "max_points", minimum=2) or 2000
-        if max_points > history.MAX_POINTS_LIMIT:
-            raise InvalidInput(
-                "Bad max_points.", fields={"max_points": f"at most {history.MAX_POINTS_LIMIT}"}
-            )
-        rank = _int_param(request, "rank", minimum=0) or 0
-        if rank > MAX_RANK:
-            raise InvalidInput("Bad rank.", fields={"rank": f"at most {MAX_RANK}"})
+        from_step = _step_param(request, "from_step")
+        to_step = _step_param(request, "to_step")
+        max_points = int_param(
+            request, "max_points", minimum=2, maximum=history.MAX_POINTS_LIMIT, default=2000,
+            blank_is_absent=True,
+        )  # fmt: skip
+        rank = int_param(request, "rank", minimum=0, maximum=MAX_RANK, default=0,
+                         blank_is_absent=True)  # fmt: skip
         ranks, spread = _ranks(request), _spread(request, job)
         rule = history.band_rule(job.team_id, BAND_METRIC) if BAND_METRIC in names else None
         data = {

@@ -10,8 +10,8 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from console.api.params import id_param
 from console.api.person_auth import PersonView, audit_context, error_responses
-from core.errors import InvalidInput
 from incidents.models import Silence
 from incidents.silences import create_silence, end_silence, visible_silences
 
@@ -66,10 +66,8 @@ class SilenceListView(PersonView):
         responses={200: SilenceOut(many=True), **error_responses(400, 401, 404)},
     )
     def get(self, request: Request) -> Response:
-        team = request.query_params.get("team")
-        if team is not None and not (team.isascii() and team.isdigit()):
-            raise InvalidInput("Bad team.", fields={"team": "a team id"})
-        silences = visible_silences(request.user, team_id=int(team) if team else None)
+        team = id_param(request, "team")
+        silences = visible_silences(request.user, team_id=team)
         return Response([silence_out(s) for s in silences[:200]])
 
     @extend_schema(

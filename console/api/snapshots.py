@@ -12,7 +12,7 @@ from rest_framework.response import Response
 
 from breakers.snapshots import intake as snapshots
 from breakers.snapshots import queries
-from console.api.agent import ERRORS, AgentView
+from console.api.agent import ERRORS, AgentView, declares_more_than
 from console.api.person_auth import PersonView
 from console.api.series import scoped_job
 from core.errors import NotFound, PayloadTooLarge
@@ -68,10 +68,11 @@ class SnapshotView(AgentView):
     def raw_body(self, request: Request) -> bytes:
         # The snapshot limit is far below the metrics one: refuse before reading the body.
         limit = snapshots.MAX_SNAPSHOT_BYTES
-        declared = request.META.get("CONTENT_LENGTH") or "0"
-        if declared.isdigit() and int(declared) > limit:
+        if declares_more_than(request, limit):
+            declared = request.META.get("CONTENT_LENGTH", "")
+            said = declared if len(declared) <= 20 else f"{declared[:20]}…"
             raise PayloadTooLarge(
-                f"A snapshot holds at most {limit} bytes; this one has {declared}.",
+                f"A snapshot holds at most {limit} bytes; this one has {said}.",
                 fields={"snapshot": f"at most {limit} bytes"},
             )
         return super().raw_body(request)

@@ -11,8 +11,8 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from console.api.params import parse_moment
 from console.api.person_auth import PersonView, audit_context, error_responses
-from core.errors import InvalidInput
 from incidents.models import OnCallShift, Team
 from incidents.teams.access import scoped_get
 from incidents.teams.oncall import create_shift, delete_shift, team_shifts, who_is_on_call
@@ -60,13 +60,7 @@ def _my_team(request: Request, pk: int) -> Team:
 
 def _time_param(request: Request, name: str) -> Any:
     raw = request.query_params.get(name)
-    if raw is None:
-        return None
-    field = serializers.DateTimeField()
-    try:
-        return field.to_internal_value(raw)
-    except serializers.ValidationError:
-        raise InvalidInput(f"Bad {name}.", fields={name: "an ISO 8601 time"}) from None
+    return None if raw is None else parse_moment(raw, name, dates=False)
 
 
 class ShiftListView(PersonView):

@@ -4,7 +4,7 @@ of the chain by level, so the team sees whether its alarm-to-brake chain is gett
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from core.errors import InvalidInput, NotFound
@@ -24,6 +24,8 @@ def team_incident_report(user: Visitor, team_id: int, since: datetime, until: da
     """Incidents of the team opened in [since, until), measured; 404 outside the user's teams."""
     if team_id not in visible_team_ids(user):
         raise NotFound(f"There is no team {team_id}.")
+    _check_storable(since, "since")
+    _check_storable(until, "until")
     if since >= until:
         raise InvalidInput("Bad period.", fields={"since": "must be before until"})
     team = Team.objects.get(pk=team_id)
@@ -52,6 +54,15 @@ def team_incident_report(user: Visitor, team_id: int, since: datetime, until: da
         "levels": [_level_line(level, group) for level, group in groups]
         + [_level_line("all", [d for _, d in measured])],
     }
+
+
+def _check_storable(moment: datetime, name: str) -> None:
+    """A moment a database can compare with: in UTC within the years 1 … 9999 (the embedded
+    SQLite mode converts it to UTC text; 9999-12-31T23:00-05:00 overflows there)."""
+    try:
+        moment.astimezone(UTC)
+    except OverflowError:
+        raise InvalidInput(f"Bad {name}.", fields={name: "out of range once in UTC"}) from None
 
 
 def _incidents(team_id: int, since: datetime, until: datetime) -> list[Incident]:

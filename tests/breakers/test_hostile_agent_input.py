@@ -276,3 +276,42 @@ def test_the_gate_reads_no_byte_before_the_token_is_known(agent, settings):
     assert sum(received) <= settings.AGENT_MAX_BATCH_BYTES + len(chunk)
     # The token lookup ran in asgiref's thread: close its connection before the flush.
     asyncio.run(sync_to_async(connections.close_all, thread_sensitive=True)())
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("declared", [b"9" * 5000, "²".encode(), b"-5", b"1_0"])
+def test_the_gate_takes_any_content_length_without_an_error(agent, declared):
+    """A declared length of 5,000 digits (int() refuses it), a superscript digit (isdigit()
+    takes it, int() does not) or a sign: the gate answered 500; now the huge one is 413 and the
+    malformed ones say nothing (the body's read is bounded anyway)."""
+    import asyncio
+
+    from asgiref.sync import sync_to_async
+    from django.db import connections
+
+    from console.agent_gate import AgentRequestGate
+
+    sent: list[dict] = []
+    reached: list[bytes] = []
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b'{"points": []}', "more_body": False}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    async def app(scope, receive, send):
+        reached.append(b"")
+
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"authorization", f"Bearer {agent.token}".encode()),
+        (b"content-length", declared),
+    ]
+    scope = {"type": "http", "method": "POST", "path": METRICS, "headers": headers}
+    asyncio.run(AgentRequestGate(app)(scope, receive, send))
+    if declared == b"9" * 5000:
+        assert sent[0]["status"] == 413 and reached == []
+    else:
+        assert reached == [b""]  # handed on: the view reads the bounded body
+    asyncio.run(sync_to_async(connections.close_all, thread_sensitive=True)())
