@@ -16,6 +16,8 @@ TEST_ENV := DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) \
 	BRAKELINE_SECRET_KEY=brakeline-test-only-secret-key-not-for-any-deployment \
 	BRAKELINE_NOTIFY_ALLOW_PRIVATE_URLS=true BRAKELINE_DRILL_SCHEDULE=false
 PYTEST_ARGS ?=
+# Options of `manage.py demo`, e.g. make demo DEMO_ARGS="--port 8001" (--host, --simulator...).
+DEMO_ARGS ?=
 
 .PHONY: install demo test lint bench clean faults
 
@@ -30,7 +32,7 @@ install: $(STAMP)
 
 demo: install
 	env -u DATABASE_URL -u REDIS_URL $(BIN)/python manage.py migrate --verbosity 0
-	env -u DATABASE_URL -u REDIS_URL $(BIN)/python manage.py demo
+	env -u DATABASE_URL -u REDIS_URL $(BIN)/python manage.py demo $(DEMO_ARGS)
 
 test: install
 	$(TEST_ENV) $(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Django's command-line utility for administrative tasks."""
 
-import os
 import sys
 
 
 def main() -> None:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    from config.startup import settings_or_exit
+
+    settings_or_exit()  # a variable that does not parse: its one sentence, status 2
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(sys.argv)

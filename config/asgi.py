@@ -4,7 +4,10 @@ import os
 
 from django.core.asgi import get_asgi_application
 
+from config.startup import settings_or_exit
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+settings_or_exit()  # a variable that does not parse: Daphne stops with its one sentence
 django_asgi_application = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up first)

@@ -119,7 +119,8 @@ class DemoRun:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", required=True)
-    parser.add_argument("--token", required=True)
+    # None: the SDK reads BRAKELINE_TOKEN, as the demo passes it (a command line is public).
+    parser.add_argument("--token", default=None)
     parser.add_argument("--job", default="demo-run")
     parser.add_argument("--checkpoint-dir", type=Path, required=True)
     parser.add_argument("--spill-dir", type=Path, required=True)

@@ -12,9 +12,11 @@ which the console checks with Slurm before it binds the job and acts on it throu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,9 +80,23 @@ class Sandbox:
     def exited_early(self) -> bool:
         return not self.alive()
 
+    def describe(self) -> str:
+        """Where the workload runs, for the progress lines (its pid, or its Slurm job)."""
+        if self.process is not None:
+            return f"pid {self.process.pid}"
+        return f"Slurm job {self.slurm_job_id}"
+
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
+        """Kill the workload and whatever it started: the whole session it leads (its own,
+        ``start_new_session``), even once the workload itself has exited, so no child of it
+        (a launcher's ranks, a loader's workers) is left behind as an orphan. The group id is
+        the workload's pid, which the kernel does not reuse while any member of the group is
+        alive."""
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            if self.process.poll() is None:  # not a group leader after all (a test's process)
+                self.process.kill()
             self.process.wait()
         elif self.slurm_job_id and self.alive():
             _slurm(["scancel", self.slurm_job_id])

@@ -7,6 +7,13 @@ steps, the console sends ``inject_fault``. From then on the drill only watches w
 stack does (the Celery workers' rules, the watchdog, the control plane, the notifications) and
 reads the outcome back from the console's own records. Nothing here brakes, pages or saves
 anything itself.
+
+Before anything starts, ``console_health`` asks the console the sandboxes will report to for
+its health (a drill against a console that does not answer would only wait out its deadlines).
+While a scenario runs, its stages go to ``progress`` (the command prints them). Stopped from
+outside (Ctrl-C, SIGTERM: a ``KeyboardInterrupt`` in the main thread), the set is cancelled:
+every wait ends at once, each drill becomes "error", and each sandbox is still ended — through
+the console, briefly, then its whole session killed — before the interrupt goes on.
 """
 
 from __future__ import annotations
@@ -17,7 +24,10 @@ import logging
 import shlex
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -66,19 +76,46 @@ FAULT_METRIC = "drill.fault"  # the SDK's (brakeline._drill.FAULT_METRIC)
 WARM_UP_STEPS = 12  # past the first periodic checkpoint (the workload's, every 10 steps)
 FAULT_MARGIN_STEPS = 8  # the command must reach the job before the fault's step
 MAX_PARALLEL = len(SCENARIOS)  # the whole set at once: it lasts as long as its slowest
+HEALTH_PATH = "/api/v1/health"  # console/api/urls.py: public, 200 healthy or 503 degraded
+HEALTH_TIMEOUT_SECONDS = 5.0
+WARM_UP_PROGRESS_SECONDS = 15.0  # "still waiting for the workload" this often
+CANCELLED_GRACE_SECONDS = 5.0  # a stopped runner's sandbox: this long to take the terminate
+STOPPED = "the drill's runner was stopped (Ctrl-C or SIGTERM)"
 
 
 class DrillError(Exception):
     """The drill could not be carried out (the verdict is then "error", not "failed")."""
 
 
+class DrillCancelled(DrillError):
+    """The runner was stopped (Ctrl-C, SIGTERM) before the drill finished."""
+
+
+# Per drill thread: the set's cancellation and where its progress lines go (run_drill_set).
+_context = threading.local()
+
+
+def _cancelled() -> bool:
+    event = getattr(_context, "cancelled", None)
+    return event is not None and event.is_set()
+
+
+def _say(run: DrillRun, what: str) -> None:
+    say = getattr(_context, "progress", None)
+    if say is not None:
+        say(f"drill #{run.pk} ({run.scenario}): {what}")
+
+
 def _stage(run: DrillRun, what: str) -> None:
     started = run.started_at or timezone.now()
     elapsed = (timezone.now() - started).total_seconds()
     log.info("drill #%s (%s): %s after %.1f s", run.pk, run.scenario, what, elapsed)
+    _say(run, f"{what} after {elapsed:.1f} s")
 
 
-def wait_until(predicate: Callable[[], Any], what: str, timeout: float, sandbox=None) -> Any:
+def wait_until(
+    predicate: Callable[[], Any], what: str, timeout: float, sandbox=None, *, cancellable=True
+) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -86,27 +123,104 @@ def wait_until(predicate: Callable[[], Any], what: str, timeout: float, sandbox=
             return value
         if sandbox is not None and sandbox.exited_early():
             raise DrillError(f"the sandbox exited while waiting for {what}: {sandbox.tail()}")
+        if cancellable and _cancelled():
+            raise DrillCancelled(STOPPED)
         time.sleep(0.1)
     return None
 
 
-def run_drill_set(drill_set: uuid.UUID | str, *, console_url: str | None = None) -> list[DrillRun]:
+def console_health(
+    url: str, timeout: float = HEALTH_TIMEOUT_SECONDS
+) -> tuple[str | None, str | None]:
+    """(problem, note) about the console at ``url``, as its health endpoint answers. A problem
+    is the sentence to stop on: nothing answers there, or not as a Brakeline console. A note
+    says what a console that answers 503 ("degraded": it is there) lacks, which the drill will
+    likely fail on. Asked directly, without the environment's proxies: the sandbox's
+    environment (an allowlist) has none either."""
+    target = url.rstrip("/") + HEALTH_PATH
+    option = (
+        "point the drill at the console its sandboxes should report to with --console-url "
+        "(default BRAKELINE_PUBLIC_URL)."
+    )
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(target, timeout=timeout) as response:
+            body = response.read(65536)
+    except urllib.error.HTTPError as error:
+        if error.code != 503:
+            answer = f"{url} answered {HEALTH_PATH} with HTTP {error.code}"
+            return f"{answer}, so it is not a Brakeline console: {option}", None
+        body = error.read(65536)
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        reason = getattr(error, "reason", None) or error
+        return f"No Brakeline console answers at {url} ({reason}): start it, or {option}", None
+    try:
+        report = json.loads(body)
+        status = report.get("status")
+    except (ValueError, AttributeError):
+        report, status = {}, None
+    if status not in ("ok", "degraded"):
+        return f"{url} answered {HEALTH_PATH} but not as a Brakeline console does: {option}", None
+    return None, _degraded_note(url, report)
+
+
+def _degraded_note(url: str, report: dict[str, Any]) -> str | None:
+    def part(name: str) -> dict[str, Any]:
+        value = report.get(name)
+        return value if isinstance(value, dict) else {}
+
+    lacking = [
+        what
+        for what, missing in (
+            ("its database does not answer", part("database").get("ok") is False),
+            ("Redis does not answer", part("redis").get("ok") is False),
+            ("no Celery worker answers (the rules run there)", part("workers").get("count") == 0),
+            ("its beat is stale (the watchdog runs there)", part("beat").get("stale") is True),
+        )
+        if missing
+    ]
+    if not lacking:
+        return None
+    return f"The console at {url} answers, but {'; '.join(lacking)}: the drill may fail on it."
+
+
+def run_drill_set(
+    drill_set: uuid.UUID | str,
+    *,
+    console_url: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[DrillRun]:
     """Every queued run of the set, at the same time (each on its own sandbox job, so their
-    alerts never group into one page); returns them finished, in the set's order."""
+    alerts never group into one page); returns them finished, in the set's order.
+
+    ``progress`` receives a line per stage of each drill (from the drills' threads). A
+    ``KeyboardInterrupt`` (Ctrl-C, or SIGTERM turned into one by the command) cancels the
+    set: the drills end as "error", their sandboxes are ended, then it is raised again."""
     queued = list(
         DrillRun.objects.filter(drill_set=drill_set, status=DrillStatus.QUEUED).order_by("pk")
     )
     if not queued:
         return []
+    cancelled = threading.Event()
 
     def one(run: DrillRun) -> DrillRun:
+        _context.cancelled, _context.progress = cancelled, progress
         try:
             return run_drill(run, console_url=console_url)
         finally:
             connection.close()  # this thread's own connection
 
-    with ThreadPoolExecutor(max_workers=min(len(queued), MAX_PARALLEL)) as pool:
-        return list(pool.map(one, queued))
+    pool = ThreadPoolExecutor(max_workers=min(len(queued), MAX_PARALLEL))
+    try:
+        futures = [pool.submit(one, run) for run in queued]
+        return [future.result() for future in futures]
+    except BaseException:
+        cancelled.set()  # every wait of every drill ends now; their clean-ups still run
+        if progress is not None:
+            progress("stopping: ending the sandboxes of the drill set")
+        raise
+    finally:
+        pool.shutdown(wait=True)  # a run not started yet starts, sees the cancel, ends
 
 
 def run_drill(run: DrillRun, *, console_url: str | None = None) -> DrillRun:
@@ -118,16 +232,23 @@ def run_drill(run: DrillRun, *, console_url: str | None = None) -> DrillRun:
         work_dir = runs.drill_folder() / str(run.drill_set) / f"{run.pk}-{run.scenario}"
         url = console_url or str(settings.BRAKELINE_PUBLIC_URL)
         arguments = workload_arguments(run, work_dir)
+        if _cancelled():
+            raise DrillCancelled(STOPPED)
         sandbox = launch_sandbox(run.executor, job, token, url, work_dir, arguments)
+        _say(run, f"workload started ({sandbox.describe()}) on job {job.pk}, reporting to {url}")
         facts, figures = _drive(run, scenario, job, sandbox)
         lines = score(scenario, facts)
-        return runs.finish(run, lines, **figures)
+        finished = runs.finish(run, lines, **figures)
+        _say(finished, f"{finished.status}; ending its sandbox")
+        return finished
     except Exception as error:  # a bug of ours too: no drill is left "running" for ever
         known = isinstance(error, (DrillError, ServiceError, OSError))
         say = log.warning if known else log.exception
         say("drill #%s (%s) could not be carried out: %s", run.pk, run.scenario, error)
         runs.fail_with_error(run, f"{type(error).__name__}: {error}")
         run.refresh_from_db()
+        first_line = (str(error).splitlines() or [type(error).__name__])[0]
+        _say(run, f"could not be carried out: {first_line}")
         return run
     finally:
         if sandbox is not None:
@@ -159,12 +280,22 @@ def _sandbox_job(run: DrillRun) -> tuple[Job, str]:
 def _drive(
     run: DrillRun, scenario: Scenario, job: Job, sandbox: Sandbox
 ) -> tuple[Facts, dict[str, Any]]:
-    stepping = wait_until(
-        lambda: Job.objects.filter(pk=job.pk, current_step__gte=WARM_UP_STEPS).exists(),
-        f"{WARM_UP_STEPS} steps of the workload",
-        timeout=300,  # importing torch and stepping on a loaded machine: generous
-        sandbox=sandbox,
-    )
+    # Importing torch and stepping on a loaded machine: generous. Said every little while, so
+    # a workload that cannot reach the console does not look like a runner that hung.
+    deadline = time.monotonic() + 300
+    stepping = None
+    while not stepping and time.monotonic() < deadline:
+        stepping = wait_until(
+            lambda: Job.objects.filter(pk=job.pk, current_step__gte=WARM_UP_STEPS).exists(),
+            f"{WARM_UP_STEPS} steps of the workload",
+            timeout=min(WARM_UP_PROGRESS_SECONDS, deadline - time.monotonic()),
+            sandbox=sandbox,
+        )
+        if not stepping:
+            step = Job.objects.filter(pk=job.pk).values_list("current_step", flat=True).first()
+            seen = f"at step {step}" if step is not None else "no heartbeat or metric yet"
+            waited = 300 - max(0.0, deadline - time.monotonic())
+            _say(run, f"waiting for step {WARM_UP_STEPS} of the workload ({seen}, {waited:.0f} s)")
     if not stepping:
         raise DrillError(f"the workload never reached step {WARM_UP_STEPS}: {sandbox.tail()}")
     return _observe(run, scenario, job, sandbox)
@@ -404,13 +535,20 @@ def _loads(verifier: subprocess.Popen, checkpoint: dict[str, Any], corrupt: bool
         middle = len(data) // 2
         data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
         path.write_bytes(bytes(data))
-    named = json.dumps({"path": str(path), "sha256": checkpoint["sha256"]}) + "\n"
-    try:
-        stdout, stderr = verifier.communicate(named, timeout=180)
-    except subprocess.TimeoutExpired:
-        verifier.kill()
-        verifier.wait()
-        return {"loads": False, "error": "the fresh process did not finish within 180 s"}
+    named: str | None = json.dumps({"path": str(path), "sha256": checkpoint["sha256"]}) + "\n"
+    deadline = time.monotonic() + 180
+    while True:  # in short slices: a stopped runner does not wait the 180 s out
+        try:
+            stdout, stderr = verifier.communicate(named, timeout=1.0)
+            break
+        except subprocess.TimeoutExpired:
+            named = None  # sent already (communicate keeps it, and what was read, on a retry)
+            if _cancelled() or time.monotonic() > deadline:
+                verifier.kill()
+                verifier.communicate()
+                if _cancelled():
+                    raise DrillCancelled(STOPPED) from None
+                return {"loads": False, "error": "the fresh process did not finish within 180 s"}
     lines = stdout.strip().splitlines()
     try:
         return json.loads(lines[-1]) if lines else {"loads": False, "error": stderr[-500:]}
@@ -467,15 +605,21 @@ def _timeline_kinds(alert: Alert) -> list[str]:
 
 
 def _clean_up(run: DrillRun, sandbox: Sandbox) -> None:
-    """End the sandbox (terminate through the console, then the executor), stop the pages."""
-    job = run.job
-    if job is not None:
-        for alert_id in Alert.objects.filter(job=job).values_list("pk", flat=True):
-            stop_notifications(alert_id)
-        if sandbox.alive():
-            # A job that takes no terminate any more: the executor ends it below.
-            with contextlib.suppress(ServiceError):
-                issue_command(job.pk, CommandKind.TERMINATE, reason=f"fire drill #{run.pk} over")
-            wait_until(lambda: not sandbox.alive(), "the sandbox to end", 20)
-    sandbox.stop()
+    """End the sandbox (terminate through the console, then the executor), stop the pages.
+    The sandbox is stopped whatever happens before (a stopped runner waits less for it)."""
+    try:
+        job = run.job
+        if job is not None:
+            for alert_id in Alert.objects.filter(job=job).values_list("pk", flat=True):
+                stop_notifications(alert_id)
+            if sandbox.alive():
+                # A job that takes no terminate any more: the executor ends it below.
+                with contextlib.suppress(ServiceError):
+                    reason = f"fire drill #{run.pk} over"
+                    issue_command(job.pk, CommandKind.TERMINATE, reason=reason)
+                grace = CANCELLED_GRACE_SECONDS if _cancelled() else 20
+                # Not cancellable: this is the one wait a stopped runner still makes.
+                wait_until(lambda: not sandbox.alive(), "its end", grace, cancellable=False)
+    finally:
+        sandbox.stop()
     log.info("drill #%s (%s) cleaned up at %s", run.pk, run.scenario, timezone.now())

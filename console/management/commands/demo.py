@@ -40,6 +40,9 @@ DEMO_USERS = {
 }
 
 
+TRAINING_SCRIPT = Path(__file__).resolve().parents[2] / "demo_training.py"
+
+
 def set_up_demo_data() -> tuple[str, str]:
     """Demo users and a new demo job; returns the job's name and its agent token.
 
@@ -192,11 +195,12 @@ class Command(BaseCommand):
         run.run(max_steps=options["steps"])
 
     def train(self, url: str, token: str, job_name: str, options: dict) -> None:
-        """The real training run, in its own process: it must not share this one's Django."""
+        """The real training run, in its own process: it must not share this one's Django.
+        Its token goes through the environment only (BRAKELINE_TOKEN), never on its command
+        line, which every user of the machine reads (`ps`, /proc/PID/cmdline)."""
         data = Path(settings.DATA_DIR)
         command = [
-            sys.executable, "-P", str(Path(__file__).resolve().parents[2] / "demo_training.py"),
-            "--url", url, "--token", token, "--job", job_name,
+            sys.executable, "-P", str(TRAINING_SCRIPT), "--url", url, "--job", job_name,
             "--checkpoint-dir", str(data / "checkpoints" / job_name),
             "--spill-dir", str(data / "spill"), "--diverge-at", str(options["diverge_at"] or 500),
         ]  # fmt: skip
