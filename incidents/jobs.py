@@ -281,16 +281,19 @@ def record_heartbeat(
         # under the row lock that metrics ingest takes too, not in an UPDATE of its own.
         job.current_step = max(step, job.current_step if job.current_step is not None else step)
         job.save(update_fields=[*JOB_HEARTBEAT_FIELDS, "current_step"])
+        moved = False
         if status == AgentStatus.FINISHED and _every_rank_finished(job):
-            move_job(job_id, finish_event, heartbeat_deadline=None)
+            moved = move_job(job_id, finish_event, heartbeat_deadline=None)
         elif job.status in job_statuses_for("start"):  # read under the lock: the first moves it
-            mark_job_running(job_id)
+            moved = mark_job_running(job_id)
         elif status == AgentStatus.RUNNING and new_process:
-            _restarted_outside(job, seat, now)
+            moved = _restarted_outside(job, seat, now)
         back = job.heartbeat_deadline is None or job.heartbeat_deadline >= now
         if job.heartbeat_overdue_since is not None and back:
             _end_heartbeat_silence(job, now)
-    job.refresh_from_db()
+            moved = True
+    if moved:  # another statement changed the row: read it back (a steady beat reads nothing)
+        job.refresh_from_db()
     return job
 
 
@@ -320,11 +323,12 @@ def _refuse_a_new_run(job: Job, rank: int, pid: int | None) -> None:
         )
 
 
-def _restarted_outside(job: Job, seat: JobRank, now: datetime) -> None:
+def _restarted_outside(job: Job, seat: JobRank, now: datetime) -> bool:
     """A process other than the one that paused says it trains: the job runs again (the
-    "restart" event, from paused only), written on its open incident in the same transaction."""
+    "restart" event, from paused only), written on its open incident in the same transaction.
+    Whether it moved."""
     if job.status not in job_statuses_for("restart") or not move_job(job.pk, "restart"):
-        return
+        return False
     incident = job.incidents.filter(status__in=ACTIVE_INCIDENT_STATUSES).first()
     if incident is not None:
         append_timeline(
@@ -337,6 +341,7 @@ def _restarted_outside(job: Job, seat: JobRank, now: datetime) -> None:
             actor_kind=ActorKind.AGENT,
             data={"restart": True, "rank": seat.rank, "pid": seat.pid},
         )
+    return True
 
 
 def _record_rank(
