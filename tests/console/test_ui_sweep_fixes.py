@@ -146,3 +146,15 @@ def test_the_drills_trend_draws_a_dot_per_drill_even_for_one(team):
     trend = html[html.index('id="brake-trend"') :]
     dots = re.findall(r'<path d="M([\d.]+) ([\d.]+)h0"', trend[: trend.index("</section>")])
     assert [x for x, _ in dots] == ["0", "320"] and dots[1][1] == "52"
+
+
+@pytest.mark.parametrize(
+    ("kind", "words"),
+    [("pause_data", "Pause data loading"), ("lower_lr", "Lower the learning rate"),
+     ("isolate_node", "Isolate node"), ("something_new", "something_new")],
+)  # fmt: skip
+def test_a_requested_command_is_named_in_words_from_the_control_planes_labels(kind, words):
+    from django.template.loader import render_to_string
+
+    html = render_to_string("partials/command_kind.html", {"kind": kind})
+    assert f"<b>{words}</b>" in html and f'<code class="muted">{kind}</code>' in html
