@@ -12,6 +12,8 @@ bench/ranks_sync.py, not a test: it prints "N of N held at the same step".
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -38,7 +40,11 @@ def torchrun(tmp_path, env, ranks: int, *args: str) -> subprocess.Popen:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc_per_node", str(ranks), str(SCRIPTS / "train_rank_sync.py"), str(tmp_path),
                "--nan-at", str(NAN_AT), *args]  # fmt: skip
-    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    # A session of its own: a failing test kills torchrun's whole group, ranks included (a
+    # SIGKILL to torchrun alone left its ranks running, found after a failure).
+    return subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 @pytest.mark.parametrize(
@@ -85,7 +91,7 @@ def test_a_nan_on_one_rank_holds_every_rank_at_the_same_step(
         assert process.wait(timeout=120) == 0, log.read_text()[-3000:]
     finally:
         if process.poll() is None:
-            process.kill()
+            os.killpg(process.pid, signal.SIGKILL)
             process.wait()
     reports = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(ranks)]
     assert all(r["held_at"] == [command.apply_at_step] for r in reports), reports
