@@ -39,11 +39,12 @@ from incidents.alerts.lifecycle import (
     AlertOutcome,
     AlertSignal,
     active_alert,
+    append_timeline,
     raise_or_update_alert,
     resolve_alert,
     settle_incident,
 )
-from incidents.models import Job, Layer
+from incidents.models import Job, Layer, TimelineEntry, TimelineKind
 from incidents.notifications.delivery import notify_alert
 
 log = logging.getLogger(__name__)
@@ -219,6 +220,8 @@ class _Run:
         self.rules = {rule.key: rule for rule in rules}
         self.fingerprint = ruleset_fingerprint(rules)
         self.evaluator = _restore(rules, state.state, job_id)
+        self._resume: tuple[int, float, int] | None = None
+        self._resume_read = False  # read once per run, and only when a rule fires (rare)
         self.open: dict[tuple[str, str], set[Series]] = defaultdict(set)
         for episode in self.evaluator.open_episodes():
             fingerprint = (episode["rule"], episode["node"] or "")
@@ -270,6 +273,8 @@ class _Run:
         if finding.kind == "clear":
             self._series_cleared(rule.key, node, series, finding.description, finding.step)
             return
+        if self._logged_before_resume(finding, rule.key, node):
+            return
         firing = self.open[(rule.key, node)]
         firing.add(series)
         outcome = raise_or_update_alert(self.job_id, _signal(finding, node, _ranks_firing(firing)))
@@ -277,6 +282,36 @@ class _Run:
         self.report.escalated += outcome.escalated
         if outcome.action_due and outcome.alert.incident_id is not None:
             on_alert_raised(outcome)
+
+    def _logged_before_resume(self, finding: Finding, rule_key: str, node: str) -> bool:
+        """A point the job logged before its last resume, at or before the step it resumed
+        from, but evaluated only after the resume (late over the network, or a backed-up
+        worker): the resume re-armed the brake's rules, so without this check that old point
+        would raise a new alert and brake the resumed run again for an anomaly already
+        braked. It is recorded on the incident and its series re-armed (the next anomalous
+        point fires). Both conditions are needed: a restarted process logs low steps again
+        *after* the resume, and a resumed run logs later steps; those brake as usual."""
+        if active_alert(self.job_id, rule_key, node) is not None:
+            return False  # an open alert takes the point as an update, never a new brake
+        if not self._resume_read:
+            self._resume, self._resume_read = _last_resume(self.job_id), True
+        if self._resume is None:
+            return False
+        step, at, incident_id = self._resume
+        if finding.step > step or finding.time > at:
+            return False
+        self.evaluator.rearm(rule_key, node)
+        append_timeline(
+            incident_id,
+            TimelineKind.NOTE,
+            f"{finding.metric} at step {finding.step} ({finding.description}) was logged "
+            f"before training resumed from step {step} and reached the rules only after: "
+            "that anomaly was already braked, so it does not brake the resumed run",
+            step=finding.step,
+            data={"event": "logged_before_resume", "rule": rule_key, "node": node},
+        )
+        log.info("job %s: %s at step %s logged before the resume", self.job_id, rule_key, step)
+        return True
 
     def _series_cleared(
         self, rule_key: str, node: str, series: Series, reason: str, step: int | None
@@ -288,6 +323,21 @@ class _Run:
         alert = active_alert(self.job_id, rule_key, node)
         if alert is not None and resolve_alert(alert.pk, reason=reason, step=step):
             self.report.resolved += 1
+
+
+def _last_resume(job_id: int) -> tuple[int, float, int] | None:
+    """(step, epoch seconds, incident id) of the job's last resume with a known step."""
+    row = (
+        TimelineEntry.objects.filter(
+            incident__job_id=job_id, kind=TimelineKind.RESUMED, step__isnull=False
+        )
+        .order_by("-at", "-pk")
+        .values_list("step", "at", "incident_id")
+        .first()
+    )
+    if row is None or row[0] is None:
+        return None
+    return (row[0], row[1].timestamp(), row[2])
 
 
 def _ranks_firing(firing: set[Series]) -> str:
