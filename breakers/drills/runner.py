@@ -8,8 +8,9 @@ stack does (the Celery workers' rules, the watchdog, the control plane, the noti
 reads the outcome back from the console's own records. Nothing here brakes, pages or saves
 anything itself.
 
-Before anything starts, ``console_health`` asks the console the sandboxes will report to for
-its health (a drill against a console that does not answer would only wait out its deadlines).
+Before anything starts, the drill command asks the console the sandboxes will report to for
+its health (``console_check``: a drill against a console that does not answer would only wait
+out its deadlines).
 While a scenario runs, its stages go to ``progress`` (the command prints them). Stopped from
 outside (Ctrl-C, SIGTERM: a ``KeyboardInterrupt`` in the main thread), the set is cancelled:
 every wait ends at once, each drill becomes "error", and each sandbox is still ended — through
@@ -26,8 +27,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -76,8 +75,6 @@ FAULT_METRIC = "drill.fault"  # the SDK's (brakeline._drill.FAULT_METRIC)
 WARM_UP_STEPS = 12  # past the first periodic checkpoint (the workload's, every 10 steps)
 FAULT_MARGIN_STEPS = 8  # the command must reach the job before the fault's step
 MAX_PARALLEL = len(SCENARIOS)  # the whole set at once: it lasts as long as its slowest
-HEALTH_PATH = "/api/v1/health"  # console/api/urls.py: public, 200 healthy or 503 degraded
-HEALTH_TIMEOUT_SECONDS = 5.0
 WARM_UP_PROGRESS_SECONDS = 15.0  # "still waiting for the workload" this often
 CANCELLED_GRACE_SECONDS = 5.0  # a stopped runner's sandbox: this long to take the terminate
 STOPPED = "the drill's runner was stopped (Ctrl-C or SIGTERM)"
@@ -127,61 +124,6 @@ def wait_until(
             raise DrillCancelled(STOPPED)
         time.sleep(0.1)
     return None
-
-
-def console_health(
-    url: str, timeout: float = HEALTH_TIMEOUT_SECONDS
-) -> tuple[str | None, str | None]:
-    """(problem, note) about the console at ``url``, as its health endpoint answers. A problem
-    is the sentence to stop on: nothing answers there, or not as a Brakeline console. A note
-    says what a console that answers 503 ("degraded": it is there) lacks, which the drill will
-    likely fail on. Asked directly, without the environment's proxies: the sandbox's
-    environment (an allowlist) has none either."""
-    target = url.rstrip("/") + HEALTH_PATH
-    option = (
-        "point the drill at the console its sandboxes should report to with --console-url "
-        "(default BRAKELINE_PUBLIC_URL)."
-    )
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(target, timeout=timeout) as response:
-            body = response.read(65536)
-    except urllib.error.HTTPError as error:
-        if error.code != 503:
-            answer = f"{url} answered {HEALTH_PATH} with HTTP {error.code}"
-            return f"{answer}, so it is not a Brakeline console: {option}", None
-        body = error.read(65536)
-    except (urllib.error.URLError, OSError, ValueError) as error:
-        reason = getattr(error, "reason", None) or error
-        return f"No Brakeline console answers at {url} ({reason}): start it, or {option}", None
-    try:
-        report = json.loads(body)
-        status = report.get("status")
-    except (ValueError, AttributeError):
-        report, status = {}, None
-    if status not in ("ok", "degraded"):
-        return f"{url} answered {HEALTH_PATH} but not as a Brakeline console does: {option}", None
-    return None, _degraded_note(url, report)
-
-
-def _degraded_note(url: str, report: dict[str, Any]) -> str | None:
-    def part(name: str) -> dict[str, Any]:
-        value = report.get(name)
-        return value if isinstance(value, dict) else {}
-
-    lacking = [
-        what
-        for what, missing in (
-            ("its database does not answer", part("database").get("ok") is False),
-            ("Redis does not answer", part("redis").get("ok") is False),
-            ("no Celery worker answers (the rules run there)", part("workers").get("count") == 0),
-            ("its beat is stale (the watchdog runs there)", part("beat").get("stale") is True),
-        )
-        if missing
-    ]
-    if not lacking:
-        return None
-    return f"The console at {url} answers, but {'; '.join(lacking)}: the drill may fail on it."
 
 
 def run_drill_set(

@@ -24,7 +24,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from breakers.drills import runs
-from breakers.drills.runner import console_health
+from breakers.drills.console_check import console_health
 from breakers.models import DrillRun, DrillStatus
 from incidents.models import Team
 from tests.conftest import ROOT, free_port, server_environment

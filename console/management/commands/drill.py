@@ -16,7 +16,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from breakers.drills import runs
-from breakers.drills.runner import console_health, run_drill_set
+from breakers.drills.console_check import console_health
+from breakers.drills.runner import run_drill_set
 from breakers.models import DrillRun, DrillStatus
 from core.errors import ServiceError
 from incidents.models import Team
