@@ -10,9 +10,8 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
-from django.db import transaction
-from django.db.models import F, Min
-from django.db.models.functions import Coalesce, Greatest
+from django.db import connection, transaction
+from django.db.models import Min
 from django.utils import timezone
 
 from core.errors import Conflict, InvalidInput, Unauthenticated
@@ -206,12 +205,24 @@ def mark_job_running(job_id: int) -> bool:
     return move_job(job_id, "start")
 
 
-def advance_current_step(job_id: int, step: int | None, **other_fields: object) -> None:
-    """current_step only moves forward (a late batch of old points must not rewind it)."""
-    if step is not None:
-        # Coalesce: SQLite's MAX() of NULL and a number is NULL, PostgreSQL's GREATEST is not.
-        other_fields["current_step"] = Greatest(Coalesce(F("current_step"), step), step)
-    Job.objects.filter(pk=job_id).update(**other_fields)
+# Every metrics batch of every rank runs this UPDATE: plain SQL (both databases), since the
+# ORM's building of it cost more than PostgreSQL's running it. current_step only moves
+# forward: a late batch of old points must not rewind it.
+_ADVANCE_SQL = (
+    f"UPDATE {Job._meta.db_table} SET last_metric_at = %s, current_step = CASE "
+    "WHEN current_step IS NULL OR current_step < %s THEN %s ELSE current_step END WHERE id = %s"
+)
+_TOUCH_SQL = f"UPDATE {Job._meta.db_table} SET last_metric_at = %s WHERE id = %s"
+
+
+def advance_current_step(job_id: int, step: int | None, last_metric_at: datetime) -> None:
+    """A batch arrived: the job's newest metric time, and its step if the batch is ahead."""
+    moment = connection.ops.adapt_datetimefield_value(last_metric_at)
+    with connection.cursor() as cursor:
+        if step is None:
+            cursor.execute(_TOUCH_SQL, [moment, job_id])
+        else:
+            cursor.execute(_ADVANCE_SQL, [moment, step, step, job_id])
 
 
 def heartbeat_timeout_seconds(job: Job, step_time: float | None = None) -> float:
