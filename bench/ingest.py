@@ -12,7 +12,9 @@ them) over a keep-alive connection. In the same run, in interleaved rounds:
   own venv, its own database), the same points through its REST ``runs/log-batch``, one run
   per client;
 * raw PostgreSQL ``COPY`` (binary) of the same rows into the same table, one connection per
-  client: the floor of what PostgreSQL takes in with this row layout.
+  client: the floor of what PostgreSQL takes in with this row layout;
+* the same points COPYed as compacted blocks (one ``MetricBlock`` row per batch and rank):
+  what PostgreSQL would take in if ingest wrote blocks (docs/architecture.md, not built).
 
 Printed: points/s (median [min–max] over the rounds) for 1 and 4 clients, the ratios against
 MLflow and COPY, the evaluation lag (p95 seconds by which evaluation trails the
@@ -219,18 +221,44 @@ def run_mlflow(url: str, runs: list[str], seconds: float, offsets: dict[str, int
     return sum(counts)
 
 
-def run_copy(connections: list, job_ids: list[int], seconds: float) -> int:
+def block_rows(job_id: int, offset: int, base: float) -> list[tuple]:
+    """The same batch as compaction stores it (breakers/storage/compaction.py): one
+    ``MetricBlock`` row for the rank, the 10 metrics × 100 steps as one 2-D array."""
+    from breakers.storage.compaction import blocks_of
+
+    points = [
+        (number, name, step, round(moment.timestamp() * 1e6), value, node, rank)
+        for number, (_, name, step, moment, value, node, rank) in enumerate(
+            copy_batch(job_id, offset, base), start=1
+        )
+    ]
+    return [block.row(job_id) for block in blocks_of(points)]
+
+
+def run_copy(connections: list, job_ids: list[int], seconds: float, blocks: bool = False) -> int:
+    """COPY of the batches' points: one row each (the table ingest writes today), or with
+    ``blocks`` one block row per batch and rank (what ingest writing blocks would store; the
+    blocks are built before the clock runs, so this is PostgreSQL's part alone)."""
     from breakers.agent.store import copy_rows
+    from breakers.storage.compaction import COPY_BLOCK_TYPES, COPY_BLOCKS_SQL
 
     counts = [0] * len(job_ids)
-    stop_at, base = time.monotonic() + seconds, time.time()
+    base = time.time()
+    ready = range(64) if blocks else range(0)  # batches built ahead, used round in turn
+    prepared = {job_id: [block_rows(job_id, n * STEPS, base) for n in ready] for job_id in job_ids}
+    stop_at = time.monotonic() + seconds
 
     def client(index: int) -> None:
-        connection, offset = connections[index], 0
+        connection, offset, job_id = connections[index], 0, job_ids[index]
         while time.monotonic() < stop_at:
-            rows = copy_batch(job_ids[index], offset, base)
             with connection.transaction(), connection.cursor() as cursor:
-                copy_rows(cursor, rows)
+                if blocks:
+                    with cursor.copy(COPY_BLOCKS_SQL) as copy:
+                        copy.set_types(COPY_BLOCK_TYPES)
+                        for row in prepared[job_id][(offset // STEPS) % 64]:
+                            copy.write_row(row)
+                else:
+                    copy_rows(cursor, copy_batch(job_id, offset, base))
             counts[index] += BATCH
             offset += STEPS
 
@@ -312,7 +340,7 @@ class Bench:
         import psycopg
 
         with psycopg.connect(self.dsn, autocommit=True) as connection:
-            connection.execute("TRUNCATE breakers_metricpoint")
+            connection.execute("TRUNCATE breakers_metricpoint, breakers_metricblock")
         self.admin.execute(f'DROP DATABASE IF EXISTS "{self.mlflow_database}" WITH (FORCE)')
 
     def new_jobs(self, count: int) -> list[tuple[int, str]]:
@@ -353,6 +381,7 @@ class Bench:
             return run_small(stack.urls[1], jobs, self.args.seconds, kind), time.monotonic()
 
         requests, elapsed, per_request = self._measured(stack, {}, work)
+        self.finish(stack.urls[1], jobs)  # no silence alerts from them in later measurements
         return Result(requests / elapsed, cpu=per_request)
 
     def brakeline(self, stack, clients: int, web: int = 1) -> Result:
@@ -410,8 +439,12 @@ class Bench:
         points, elapsed, cpu = self._measured(stack, {"mlflow": pid}, work)
         return Result(points / elapsed, cpu=cpu)
 
-    def copy(self, stack, clients: int) -> Result:
+    def copy(self, stack, clients: int, blocks: bool = False) -> Result:
         import psycopg
+
+        from breakers.storage import partitions
+
+        partitions.ensure(datetime.now(UTC), datetime.now(UTC))  # the blocks' day
 
         while len(self.copy_job_ids) < clients:
             self.copy_job_ids.append(self.new_jobs(1)[0][0])  # never evaluated: no task
@@ -419,7 +452,9 @@ class Bench:
             self.copy_connections.append(psycopg.connect(self.dsn))
 
         def work() -> tuple[int, float]:
-            points = run_copy(self.copy_connections, self.copy_job_ids[:clients], self.args.seconds)
+            points = run_copy(
+                self.copy_connections, self.copy_job_ids[:clients], self.args.seconds, blocks
+            )
             return points, time.monotonic()
 
         points, elapsed, cpu = self._measured(stack, {}, work)
@@ -445,7 +480,8 @@ def _cpu(results: list[Result]) -> str:
 def print_table(results: dict, clients: tuple[int, ...], mlflow_version: str) -> None:
     rows = [("Brakeline (Daphne+HAProxy, prefork worker, beat)", "brakeline"),
             (f"MLflow {mlflow_version} server on PostgreSQL", "mlflow"),
-            ("raw PostgreSQL COPY of the same rows", "copy")]  # fmt: skip
+            ("raw PostgreSQL COPY of the same rows", "copy"),
+            ("… of the same points as blocks (not built: the plan)", "blocks")]  # fmt: skip
     print(
         f"\n{'points/s, median [min–max]':52}"
         + "".join(f"{c} client(s)".rjust(24) for c in clients)
@@ -467,7 +503,7 @@ def print_table(results: dict, clients: tuple[int, ...], mlflow_version: str) ->
         f"{max(r.behind_at_end for r in results[('brakeline', c)]):,}".rjust(24)
         for c in clients))  # fmt: skip
     print("\nCPU µs per point (median), by process:")
-    for key in ("brakeline", "mlflow", "copy"):
+    for key in ("brakeline", "mlflow", "copy", "blocks"):
         for c in clients:
             if results.get((key, c)):
                 print(f"  {key:10} {c} client(s): {_cpu(results[(key, c)])}")
@@ -560,6 +596,8 @@ def main() -> None:
                     results.setdefault(("mlflow", count), []).append(
                         bench.mlflow(running, ml_url, ml_pid, runs[:count]))  # fmt: skip
                 results.setdefault(("copy", count), []).append(bench.copy(running, count))
+                results.setdefault(("blocks", count), []).append(
+                    bench.copy(running, count, blocks=True))  # fmt: skip
             for web in range(1, args.web + 1):
                 results.setdefault(("scale", web), []).append(
                     bench.brakeline(running, max(clients), web))  # fmt: skip
