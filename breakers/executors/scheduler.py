@@ -14,7 +14,7 @@ import hashlib
 import logging
 
 from django.core.cache import cache
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from breakers.agent.protocol import HeartbeatIn
@@ -24,6 +24,10 @@ from incidents.alerts.lifecycle import append_timeline
 from incidents.models import Job, TimelineKind
 
 log = logging.getLogger(__name__)
+_UNBIND_SQL = (
+    f"UPDATE {SchedulerBinding._meta.db_table} SET executor = %s, updated_at = %s "
+    "WHERE job_id = %s AND executor = %s AND executor_pinned = %s"
+)
 
 
 def record_scheduler_context(job_id: int, heartbeat: HeartbeatIn) -> None:
@@ -34,10 +38,20 @@ def record_scheduler_context(job_id: int, heartbeat: HeartbeatIn) -> None:
     (``bind_if_confirmed``) and binds the job only if Slurm confirms it; the web process needs
     no Slurm client, and a heartbeat never waits for Slurm."""
     if not heartbeat.slurm_job_id:
-        # The job runs outside Slurm now: an automatic Slurm binding no longer applies.
-        SchedulerBinding.objects.filter(
-            job_id=job_id, executor=ExecutorKind.SLURM, executor_pinned=False
-        ).update(executor=ExecutorKind.LOCAL, updated_at=timezone.now())
+        # The job runs outside Slurm now: an automatic Slurm binding no longer applies. Plain
+        # SQL (both databases): every heartbeat outside Slurm runs it, and it changes nothing
+        # almost always, so the ORM's building of it was most of its cost.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _UNBIND_SQL,
+                [
+                    ExecutorKind.LOCAL.value,
+                    connection.ops.adapt_datetimefield_value(timezone.now()),
+                    job_id,
+                    ExecutorKind.SLURM.value,
+                    False,
+                ],
+            )
         return
     reported = {
         "slurm_job_id": heartbeat.slurm_job_id,
