@@ -222,6 +222,7 @@ class _Run:
         self.evaluator = _restore(rules, state.state, job_id)
         self._resume: tuple[int, float, int] | None = None
         self._resume_read = False  # read once per run, and only when a rule fires (rare)
+        self._noted: set[tuple[str, str]] = set()
         self.open: dict[tuple[str, str], set[Series]] = defaultdict(set)
         for episode in self.evaluator.open_episodes():
             fingerprint = (episode["rule"], episode["node"] or "")
@@ -301,6 +302,9 @@ class _Run:
         if finding.step > step or finding.time > at:
             return False
         self.evaluator.rearm(rule_key, node)
+        if (rule_key, node) in self._noted:
+            return True  # a big job's ranks all send theirs late: one note per rule and run
+        self._noted.add((rule_key, node))
         append_timeline(
             incident_id,
             TimelineKind.NOTE,

@@ -75,6 +75,16 @@ def test_the_guards_point_of_the_braked_step_arriving_late_does_not_brake_again(
     assert Job.objects.get(pk=agent.job_id).status == JobStatus.RUNNING
 
 
+def test_every_ranks_late_point_is_one_note_and_no_brake(agent, resumed):
+    logged = resumed - timedelta(seconds=2)
+    late = [PointIn("guard.skipped_updates", NAN_AT, 1.0, logged, None, r) for r in range(8)]
+    store_points(agent.job_id, late)
+    evaluate_job(agent.job_id)
+    assert len(_pauses(agent.job_id)) == 1
+    notes = TimelineEntry.objects.filter(data__event="logged_before_resume")
+    assert notes.count() == 1
+
+
 def test_a_recurrence_after_the_resume_still_brakes_in_the_same_chunk(agent, resumed):
     logged = resumed - timedelta(seconds=2)
     store_points(
