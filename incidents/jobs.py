@@ -29,8 +29,10 @@ from incidents.alerts.lifecycle import (  # noqa: F401
     append_timeline,
     raise_or_update_alert,
     resolve_alert,
+    settle_incident,
 )
 from incidents.models import (
+    ACTIVE_ALERT_STATUSES,
     ACTIVE_INCIDENT_STATUSES,
     FINAL_JOB_STATUSES,
     JOB_EVENTS,
@@ -38,6 +40,8 @@ from incidents.models import (
     ActorKind,
     AgentStatus,
     AgentToken,
+    Alert,
+    Incident,
     Job,
     JobKind,
     JobRank,
@@ -169,6 +173,27 @@ def revoke_agent_tokens(job: Job) -> int:
     return AgentToken.objects.filter(job=job, revoked_at__isnull=True).update(
         revoked_at=timezone.now()
     )
+
+
+def retire_job(job_id: int, reason: str, now: datetime | None = None) -> bool:
+    """A run known to be over though it never said so (its process is gone: the demo was
+    started again): terminated, with ``reason`` on its incident's timeline, and its alerts
+    resolved, so its incident resolves and nothing shows it paused with an L3 firing for
+    ever. Its history stays. False when the job was final already (then nothing changes)."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        if not move_job(job_id, "terminate", heartbeat_deadline=None):
+            return False
+        incident = Incident.objects.filter(
+            job_id=job_id, status__in=ACTIVE_INCIDENT_STATUSES
+        ).first()
+        if incident is not None:
+            append_timeline(incident.pk, TimelineKind.TERMINATED, f"Run over: {reason}", at=now)
+        firing = Alert.objects.filter(job_id=job_id, status__in=ACTIVE_ALERT_STATUSES)
+        for alert_id in firing.values_list("pk", flat=True):
+            resolve_alert(alert_id, reason=f"the run is over: {reason}", now=now)
+        settle_incident(job_id, None, now=now)
+    return True
 
 
 # Every request of every rank starts here: one plain statement (a raw queryset builds the Job

@@ -110,12 +110,29 @@ def test_the_demo_trains_for_real_diverges_and_is_braked_and_runs_again(tmp_path
     braked, output = run_until_braked(tmp_path, braked_before=1)
     assert len(braked) == 2, output
     check_braked(braked[1], "demo-run-2")
-    # The earlier run and its incident are kept; only the new job can still report.
+    # The earlier run and its incident are kept, its run over (terminated, its alerts and
+    # incident resolved, a row saying why); only the new job can still report.
     assert query(tmp_path, "SELECT name, status FROM incidents_job ORDER BY id") == [
-        ("demo-run", "paused"),
+        ("demo-run", "terminated"),
         ("demo-run-2", "paused"),
     ]
-    assert query(tmp_path, "SELECT COUNT(*) FROM incidents_incident") == [(2,)]
+    incidents = query(
+        tmp_path,
+        "SELECT j.name, i.status FROM incidents_incident i JOIN incidents_job j ON j.id = i.job_id "
+        "ORDER BY i.id",
+    )
+    assert len(incidents) == 2 and incidents[0] == ("demo-run", "resolved"), incidents
+    assert query(
+        tmp_path,
+        "SELECT COUNT(*) FROM incidents_alert a JOIN incidents_job j ON j.id = a.job_id "
+        "WHERE j.name = 'demo-run' AND a.status != 'resolved'",
+    ) == [(0,)]
+    assert query(
+        tmp_path,
+        "SELECT COUNT(*) FROM incidents_timelineentry t JOIN incidents_incident i "
+        "ON i.id = t.incident_id JOIN incidents_job j ON j.id = i.job_id "
+        "WHERE j.name = 'demo-run' AND t.kind = 'terminated' AND t.message LIKE '%started again%'",
+    ) == [(1,)]
     assert query(
         tmp_path,
         "SELECT COUNT(*) FROM incidents_agenttoken t JOIN incidents_job j ON j.id = t.job_id "

@@ -26,12 +26,13 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from console.simulator import SimulatedRun
-from incidents.jobs import create_job, revoke_agent_tokens
+from incidents.jobs import create_job, retire_job, revoke_agent_tokens
 from incidents.models import Job, Membership, Role, Team
 
 DEMO_TEAM = "demo"
 DEMO_JOB = "demo-run"
 DEMO_PASSWORD = "brakeline-demo"
+RETIRED = "the demo was started again; this run's training process ended with the earlier demo"
 DEMO_USERS = {
     "admin": Role.ADMIN,
     "manager": Role.MANAGER,
@@ -49,6 +50,8 @@ def set_up_demo_data() -> tuple[str, str]:
     Earlier demo jobs stay, with their incidents (a second run shows two incidents and a team
     report with two rows): they are only retired, so nothing from an earlier run can still
     report, be watched for heartbeats or be aimed at by an executor (its PID may be reused).
+    Their runs are over (the earlier demo stopped their processes), so they are terminated
+    and their alerts resolved: the dashboard shows no paused run with an L3 firing for ever.
     """
     User = get_user_model()
     with transaction.atomic():
@@ -62,6 +65,7 @@ def set_up_demo_data() -> tuple[str, str]:
         earlier = Job.objects.filter(team=team, name__startswith=DEMO_JOB)
         for job in earlier:
             revoke_agent_tokens(job)
+            retire_job(job.pk, RETIRED)
         earlier.update(heartbeat_deadline=None, agent_pid=None)
         name = demo_job_name(set(earlier.values_list("name", flat=True)))
     return name, create_job(DEMO_TEAM, name).raw_token
