@@ -17,11 +17,12 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import InterfaceError, OperationalError, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from breakers.control.braking import brake_for_alert
 from breakers.detection.evaluation import report_failing_breakers
+from core.transient import TRANSIENT_ERRORS
 from incidents.alerts.lifecycle import AlertSignal, raise_or_update_alert
 from incidents.jobs import HEARTBEAT_RULE_KEY, heartbeat_timeout_seconds
 from incidents.models import Job, JobRank, JobStatus
@@ -139,8 +140,9 @@ def check_heartbeats(now: datetime | None = None) -> list[int]:
     for job in overdue_jobs(now):
         try:
             alert_id = _raise_heartbeat_alert(job, now)
-        except (OperationalError, InterfaceError):
-            raise  # the database, not this job: the next tick tries every job again
+        except TRANSIENT_ERRORS:
+            raise  # the console's database, Redis or broker, not this job: the next tick tries
+            # every job again (a page whose dispatch was lost is sent by the delivery sweep)
         except Exception as error:
             # This job's alone, as an evaluation's error is (its L3 "breakers failing",
             # paged): the other jobs' silences are still judged in this tick.

@@ -14,13 +14,12 @@ import logging
 import time
 from functools import cache
 
-import redis.exceptions
 from celery import shared_task
 from django.conf import settings
-from django.db import InterfaceError, OperationalError
 
 from breakers.detection import evaluation, rulesets
 from core.errors import Conflict
+from core.transient import TRANSIENT_ERRORS
 from incidents.models import Job, JobStatus
 
 log = logging.getLogger(__name__)
@@ -29,15 +28,6 @@ QUEUED_TTL_SECONDS = 60
 # Jobs that get periodic ticks: node-failure windows and silences are judged even when no
 # point arrives. A paused job's open alerts stay open: nothing has shown them to clear.
 TICKED_JOB_STATUSES = (JobStatus.RUNNING, JobStatus.PAUSING)
-# Connection loss, deadlock, serialisation failure: retrying the whole evaluation is safe
-# because it commits all or nothing. Redis unreachable too: an outage of the console's Redis is
-# not "this job's breakers are failing" (it would page the on-call for every running job).
-TRANSIENT_ERRORS = (
-    OperationalError,
-    InterfaceError,
-    redis.exceptions.ConnectionError,
-    redis.exceptions.TimeoutError,
-)
 
 
 @cache

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import kombu.exceptions
 import pytest
+import redis.exceptions
 import time_machine
 from django.utils import timezone
 
@@ -95,6 +97,35 @@ def test_one_jobs_failing_heartbeat_check_leaves_the_others_judged(
     failing_alert = Alert.objects.get(job_id=agent.job_id, rule_key=BREAKERS_FAILING_RULE)
     assert "a report nobody foresaw" in failing_alert.description
     assert not Alert.objects.filter(job_id=agent.job_id, rule_key=HEARTBEAT_RULE_KEY).exists()
+
+
+@pytest.mark.parametrize(
+    "outage",
+    [
+        kombu.exceptions.OperationalError("Error 111 connecting to 127.0.0.1:6379."),
+        redis.exceptions.ConnectionError("Error 111 connecting to 127.0.0.1:6379."),
+    ],
+    ids=["broker", "redis"],
+)
+def test_an_outage_of_the_consoles_redis_is_retried_not_blamed_on_the_job(
+    agent, agent_post, monkeypatch, outage
+):
+    """Seen in the fault suite: Redis restarted while a silence was judged made that job's L3
+    "breakers failing" alert (paged, and counted as an alert nobody provoked)."""
+    assert agent_post(HEARTBEAT, {"step": 1, "status": "running"}).status_code == 200
+    overdue = timezone.now() - timedelta(seconds=5)
+    Job.objects.filter(pk=agent.job_id).update(heartbeat_deadline=overdue)
+    from breakers.control import heartbeats
+
+    def down(job, now):
+        raise outage
+
+    monkeypatch.setattr(heartbeats, "heartbeat_signal", down)
+    with pytest.raises(type(outage)):
+        heartbeats.check_heartbeats()
+    assert not Alert.objects.filter(job_id=agent.job_id, rule_key=BREAKERS_FAILING_RULE).exists()
+    monkeypatch.undo()  # Redis is back: the next tick judges the silence
+    assert len(heartbeats.check_heartbeats()) == 1
 
 
 def test_a_failing_watchdog_duty_still_lets_overdue_commands_expire(agent, monkeypatch):
