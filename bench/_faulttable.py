@@ -32,8 +32,9 @@ def pending_pages(stack: Stack, scenario: Scenario) -> int:
 def _points(stack: Stack, scenario: Scenario) -> tuple[int, int]:
     """(lost, duplicated): per job, the steps its client logged against the points stored."""
     rows = stack.sql(
-        "SELECT job_id, count(*), count(DISTINCT step) FROM breakers_metricpoint "
-        "WHERE job_id = ANY(%s) AND name = 'loss' GROUP BY job_id",
+        "SELECT j.id, count(*), count(DISTINCT p.step) FROM unnest(%s::bigint[]) AS j(id) "
+        "CROSS JOIN LATERAL brakeline_points(j.id, 'loss', 0, 9223372036854775807) AS p "
+        "GROUP BY j.id",
         (_ids(scenario),),
     )
     stored = {job_id: (total, distinct) for job_id, total, distinct in rows}

@@ -37,7 +37,7 @@ def print_table(results: dict, clients: tuple[int, ...], mlflow_version: str) ->
     rows = [("Brakeline (Daphne+HAProxy, prefork worker, beat)", "brakeline"),
             (f"MLflow {mlflow_version} server on PostgreSQL", "mlflow"),
             ("raw PostgreSQL COPY of the same rows", "copy"),
-            ("… of the same points as blocks (not built: the plan)", "blocks")]  # fmt: skip
+            ("… of the same points as blocks (ingest's layout)", "blocks")]  # fmt: skip
     print(
         f"\n{'points/s, median [min–max]':52}"
         + "".join(f"{c} client(s)".rjust(24) for c in clients)

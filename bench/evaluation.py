@@ -46,13 +46,42 @@ def batch_body(first_step: int, size: int, nan: bool) -> bytes:
     return json.dumps({"points": points}).encode()
 
 
+def last_point_id(job_id: int) -> int:
+    """The job's greatest point id: raw rows' and blocks' (one id sequence)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT greatest((SELECT max(id) FROM breakers_metricpoint WHERE job_id = %s), "
+            "(SELECT max(last_id) FROM breakers_metricblock WHERE job_id = %s))",
+            [job_id, job_id],
+        )
+        return cursor.fetchone()[0] or 0
+
+
+def point_count(job_id: int) -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM brakeline_points_after(%s, 0, 9223372036854775807)", [job_id]
+        )
+        return int(cursor.fetchone()[0])
+
+
+def forget_points(job_id: int) -> None:
+    from breakers.models import MetricBlock, MetricPoint
+
+    MetricPoint.objects.filter(job_id=job_id).delete()
+    MetricBlock.objects.filter(job_id=job_id).delete()
+
+
 def wait_until_evaluated(job_id: int, timeout: float) -> float:
     """Seconds until the evaluator's cursor reached the job's last point."""
-    from breakers.models import EvaluationState, MetricPoint
+    from breakers.models import EvaluationState
 
     started = time.monotonic()
-    last = MetricPoint.objects.filter(job_id=job_id).order_by("-id").values_list("id", flat=True)
-    target = last[0] if last else 0
+    target = last_point_id(job_id)
     while time.monotonic() - started < timeout:
         state = EvaluationState.objects.filter(job_id=job_id).first()
         if state is not None and state.cursor >= target:
@@ -129,7 +158,7 @@ def backlog_cost(ranks: int, points: int, repeat: int = 3) -> float:
     from breakers.agent.protocol import PointIn
     from breakers.agent.store import store_points
     from breakers.detection.evaluation import evaluate_job
-    from breakers.models import EvaluationState, MetricPoint
+    from breakers.models import EvaluationState
     from incidents.jobs import create_job
 
     job_id = create_job("bench", f"backlog-{ranks}-{time.time_ns()}").job.pk
@@ -150,7 +179,7 @@ def backlog_cost(ranks: int, points: int, repeat: int = 3) -> float:
         started = time.perf_counter()
         evaluated = evaluate_job(job_id).points
         costs.append((time.perf_counter() - started) / evaluated * 1e6)
-    MetricPoint.objects.filter(job_id=job_id).delete()
+    forget_points(job_id)
     return median(costs)
 
 
@@ -163,7 +192,6 @@ def main() -> None:
     parser.add_argument("--backlog", type=int, default=100_000, help="points of the backlog")
     args = parser.parse_args()
     set_up_django()
-    from breakers.models import MetricPoint
     from incidents.jobs import create_job
     from incidents.models import Job
 
@@ -188,7 +216,7 @@ def main() -> None:
     missing = sorted(set(committed) - set(watcher.seen))
     raised = [watcher.seen[s][1] - t for s, t in committed.items() if s in watcher.seen]
     visible = [watcher.seen[s][0] - t for s, t in committed.items() if s in watcher.seen]
-    points = MetricPoint.objects.filter(job_id=job.pk).count()
+    points = point_count(job.pk)
     print(
         f"ingest: {points - 1000:,} points in {elapsed:.1f} s = {(points - 1000) / elapsed:,.0f} "
         f"points/s (target {args.rate:,.0f}), batches of {args.batch}; one solo worker"
@@ -198,7 +226,7 @@ def main() -> None:
     report("raised", raised)
     report("visible", visible)
     print(f"after the last batch the evaluator caught up in {catch_up * 1e3:.0f} ms")
-    MetricPoint.objects.filter(job_id=job.pk).delete()
+    forget_points(job.pk)
     for ranks in (1, 2):
         cost = backlog_cost(ranks, args.backlog)
         print(f"evaluate_job over a {args.backlog:,}-point backlog, {ranks} rank(s): "

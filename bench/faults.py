@@ -162,7 +162,8 @@ def worker_mid_evaluation(stack: Stack, scenario: Scenario) -> None:
     scenario.nan_now()
     wait_until(
         lambda: stack.sql(
-            "SELECT 1 FROM breakers_metricpoint WHERE job_id = %s AND value = 'NaN' LIMIT 1",
+            "SELECT 1 FROM brakeline_points_after(%s, 0, 9223372036854775807) "
+            "WHERE value = 'NaN' LIMIT 1",
             (scenario.nan_during.job_id,),
         ),
         "the NaN batch to be stored", 20, 0.005,

@@ -13,8 +13,8 @@ them) over a keep-alive connection. In the same run, in interleaved rounds:
   per client;
 * raw PostgreSQL ``COPY`` (binary) of the same rows into the same table, one connection per
   client: the floor of what PostgreSQL takes in with this row layout;
-* the same points COPYed as compacted blocks (one ``MetricBlock`` row per batch and rank):
-  what PostgreSQL would take in if ingest wrote blocks (docs/architecture.md, not built).
+* the same points COPYed as blocks (one ``MetricBlock`` row per batch and rank), the layout
+  ingest writes: the floor of what PostgreSQL takes in with it.
 
 Printed: points/s (median [min–max] over the rounds) for 1 and 4 clients, the ratios against
 MLflow and COPY, the evaluation lag (p95 seconds by which evaluation trails the
@@ -225,7 +225,7 @@ def run_mlflow(url: str, runs: list[str], seconds: float, offsets: dict[str, int
 def block_rows(job_id: int, offset: int, base: float) -> list[tuple]:
     """The same batch as compaction stores it (breakers/storage/compaction.py): one
     ``MetricBlock`` row for the rank, the 10 metrics × 100 steps as one 2-D array."""
-    from breakers.storage.compaction import blocks_of
+    from breakers.storage.blocks import blocks_of
 
     points = [
         (number, name, step, round(moment.timestamp() * 1e6), value, node, rank)

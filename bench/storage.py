@@ -9,6 +9,8 @@
    (``breakers.storage.compaction``): 1M points of 8 ranks × 12,500 steps × 10 metrics with
    full-precision noisy values (poorly compressible, as real metrics are), compacted into blocks;
    ``pg_total_relation_size`` of ``breakers_metricblock`` (heap, TOAST, indexes) per point.
+   And the blocks as ingest writes them before compaction (``store_points``, one block per
+   rank and batch): batches of 100 steps × 10 metrics (1M points), and of one step (100k).
    Goal: ≤ 10 B per point.
 2. Server time (Django's test client in this process: the view and its queries, no network)
    of the chart's full-range request (``/series?names=loss``, 2,000 points) for
@@ -164,11 +166,10 @@ def compacted_bytes(job, label: str) -> None:
         cursor.execute("INSERT INTO measured SELECT * FROM breakers_metricblock WHERE job_id = %s",
                        [job.pk])  # fmt: skip
         cursor.execute("SELECT pg_total_relation_size('measured'), pg_relation_size('measured'), "
-                       "count(*), avg(array_length(names, 1)) FROM measured")  # fmt: skip
-        total, heap, blocks, names = cursor.fetchone()
-        cursor.execute("SELECT points FROM breakers_compactioncursor WHERE job_id = %s", [job.pk])
-        points = cursor.fetchone()[0]
-    print(f"Compacted, {label}: {blocks:,} blocks ({names:.0f} metrics each) holding "
+                       "count(*), avg(array_length(names, 1)), "
+                       "sum((SELECT count(v) FROM unnest(vals) AS v)) FROM measured")  # fmt: skip
+        total, heap, blocks, names, points = cursor.fetchone()
+    print(f"{label}: {blocks:,} blocks ({names:.0f} metrics each) holding "
           f"{points:,} points")  # fmt: skip
     print(f"  bytes per point, heap + TOAST + indexes: {total / points:7.2f} B (heap alone "
           f"{heap / points:.2f} B; goal ≤ 10 B)")  # fmt: skip
@@ -195,6 +196,30 @@ def compaction_cost(repeats: int) -> None:
         f"Compaction of {count:,} points, median of {repeats}: {compact:.2f} µs per point "
         f"(COPY of the same rows {copy:.2f} µs: ×{compact / copy:.2f})"
     )
+
+
+def ingested_job(fresh: bool, name: str, ranks: int, steps: int, per_batch: int):
+    """A job written through ingest's own store (``store_points``), each rank's batches of
+    ``per_batch`` steps × 10 metrics as the SDK sends them: the blocks before compaction."""
+    import random
+
+    from breakers.agent.protocol import PointIn
+    from breakers.agent.store import store_points
+    from incidents.models import Job
+
+    existing, created = _job(name, fresh)
+    if existing is not None:
+        return existing
+    noise = random.Random(23)
+    names = tuple(f"m{i}" for i in range(10))
+    for first in range(0, steps, per_batch):
+        for r in range(ranks):
+            store_points(created.pk, [
+                PointIn(n, s, 2.0 + noise.gauss(0, 0.05), START + timedelta(seconds=s * 0.1),
+                        f"node{r // 4}", r)
+                for s in range(first, min(first + per_batch, steps)) for n in names
+            ], job_is_pending=False)  # fmt: skip
+    return Job.objects.get(pk=created.pk)
 
 
 def synthetic_job(fresh: bool, ranks: int = 8, steps: int = 12_500_000):
@@ -298,8 +323,12 @@ def main() -> None:
     dense = compacted_job(args.fresh, "blocks-8x12.5k-10", 8, 12_500,
                           tuple(f"m{i}" for i in range(10)))  # fmt: skip
     bytes_per_point(args.fresh)
-    compacted_bytes(dense, "8 ranks × 12,500 steps × 10 metrics")
-    compacted_bytes(blocks, "1 rank × 1M steps × 4 metrics")
+    big = ingested_job(args.fresh, "ingest-8x12.5k-10-b100", 8, 12_500, 100)
+    small = ingested_job(args.fresh, "ingest-8x1.25k-10-b1", 8, 1_250, 1)
+    compacted_bytes(big, "As ingest writes them, batches of 100 steps × 10 metrics a rank")
+    compacted_bytes(small, "As ingest writes them, batches of one step × 10 metrics a rank")
+    compacted_bytes(dense, "Compacted, 8 ranks × 12,500 steps × 10 metrics")
+    compacted_bytes(blocks, "Compacted, 1 rank × 1M steps × 4 metrics")
     compaction_cost(3)
     print(f"(bench data ready in {time.perf_counter() - started:.0f} s)")
     series_times(

@@ -67,8 +67,9 @@ class BandRule:
 
 
 def metric_names(job_id: int) -> list[str]:
-    """Distinct metric names of a job: a loose index scan of the raw rows, one index probe per
-    name, and the names its compaction cursor recorded (series whose rows are all compacted)."""
+    """Distinct metric names of a job: a loose index scan of the raw rows (a console upgraded
+    from row storage), one index probe per name, and the names recorded on its compaction
+    cursor (by ingest when a batch brings a new one, and by compaction)."""
     if connection.vendor != "postgresql":
         names = MetricPoint.objects.filter(job_id=job_id).values_list("name", flat=True)
         return sorted(set(names))[:MAX_NAMES]
@@ -250,20 +251,22 @@ COMMAND_LABELS = {
 _STEP_AT_SQL = f"""
 SELECT step FROM (
   (SELECT step, time FROM {TABLE} WHERE job_id = %(job)s AND name = 'loss' AND time <= %(when)s
-   ORDER BY time DESC LIMIT 1)
+   ORDER BY time DESC, step DESC LIMIT 1)
   UNION ALL
   (SELECT p.step, p.time FROM (SELECT min(first_step) AS low, max(last_step) AS high
      FROM (SELECT first_step, last_step FROM {BLOCKS}
            WHERE job_id = %(job)s AND first_time <= %(when)s AND names @> ARRAY['loss'::varchar]
            ORDER BY first_time DESC LIMIT 64) AS newest_blocks) AS b
    CROSS JOIN LATERAL brakeline_points(%(job)s, 'loss', b.low, b.high) AS p
-   WHERE p.time <= %(when)s ORDER BY p.time DESC LIMIT 1)
-) AS found ORDER BY time DESC LIMIT 1
+   WHERE p.time <= %(when)s ORDER BY p.time DESC, p.step DESC LIMIT 1)
+) AS found ORDER BY time DESC, step DESC LIMIT 1
 """
 
 
 def _step_at(job_id: int, when) -> int | None:
-    """The job's step at a moment: its last loss point at or before it (index on time)."""
+    """The job's step at a moment: its last loss point at or before it (index on time); of
+    points stamped alike (a batch sent without times takes its time of receipt), the highest
+    step."""
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(_STEP_AT_SQL, {"job": job_id, "when": when})
@@ -271,7 +274,7 @@ def _step_at(job_id: int, when) -> int | None:
         return None if row is None else int(row[0])
     return (
         MetricPoint.objects.filter(job_id=job_id, name="loss", time__lte=when)
-        .order_by("-time")
+        .order_by("-time", "-step")
         .values_list("step", flat=True)
         .first()
     )
@@ -358,24 +361,23 @@ def _group_of(name: str) -> tuple[str, str]:
 
 # --- Reads for the pages: the dashboard's sparklines, the review's curve, the job list --------
 
-# Rank 0's last points per job: the raw rows' newest, and those of the newest blocks (a job
-# compacted while it runs, or finished, has its last points there).
+# Rank 0's last points per job: one read of the series' step range that holds them, from the
+# lesser of its newest raw rows' steps and its newest blocks' first steps (ingest writes a block
+# per batch and rank, so the newest ``count`` blocks holding the series hold ≥ count points).
 _RECENT_SQL = f"""
 SELECT j.id, p.step, p.value FROM unnest(%(jobs)s::bigint[]) AS j(id)
 CROSS JOIN LATERAL (
-  SELECT step, value FROM (
-    (SELECT step, value FROM {TABLE}
+  SELECT least(
+    (SELECT min(step) FROM (SELECT step FROM {TABLE}
      WHERE job_id = j.id AND name = %(name)s AND rank = 0 ORDER BY step DESC LIMIT %(count)s)
-    UNION ALL
-    (SELECT u.step, u.value FROM (SELECT min(first_step) AS low, max(last_step) AS high
-       FROM (SELECT first_step, last_step FROM {BLOCKS}
-             WHERE job_id = j.id AND rank = 0 AND names @> ARRAY[%(name)s::varchar]
-             ORDER BY first_step DESC LIMIT 4) AS newest_blocks) AS b
-     -- only the points of the blocks: the raw rows of that range come from the branch above
-     CROSS JOIN LATERAL brakeline_points(j.id, %(name)s, b.low, b.high) AS u
-     WHERE u.rank = 0 AND u.id <= (SELECT coalesce(max(cursor), 0) FROM {COMPACTION}
-                                   WHERE job_id = j.id))
-  ) AS newest ORDER BY step DESC LIMIT %(count)s
+     AS newest_rows),
+    (SELECT min(first_step) FROM (SELECT first_step FROM {BLOCKS}
+     WHERE job_id = j.id AND rank = 0 AND names @> ARRAY[%(name)s::varchar]
+     ORDER BY first_step DESC LIMIT %(count)s) AS newest_blocks)) AS low
+) AS r
+CROSS JOIN LATERAL (
+  SELECT u.step, u.value FROM brakeline_points(j.id, %(name)s, r.low, 9223372036854775807) AS u
+  WHERE r.low IS NOT NULL AND u.rank = 0 ORDER BY u.step DESC LIMIT %(count)s
 ) AS p
 """
 

@@ -3,7 +3,8 @@
 ``evaluate_job(job_id)`` runs in transactions that each
 1. lock the job's ``EvaluationState`` row (``SELECT … FOR UPDATE``, blocking: a second worker
    for the same job waits, then continues from the cursor the first one advanced);
-2. read up to ``CHUNK_POINTS`` MetricPoints with ``id > cursor`` in id order (``read_points``);
+2. read about ``CHUNK_POINTS`` points with ``id > cursor`` in id order (``read_points``: raw
+   rows and ingest's blocks, a block whole — ``breakers.storage.points``);
 3. feed them to the pure engine, restored from the stored state;
 4. apply the findings (alerts, incident, timeline rows — ``incidents.alerts.lifecycle``);
 5. save the new cursor and engine state.
@@ -35,6 +36,7 @@ from breakers.detection.engine import Finding, JobEvaluator, Point, RuleSpec
 from breakers.detection.rulepack import ruleset_fingerprint
 from breakers.detection.rules import rules_for_job
 from breakers.models import EvaluationState, MetricPoint
+from breakers.storage.points import next_chunk
 from incidents.alerts.lifecycle import (
     AlertOutcome,
     AlertSignal,
@@ -143,8 +145,8 @@ def evaluate_job(
     while True:
         with transaction.atomic():
             state = EvaluationState.objects.select_for_update().get(job_id=job_id)
-            rows = read_points(job_id, state.cursor, chunk_size)
-            last_chunk = len(rows) < chunk_size
+            rows, more = read_points(job_id, state.cursor, chunk_size)
+            last_chunk = not more
             if not rows and tick_at is None:
                 report.cursor = state.cursor
                 return report
@@ -163,29 +165,35 @@ def evaluate_job(
 # The evaluator reads back what ingest wrote, by id cursor: that is what makes it exactly-once
 # without any hand-over protocol (a point is evaluated iff its id is at most the committed
 # cursor). The read is kept cheap instead: plain SQL with the time as epoch seconds, so no
-# datetime is built per point (half of the evaluator's CPU went to Django's timestamp loader).
+# datetime is built per point (half of the evaluator's CPU went to Django's timestamp loader),
+# and on PostgreSQL a batch is one block row, unnested by the server.
 READ_POINTS_SQL = (
     "SELECT id, name, step, EXTRACT(EPOCH FROM time)::float8, value, node, rank "
-    f"FROM {MetricPoint._meta.db_table} WHERE job_id = %s AND id > %s ORDER BY id LIMIT %s"
+    "FROM brakeline_points_after(%s, %s, %s) ORDER BY id"
 )
 
 
-def read_points(job_id: int, after_id: int, limit: int) -> list[tuple]:
-    """Up to ``limit`` points of the job with id > ``after_id`` in id order, as tuples
-    (id, name, step, time in epoch seconds, value, node, rank)."""
+def read_points(job_id: int, after_id: int, limit: int) -> tuple[list[tuple], bool]:
+    """The job's next chunk of points above ``after_id`` (about ``limit``, whole blocks), in id
+    order, as tuples (id, name, step, time in epoch seconds, value, node, rank); and whether
+    more follow it."""
+    chunk = next_chunk(job_id, after_id, limit)
+    if chunk.high is None:
+        return [], False
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
-            cursor.execute(READ_POINTS_SQL, [job_id, after_id, limit])
-            return cursor.fetchall()
+            cursor.execute(READ_POINTS_SQL, [job_id, after_id, chunk.high])
+            return cursor.fetchall(), chunk.more
     rows = (
-        MetricPoint.objects.filter(job_id=job_id, id__gt=after_id)
+        MetricPoint.objects.filter(job_id=job_id, id__gt=after_id, id__lte=chunk.high)
         .order_by("id")
-        .values_list("id", "name", "step", "time", "value", "node", "rank")[:limit]
+        .values_list("id", "name", "step", "time", "value", "node", "rank")
     )
-    return [
+    points = [
         (id_, name, step, time.timestamp(), value, node, rank)
         for id_, name, step, time, value, node, rank in rows
     ]
+    return points, chunk.more
 
 
 def _restore(rules: list[RuleSpec], stored: dict[str, Any], job_id: int) -> JobEvaluator:

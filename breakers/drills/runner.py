@@ -50,9 +50,9 @@ from breakers.models import (
     CommandStatus,
     DrillRun,
     DrillStatus,
-    MetricPoint,
     RuleSetVersion,
 )
+from breakers.storage.points import StoredPoint, first_point
 from core.errors import ServiceError
 from incidents.jobs import create_job, heartbeat_timeout_seconds
 from incidents.models import (
@@ -295,8 +295,8 @@ def _observe(
     return facts, figures
 
 
-def _fault_point(job: Job, injected: Command) -> MetricPoint | bool | None:
-    point = MetricPoint.objects.filter(job=job, name=FAULT_METRIC).order_by("step").first()
+def _fault_point(job: Job, injected: Command) -> StoredPoint | bool | None:
+    point = first_point(job.pk, FAULT_METRIC)
     if point is not None:
         return point
     injected.refresh_from_db()
@@ -305,7 +305,7 @@ def _fault_point(job: Job, injected: Command) -> MetricPoint | bool | None:
     return None
 
 
-def _wait_for_alert(job: Job, scenario: Scenario, point: MetricPoint) -> Alert | None:
+def _wait_for_alert(job: Job, scenario: Scenario, point: StoredPoint) -> Alert | None:
     # Waits past any rule's budget, so a late alert is scored late rather than missed.
     budget = heartbeat_timeout_seconds(Job.objects.get(pk=job.pk)) + DETECT_MARGIN_SECONDS + 40
     alerts = Alert.objects.filter(job=job).order_by("raised_at", "pk")
@@ -364,11 +364,11 @@ def _stop_after_seconds() -> float:
     return acknowledge + float(settings.EXECUTOR_GRACE_SECONDS)
 
 
-def _seconds_after(when, point: MetricPoint) -> float:
+def _seconds_after(when, point: StoredPoint) -> float:
     return (when - point.time).total_seconds()
 
 
-def _alert_facts(alert: Alert, point: MetricPoint) -> dict[str, Any]:
+def _alert_facts(alert: Alert, point: StoredPoint) -> dict[str, Any]:
     return {
         "rule_key": alert.rule_key,
         "severity": alert.severity,
@@ -378,7 +378,7 @@ def _alert_facts(alert: Alert, point: MetricPoint) -> dict[str, Any]:
     }
 
 
-def _brake_facts(command: Command, alert: Alert | None, point: MetricPoint) -> dict[str, Any]:
+def _brake_facts(command: Command, alert: Alert | None, point: StoredPoint) -> dict[str, Any]:
     facts: dict[str, Any] = {"kind": command.kind, "status": command.status, "steps": None}
     facts["error"] = command.error
     entry = _executor_entry(alert) if alert is not None else None

@@ -68,17 +68,21 @@ class MetricBatch(models.Model):
 
 
 class MetricBlock(models.Model):
-    """Up to ``BLOCK_COLUMNS`` steps of one rank (and node) of a job, compacted: the raw points
-    ``breakers.storage.compaction`` moved out of ``MetricPoint`` once the evaluator and the
-    rollups were past them. PostgreSQL only (the embedded mode keeps one row per point).
+    """Up to ``BLOCK_COLUMNS`` steps of one rank (and node) of a job as arrays. On PostgreSQL
+    ingest writes each batch as one block per rank and node (``breakers.agent.store``), and
+    compaction later merges a rank's narrow blocks (and any raw rows left from before) into wide
+    ones once the evaluator and the rollups are past them (``breakers.storage.compaction``).
+    The embedded SQLite mode keeps one ``MetricPoint`` row per point instead.
 
     A *column* is one logging of a step: ``steps[c]`` and ``times[c]``; ``vals[m][c]`` is metric
     ``names[m]`` at that column, NULL where it was not logged (NULL is absence, NaN and ±Inf are
     values). ``tdelta[m][c]``: microseconds the point's time lies after ``times[c]`` (NULL when
     every point of the block has its column's time). A step logged twice (a rank restarted from a
     checkpoint re-logs its steps) has two columns, so nothing is merged away. ~8 bytes a point
-    for dense series instead of ~200 as a row. Readers go through the ``brakeline_points`` SQL
-    function, which gives raw rows and blocks as one set of points.
+    for dense series instead of ~200 as a row. ``last_id`` comes from ``MetricPoint``'s id
+    sequence: one commit-ordered id series per job over raw rows and blocks, which every
+    id-cursor reader walks. Readers go through the ``brakeline_points`` (one series, a step
+    range) and ``brakeline_points_after`` (every point in an id range) SQL functions.
     """
 
     id = models.BigAutoField(primary_key=True)
@@ -89,8 +93,9 @@ class MetricBlock(models.Model):
     last_step = models.BigIntegerField()
     first_time = models.DateTimeField()
     last_time = models.DateTimeField()
-    # The greatest point id folded in: a reader asking for points above a cursor at or past the
-    # compaction cursor (the rollups' raw tail) skips every block.
+    # Written by ingest: the next id of MetricPoint's sequence (the column's default). Merged by
+    # compaction: the greatest id folded in, at or below every cursor, so a reader of points
+    # above a cursor never sees a merged block again.
     last_id = models.BigIntegerField()
     names = PostgresArrayField(element="varchar")
     steps = PostgresArrayField(element="int8", null=True)  # NULL: first_step … last_step
@@ -104,6 +109,8 @@ class MetricBlock(models.Model):
             models.Index(fields=["job", "first_step"], name="metric_block_step"),
             # "the job's step at a moment" (chart markers) and retention's time cut-off
             models.Index(fields=["job", "first_time"], name="metric_block_time"),
+            # the id-cursor walks (evaluator, rollups, compaction) over blocks written by ingest
+            models.Index(fields=["job", "last_id"], name="metric_block_cursor"),
         ]
 
     def __str__(self) -> str:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator, Sequence
 
 from django.conf import settings
-from django.db.models import Count, OuterRef, Subquery
+from django.db.models import Count
 from django.utils import timezone
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
@@ -34,8 +34,8 @@ from breakers.models import (
     EvaluationState,
     ExternalAlert,
     ExternalAlertStatus,
-    MetricPoint,
 )
+from breakers.storage.points import oldest_after
 from incidents.jobs import HEARTBEAT_RULE_KEY
 from incidents.models import (
     ACTIVE_ALERT_STATUSES,
@@ -122,15 +122,13 @@ def _brake_latency() -> Metric:
 
 def _evaluation_lag() -> Iterator[Metric]:
     """Per running job: the age of its oldest point not yet evaluated (0 when caught up)."""
-    pending = MetricPoint.objects.filter(job_id=OuterRef("job_id"), id__gt=OuterRef("cursor"))
-    oldest = Subquery(pending.order_by("id").values("time")[:1])
     running = (*TRAINING_JOB_STATUSES, JobStatus.PAUSING)
-    rows = EvaluationState.objects.filter(job__status__in=running).annotate(oldest=oldest)
+    cursors = EvaluationState.objects.filter(job__status__in=running)
     now = timezone.now()
-    lags = [
-        max(0.0, (now - row.oldest).total_seconds()) if row.oldest else 0.0
-        for row in rows.only("job_id", "cursor")
-    ]
+    lags = []
+    for job_id, cursor in cursors.values_list("job_id", "cursor"):
+        oldest = oldest_after(job_id, cursor)  # one probe per index: running jobs are few
+        lags.append(max(0.0, (now - oldest).total_seconds()) if oldest else 0.0)
     yield _histogram(
         GaugeHistogramMetricFamily,
         "brakeline_evaluation_lag_seconds",

@@ -3,8 +3,8 @@
 A zoom (the range's buckets finer than what the 10 s rollups hold, inside the raw window) is
 read from raw points; a full-range view of a long run from the coarsest rollups that still fill
 the buckets asked for, min/max buckets so a spike is never averaged away. The raw points not
-merged yet (id above the job's rollup cursor: the last seconds of ingest) are added to a
-rollup read, so each point is read from exactly one of the two.
+merged yet (id above the job's rollup cursor: the last seconds of ingest, raw rows or ingest's
+blocks) are added to a rollup read, so each point is read from exactly one of the two.
 """
 
 from __future__ import annotations
@@ -93,16 +93,20 @@ def _rollup_rows(job_id: int, name: str, seconds: int, low: int, high: int, rank
 
 
 def _unmerged(job_id: int, name: str) -> tuple[int, int | None]:
-    """(the job's rollup cursor, the least step of the series' points above it): the raw points
-    not merged yet, found on the (job, id) index — seconds of ingest, not the series."""
+    """(the job's rollup cursor, the least step of the series' points above it, or of the
+    first ingest block holding it): the points not merged yet, found on the (job, id) indexes —
+    seconds of ingest, not the series."""
     with connection.cursor() as cursor:
         cursor.execute(
             # OFFSET 0 keeps min() from becoming "walk the series in step order until an id
             # above the cursor", which scans the whole series when there is none (1 s at 1M).
-            f"SELECT c.cursor, (SELECT min(step) FROM (SELECT step FROM {TABLE} "
-            "WHERE job_id = %(job)s AND id > c.cursor AND name = %(name)s OFFSET 0) AS tail) "
+            f"SELECT c.cursor, least((SELECT min(step) FROM (SELECT step FROM {TABLE} "
+            "WHERE job_id = %(job)s AND id > c.cursor AND name = %(name)s OFFSET 0) AS tail), "
+            f"(SELECT min(first_step) FROM (SELECT first_step FROM {BLOCKS} "
+            "WHERE job_id = %(job)s AND last_id > c.cursor AND names @> %(names)s::varchar[] "
+            "OFFSET 0) AS tail_blocks)) "
             f"FROM {CURSORS} c WHERE c.job_id = %(job)s",
-            {"job": job_id, "name": name},
+            {"job": job_id, "name": name, "names": [name]},
         )
         row = cursor.fetchone()
     if row is None:

@@ -6,8 +6,9 @@ Raw points older than ``METRIC_RAW_RETENTION_SECONDS`` are deleted, except:
 - points around any incident of the job (the *freeze*): from its first anomalous step minus
   ``METRIC_INCIDENT_MARGIN_STEPS`` up to the moment it resolved — and for ever while it is
   active (open or mitigated), so a review always has the raw curve of what happened.
-Compacted blocks follow the same rule: a day of them (a partition) is dropped whole when no
-block of it must stay; the others are deleted block by block. Rollups are deleted past
+Blocks (ingest's, and compaction's merged ones) follow the same rule: a day of them (a
+partition) is dropped whole when no block of it must stay; the others are deleted block by
+block. Rollups are deleted past
 ``METRIC_ROLLUP_RETENTION_DAYS``. Deletes go in batches of ids, each
 its own short transaction, so ingest is not blocked behind one huge DELETE.
 """
@@ -54,10 +55,16 @@ FROZEN_BLOCK = f"""EXISTS (
     AND (i.status = ANY(%(active)s) OR i.resolved_at IS NULL OR b.first_time <= i.resolved_at)
 )"""
 
+# A block ingest wrote that the rollups have not merged yet (its last_id above their cursor).
+UNMERGED_BLOCK = (
+    f"b.last_id > coalesce((SELECT c.cursor FROM {CURSORS} c WHERE c.job_id = b.job_id), 0)"
+)
+
 _BLOCKS_SQL = f"""
 DELETE FROM {BLOCKS} WHERE id IN (
   SELECT b.id FROM {BLOCKS} b
-  WHERE b.job_id = %(job)s AND b.last_time < %(cutoff)s AND NOT {FROZEN_BLOCK}
+  WHERE b.job_id = %(job)s AND b.last_id <= %(cursor)s AND b.last_time < %(cutoff)s
+    AND NOT {FROZEN_BLOCK}
   ORDER BY b.id LIMIT %(batch)s
 )
 """
@@ -105,7 +112,9 @@ def prune(now: datetime | None = None) -> Pruned:
         cursor.execute(f"SELECT job_id, cursor FROM {CURSORS} WHERE cursor > 0 ORDER BY job_id")
         marks = cursor.fetchall()
     # Whole days of blocks first: what they held needs no DELETE below.
-    days = partitions.drop_expired(raw_cutoff, FROZEN_BLOCK, freeze_params())
+    days = partitions.drop_expired(
+        raw_cutoff, f"({FROZEN_BLOCK} OR {UNMERGED_BLOCK})", freeze_params()
+    )
     raw = blocks = 0
     for job_id, mark in marks:
         params = {"job": job_id, "cursor": mark, "cutoff": raw_cutoff, **freeze_params()}

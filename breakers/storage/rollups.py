@@ -1,12 +1,13 @@
-"""Merge raw metric points into 10 s and 1 min rollups per rank, exactly once per point.
+"""Merge metric points into 10 s and 1 min rollups per rank, exactly once per point.
 
 Each job has a high-water mark (``RollupCursor``): the points with a greater id are merged into
 their buckets by one ``INSERT … SELECT … ON CONFLICT DO UPDATE`` that *combines* (sums counts,
 keeps the lesser min and the greater max with their steps, the later last), and the cursor
 advances in the same transaction. Ingest of one job commits in id order (a row lock on the
 job, ``breakers.agent.store``), so a point below the cursor is never committed later: no point
-is merged twice or skipped. A merge, not a recomputation, so a bucket stays right after
-retention deleted its raw points.
+is merged twice or skipped. Points are read by id range through ``brakeline_points_after``
+(raw rows and ingest's blocks alike; ``breakers.storage.points``). A merge, not a
+recomputation, so a bucket stays right after retention deleted its raw points.
 
 Only plain SQL through the calling thread's own ``django.db.connection``: no cached cursor, no
 connection handling of its own (the task runs inside the test process's worker thread too).
@@ -16,10 +17,12 @@ from __future__ import annotations
 
 from django.db import connection, transaction
 
-from breakers.models import MetricPoint, MetricRollup, RollupCursor
+from breakers.models import MetricBlock, MetricPoint, MetricRollup, RollupCursor
+from breakers.storage.points import next_chunk
 from incidents.models import Job
 
 POINTS = MetricPoint._meta.db_table
+BLOCKS = MetricBlock._meta.db_table
 ROLLUPS = MetricRollup._meta.db_table
 CURSORS = RollupCursor._meta.db_table
 JOBS = Job._meta.db_table
@@ -27,18 +30,12 @@ WIDTHS = (10, 60)  # seconds
 BATCH_POINTS = 200_000  # per transaction: bounded lock time and memory
 FINITE = "p.value NOT IN ('NaN'::float8, 'Infinity'::float8, '-Infinity'::float8)"
 
-_HIGH_SQL = f"""
-SELECT max(id), count(*) FROM (
-  SELECT id FROM {POINTS} WHERE job_id = %(job)s AND id > %(cursor)s ORDER BY id LIMIT %(limit)s
-) AS batch
-"""
-
 # The bucket's last value: the point with the highest (step, id) — ARRAY max carries it along.
 _MERGE_SQL = f"""
 INSERT INTO {ROLLUPS} AS r (job_id, name, rank, seconds, bucket, first_step, last_step,
   last_value, count, total, squares, min_value, min_step, max_value, max_step,
   nan_count, nan_step, pos_inf_count, pos_inf_step, neg_inf_count, neg_inf_step)
-SELECT p.job_id, p.name, p.rank, w.seconds,
+SELECT %(job)s::bigint, p.name, p.rank, w.seconds,
   to_timestamp(floor(date_part('epoch', p.time) / w.seconds) * w.seconds),
   min(p.step),
   (max(ARRAY[p.step::float8, p.id::float8, p.value]))[1]::bigint,
@@ -56,8 +53,8 @@ SELECT p.job_id, p.name, p.rank, w.seconds,
   min(p.step) FILTER (WHERE p.value = 'Infinity'::float8),
   count(*) FILTER (WHERE p.value = '-Infinity'::float8),
   min(p.step) FILTER (WHERE p.value = '-Infinity'::float8)
-FROM {POINTS} p CROSS JOIN (VALUES (10), (60)) AS w(seconds)
-WHERE p.job_id = %(job)s AND p.id > %(cursor)s AND p.id <= %(high)s
+FROM brakeline_points_after(%(job)s, %(cursor)s, %(high)s) p
+CROSS JOIN (VALUES (10), (60)) AS w(seconds)
 GROUP BY 1, 2, 3, 4, 5
 ON CONFLICT (job_id, name, rank, seconds, bucket) DO UPDATE SET
   first_step = least(r.first_step, excluded.first_step),
@@ -84,10 +81,12 @@ ON CONFLICT (job_id, name, rank, seconds, bucket) DO UPDATE SET
   neg_inf_step = least(r.neg_inf_step, excluded.neg_inf_step)
 """
 
-# Jobs with points past their cursor: one probe of the (job, id) index per job.
+# Jobs with points past their cursor: a probe of each (job, id) index per job.
 _PENDING_SQL = f"""
 SELECT j.id FROM {JOBS} j LEFT JOIN {CURSORS} c ON c.job_id = j.id
 WHERE EXISTS (SELECT 1 FROM {POINTS} p WHERE p.job_id = j.id AND p.id > coalesce(c.cursor, 0))
+   OR EXISTS (SELECT 1 FROM {BLOCKS} b
+              WHERE b.job_id = j.id AND b.last_id > coalesce(c.cursor, 0))
 ORDER BY j.id
 """
 
@@ -104,8 +103,7 @@ def roll_up_batch(job_id: int, limit: int = BATCH_POINTS) -> int:
         # The lock: a second roll-up of this job waits here, then reads the advanced cursor.
         mark = RollupCursor.objects.select_for_update().get(job_id=job_id)
         cursor.execute("SET LOCAL jit = off")
-        cursor.execute(_HIGH_SQL, {"job": job_id, "cursor": mark.cursor, "limit": limit})
-        high, merged = cursor.fetchone()
+        high, merged, _ = next_chunk(job_id, mark.cursor, limit)
         if high is None:
             return 0
         cursor.execute(_MERGE_SQL, {"job": job_id, "cursor": mark.cursor, "high": high})

@@ -195,7 +195,6 @@ def sha256_of_path(path: str | Path) -> str:
 
 
 def points_per_step(job_id: int, name: str) -> Counter[int]:
-    from breakers.models import MetricPoint
+    from breakers.storage.points import stored_points
 
-    steps = MetricPoint.objects.filter(job_id=job_id, name=name).values_list("step", flat=True)
-    return Counter(steps)
+    return Counter(point.step for point in stored_points(job_id, name))

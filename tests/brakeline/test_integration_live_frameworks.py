@@ -15,7 +15,8 @@ import time
 import pytest
 
 from breakers.control.commands import issue_command
-from breakers.models import Command, CommandKind, CommandStatus, MetricPoint
+from breakers.models import Command, CommandKind, CommandStatus
+from breakers.storage.points import stored_points
 from incidents.models import Job, JobStatus
 from tests.brakeline.live import sha256_of_path, wait_for
 
@@ -74,8 +75,7 @@ def test_hugging_face_is_braked_although_its_logs_hide_the_nan(live_console, age
     assert result["path"] == str(run.work_dir / "hf" / f"checkpoint-{result['step']}")
 
     def values(name: str) -> dict[int, float]:
-        points = MetricPoint.objects.filter(job_id=agent.job_id, name=name)
-        return dict(points.values_list("step", "value"))
+        return {p.step: p.value for p in stored_points(agent.job_id, name)}
 
     # What the Trainer logged for the NaN step is a finite stand-in; the SDK saw the truth.
     assert math.isfinite(values("loss")[NAN_AT])

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from breakers.models import MetricPoint
+from breakers.storage.points import stored_points
 from incidents.models import Job, JobStatus
 from tests.brakeline.live import points_per_step, wait_for
 
@@ -52,7 +52,7 @@ def test_an_outage_of_30_seconds_loses_no_point_and_does_not_stop_training(
     )  # fmt: skip
     spill = run.work_dir / "spill" / "outage" / "rank-0"
     wait_for(
-        lambda: MetricPoint.objects.filter(job_id=agent.job_id).count() > 500,
+        lambda: len(stored_points(agent.job_id)) > 500,
         "the first points to arrive",
         training=run,
     )
@@ -65,13 +65,13 @@ def test_an_outage_of_30_seconds_loses_no_point_and_does_not_stop_training(
     wait_for(lambda: list(spill.glob("*.jsonl")), "points spilled to disk", training=run)
     time.sleep(max(0.0, OUTAGE_SECONDS - (time.monotonic() - down_at)))
     rate_during = (run.steps_done() - steps_at_outage) / (time.monotonic() - down_at)
-    stored_during = MetricPoint.objects.filter(job_id=agent.job_id).count()
+    stored_during = len(stored_points(agent.job_id))
     restartable_console.start()
 
     assert run.process.poll() is None, run.tail()
     assert rate_during > 0.75 * rate_before, (rate_during, rate_before)
     wait_for(
-        lambda: MetricPoint.objects.filter(job_id=agent.job_id).count() > stored_during,
+        lambda: len(stored_points(agent.job_id)) > stored_during,
         "the replay after the outage",
         training=run,
     )

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from breakers.models import MetricPoint
+from breakers.storage.points import stored_points
 from incidents.models import Job, JobRank, JobStatus
 from tests.brakeline.live import SCRIPTS, training_environment, wait_for
 from tests.conftest import ROOT
@@ -53,7 +53,7 @@ def test_two_torchrun_ranks_are_two_ranks_and_the_job_finishes_with_the_last(
     assert job.status == JobStatus.FINISHED and job.heartbeat_deadline is None
     assert job.agent_pid == ranks[0].pid  # rank 0's process, not whichever beat last
     # Each rank's losses are its own series: one point per step and rank, not two in one.
-    losses = MetricPoint.objects.filter(job_id=agent.job_id, name="loss")
+    losses = stored_points(agent.job_id, "loss")
     for rank in (0, 1):
-        steps = list(losses.filter(rank=rank).values_list("step", flat=True))
+        steps = [p.step for p in losses if p.rank == rank]
         assert len(steps) == len(set(steps)) == STEPS

@@ -15,7 +15,8 @@ import pytest
 from breakers import checkpoints
 from breakers.control.commands import issue_command
 from breakers.control.job_actions import confirm_pause
-from breakers.models import Command, CommandKind, CommandStatus, MetricPoint
+from breakers.models import Command, CommandKind, CommandStatus
+from breakers.storage.points import stored_points
 from core.errors import InvalidInput
 from incidents.alerts.acknowledge import acknowledge_alert
 from incidents.models import Incident, IncidentStatus, Job, JobStatus, TimelineEntry
@@ -71,7 +72,7 @@ def test_a_poisoned_batch_is_braked_clean_and_rolled_back_bit_for_bit(
     # and the saved weights hold no update from it.
     assert result["step"] == POISON_AT and result["weights_step"] == POISON_AT - 1
     assert braked.steps_done() == POISON_AT
-    assert not MetricPoint.objects.filter(job_id=agent.job_id, step__gt=POISON_AT).exists()
+    assert not any(p.step > POISON_AT for p in stored_points(agent.job_id))
 
     entries = checkpoints.catalogue(agent.job_id)
     brake = next(e for e in entries if e["sha256"] == result["sha256"])

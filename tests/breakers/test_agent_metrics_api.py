@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from breakers.models import MetricPoint
+from breakers.storage.points import any_points_stored, stored_points
 from console.ratelimit import rate_counter
 from incidents.jobs import revoke_agent_tokens
 from incidents.models import Job, JobStatus, Node
@@ -40,7 +40,7 @@ def test_a_batch_is_stored_with_its_fields_and_answers_202(agent, agent_post):
     )
     assert response.status_code == 202, response.content
     assert response.json() == {"accepted": 2, "commands": []}
-    stored = {p.name: p for p in MetricPoint.objects.filter(job_id=agent.job_id)}
+    stored = {p.name: p for p in stored_points(agent.job_id)}
     assert stored["loss"].value == 2.5 and stored["loss"].node == "node-07"
     assert stored["loss"].time == sent_at
     assert stored["grad_norm"].value == 3.0 and stored["grad_norm"].node is None
@@ -65,7 +65,7 @@ def test_non_finite_values_are_data_and_stored_as_such(agent, agent_post, sent, 
     body = '{"points": [{"name": "loss", "step": 7, "value": ' + sent + "}]}"
     response = agent_post(URL, body)
     assert response.status_code == 202, response.content
-    stored = MetricPoint.objects.get(job_id=agent.job_id)
+    (stored,) = stored_points(agent.job_id)
     assert stored.value is not None and check(stored.value)
 
 
@@ -139,7 +139,7 @@ def test_bad_input_is_refused_with_a_clear_error_and_nothing_written(
     assert error["detail"] and isinstance(error["fields"], dict)
     if field is not None:
         assert field in error["fields"], error
-    assert not MetricPoint.objects.filter(job_id=agent.job_id).exists()
+    assert not stored_points(agent.job_id)
     assert Job.objects.get(pk=agent.job_id).status == JobStatus.PENDING
 
 
@@ -148,7 +148,7 @@ def test_one_bad_point_refuses_the_whole_batch(agent, agent_post):
     response = agent_post(URL, {"points": points})
     assert response.status_code == 400
     assert list(response.json()["fields"]) == ["points[500].step"]
-    assert MetricPoint.objects.filter(job_id=agent.job_id).count() == 0
+    assert len(stored_points(agent.job_id)) == 0
 
 
 def test_many_bad_points_are_reported_up_to_a_limit(agent, agent_post):
@@ -164,7 +164,7 @@ def test_too_many_points_is_413_and_writes_nothing(agent, agent_post, settings):
     assert response.status_code == 413
     assert response.json()["error"] == "payload_too_large"
     assert "at most 10 points" in response.json()["detail"]
-    assert not MetricPoint.objects.exists()
+    assert not any_points_stored()
 
 
 def test_too_many_bytes_is_413_and_writes_nothing(agent, agent_post, settings):
@@ -172,7 +172,7 @@ def test_too_many_bytes_is_413_and_writes_nothing(agent, agent_post, settings):
     response = agent_post(URL, {"points": [point(step=i, name="m" * 150) for i in range(10)]})
     assert response.status_code == 413
     assert response.json()["fields"] == {"body": "at most 1000 bytes"}
-    assert not MetricPoint.objects.exists()
+    assert not any_points_stored()
 
 
 def test_exactly_the_limit_is_accepted(agent, agent_post, settings):
@@ -200,7 +200,7 @@ def test_missing_malformed_or_unknown_token_is_401(client, agent, headers, code)
     assert response.status_code == 401
     assert response.json()["error"] == code
     assert response.headers["WWW-Authenticate"].startswith("Bearer")
-    assert not MetricPoint.objects.exists()
+    assert not any_points_stored()
 
 
 def test_a_revoked_token_is_401(agent, agent_post):
@@ -208,7 +208,7 @@ def test_a_revoked_token_is_401(agent, agent_post):
     response = agent_post(URL, {"points": [point()]})
     assert response.status_code == 401
     assert response.json()["error"] == "revoked_token"
-    assert not MetricPoint.objects.exists()
+    assert not any_points_stored()
 
 
 def test_a_token_writes_only_to_its_own_job(make_agent, client):
@@ -216,8 +216,8 @@ def test_a_token_writes_only_to_its_own_job(make_agent, client):
     client.post(
         URL, data={"points": [point()]}, content_type="application/json", headers=second.headers
     )
-    assert MetricPoint.objects.filter(job_id=second.job_id).count() == 1
-    assert not MetricPoint.objects.filter(job_id=first.job_id).exists()
+    assert len(stored_points(second.job_id)) == 1
+    assert not stored_points(first.job_id)
 
 
 def test_get_is_405_in_the_error_format(client, agent):
@@ -236,4 +236,4 @@ def test_rate_limit_answers_429_with_retry_after(agent, agent_post, settings):
     refused = agent_post(URL, {"points": [point(step=9)]})
     assert refused.json()["error"] == "rate_limited"
     assert int(refused.headers["Retry-After"]) > 0
-    assert MetricPoint.objects.filter(job_id=agent.job_id).count() == 3
+    assert len(stored_points(agent.job_id)) == 3

@@ -15,7 +15,8 @@ import urllib.request
 import pytest
 from websockets.sync.client import connect
 
-from breakers.models import MetricBatch, MetricPoint
+from breakers.models import MetricBatch
+from breakers.storage.points import stored_points
 from tests.support.waiting import wait_for
 
 URL = "/api/v1/agent/metrics"
@@ -31,7 +32,7 @@ def batch(batch_id: str | None, start: int = 0, count: int = 3) -> dict:
 
 
 def stored(job_id: int) -> int:
-    return MetricPoint.objects.filter(job_id=job_id).count()
+    return len(stored_points(job_id))
 
 
 @pytest.mark.django_db

@@ -1,6 +1,7 @@
-"""Compacted metric blocks: every raw reader answers the same before and after compaction, the
-compaction cursor never passes the evaluator's or the rollups', two rounds never fold a point
-twice, retention keeps the freeze around an incident in blocks too. Real PostgreSQL; the clock
+"""Compaction: ingest's narrow blocks (and raw rows of a console upgraded from row storage) merge
+into wide blocks; every reader answers the same before and after, the compaction cursor never
+passes the evaluator's or the rollups', two rounds never fold a point twice, retention keeps the
+freeze around an incident in blocks too. Real PostgreSQL; the clock
 is fixed to dates of 2026's spring, never today's."""
 
 from __future__ import annotations
@@ -14,11 +15,18 @@ from django.db import connection
 
 from breakers import metrics
 from breakers.agent.protocol import PointIn
-from breakers.agent.store import store_points
+from breakers.agent.store import copy_rows, store_points
 from breakers.models import CompactionCursor, EvaluationState, MetricBlock, MetricPoint
 from breakers.storage import compaction, retention, rollups
+from breakers.storage.blocks import (
+    BLOCK_CELLS,
+    BLOCK_COLUMNS,
+    BLOCK_STEP_SPAN,
+    EPOCH,
+    blocks_of,
+)
 from breakers.storage.buckets import fetch_buckets
-from breakers.storage.compaction import BLOCK_CELLS, BLOCK_COLUMNS, BLOCK_STEP_SPAN, blocks_of
+from breakers.storage.points import stored_points
 from breakers.storage.reading import raw_range
 from console.api.jobs import visible_jobs
 from incidents.models import Incident, IncidentStatus
@@ -33,7 +41,7 @@ def at(seconds: float) -> datetime:
 
 def point(i: int, name: str, step: int, value: float = 1.0, *, rank=0, node=None, t=None):
     """A point as compaction reads it: its time in microseconds since the epoch."""
-    microseconds = (at(step if t is None else t) - compaction.EPOCH) // timedelta(microseconds=1)
+    microseconds = (at(step if t is None else t) - EPOCH) // timedelta(microseconds=1)
     return (i, name, step, microseconds, value, node, rank)
 
 
@@ -128,7 +136,9 @@ def test_hundreds_of_metrics_a_step_make_narrower_blocks_never_a_huge_grid():
 # --- On PostgreSQL: readers, cursors, races, retention ----------------------------------------
 
 
-def run(job_id: int, steps: range, *, ranks: int = 2, extra=()) -> list[PointIn]:
+def run(job_id: int, steps: range, *, ranks: int = 2, extra=(), per_batch=10) -> list[PointIn]:
+    """Steps logged as the SDK sends them: ``per_batch`` steps a batch, so ingest writes narrow
+    blocks (one per rank and node of a batch) for compaction to merge."""
     points = [
         PointIn(name, s, value, at(s * 10.0 + r * 0.001), f"node{r}", r)
         for s in steps
@@ -140,14 +150,22 @@ def run(job_id: int, steps: range, *, ranks: int = 2, extra=()) -> list[PointIn]
     ]
     points += list(extra)
     # The server's time of receipt (the job's last_metric_at) is the last step's, not today's.
+    size = per_batch * ranks * 2
     with time_machine.travel(at(steps[-1] * 10.0 + 1), tick=False):
-        store_points(job_id, points)
+        for first in range(0, len(points), size):
+            store_points(job_id, points[first : first + size])
     return points
 
 
+def uncompacted_blocks(job_id: int) -> int:
+    """Ingest's blocks above the job's compaction cursor."""
+    mark = CompactionCursor.objects.filter(job_id=job_id).values_list("cursor", flat=True)
+    return MetricBlock.objects.filter(job_id=job_id, last_id__gt=max(mark, default=0)).count()
+
+
 def evaluated_and_rolled_up(job_id: int, upto: int | None = None) -> None:
-    top = MetricPoint.objects.filter(job_id=job_id).order_by("-id").values_list("id", flat=True)
-    EvaluationState.objects.update_or_create(job_id=job_id, defaults={"cursor": upto or top[0]})
+    top = max(p.id for p in stored_points(job_id))
+    EvaluationState.objects.update_or_create(job_id=job_id, defaults={"cursor": upto or top})
     rollups.roll_up_job(job_id)
 
 
@@ -206,12 +224,13 @@ def test_every_reader_answers_the_same_after_compaction(make_agent, django_user_
 
     Membership.objects.create(user=user, team=Job.objects.get(pk=job_id).team, role="viewer")
     before, latest_before = answers(agent), latest(job_id, user)
-    raw_points = MetricPoint.objects.filter(job_id=job_id).count()
+    raw_points, narrow = len(stored_points(job_id)), uncompacted_blocks(job_id)
+    assert narrow >= 2 * 3000 // 10  # a block per rank and batch of ten steps
 
     compacted = compaction.compact_job(job_id, 0, EvaluationState.objects.get(job_id=job_id).cursor)
 
-    assert compacted == raw_points and not MetricPoint.objects.filter(job_id=job_id).exists()
-    assert MetricBlock.objects.filter(job_id=job_id).count() >= 2 * 3000 // BLOCK_COLUMNS
+    assert compacted == raw_points and uncompacted_blocks(job_id) == 0
+    assert 2 * 3000 // BLOCK_COLUMNS <= MetricBlock.objects.filter(job_id=job_id).count() < narrow
     assert answers(agent) == before
     # The highest step, logged last (rank 1, a millisecond after rank 0).
     assert latest(job_id, user) == latest_before == 2.0 + math.sin(2999 / 50) + 0.01
@@ -222,16 +241,15 @@ def test_every_reader_answers_the_same_after_compaction(make_agent, django_user_
 @pytest.mark.django_db
 def test_what_the_evaluator_has_not_read_stays_raw(make_agent):
     job_id = make_agent().job_id
-    run(job_id, range(1000), ranks=1)
-    ids = list(
-        MetricPoint.objects.filter(job_id=job_id).order_by("id").values_list("id", flat=True)
-    )
-    evaluated_and_rolled_up(job_id, upto=ids[599])  # the evaluator is 1,400 points behind
+    run(job_id, range(1000), ranks=1)  # 100 blocks of 20 points
+    ids = sorted({p.id for p in stored_points(job_id)})
+    evaluated_and_rolled_up(job_id, upto=ids[29])  # the evaluator is 1,400 points behind
     with time_machine.travel(at(1000 * 10.0 + 601), tick=False):
         done = compaction.compact_all()
     assert done == {job_id: 600}
-    assert list(MetricPoint.objects.filter(job_id=job_id).values_list("id", flat=True)) == ids[600:]
-    assert CompactionCursor.objects.get(job_id=job_id).cursor == ids[599]
+    left = MetricBlock.objects.filter(job_id=job_id, last_id__gt=ids[29]).order_by("last_id")
+    assert list(left.values_list("last_id", flat=True)) == ids[30:]  # ingest's, untouched
+    assert CompactionCursor.objects.get(job_id=job_id).cursor == ids[29]
 
 
 @pytest.mark.django_db
@@ -263,8 +281,10 @@ def test_a_second_round_with_a_stale_cursor_folds_nothing(make_agent):
     bound = EvaluationState.objects.get(job_id=job_id).cursor
     assert compaction.compact_job(job_id, 0, bound) == 600
     blocks = MetricBlock.objects.filter(job_id=job_id).count()
-    # A round that read the cursor before the first committed: it finds the rows gone.
-    assert compaction._compact_chunk(job_id, 0, bound) == (0, bound)
+    # A round that read the cursor before the first committed: it reads the merged blocks, and
+    # its compare-and-swap of the cursor refuses them (the whole round rolls back).
+    with pytest.raises(compaction.Conflict):
+        compaction._compact_chunk(job_id, 0, bound)
     assert MetricBlock.objects.filter(job_id=job_id).count() == blocks
     # One that raced on the same rows: its CAS (or its delete count) refuses, nothing is kept.
     run(job_id, range(300, 400), ranks=1)
@@ -311,7 +331,7 @@ def test_the_real_worker_compacts_through_the_named_task(make_agent, worker, set
         "the worker to compact the job",
     )
     wait_for(worker_idle, "the worker to finish")
-    assert not MetricPoint.objects.filter(job_id=job_id).exists()
+    assert uncompacted_blocks(job_id) == 0
     assert CompactionCursor.objects.get(job_id=job_id).points == 2 * 2 * 500
     assert metrics.points_between(job_id, "loss", 0, 499, 1000) == before
 
@@ -362,3 +382,26 @@ def test_a_day_written_to_after_its_check_is_not_dropped(make_agent):
     assert MetricBlock.objects.filter(job_id=job_id).exists()
     assert partitions._drop_unless_written(table, newest) is True
     assert T0.date() not in partitions.existing()
+
+
+@pytest.mark.django_db
+def test_raw_rows_of_an_upgraded_console_and_new_blocks_are_one_sequence(make_agent):
+    """Rows stored one per point before the upgrade, then blocks: the evaluator reads each point
+    once, in id order, and compaction folds both."""
+    from breakers.detection.evaluation import evaluate_job
+
+    job_id = make_agent().job_id
+    rows = [(job_id, "loss", s, at(s * 10.0), 2.0, "node0", 0) for s in range(50)]
+    with connection.cursor() as cursor:
+        copy_rows(cursor.cursor, rows)
+    run(job_id, range(50, 100), ranks=1)
+    raw_ids = set(MetricPoint.objects.filter(job_id=job_id).values_list("id", flat=True))
+    block_ids = set(MetricBlock.objects.filter(job_id=job_id).values_list("last_id", flat=True))
+    assert len(raw_ids) == 50 and max(raw_ids) < min(block_ids)  # one id sequence
+    report = evaluate_job(job_id, chunk_size=7)
+    assert report.points == 50 + 100 and report.cursor == max(block_ids)
+    assert evaluate_job(job_id).points == 0  # exactly once
+    rollups.roll_up_job(job_id)
+    assert compaction.compact_job(job_id, 0, report.cursor) == 150
+    assert not MetricPoint.objects.filter(job_id=job_id).exists()
+    assert [p.step for p in stored_points(job_id, "loss")] == list(range(100))

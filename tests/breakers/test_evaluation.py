@@ -13,7 +13,8 @@ from breakers.agent.protocol import PointIn
 from breakers.agent.store import store_points
 from breakers.detection import evaluation
 from breakers.detection.evaluation import evaluate_job
-from breakers.models import EvaluationState, MetricPoint, Rule
+from breakers.models import EvaluationState, Rule
+from breakers.storage.points import stored_points
 from incidents.models import Alert, Incident, Job, TimelineEntry
 from tests.breakers.test_rulepack_scenarios import DIVERGE_AT, NAN_AT, RAMP_AT, diverging_loss
 
@@ -49,7 +50,7 @@ def test_the_cursor_advances_over_every_point_once(agent):
     store(agent.job_id, losses(range(0, 30)))
     store(agent.job_id, losses(range(30, 50)))
     report = evaluate_job(agent.job_id, chunk_size=7)  # several transactions
-    last_id = MetricPoint.objects.filter(job_id=agent.job_id).latest("id").id
+    last_id = max(p.id for p in stored_points(agent.job_id))
     assert (report.points, report.cursor) == (50, last_id)
     state = EvaluationState.objects.get(job_id=agent.job_id)
     assert (state.cursor, state.points_evaluated) == (last_id, 50)
@@ -207,19 +208,25 @@ def test_a_deleted_job_is_nothing_to_evaluate():
 
 
 def test_points_are_read_back_with_epoch_times_and_non_finite_values_intact(agent):
-    """The evaluator's own read (plain SQL, times as epoch seconds) gives what was stored."""
+    """The evaluator's own read (plain SQL, times as epoch seconds) gives what was stored, a
+    block (one per rank and node of a batch) whole, in id order."""
     store(agent.job_id, [("loss", 3, math.nan, "n1"), ("loss", 1, math.inf), ("gn", 2, -math.inf)])
-    first = MetricPoint.objects.filter(job_id=agent.job_id).order_by("id").first().id
-    rows = evaluation.read_points(agent.job_id, first - 1, 10)
-    assert [(r[1], r[2], r[5]) for r in rows] == [
-        ("loss", 3, "n1"),
-        ("loss", 1, None),
-        ("gn", 2, None),
-    ]
+    first = min(p.id for p in stored_points(agent.job_id))
+    rows, more = evaluation.read_points(agent.job_id, first - 1, 10)
+    assert not more
+    by_point = {(r[1], r[2], r[5]): r for r in rows}
+    assert sorted(by_point) == [("gn", 2, None), ("loss", 1, None), ("loss", 3, "n1")]
     assert [r[0] for r in rows] == sorted(r[0] for r in rows)
-    assert [r[3] for r in rows] == [(T0 + timedelta(seconds=s)).timestamp() for s in (3, 1, 2)]
-    assert math.isnan(rows[0][4]) and rows[1][4] == math.inf and rows[2][4] == -math.inf
-    assert [r[0] for r in evaluation.read_points(agent.job_id, rows[0][0], 1)] == [rows[1][0]]
+    for (_, step, _), row in by_point.items():
+        assert row[3] == (T0 + timedelta(seconds=step)).timestamp()
+    assert math.isnan(by_point[("loss", 3, "n1")][4])
+    assert by_point[("loss", 1, None)][4] == math.inf
+    assert by_point[("gn", 2, None)][4] == -math.inf
+    # Node n1's block, then the other's: a chunk of one point still reads a block whole.
+    n1 = by_point[("loss", 3, "n1")][0]
+    rest, more = evaluation.read_points(agent.job_id, n1, 1)
+    assert sorted((r[1], r[2]) for r in rest) == [("gn", 2), ("loss", 1)] and not more
+    assert {r[0] for r in rest} == {by_point[("gn", 2, None)][0]} != {n1}
 
 
 def store_ranks(job_id, rank, points):

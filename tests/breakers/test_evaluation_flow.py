@@ -19,7 +19,8 @@ from celery.signals import before_task_publish
 from django.db import connection, transaction
 
 from breakers.detection import evaluation, tasks
-from breakers.models import EvaluationState, MetricPoint
+from breakers.models import EvaluationState
+from breakers.storage.points import stored_points
 from incidents.models import Alert, Incident, TimelineEntry
 from tests.support.waiting import wait_for
 from tests.support.worker import worker_idle
@@ -54,7 +55,7 @@ def published_evaluations():
 
 
 def evaluated_everything(job_id: int) -> bool:
-    last = MetricPoint.objects.filter(job_id=job_id).order_by("-id").values_list("id", flat=True)
+    last = sorted((p.id for p in stored_points(job_id)), reverse=True)
     state = EvaluationState.objects.filter(job_id=job_id).first()
     return state is not None and bool(last) and state.cursor == last[0]
 

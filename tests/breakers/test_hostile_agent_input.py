@@ -15,7 +15,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from breakers.control.commands import issue_command
-from breakers.models import Command, EnvironmentSnapshot, MetricPoint
+from breakers.models import Command, EnvironmentSnapshot
+from breakers.storage.points import any_points_stored, stored_points
 from incidents.models import Job
 
 pytestmark = pytest.mark.django_db
@@ -167,7 +168,7 @@ def test_hostile_input_is_a_4xx_naming_the_field_and_nothing_is_written(
     answer = response.json()
     assert set(answer) == {"error", "detail", "fields"}
     assert field in answer["fields"], answer
-    assert MetricPoint.objects.count() == 0
+    assert not any_points_stored()
     assert EnvironmentSnapshot.objects.count() == 0
     assert Command.objects.get(pk=command.command.pk).status == command.command.status
     job_after = Job.objects.values().get(pk=agent.job_id)
@@ -187,7 +188,7 @@ def test_times_inside_the_window_are_accepted(agent, agent_post):
         ]
     }
     assert agent_post(METRICS, body).status_code == 202
-    assert MetricPoint.objects.filter(job_id=agent.job_id).count() == 2
+    assert len(stored_points(agent.job_id)) == 2
 
 
 def test_the_window_is_the_setting(agent, agent_post, settings):
@@ -232,7 +233,7 @@ def test_an_oversized_body_is_401_without_a_token_and_413_with_one(live_console,
     assert status == 401 and answer["error"] == "unknown_token"
     status, answer = _post_raw(live_console + METRICS, oversized, agent.token)
     assert status == 413 and "body" in answer["fields"]
-    assert MetricPoint.objects.count() == 0
+    assert not any_points_stored()
 
 
 @pytest.mark.django_db(transaction=True)

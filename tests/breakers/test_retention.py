@@ -11,8 +11,9 @@ import time_machine
 
 from breakers.agent.protocol import PointIn
 from breakers.agent.store import store_points
-from breakers.models import MetricPoint, MetricRollup
+from breakers.models import MetricRollup
 from breakers.storage import retention, rollups
+from breakers.storage.points import stored_points
 from incidents.models import Incident, IncidentStatus
 
 pytestmark = pytest.mark.django_db
@@ -25,15 +26,15 @@ def at(seconds: float) -> datetime:
 
 
 def one_a_minute(job_id: int, steps: range, ranks: int = 1) -> None:
-    store_points(
-        job_id,
-        [PointIn("loss", s, 1.0 + s % 5, at(s * 60.0), None, r) for s in steps
-         for r in range(ranks)],
-    )  # fmt: skip
+    """A step a minute, each its own batch as the SDK sends it (retention keeps or deletes a
+    block whole: a batch of one step is a block of one step)."""
+    for s in steps:
+        store_points(job_id, [PointIn("loss", s, 1.0 + s % 5, at(s * 60.0), None, r)
+                              for r in range(ranks)])  # fmt: skip
 
 
 def remaining_steps(job_id: int) -> set[int]:
-    return set(MetricPoint.objects.filter(job_id=job_id).values_list("step", flat=True))
+    return {p.step for p in stored_points(job_id)}
 
 
 def incident(job_id: int, first_step: int, resolved_step: int | None) -> None:
@@ -67,10 +68,11 @@ def test_raw_points_leave_after_the_window_but_never_around_an_incident(make_age
         assert retention.prune() == retention.Pruned(0, 0)  # idempotent
     assert remaining_steps(quiet.job_id) == set()
     assert remaining_steps(closed.job_id) == set(range(290, 401))  # the margin, to the close
-    assert MetricPoint.objects.filter(job_id=closed.job_id).count() == 2 * 111  # every rank
+    assert len(stored_points(closed.job_id)) == 2 * 111  # every rank
     assert remaining_steps(open_.job_id) == set(range(490, 1000))  # active: kept
     assert remaining_steps(unrolled.job_id) == set(range(1000))  # not in the rollups yet
-    assert pruned.raw_points == 900 + 2 * (1000 - 111 - 100) + (490 - 100)
+    # Ingest wrote a block per batch and rank: here one point each, deleted block by block.
+    assert pruned.blocks == 900 + 2 * (1000 - 111 - 100) + (490 - 100) and pruned.raw_points == 0
     # The rollups still count every deleted point: the long view of the run is whole.
     counts = MetricRollup.objects.filter(job_id=quiet.job_id, seconds=60)
     assert sum(counts.values_list("count", flat=True)) == 1000

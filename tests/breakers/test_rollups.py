@@ -10,8 +10,9 @@ import pytest
 
 from breakers.agent.protocol import PointIn
 from breakers.agent.store import store_points
-from breakers.models import MetricPoint, MetricRollup, RollupCursor
+from breakers.models import MetricRollup, RollupCursor
 from breakers.storage import rollups
+from breakers.storage.points import stored_points
 from tests.support.waiting import wait_for
 from tests.support.worker import worker_idle
 
@@ -106,7 +107,9 @@ def test_rollups_per_rank_hold_min_max_mean_last_and_non_finite_merged_exactly_o
     assert {r for r in MetricRollup.objects.values_list("rank", flat=True)} == {0, 1, 2}
     nan_total = sum(r.nan_count for r in MetricRollup.objects.filter(seconds=60))
     assert nan_total == sum(1 for p in first + second if math.isnan(p.value))
-    assert RollupCursor.objects.get(job_id=job.job_id).cursor == MetricPoint.objects.latest("id").id
+    assert RollupCursor.objects.get(job_id=job.job_id).cursor == max(
+        p.id for p in stored_points(job.job_id)
+    )
 
 
 def test_small_batches_give_the_same_rollups_as_one(make_agent):

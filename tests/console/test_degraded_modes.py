@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from breakers.control import liveness
 from breakers.control.commands import issue_command
-from breakers.models import MetricPoint
+from breakers.storage.points import stored_points
 from console import agent_gate
 from console.api import agent_auth, health
 from console.api.errors import exception_handler, server_error
@@ -64,7 +64,7 @@ def test_with_redis_down_metrics_still_land_and_heartbeats_still_carry_brakes(
     body = {"batch": "r-1", "points": [{"name": "loss", "step": 1, "value": "NaN"}]}
     metrics = agent_post("/api/v1/agent/metrics", body)
     assert metrics.status_code == 202, metrics.content
-    assert MetricPoint.objects.filter(job_id=agent.job_id).count() == 1
+    assert len(stored_points(agent.job_id)) == 1
     heartbeat = agent_post("/api/v1/agent/heartbeat", {"step": 1, "status": "running"})
     assert heartbeat.status_code == 200
     assert [c["id"] for c in heartbeat.json()["commands"]] == [issued.command.pk]
@@ -143,9 +143,9 @@ def test_with_a_read_only_database_agents_get_503_and_keep_their_points(make_age
     assert "read-only" in response.json()["detail"]
     assert heartbeat.status_code == 503
     assert report["database"] == {"ok": False, "error": "read_only"}
-    assert MetricPoint.objects.filter(job_id=agent.job_id).count() == 0  # nothing half-written
+    assert len(stored_points(agent.job_id)) == 0  # nothing half-written
     assert post("/api/v1/agent/metrics", json.dumps(body)).status_code == 202  # the retry lands
-    assert MetricPoint.objects.filter(job_id=agent.job_id).count() == 1
+    assert len(stored_points(agent.job_id)) == 1
 
 
 def test_an_outage_met_outside_the_api_views_is_a_503_too(rf):

@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from breakers.models import MetricPoint
+from breakers.storage.points import stored_points
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -35,9 +35,9 @@ def test_a_batch_goes_through_daphne_into_postgresql_with_copy(live_console, age
         f"{live_console}/api/v1/agent/metrics", agent.token, json.dumps({"points": points}).encode()
     )
     assert (status, body) == (202, {"accepted": 1001, "commands": []})
-    stored = MetricPoint.objects.filter(job_id=agent.job_id).order_by("step")
-    assert stored.count() == 1001
-    assert stored.first().value == 1.0 and math.isnan(stored.last().value)
+    stored = sorted(stored_points(agent.job_id), key=lambda p: p.step)
+    assert len(stored) == 1001
+    assert stored[0].value == 1.0 and math.isnan(stored[-1].value)
 
 
 def test_an_oversized_body_is_413_through_daphne(live_console, agent):
@@ -47,4 +47,4 @@ def test_an_oversized_body_is_413_through_daphne(live_console, agent):
     assert len(body) > 4 * 1024 * 1024
     status, error = post(f"{live_console}/api/v1/agent/metrics", agent.token, body)
     assert status == 413 and error["error"] == "payload_too_large"
-    assert not MetricPoint.objects.filter(job_id=agent.job_id).exists()
+    assert not stored_points(agent.job_id)

@@ -12,8 +12,8 @@ import time_machine
 
 from breakers.agent.protocol import PointIn
 from breakers.agent.store import store_points
-from breakers.models import MetricPoint
 from breakers.storage import retention, rollups
+from breakers.storage.points import StoredPoint, stored_points
 from incidents.models import Job
 from tests.console.test_series_api import get_series
 from tests.console.test_series_api import viewer as viewer_fixture
@@ -23,6 +23,11 @@ viewer = viewer_fixture  # the same signed-in viewer of team vision's job
 pytestmark = pytest.mark.django_db
 
 T0 = datetime(2026, 4, 1, 8, 0, 0, tzinfo=UTC)
+
+
+def every_point() -> list[StoredPoint]:
+    """Every stored point of every job (raw rows and blocks alike)."""
+    return [p for job_id in Job.objects.values_list("pk", flat=True) for p in stored_points(job_id)]
 
 
 def value(step: int, rank: int) -> float:
@@ -35,8 +40,8 @@ def test_a_batch_names_its_rank_and_a_point_may_name_its_own(agent, agent_post):
     assert agent_post("/api/v1/agent/metrics", body).status_code == 202
     plain = {"points": [{**point, "step": 2, "value": 1.0}]}
     assert agent_post("/api/v1/agent/metrics", plain).status_code == 202
-    ranks = MetricPoint.objects.order_by("step", "value").values_list("step", "rank")
-    assert list(ranks) == [(1, 3), (1, 5), (2, 0)]  # no rank at all: rank 0
+    ranks = [(p.step, p.rank) for p in sorted(every_point(), key=lambda p: (p.step, p.value))]
+    assert ranks == [(1, 3), (1, 5), (2, 0)]  # no rank at all: rank 0
 
 
 @pytest.mark.parametrize(
@@ -52,7 +57,7 @@ def test_a_bad_rank_is_refused_naming_the_field_and_nothing_is_stored(agent_post
     response = agent_post("/api/v1/agent/metrics", body)
     assert response.status_code == 400
     assert field in response.json()["fields"]
-    assert not MetricPoint.objects.exists()
+    assert not every_point()
 
 
 def test_rank_zero_line_with_the_min_max_of_every_rank_and_a_nan_of_another_rank(client, viewer):
@@ -118,7 +123,7 @@ def test_the_full_run_comes_from_the_rollups_a_zoom_from_raw_points(client, view
     with time_machine.travel(T0 + timedelta(seconds=12_000 + 3 * 24 * 3600), tick=False):
         rollups.roll_up_job(viewer.job_id)
         retention.prune()
-    assert MetricPoint.objects.filter(job_id=viewer.job_id).count() == 0
+    assert len(stored_points(viewer.job_id)) == 0
     after = get_series(client, viewer.job_id, names="loss", max_points=200, spread=1)["loss"]
     assert after["source"] == "rollups-60s" and max(after["spread"]["high"]) == 9.0
     assert after["steps"][0] < 121 and after["steps"][-1] == 12_000  # the first bucket, the last

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from breakers.control.commands import issue_command
-from breakers.models import Command, CommandStatus, MetricPoint
+from breakers.models import Command, CommandStatus
+from breakers.storage.points import stored_points
 from console.simulator import SimulatedRun
 from incidents.models import Job, JobStatus
 
@@ -26,9 +27,7 @@ def test_the_simulated_run_streams_then_diverges_to_nan(live_console, agent, tmp
         steps_per_second=10_000,
     )
     run.run(max_steps=210)
-    losses = dict(
-        MetricPoint.objects.filter(job_id=agent.job_id, name="loss").values_list("step", "value")
-    )
+    losses = {p.step: p.value for p in stored_points(agent.job_id, "loss")}
     assert len(losses) == 210
     assert all(math.isfinite(losses[s]) for s in range(200)) and math.isnan(losses[205])
     assert losses[150] > 2 * losses[19]  # it diverges before the NaN
