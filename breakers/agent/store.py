@@ -20,7 +20,7 @@ from django.utils import timezone
 from breakers.agent.protocol import PointIn
 from breakers.models import CompactionCursor, MetricBatch, MetricPoint
 from breakers.storage import partitions
-from breakers.storage.blocks import blocks_of, to_microseconds
+from breakers.storage.blocks import batch_rows, blocks_of, to_microseconds
 from incidents.jobs import advance_current_step, mark_job_running
 from incidents.models import Node
 
@@ -66,6 +66,9 @@ def copy_rows(psycopg_cursor, rows: Iterable[tuple]) -> None:
 
 def _block_rows(job_id: int, points: Sequence[PointIn], received_at: datetime) -> list[tuple]:
     """The batch as block rows, one per rank and node (more for a batch of > 256 steps)."""
+    rows = batch_rows(job_id, points, received_at)
+    if rows is not None:
+        return rows
     received = to_microseconds(received_at)
     seen: dict[datetime, int] = {}  # a step's metrics share one time: convert it once
     shaped = []

@@ -10,9 +10,10 @@ differs from its column's.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 BLOCK_COLUMNS = 256  # steps (loggings of a step) per block
 # A block never spans more steps than this, so a step-range read finds its blocks on the
@@ -115,3 +116,58 @@ def blocks_of(points: list[tuple]) -> list[Block]:
             names.update(column.values)
         blocks.append(Block(rank, node, current, last_id))
     return blocks
+
+
+class Logged(Protocol):
+    """A point as ingest has it (``breakers.agent.protocol.PointIn``), read-only."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def time(self) -> datetime | None: ...
+    @property
+    def value(self) -> float: ...
+    @property
+    def node(self) -> str | None: ...
+    @property
+    def rank(self) -> int: ...
+
+
+def batch_rows(job_id: int, points: Sequence[Logged], received: datetime) -> list[tuple] | None:
+    """A batch's block rows without ``last_id`` (ingest leaves it to the id sequence), built
+    in one pass for the batch the SDK sends: in each rank and node, every step logged once,
+    all its metrics stamped alike. None for any other batch (a step logged twice, metrics of
+    one step at different times, a grid past ``BLOCK_CELLS`` or a span past
+    ``BLOCK_STEP_SPAN``): ``blocks_of`` shapes those, at several times the cost a point."""
+    groups: dict[tuple[int, str | None], dict[int, tuple[datetime, dict[str, float]]]] = {}
+    for p in points:
+        columns = groups.get((p.rank, p.node))
+        if columns is None:
+            columns = groups[(p.rank, p.node)] = {}
+        at = received if p.time is None else p.time
+        column = columns.get(p.step)
+        if column is None:
+            columns[p.step] = (at, {p.name: p.value})
+        elif (column[0] is not at and column[0] != at) or p.name in column[1]:
+            return None
+        else:
+            column[1][p.name] = p.value
+    rows = []
+    for (rank, node), columns in groups.items():
+        steps = sorted(columns)
+        for first in range(0, len(steps), BLOCK_COLUMNS):
+            chunk = steps[first : first + BLOCK_COLUMNS]
+            cells = [columns[step] for step in chunk]
+            names = sorted({name for _, values in cells for name in values})
+            if chunk[-1] - chunk[0] >= BLOCK_STEP_SPAN or len(names) * len(chunk) > BLOCK_CELLS:
+                return None
+            times = [at for at, _ in cells]
+            contiguous = chunk[-1] - chunk[0] == len(chunk) - 1
+            rows.append((
+                job_id, rank, node, chunk[0], chunk[-1], min(times), max(times), names,
+                None if contiguous else chunk, times,
+                [[values.get(name) for _, values in cells] for name in names], None,
+            ))  # fmt: skip
+    return rows

@@ -23,6 +23,7 @@ from breakers.storage.blocks import (
     BLOCK_COLUMNS,
     BLOCK_STEP_SPAN,
     EPOCH,
+    batch_rows,
     blocks_of,
 )
 from breakers.storage.buckets import fetch_buckets
@@ -131,6 +132,44 @@ def test_hundreds_of_metrics_a_step_make_narrower_blocks_never_a_huge_grid():
     assert sum(len(b.columns) for b in blocks) == 300
     one_column = blocks_of([point(i, f"m{i}", 0) for i in range(BLOCK_CELLS + 1)])
     assert [len(b.columns) for b in one_column] == [1]  # a step's metrics stay together
+
+
+def _general(points: list[PointIn], received: datetime) -> list[tuple]:
+    """What the general shaping makes of a batch, as ingest's rows (without last_id)."""
+    shaped = [
+        (i, p.name, p.step, (p.time or received) - EPOCH, p.value, p.node, p.rank)
+        for i, p in enumerate(points)
+    ]
+    shaped = [(*t[:3], t[3] // timedelta(microseconds=1), *t[4:]) for t in shaped]
+    return [row[:7] + row[8:] for row in (b.row(1) for b in blocks_of(shaped))]
+
+
+def _logged(step: int, name: str = "loss", *, rank=0, node=None, t=None, value=1.0) -> PointIn:
+    return PointIn(name, step, value, None if t is False else at(step if t is None else t), node,
+                   rank)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("batch", "fast"),
+    [
+        pytest.param([_logged(s, n, rank=r, node=f"n{r}") for s in range(300) for r in range(2)
+                      for n in ("loss", "lr")], True, id="two ranks, 300 steps: two blocks each"),
+        pytest.param([_logged(s, "loss") for s in (5, 3, 9)] + [_logged(3, "gn", value=NAN)],
+                     True, id="steps out of order, with a gap and a sparse metric"),
+        pytest.param([_logged(s, "loss", t=False) for s in range(4)], True,
+                     id="no times: the time of receipt"),
+        pytest.param([_logged(1), _logged(1)], False, id="a step logged twice"),
+        pytest.param([_logged(1, "loss"), _logged(1, "lr", t=1.5)], False,
+                     id="a step's metrics at two times"),
+        pytest.param([_logged(0), _logged(BLOCK_STEP_SPAN)], False, id="a span past the limit"),
+    ],
+)  # fmt: skip
+def test_a_batch_is_shaped_in_one_pass_exactly_as_the_general_shaping_does(batch, fast):
+    received = at(10_000)
+    rows = batch_rows(1, batch, received)
+    assert (rows is not None) == fast
+    if fast:
+        assert rows == _general(batch, received)
 
 
 # --- On PostgreSQL: readers, cursors, races, retention ----------------------------------------
