@@ -185,8 +185,11 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "console.security.content_security_policy_middleware",
-    # Last (django-axes): turns a locked-out sign-in into its 429 answer.
+    # django-axes: turns a locked-out sign-in into its 429 answer.
     "axes.middleware.AxesMiddleware",
+    # Last: sync only, so Django runs the whole chain in the request's one thread instead of
+    # switching to the event loop and back around each middleware (console/sync_chain.py).
+    "console.sync_chain.sync_request_chain",
 ]
 
 # --- Signing in: django-axes counts failed sign-ins (the login page and the admin) ----------
