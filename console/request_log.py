@@ -17,13 +17,10 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable
 
-from asgiref.sync import iscoroutinefunction
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
-from django.utils.decorators import sync_and_async_middleware
 
 AGENT_PREFIX = "/api/v1/agent/"
 log = logging.getLogger("brakeline.requests")
@@ -97,20 +94,11 @@ def note(request: HttpRequest, response: HttpResponse, started: float) -> None:
             milliseconds)  # fmt: skip
 
 
-@sync_and_async_middleware
 def request_log_middleware(
-    get_response: Callable[[HttpRequest], Any],
-) -> Callable[[HttpRequest], HttpResponse | Awaitable[HttpResponse]]:
-    """Outermost middleware: sees every answer, also those of the middleware below it."""
-    if iscoroutinefunction(get_response):
-
-        async def middleware_async(request: HttpRequest) -> HttpResponse:
-            started = time.monotonic()
-            response = await get_response(request)
-            note(request, response, started)
-            return response
-
-        return middleware_async
+    get_response: Callable[[HttpRequest], HttpResponse],
+) -> Callable[[HttpRequest], HttpResponse]:
+    """Outermost middleware: sees every answer, also those of the middleware below it. Sync
+    only, as the whole chain runs (console/sync_chain.py)."""
 
     def middleware(request: HttpRequest) -> HttpResponse:
         started = time.monotonic()
