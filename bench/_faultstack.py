@@ -260,7 +260,12 @@ class Stack:
         self.start_redis()
         self.manage("migrate", "--verbosity", "0")
         self.start_console()
-        wait_until(lambda: self.health()[0] == 200, "the console to be healthy", timeout=120)
+        try:
+            wait_until(lambda: self.health()[0] == 200, "the console to be healthy", timeout=120)
+        except TimeoutError as error:
+            # Seen once in CI with nothing else said: which part the console found down, and
+            # what its processes logged, are what the next occurrence needs.
+            raise TimeoutError(f"{error}; /api/v1/health: {self.health()}\n{self.logs()}") from None
 
     def close(self) -> None:
         for name in list(self.processes):
