@@ -23,6 +23,11 @@ if settings.EMBEDDED:
 
     start_embedded_ticker()
 
+# The web tier's beacon: the watchdog counts no silence while it is missing.
+from breakers.control.hearing import start_beacon  # noqa: E402
+
+start_beacon()
+
 application = ProtocolTypeRouter(
     {
         # Agent requests are authenticated before their body is read, and bounded.

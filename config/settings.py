@@ -494,6 +494,8 @@ LOGGING = {
 }
 
 CELERY_BEAT_SCHEDULE = beat_schedule()  # config/schedule.py: every periodic task, once
+# Run two beats or more: only the one holding a lease in Redis sends (config/beat.py).
+CELERY_BEAT_SCHEDULER = "config.beat:LeasedScheduler"
 
 # Jobs on Slurm: where scancel/scontrol/squeue live (empty: PATH), and an optional slurm.conf.
 SLURM_BIN_DIR = os.environ.get("BRAKELINE_SLURM_BIN_DIR", "")
@@ -524,6 +526,11 @@ EXECUTOR_GRACE_SECONDS = _env_seconds("BRAKELINE_EXECUTOR_GRACE_SECONDS", 10.0)
 # some ranks acknowledged and others not after this long is a "split job" alert (L3).
 COMMAND_APPLY_MARGIN_SECONDS = _env_seconds("BRAKELINE_COMMAND_APPLY_MARGIN_SECONDS", 3.0)
 COMMAND_SPLIT_SECONDS = _env_seconds("BRAKELINE_COMMAND_SPLIT_SECONDS", 30.0)
+# Silences and acknowledgement deadlines are judged only up to the web tier's last beacon
+# (breakers.control.hearing): the console's own outage is not the jobs' silence. Not an
+# operator's setting: the test suite's in-process watchdog, whose clock tests move, turns it
+# off (tests/conftest.py), since the beacon is written by web processes on the real clock.
+JUDGE_SILENCE_BY_BEACON = True
 # Inference jobs (breakers.control.inference): HAProxy's runtime API (a UNIX socket path or
 # host:port; empty: no traffic executor), and how long a drained replica's requests in
 # flight may take to finish before it is put in maintenance anyway.

@@ -42,6 +42,11 @@ def pytest_configure(config: pytest.Config) -> None:
             "and REDIS_URL=redis://127.0.0.1:6379/10.",
             returncode=2,
         )
+    # The watchdog judges silences up to the web tier's beacon (breakers.control.hearing),
+    # which web processes write on the real clock; the in-process watchdog of these tests
+    # runs on clocks the tests move. Its own tests turn it back on (tests/breakers/
+    # test_console_hearing.py); subprocess stacks keep the production setting.
+    settings.JUDGE_SILENCE_BY_BEACON = False
 
 
 @dataclass

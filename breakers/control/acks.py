@@ -26,6 +26,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from breakers.control.hearing import heard_since, heard_until
 from breakers.models import OPEN_COMMAND_STATUSES, Command, CommandAck, CommandKind, CommandStatus
 from core.errors import InvalidInput
 from core.text import fit
@@ -236,7 +237,10 @@ def flag_split_commands(now: datetime | None = None, limit: int = 100) -> int:
     others still not. One query on open commands with a first acknowledgement; an alert per
     job, raised once while it lasts."""
     now = now or timezone.now()
-    cutoff = now - timedelta(seconds=settings.COMMAND_SPLIT_SECONDS)
+    cutoff = heard_until(now) - timedelta(seconds=settings.COMMAND_SPLIT_SECONDS)
+    since = heard_since()
+    if since is not None and since > cutoff:
+        return 0  # acknowledgements held up by the console's own outage are still arriving
     late = (
         Command.objects.filter(status__in=OPEN_COMMAND_STATUSES, first_ack_at__lt=cutoff)
         .select_related("job")

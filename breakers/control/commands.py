@@ -20,6 +20,7 @@ from django.utils import timezone
 from breakers.checkpoints import record_from_acknowledgement
 from breakers.control.acks import clear_split, counts_ranks, record_rank_ack
 from breakers.control.apply_at import apply_at_step_for
+from breakers.control.hearing import heard_until
 from breakers.control.job_state import ON_ISSUE, ON_SUCCESS, refusal
 from breakers.control.timeline import (
     record_acknowledged,
@@ -310,9 +311,10 @@ def expire_overdue_commands(now: datetime | None = None) -> list[int]:
     One indexed query finds them; each expiry is a compare-and-swap, so two watchdog runs
     racing each other expire (and stop) a command once.
     """
-    now = now or timezone.now()
+    # Up to the console's last beacon: an acknowledgement it could not hear is not late.
+    heard = heard_until(now or timezone.now())
     overdue = Command.objects.filter(
-        status__in=OPEN_COMMAND_STATUSES, deliver_by__lt=now
+        status__in=OPEN_COMMAND_STATUSES, deliver_by__lt=heard
     ).values_list("pk", "kind")
     to_stop = []
     for command_id, kind in overdue:

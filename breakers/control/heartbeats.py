@@ -21,6 +21,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from breakers.control.braking import brake_for_alert
+from breakers.control.hearing import heard_until
 from breakers.detection.evaluation import report_failing_breakers
 from core.transient import TRANSIENT_ERRORS
 from incidents.alerts.lifecycle import AlertSignal, raise_or_update_alert
@@ -136,10 +137,11 @@ def overdue_jobs(now: datetime) -> list[Job]:
 def check_heartbeats(now: datetime | None = None) -> list[int]:
     """Raise (once) the L3 heartbeat alert of every overdue job; returns their alert ids."""
     now = now or timezone.now()
+    heard = heard_until(now)  # the console's own deafness is nobody's silence
     raised = []
-    for job in overdue_jobs(now):
+    for job in overdue_jobs(heard):
         try:
-            alert_id = _raise_heartbeat_alert(job, now)
+            alert_id = _raise_heartbeat_alert(job, now, heard)
         except TRANSIENT_ERRORS:
             raise  # the console's database, Redis or broker, not this job: the next tick tries
             # every job again (a page whose dispatch was lost is sent by the delivery sweep)
@@ -154,14 +156,15 @@ def check_heartbeats(now: datetime | None = None) -> list[int]:
     return raised
 
 
-def _raise_heartbeat_alert(job: Job, now: datetime) -> int | None:
+def _raise_heartbeat_alert(job: Job, now: datetime, heard: datetime) -> int | None:
     """Claim the job's silence and raise its alert (and brake) in one transaction: None when
-    another watchdog claimed it first, or a heartbeat arrived meanwhile."""
+    another watchdog claimed it first, or a heartbeat arrived meanwhile (or the deadline moved:
+    the console had been deaf)."""
     with transaction.atomic():
         claimed = Job.objects.filter(
             pk=job.pk,
             heartbeat_overdue_since__isnull=True,
-            heartbeat_deadline__lt=now,
+            heartbeat_deadline__lt=heard,
         ).update(heartbeat_overdue_since=now)
         if not claimed:
             return None

@@ -13,6 +13,7 @@ from breakers.models.control import (  # noqa: F401
     CommandAck,
     CommandKind,
     CommandStatus,
+    Hearing,
 )
 from breakers.models.drills import (  # noqa: F401
     DRILL_TRANSITIONS,
@@ -72,6 +73,7 @@ __all__ = [
     "COMMAND_TRANSITIONS",
     "OPEN_COMMAND_STATUSES",
     "Command",
+    "Hearing",
     "ExecutorKind",
     "SchedulerBinding",
     "NodeDrain",

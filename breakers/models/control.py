@@ -8,7 +8,7 @@ from django.db import models
 
 from incidents.models import ActorKind, Alert, Job
 
-__all__ = ["ActorKind", "Command", "CommandAck", "CommandKind", "CommandStatus"]
+__all__ = ["ActorKind", "Command", "CommandAck", "CommandKind", "CommandStatus", "Hearing"]
 
 
 class CommandKind(models.TextChoices):
@@ -123,3 +123,19 @@ class CommandAck(models.Model):
 
     def __str__(self) -> str:
         return f"rank {self.rank} of {self.command_id}: {self.status} at {self.step}"
+
+
+class Hearing(models.Model):
+    """The web tier's beacon: when the console could last hear its agents (one row).
+
+    Every web process writes it about twice a second, on the database's clock; the watchdog
+    judges silences and acknowledgement deadlines only up to it (breakers.control.hearing)."""
+
+    heard_at = models.DateTimeField(help_text="The web tier's last beacon.")
+    heard_since = models.DateTimeField(help_text="The end of the console's last deafness.")
+    outages = models.PositiveIntegerField(default=0)
+    deaf_seconds = models.FloatField(default=0.0, help_text="All deafness so far, summed.")
+    last_gap_seconds = models.FloatField(default=0.0)
+
+    def __str__(self) -> str:
+        return f"heard at {self.heard_at:%Y-%m-%d %H:%M:%S}"

@@ -28,6 +28,8 @@ from prometheus_client.core import (
 )
 
 from breakers.control import liveness
+from breakers.control.hearing import heard_until, hearing_state
+from breakers.control.heartbeats import WATCHED_STATUSES
 from breakers.control.watchdog import BEAT
 from breakers.models import (
     Command,
@@ -157,9 +159,34 @@ def _heartbeats() -> Iterator[Metric]:
     )
     misses.add_metric([], Alert.objects.filter(rule_key=HEARTBEAT_RULE_KEY).count())
     yield misses
+    # Counted from the deadlines themselves, not from the watchdog's claims: right while the
+    # watchdog (its beat) is away too.
     overdue = GaugeMetricFamily("brakeline_jobs_heartbeat_overdue", "Jobs silent right now")
-    overdue.add_metric([], Job.objects.filter(heartbeat_overdue_since__isnull=False).count())
+    heard = heard_until(timezone.now())
+    silent = Job.objects.filter(status__in=WATCHED_STATUSES, heartbeat_deadline__lt=heard)
+    overdue.add_metric([], silent.count())
     yield overdue
+    yield from _hearing()
+
+
+def _hearing() -> Iterator[Metric]:
+    state = hearing_state()
+    age = GaugeMetricFamily(
+        "brakeline_hearing_beacon_age_seconds",
+        "Seconds since a web process last said it can hear agents (NaN: no beacon yet)",
+    )
+    age.add_metric([], float("nan") if state["age_seconds"] is None else state["age_seconds"])
+    yield age
+    outages = CounterMetricFamily(
+        "brakeline_console_outages", "Times the console could not hear its agents (> 2 s)"
+    )
+    outages.add_metric([], float(state["outages"] or 0))
+    yield outages
+    deaf = CounterMetricFamily(
+        "brakeline_console_deaf_seconds", "Seconds the console could not hear its agents"
+    )
+    deaf.add_metric([], float(state["deaf_seconds"] or 0.0))
+    yield deaf
 
 
 def _queues() -> Iterator[Metric]:

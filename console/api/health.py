@@ -18,6 +18,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from breakers.control import liveness
+from breakers.control.hearing import hearing_state
 from breakers.control.watchdog import BEAT
 from breakers.detection.evaluation import BREAKERS_FAILING_RULE
 from incidents.models import ACTIVE_ALERT_STATUSES, Alert
@@ -73,7 +74,7 @@ def _database_part() -> tuple[dict, list[dict]]:
                 cursor.execute("SELECT current_setting('transaction_read_only')")
                 if cursor.fetchone()[0] == "on":
                     return {"ok": False, "error": "read_only"}, failing
-        return {"ok": True}, failing
+        return {"ok": True, "hearing": hearing_state()}, failing
     except DatabaseError as error:
         connection.close_if_unusable_or_obsolete()
         return {"ok": False, "error": type(error).__name__}, []

@@ -116,10 +116,20 @@ def _replicas(service: dict) -> int:
     return int(value.rsplit(":-", 1)[-1].rstrip("}"))
 
 
-def test_web_and_worker_run_replicas_and_beat_runs_once(compose):
+def test_web_worker_and_beat_run_replicas(compose):
     services = compose["services"]
     assert _replicas(services["web"]) >= 2 and _replicas(services["worker"]) >= 2
-    assert _replicas(services["beat"]) == 1
+    # Two beats: one sends while it holds the lease (config/beat.py), the other waits for it.
+    assert _replicas(services["beat"]) >= 2
+
+
+@pytest.mark.parametrize("name", ["postgres", "redis", "balancer", "web", "worker", "beat"])
+def test_every_long_running_service_restarts_when_it_dies(compose, name):
+    assert compose["services"][name]["restart"] in {"unless-stopped", "always"}
+
+
+def test_the_one_off_migration_is_not_restarted(compose):
+    assert compose["services"]["migrate"]["restart"] == "no"
 
 
 def test_the_balancer_configuration_is_valid_haproxy():
