@@ -165,6 +165,17 @@ class Fault:
     # a database connection (the pool's timeout) rather than answering 503 at once, so during a
     # short PostgreSQL outage it answers after the return. The column is then reported only.
     red_required: bool = True
+    # The healthy jobs' heartbeat timeout: longer than the outage, unless the fault is about
+    # the console's outage being read as the jobs' silence.
+    healthy_timeout: float = HEALTHY_TIMEOUT
+    # At most this many seconds past its deadline the hung job must be caught (None: after the
+    # part's return, whenever its moved deadline runs out).
+    hung_within: float | None = None
+    # What proves the fault overlapped the moment it claims to test (None: nothing to prove);
+    # returns a sentence saying what did not overlap, or "" when it did.
+    overlapped: Callable[[Stack, Scenario], str] | None = None
+    # The longest /api/v1/health may take to answer while the part is down (None: no bound).
+    health_wait_within: float | None = None
 
 
 @dataclass
@@ -176,8 +187,11 @@ class Scenario:
     hung: SimJob
     started: float = field(default_factory=time.monotonic)
     health: list[tuple[float, int]] = field(default_factory=list)
+    health_waits: list[tuple[float, float]] = field(default_factory=list)  # (asked, seconds)
     fault_started: float | None = None
     fault_ended: float | None = None
+    # What the fault recorded to prove it overlapped what it tests (wall-clock times, names).
+    evidence: dict = field(default_factory=dict)
 
     def nan_now(self) -> None:
         """Make the "during" job go NaN at its next step."""
@@ -194,22 +208,26 @@ def job_names(fault: str, count: int) -> list[str]:
     return [f"{fault}-{n}" for n in range(count)]
 
 
-def create_jobs(stack: Stack, names: list[str]) -> dict[str, list]:
-    """Jobs (job id, token) of these names; ``-2`` is each fault's hung job (short timeout)."""
-    spec = {
-        "chat": stack.provider.url + "/hooks/chat",
-        "jobs": [[name, HUNG_TIMEOUT if name.endswith("-2") else HEALTHY_TIMEOUT]
-                 for name in names],
-    }  # fmt: skip
+def job_timeouts(fault: Fault, count: int) -> dict[str, float]:
+    """Each job of the fault with its heartbeat timeout: ``-2`` is the hung job's (short)."""
+    return {
+        name: HUNG_TIMEOUT if name.endswith("-2") else fault.healthy_timeout
+        for name in job_names(fault.key, count)
+    }
+
+
+def create_jobs(stack: Stack, timeouts: dict[str, float]) -> dict[str, list]:
+    """Jobs (job id, token) of these names, with their heartbeat timeouts."""
+    spec = {"chat": stack.provider.url + "/hooks/chat", "jobs": list(timeouts.items())}
     output = stack.manage("shell", "-c", SETUP, stdin=json.dumps(spec) + "\n")
     return json.loads(output.split("JOBS ", 1)[1])
 
 
 def make_jobs(
-    stack: Stack, fault: str, count: int, spill: Path, created: dict[str, list] | None = None
+    stack: Stack, fault: Fault, count: int, spill: Path, created: dict[str, list] | None = None
 ) -> Scenario:
-    names = job_names(fault, count)
-    created = created or create_jobs(stack, names)
+    names = job_names(fault.key, count)
+    created = created or create_jobs(stack, job_timeouts(fault, count))
     jobs = [SimJob(name, *created[name]) for name in names]
     jobs[2].hang = threading.Event()
     jobs[1].torch = torch_available()  # the NaN after the fault comes out of real PyTorch

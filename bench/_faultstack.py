@@ -12,6 +12,7 @@ import contextlib
 import glob
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -127,6 +128,8 @@ class Stack:
         self.pg_port, self.redis_port, self.web_port = free_port(), free_port(), free_port()
         self.provider, self._provider_server = start_provider()
         self.worker_names = [f"w{n}" for n in range(workers)]
+        # Two beats, as production runs them: one sends while it holds the lease.
+        self.beat_names = ["beat-a", "beat-b"]
         self.processes: dict[str, subprocess.Popen] = {}
         self.env = {
             key: value
@@ -206,6 +209,17 @@ class Stack:
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         self.processes.pop("redis").wait(30)
 
+    def watchdog_last_run(self) -> float | None:
+        """When the watchdog last ran (epoch seconds; its liveness record in Redis)."""
+        said = subprocess.run(
+            ["redis-cli", "-p", str(self.redis_port), "get", f"{QUEUE}:liveness:beat"],
+            capture_output=True, text=True, timeout=10,
+        ).stdout.strip()  # fmt: skip
+        try:
+            return float(said)
+        except ValueError:
+            return None
+
     # -- The console's processes -------------------------------------------------------------
     def _start(self, name: str, command: list[str]) -> subprocess.Popen:
         log = open(self.dir / f"{name}.log", "a")  # noqa: SIM115 - the child holds it
@@ -234,10 +248,25 @@ class Stack:
                            "--pool", "solo", "--loglevel", "WARNING", "--hostname",
                            f"{name}@faults", "--without-gossip", "--without-mingle"])  # fmt: skip
 
-    def start_beat(self) -> None:
-        self._start("beat", [sys.executable, "-m", "celery", "-A", "config", "beat",
-                             "--loglevel", "WARNING", "--schedule",
-                             str(self.dir / "beat-schedule")])  # fmt: skip
+    def start_beat(self, name: str) -> None:
+        self._start(name, [sys.executable, "-m", "celery", "-A", "config", "beat",
+                           "--loglevel", "WARNING", "--schedule",
+                           str(self.dir / f"{name}-schedule")])  # fmt: skip
+
+    def leading_beat(self) -> str | None:
+        """The running beat that holds the lease (config/beat.py logs each change, with its
+        pid), or None while none has taken it."""
+        for name in self.beat_names:
+            process = self.processes.get(name)
+            if process is None or process.poll() is not None:
+                continue
+            said = re.findall(
+                rf"\(pid {process.pid}\): (took|lost) the lease",
+                (self.dir / f"{name}.log").read_text(errors="replace"),
+            )
+            if said and said[-1] == "took":
+                return name
+        return None
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         process = self.processes.pop(name)
@@ -248,10 +277,11 @@ class Stack:
         self.start_daphne()
         for name in self.worker_names:
             self.start_worker(name)
-        self.start_beat()
+        for name in self.beat_names:
+            self.start_beat(name)
 
     def kill_console(self) -> None:
-        for name in ["daphne", "beat", *self.worker_names]:
+        for name in ["daphne", *self.beat_names, *self.worker_names]:
             if name in self.processes:
                 self.kill(name)
 

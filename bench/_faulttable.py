@@ -14,6 +14,26 @@ def hung_alerts(stack: Stack, scenario: Scenario) -> int:
     )[0][0]
 
 
+def hung_deadline(stack: Stack, scenario: Scenario) -> float | None:
+    """The hung job's deadline as its alert says (last heartbeat + timeout, epoch seconds)."""
+    rows = stack.sql(
+        "SELECT extract(epoch FROM first_time) + threshold FROM incidents_alert "
+        "WHERE job_id = %s AND rule_key = %s ORDER BY id LIMIT 1",
+        (scenario.hung.job_id, "heartbeat-timeout"),
+    )
+    return float(rows[0][0]) if rows else None
+
+
+def hung_late(stack: Stack, scenario: Scenario) -> float | None:
+    """Seconds from the hung job's deadline to its alert."""
+    rows = stack.sql(
+        "SELECT extract(epoch FROM raised_at - first_time) - threshold FROM incidents_alert "
+        "WHERE job_id = %s AND rule_key = %s ORDER BY id LIMIT 1",
+        (scenario.hung.job_id, "heartbeat-timeout"),
+    )
+    return float(rows[0][0]) if rows else None
+
+
 def _ids(scenario: Scenario) -> list[int]:
     return [job.job_id for job in scenario.jobs]
 
@@ -128,6 +148,7 @@ def measure(stack: Stack, scenario: Scenario, recovered: float | None) -> dict:
         "nan_missed": sum(1 for job in nan_jobs if not job.braked),
         "nan_doubled": sum(1 for job in nan_jobs if commands.get(job.job_id, 0) > 1),
         "hung_missed": 0 if hung_alerts(stack, scenario) else 1,
+        "hung_late": hung_late(stack, scenario),
         "commands_doubled": sum(1 for job in scenario.jobs if commands.get(job.job_id, 0) > 1),
         "false_brakes": sum(
             1
@@ -156,6 +177,14 @@ def failures(result: dict) -> list[str]:
         bad.append("health stayed green while a part was down")
     if not result["health_green"]:
         bad.append("the console did not recover")
+    within, late = result.get("hung_within"), result.get("hung_late")
+    if within is not None and late is not None and late > within:
+        bad.append(f"the hung job was caught {late:.1f} s after its deadline (at most {within:g})")
+    bound, waited = result.get("health_wait_within"), result.get("health_wait")
+    if bound is not None and (waited is None or waited > bound):
+        bad.append(f"/api/v1/health took {_seconds(waited)} s to answer (at most {bound:g})")
+    if result.get("overlap"):
+        bad.append(f"the fault did not overlap what it tests: {result['overlap']}")
     return bad
 
 
@@ -166,7 +195,8 @@ def _seconds(value: float | None) -> str:
 def table(results: list[tuple[Fault, dict]]) -> str:
     header = (
         f"{'fault':<44} {'brake during':>12} {'after':>6} {'recover':>8} {'lost':>5} "
-        f"{'dup':>4} {'missed':>6} {'2x':>3} {'hung':>4} {'false':>5} {'other':>5} {'pages':>5} "
+        f"{'dup':>4} {'missed':>6} {'2x':>3} {'hung':>4} {'late':>5} {'false':>5} {'other':>5} "
+        f"{'pages':>5} "
         f"{'p-miss':>6} {'p-2x':>4} {'resent':>6} {'red':>4} {'green':>5}"
     )
     lines = [header, "-" * len(header)]
@@ -176,7 +206,8 @@ def table(results: list[tuple[Fault, dict]]) -> str:
             f"{fault.title:<44} {_seconds(r['brake_during']):>12} {_seconds(r['brake_after']):>6} "
             f"{_seconds(r['recover']):>8} {r['lost']:>5} {r['duplicated']:>4} "
             f"{r['nan_missed']:>6} {doubled:>3} "
-            f"{r['hung_missed']:>4} {r['false_brakes']:>5} {r['other_alerts']:>5} "
+            f"{r['hung_missed']:>4} {_seconds(r.get('hung_late')):>5} "
+            f"{r['false_brakes']:>5} {r['other_alerts']:>5} "
             f"{r['pages']:>5} {r['pages_missed']:>6} "
             f"{r['pages_doubled']:>4} {r['pages_resent']:>6} "
             f"{'yes' if r['health_red'] else 'NO' if r['health_red'] is False else '—':>4} "
@@ -186,7 +217,9 @@ def table(results: list[tuple[Fault, dict]]) -> str:
         "brake: seconds from the NaN logged to the command in the SDK (during the fault / after "
         "it); recover: seconds from the part's return to a healthy console that braked, "
         "detected and paged everything; missed/2x: NaNs not braked / alerts or commands "
-        "doubled; hung: hung jobs missed; false: healthy jobs braked; other: alerts of a rule "
+        "doubled; hung: hung jobs missed; late: seconds from "
+        "the hung job's deadline to its alert (moved by an outage of the web tier); false: "
+        "healthy jobs braked; other: alerts of a rule "
         "the scenario did not provoke (a breakers-failing alert, say); p-miss/p-2x: pages not "
         "delivered / doubled; resent: pages sent again with the same idempotency key "
         "(once for the person); red/green: /api/v1/health while the part was down / after."

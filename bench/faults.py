@@ -37,24 +37,43 @@ from bench._faultjobs import (  # noqa: E402
     Scenario,
     create_jobs,
     job_names,
+    job_timeouts,
     make_jobs,
 )
 from bench._faultstack import Stack, wait_until  # noqa: E402
 from bench._faulttable import (  # noqa: E402
     failures,
     hung_alerts,
+    hung_deadline,
     measure,
     pending_pages,
     table,
 )
 
-__all__ = ["Fault", "create_jobs", "failures", "faults", "job_names", "run_fault", "table"]
+__all__ = [
+    "Fault",
+    "all_timeouts",
+    "create_jobs",
+    "failures",
+    "faults",
+    "job_names",
+    "run_fault",
+    "table",
+]
 
 # Killed workers stay away this long: longer than the health endpoint's 5 s worker cache, so
 # the endpoint can see that nobody answers.
 WORKERS_DOWN = 6.0
 PG_DOWN = 1.0  # seconds PostgreSQL stays stopped in its restart
+PG_AWAY = 12.0  # seconds PostgreSQL stays stopped when it is away for long
+# The longest /api/v1/health may take to answer while PostgreSQL is away: the pool's timeout
+# (3 s by default) once, then at once while the outage is fresh, with room for a loaded machine.
+PG_AWAY_HEALTH_WAIT = 5.0
 HANG_LEAD = 1.0  # seconds between the hung job's last step and the fault (two heartbeats)
+# The healthy jobs' heartbeat timeout while the web tier is down for longer than it.
+WEB_DOWN_HEALTHY_TIMEOUT = 5.0
+# A silent job is caught at most this long after its deadline while the leading beat is dead.
+BEAT_TAKEOVER_SECONDS = 2.0
 
 
 # --- One fault, run and measured -----------------------------------------------------------
@@ -62,14 +81,17 @@ HANG_LEAD = 1.0  # seconds between the hung job's last step and the fault (two h
 
 def _poll_health(scenario: Scenario, stopping: threading.Event) -> None:
     while not stopping.is_set():
-        scenario.health.append((time.monotonic(), scenario.stack.health()[0]))
+        asked = time.monotonic()
+        status = scenario.stack.health()[0]
+        scenario.health.append((asked, status))
+        scenario.health_waits.append((asked, time.monotonic() - asked))
         stopping.wait(0.2)
 
 
 def run_fault(
     stack: Stack, fault: Fault, jobs: int, spill: Path, created: dict[str, list] | None = None
 ) -> dict:
-    scenario = make_jobs(stack, fault.key, jobs, spill, created)
+    scenario = make_jobs(stack, fault, jobs, spill, created)
     stopping = threading.Event()
     poller = threading.Thread(target=_poll_health, args=(scenario, stopping), daemon=True)
     poller.start()
@@ -94,7 +116,23 @@ def run_fault(
             thread.start()
         for thread in finishing:
             thread.join(180)
-    return {**measure(stack, scenario, recovered), "red_required": fault.red_required}
+    result = measure(stack, scenario, recovered)
+    result["overlap"] = fault.overlapped(stack, scenario) if fault.overlapped else ""
+    result["hung_within"] = fault.hung_within
+    result["health_wait"] = _slowest_health_answer(scenario)
+    result["health_wait_within"] = fault.health_wait_within
+    return {**result, "red_required": fault.red_required}
+
+
+def _slowest_health_answer(scenario: Scenario) -> float | None:
+    """The longest /api/v1/health took to answer while the part was down."""
+    began, ended = scenario.fault_started or 0.0, scenario.fault_ended or 0.0
+    waits = [wait for at, wait in scenario.health_waits if began <= at <= ended]
+    return max(waits) if waits else None
+
+
+def all_timeouts(chosen: list[Fault], jobs: int) -> dict[str, float]:
+    return {name: t for fault in chosen for name, t in job_timeouts(fault, jobs).items()}
 
 
 def _recover(stack: Stack, scenario: Scenario) -> float | None:
@@ -157,6 +195,19 @@ def postgres_mid_ingest(stack: Stack, scenario: Scenario) -> None:
     stack.start_postgres()
 
 
+def postgres_away(seconds: float) -> Callable[[Stack, Scenario], None]:
+    """PostgreSQL stopped for longer than the connection pool's timeout."""
+
+    def inject(stack: Stack, scenario: Scenario) -> None:
+        scenario.nan_now()
+        stack.stop_postgres()
+        scenario.mark_down()
+        time.sleep(seconds)
+        stack.start_postgres()
+
+    return inject
+
+
 def worker_mid_evaluation(stack: Stack, scenario: Scenario) -> None:
     # Every worker, the moment the NaN's batch is stored: its evaluation is under way or queued.
     scenario.nan_now()
@@ -193,14 +244,56 @@ def worker_mid_delivery(stack: Stack, scenario: Scenario) -> None:
 
 
 def beat_down(seconds: float) -> Callable[[Stack, Scenario], None]:
+    """The beat holding the lease is SIGKILLed: the other one must take the watchdog over."""
+
     def inject(stack: Stack, scenario: Scenario) -> None:
+        leader = wait_until(stack.leading_beat, "a beat to hold the lease", 30, 0.1)
+        scenario.evidence["killed_beat"] = leader
         scenario.mark_down()
-        stack.kill("beat")
+        stack.kill(leader)
+        scenario.evidence["down_at"] = time.time()
         scenario.nan_now()
         time.sleep(seconds)
-        stack.start_beat()
+        scenario.evidence["up_at"] = time.time()
+        stack.start_beat(leader)
 
     return inject
+
+
+def beat_overlap(stack: Stack, scenario: Scenario) -> str:
+    """The hung job's deadline ran out while the leading beat was dead."""
+    deadline = hung_deadline(stack, scenario)
+    down, up = scenario.evidence.get("down_at"), scenario.evidence.get("up_at")
+    if deadline is None or down is None or up is None:
+        return "the hung job was never alerted, or the beat never killed"
+    if not down <= deadline <= up:
+        return f"the hung job's deadline fell {deadline - down:+.1f} s from the kill, outside it"
+    return ""
+
+
+def web_down(seconds: float) -> Callable[[Stack, Scenario], None]:
+    """Daphne alone is stopped, the workers and beats (the watchdog) keep running."""
+
+    def inject(stack: Stack, scenario: Scenario) -> None:
+        scenario.mark_down()
+        stack.kill("daphne")
+        scenario.evidence["down_at"] = time.time()
+        scenario.nan_now()
+        time.sleep(seconds)
+        scenario.evidence["watchdog_at"] = stack.watchdog_last_run()
+        stack.start_daphne()
+
+    return inject
+
+
+def web_overlap(stack: Stack, scenario: Scenario) -> str:
+    """The watchdog ran while the healthy jobs' deadlines were past, the web tier still away."""
+    down, ran = scenario.evidence.get("down_at"), scenario.evidence.get("watchdog_at")
+    if down is None or ran is None:
+        return "the watchdog's last run is unknown"
+    if ran - down <= WEB_DOWN_HEALTHY_TIMEOUT:
+        return f"the watchdog last ran {ran - down:.1f} s into the outage, before any deadline"
+    return ""
 
 
 def daphne_killed(stack: Stack, scenario: Scenario) -> None:
@@ -223,17 +316,24 @@ def console_down(seconds: float) -> Callable[[Stack, Scenario], None]:
 
 
 def faults(beat_seconds: float = 20.0, console_seconds: float = 30.0) -> list[Fault]:
+    web_seconds = max(console_seconds, 2.5 * WEB_DOWN_HEALTHY_TIMEOUT)
     return [
         Fault("redis-ingest", "Redis restarted (shutdown nosave) mid-ingest", redis_mid_ingest),
         Fault("redis-brake", "Redis restarted mid-brake", redis_mid_brake),
         Fault("postgres-ingest", "PostgreSQL restarted (1 s away) mid-ingest", postgres_mid_ingest,
               red_required=False),
+        Fault("postgres-away", f"PostgreSQL away {PG_AWAY:g} s > the pool's timeout",
+              postgres_away(PG_AWAY), health_wait_within=PG_AWAY_HEALTH_WAIT),
         Fault("worker-eval", "Celery workers SIGKILLed mid-evaluation", worker_mid_evaluation),
         Fault("worker-delivery", "Celery workers SIGKILLed mid-delivery", worker_mid_delivery),
-        Fault("beat-down", f"beat killed for {beat_seconds:g} s", beat_down(beat_seconds)),
+        Fault("beat-down", f"leading beat killed for {beat_seconds:g} s", beat_down(beat_seconds),
+              hung_within=BEAT_TAKEOVER_SECONDS, overlapped=beat_overlap, red_required=False),
         Fault("daphne-killed", "Daphne SIGKILLed and restarted", daphne_killed),
         Fault("console-down", f"whole console down {console_seconds:g} s",
               console_down(console_seconds)),
+        Fault("web-down", f"web tier down {web_seconds:g} s > heartbeat deadline",
+              web_down(web_seconds), healthy_timeout=WEB_DOWN_HEALTHY_TIMEOUT,
+              overlapped=web_overlap),
     ]  # fmt: skip
 
 
@@ -246,8 +346,7 @@ def run(keys: list[str], jobs: int, beat_seconds: float, console_seconds: float,
     try:
         if own:
             stack.start()
-        names = [name for fault in chosen for name in job_names(fault.key, jobs)]
-        created = create_jobs(stack, names)
+        created = create_jobs(stack, all_timeouts(chosen, jobs))
         with tempfile.TemporaryDirectory(prefix="brakeline-faults-spill-") as spill:
             for fault in chosen:
                 started = time.monotonic()

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import socket
 from typing import Any
 
 import redis
@@ -70,7 +72,9 @@ class LeasedScheduler(PersistentScheduler):
             self.leading = False  # no broker either: nothing could be sent anyway
         if self.leading != was:
             log.warning(
-                "beat: %s the lease; %s",
+                "beat %s (pid %d): %s the lease; %s",
+                socket.gethostname(),
+                os.getpid(),
                 "took" if self.leading else "lost",
                 "this beat sends the periodic tasks" if self.leading else "another beat sends them",
             )

@@ -281,12 +281,15 @@ else:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_health_checks=True)}
     # Under ASGI, Django runs each request's sync code in a thread of its own, so "persistent"
     # connections are reconnected per request (≈10 ms each here). psycopg's pool keeps them.
+    # A request waits at most BRAKELINE_DB_POOL_TIMEOUT for a connection (then 503: agents
+    # retry), and a connection attempt to an unreachable host gives up after as long.
     DATABASES["default"]["OPTIONS"] = {
         "pool": {
             "min_size": _env_int("BRAKELINE_DB_POOL_MIN", 2),
             "max_size": _env_int("BRAKELINE_DB_POOL_MAX", 20),
-            "timeout": 10,
-        }
+            "timeout": _env_seconds("BRAKELINE_DB_POOL_TIMEOUT", 3.0),
+        },
+        "connect_timeout": max(1, round(_env_seconds("BRAKELINE_DB_POOL_TIMEOUT", 3.0))),
     }
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

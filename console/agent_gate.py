@@ -24,7 +24,7 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from console.api.agent_auth import GATE_AUTHENTICATED, required_bearer_token
-from console.api.errors import outage_body, outage_part
+from console.api.errors import database_recently_away, outage_body, outage_part
 from console.api.params import length_exceeds
 from core.errors import PayloadTooLarge, ServiceError
 from incidents.jobs import authenticate_agent
@@ -118,6 +118,9 @@ class AgentRequestGate:
             await self.app(scope, receive, send)
             return
         limit = settings.AGENT_MAX_BATCH_BYTES
+        if database_recently_away():
+            await _unavailable(send, "database")  # at once: the pool would only wait
+            return
         try:
             await _authenticate(scope)
             declared = (_header(scope, b"content-length") or b"0").decode("latin-1")

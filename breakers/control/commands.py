@@ -20,6 +20,7 @@ from django.utils import timezone
 from breakers.checkpoints import record_from_acknowledgement
 from breakers.control.acks import clear_split, counts_ranks, record_rank_ack
 from breakers.control.apply_at import apply_at_step_for
+from breakers.control.failed_brake import raise_failed_brake_alert
 from breakers.control.hearing import heard_until
 from breakers.control.job_state import ON_ISSUE, ON_SUCCESS, refusal
 from breakers.control.timeline import (
@@ -276,10 +277,12 @@ def _record_outcome(command: Command, per_rank: bool) -> None:
             record_from_acknowledgement(job_id, command.pk, command.result)
         if per_rank:
             clear_split(job_id, command.result.get("step"))
-    elif _paused_without_checkpoint(command):
-        # The save failed (disk full...) but the SDK holds anyway, without releasing: the job
-        # is paused, with no new checkpoint. Left "pausing" it would look stuck for ever.
-        move_job(job_id, "paused")
+    elif command.kind == CommandKind.CHECKPOINT_AND_PAUSE:
+        if command.result.get("paused") is True:
+            # The save failed (disk full...) but the SDK holds anyway, without releasing: the
+            # job is paused, with no new checkpoint. Left "pausing" it would look stuck.
+            move_job(job_id, "paused")
+        raise_failed_brake_alert(command)  # a brake that could not save pages someone
     record_acknowledged(command)
     clear_unapplied(job_id, command.result.get("step"))
     publish_after_commit(
@@ -291,14 +294,6 @@ def _record_outcome(command: Command, per_rank: bool) -> None:
             "result": command.result,
             "error": command.error,
         },
-    )
-
-
-def _paused_without_checkpoint(command: Command) -> bool:
-    return (
-        command.kind == CommandKind.CHECKPOINT_AND_PAUSE
-        and command.status == CommandStatus.FAILED
-        and command.result.get("paused") is True
     )
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import math
+import time
 from typing import Any
 
 from django import db
@@ -64,11 +66,25 @@ CONFLICT_STATES = frozenset({"40P01", "40001", "55P03"})
 CONFLICT = "database (a conflicting transaction)"
 
 
+# A database that has just failed to answer is not asked again for a moment: agent requests
+# and health checks in between answer 503 at once, instead of each waiting the connection
+# pool's timeout while PostgreSQL is away (an agent backs off and retries anyway).
+DATABASE_AWAY_SECONDS = 1.0
+_database_failed_at = [-math.inf]
+
+
+def database_recently_away() -> bool:
+    """The database failed to answer within the last ``DATABASE_AWAY_SECONDS``."""
+    return time.monotonic() - _database_failed_at[0] < DATABASE_AWAY_SECONDS
+
+
 def outage_part(exc: BaseException | None) -> str | None:
     """The part that is down when ``exc`` says the database or Redis cannot be reached (or the
     database refused the transaction for a conflicting one); logged once per answer, with the
     driver's own error, since the 503 itself says nothing of the cause."""
     part = _outage_part(exc)
+    if part == "database":
+        _database_failed_at[0] = time.monotonic()
     if part is not None:
         cause = exc.__cause__ or exc if exc is not None else exc
         said = " ".join(str(cause).split())[:600]  # with PostgreSQL's DETAIL: who waits on whom

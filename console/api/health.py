@@ -21,6 +21,7 @@ from breakers.control import liveness
 from breakers.control.hearing import hearing_state
 from breakers.control.watchdog import BEAT
 from breakers.detection.evaluation import BREAKERS_FAILING_RULE
+from console.api.errors import database_recently_away, outage_part
 from incidents.models import ACTIVE_ALERT_STATUSES, Alert
 
 BEAT_STALE_SECONDS = 5.0
@@ -67,6 +68,8 @@ def _redis_part() -> tuple[dict, dict, float | None]:
 def _database_part() -> tuple[dict, list[dict]]:
     """Reachable, and writable: a read-only database (a standby, or one set read-only) takes
     no metric, no heartbeat and no brake."""
+    if database_recently_away():
+        return {"ok": False, "error": "unreachable"}, []
     try:
         failing = failing_breakers()
         if connection.vendor == "postgresql":
@@ -76,6 +79,7 @@ def _database_part() -> tuple[dict, list[dict]]:
                     return {"ok": False, "error": "read_only"}, failing
         return {"ok": True, "hearing": hearing_state()}, failing
     except DatabaseError as error:
+        outage_part(error)  # noted: the next requests do not wait for the pool again
         connection.close_if_unusable_or_obsolete()
         return {"ok": False, "error": type(error).__name__}, []
 

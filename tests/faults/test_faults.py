@@ -44,8 +44,8 @@ def stack(tmp_path_factory) -> Iterator[tuple[Stack, dict, Path]]:
     own = Stack()
     try:
         own.start()
-        names = [name for fault in FAULTS for name in bench.job_names(fault.key, JOBS)]
-        yield own, bench.create_jobs(own, names), tmp_path_factory.mktemp("spill")
+        created = bench.create_jobs(own, bench.all_timeouts(FAULTS, JOBS))
+        yield own, created, tmp_path_factory.mktemp("spill")
     finally:
         own.close()
 
