@@ -119,6 +119,7 @@ def run_fault(
     result = measure(stack, scenario, recovered)
     result["overlap"] = fault.overlapped(stack, scenario) if fault.overlapped else ""
     result["hung_within"] = fault.hung_within
+    result["evidence"] = dict(scenario.evidence)
     result["health_wait"] = _slowest_health_answer(scenario)
     result["health_wait_within"] = fault.health_wait_within
     return {**result, "red_required": fault.red_required}

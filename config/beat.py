@@ -27,10 +27,11 @@ import os
 import socket
 from typing import Any
 
-import redis
 from celery.beat import PersistentScheduler
 from django.conf import settings
 from redis.exceptions import LockError, RedisError
+
+from core.redis_clients import redis_client
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +44,7 @@ class LeasedScheduler(PersistentScheduler):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.leading = False
-        client = redis.Redis.from_url(
-            settings.REDIS_URL, socket_timeout=1.0, socket_connect_timeout=1.0
-        )
+        client = redis_client(socket_timeout=1.0, socket_connect_timeout=1.0)
         self.lease = client.lock(
             f"{settings.CHANNEL_PREFIX}:beat-lease", timeout=LEASE_SECONDS, thread_local=False
         )

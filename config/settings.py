@@ -23,6 +23,12 @@ from django.core.exceptions import ImproperlyConfigured
 from kombu import Exchange, Queue
 
 from config.schedule import beat_schedule
+from config.services import (
+    celery_broker,
+    channel_layer_host,
+    host_ports,
+    patroni_database,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -105,6 +111,14 @@ if bool(DATABASE_URL) != bool(REDIS_URL):
     )
 
 EMBEDDED = not DATABASE_URL
+# The fail-over set-ups (config/services.py): Patroni's members, Redis Sentinel's sentinels.
+DATABASE_HOSTS = host_ports(
+    "BRAKELINE_DATABASE_HOSTS", os.environ.get("BRAKELINE_DATABASE_HOSTS", ""), 5432
+)
+REDIS_SENTINELS = host_ports(
+    "BRAKELINE_REDIS_SENTINELS", os.environ.get("BRAKELINE_REDIS_SENTINELS", ""), 26379
+)
+REDIS_SENTINEL_MASTER = os.environ.get("BRAKELINE_REDIS_SENTINEL_MASTER", "").strip() or "brakeline"
 
 if not EMBEDDED and not DATABASE_URL.startswith(("postgres://", "postgresql://")):
     raise ImproperlyConfigured(
@@ -278,12 +292,17 @@ else:
     # round trip). After a PostgreSQL restart every idle pooled connection is dead; unchecked,
     # each was lent to a request or a task, which failed on it (a 500 or a failed evaluation
     # per dead connection). Checked, a dead one is discarded and a fresh one opened.
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_health_checks=True)}
+    DATABASES = {
+        "default": patroni_database(
+            dj_database_url.parse(DATABASE_URL, conn_health_checks=True), DATABASE_HOSTS
+        )
+    }
     # Under ASGI, Django runs each request's sync code in a thread of its own, so "persistent"
     # connections are reconnected per request (≈10 ms each here). psycopg's pool keeps them.
     # A request waits at most BRAKELINE_DB_POOL_TIMEOUT for a connection (then 503: agents
     # retry), and a connection attempt to an unreachable host gives up after as long.
     DATABASES["default"]["OPTIONS"] = {
+        **DATABASES["default"].get("OPTIONS", {}),
         "pool": {
             "min_size": _env_int("BRAKELINE_DB_POOL_MIN", 2),
             "max_size": _env_int("BRAKELINE_DB_POOL_MAX", 20),
@@ -334,9 +353,7 @@ else:
             # way; commands also ride on every heartbeat reply until acknowledged.
             "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
             "CONFIG": {
-                # redis-py 8 times socket reads out after 5 s by default (channels_redis#422);
-                # a quiet subscription must not count as a dead connection.
-                "hosts": [{"address": REDIS_URL, "socket_timeout": 30, "socket_keepalive": True}],
+                "hosts": [channel_layer_host(REDIS_URL, REDIS_SENTINELS, REDIS_SENTINEL_MASTER)],
                 "prefix": CHANNEL_PREFIX,
             },
         }
@@ -347,11 +364,22 @@ else:
             "LOCATION": REDIS_URL,
             "KEY_PREFIX": CHANNEL_PREFIX,
             # A cache read never waits forever on a Redis that went away under it.
-            "OPTIONS": {"socket_timeout": 10, "socket_connect_timeout": 5},
+            "OPTIONS": {
+                "socket_timeout": 10,
+                "socket_connect_timeout": 5,
+                **(
+                    {"pool_class": "core.redis_clients.SentinelCachePool"}
+                    if REDIS_SENTINELS
+                    else {}
+                ),
+            },
         }
     }
 
-CELERY_BROKER_URL = REDIS_URL or "memory://localhost/"  # a host: kombu warns without one
+# A host: kombu warns without one.
+CELERY_BROKER_URL = (
+    celery_broker(REDIS_URL, REDIS_SENTINELS) if REDIS_URL else "memory://localhost/"
+)
 CELERY_TASK_ALWAYS_EAGER = EMBEDDED
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_TASK_ACKS_LATE = True
@@ -405,6 +433,10 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     # every so often (default 25 s): a half-open connection is replaced within about 21 s.
     "health_check_interval": 10,
 }
+if REDIS_SENTINELS:
+    # kombu asks these sentinels for the master named here (config/services.py).
+    CELERY_BROKER_TRANSPORT_OPTIONS["master_name"] = REDIS_SENTINEL_MASTER
+    CELERY_BROKER_TRANSPORT_OPTIONS["sentinel_kwargs"] = {"socket_timeout": 1.0}
 # The worker reconnects to the broker for as long as it takes, at start-up too (a worker
 # started while Redis is away waits for it instead of exiting), instead of giving up after
 # 100 attempts (Celery's default: about 45 minutes) and leaving the console without workers.

@@ -8,6 +8,8 @@ from functools import cache
 
 from django.conf import settings
 
+from core.redis_clients import redis_client
+
 PERIODS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hour": 3600, "d": 86400, "day": 86400}
 
 
@@ -18,10 +20,8 @@ def parse_rate(rate: str) -> tuple[int, int]:
 
 
 class RedisRateCounter:
-    def __init__(self, url: str, prefix: str):
-        import redis
-
-        self.client = redis.Redis.from_url(url)
+    def __init__(self, prefix: str):
+        self.client = redis_client()
         self.prefix = prefix
 
     def hit(self, key: str, limit: int, period: int) -> float:
@@ -64,4 +64,4 @@ def rate_counter() -> RedisRateCounter | MemoryRateCounter:
     """One counter per process, so its Redis connection pool is shared by every request."""
     if settings.EMBEDDED:
         return MemoryRateCounter()
-    return RedisRateCounter(settings.REDIS_URL, settings.CHANNEL_PREFIX)
+    return RedisRateCounter(settings.CHANNEL_PREFIX)

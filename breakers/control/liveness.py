@@ -11,14 +11,14 @@ from functools import cache
 
 from django.conf import settings
 
+from core.redis_clients import redis_client
+
 _memory: dict[str, float] = {}
 
 
 @cache
 def _redis():
-    import redis
-
-    return redis.Redis.from_url(settings.REDIS_URL)
+    return redis_client()
 
 
 def _key(name: str) -> str:

@@ -19,6 +19,7 @@ from django.conf import settings
 
 from breakers.detection import evaluation, rulesets
 from core.errors import Conflict
+from core.redis_clients import redis_client
 from core.transient import TRANSIENT_ERRORS
 from incidents.models import Job, JobStatus
 
@@ -33,9 +34,7 @@ TICKED_JOB_STATUSES = (JobStatus.RUNNING, JobStatus.PAUSING)
 @cache
 def _redis():
     """One client per process, so its connection pool is shared (as console.ratelimit does)."""
-    import redis
-
-    return redis.Redis.from_url(settings.REDIS_URL)
+    return redis_client()
 
 
 def _flag(kind: str, job_id: int) -> str:
