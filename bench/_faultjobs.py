@@ -64,6 +64,7 @@ class SimJob:
     stop: threading.Event = field(default_factory=threading.Event)
     run: object = None
     torch: bool = False  # a real tiny PyTorch training: its loss is a real (NaN) tensor
+    checkpoint_fails: bool = False  # its brake's checkpoint fails (a read-only directory)
 
     def start(self, url: str, spill: Path) -> None:
         import brakeline
@@ -85,7 +86,11 @@ class SimJob:
 
         self.brakes.append((time.monotonic(), command.id))
         run.set_status("paused")
-        run.ack(command.id, "succeeded", {"step": step, "simulated": True})
+        if self.checkpoint_fails:  # as the SDK answers when its save raised: held, no state
+            error = "checkpoint failed (OSError: [Errno 30] Read-only file system)"
+            run.ack(command.id, "failed", {"step": step, "paused": True}, error=error)
+        else:
+            run.ack(command.id, "succeeded", {"step": step, "simulated": True})
         return ACK_LATER
 
     @property
@@ -176,6 +181,8 @@ class Fault:
     overlapped: Callable[[Stack, Scenario], str] | None = None
     # The longest /api/v1/health may take to answer while the part is down (None: no bound).
     health_wait_within: float | None = None
+    # The NaN's brake cannot save (its job answers "checkpoint failed"): that must page.
+    brake_checkpoint_fails: bool = False
 
 
 @dataclass
@@ -231,6 +238,7 @@ def make_jobs(
     jobs = [SimJob(name, *created[name]) for name in names]
     jobs[2].hang = threading.Event()
     jobs[1].torch = torch_available()  # the NaN after the fault comes out of real PyTorch
+    jobs[0].checkpoint_fails = fault.brake_checkpoint_fails
     scenario = Scenario(stack, jobs, nan_during=jobs[0], nan_after=jobs[1], hung=jobs[2])
     for job in jobs:
         job.start(stack.url, spill / job.name)

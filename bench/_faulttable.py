@@ -14,6 +14,18 @@ def hung_alerts(stack: Stack, scenario: Scenario) -> int:
     )[0][0]
 
 
+FAILED_BRAKE_RULE = "brake-checkpoint-failed"  # incidents.notifications.grouping
+
+
+def failed_brake_pages(stack: Stack, scenario: Scenario) -> int:
+    """Pages delivered for the NaN job's failed-brake alert."""
+    return stack.sql(
+        "SELECT count(*) FROM incidents_delivery d JOIN incidents_alert a ON a.id = d.alert_id "
+        "WHERE a.job_id = %s AND a.rule_key = %s AND d.status IN ('sent', 'delivered')",
+        (scenario.nan_during.job_id, FAILED_BRAKE_RULE),
+    )[0][0]
+
+
 def hung_deadline(stack: Stack, scenario: Scenario) -> float | None:
     """The hung job's deadline as its alert says (last heartbeat + timeout, epoch seconds)."""
     rows = stack.sql(
@@ -86,9 +98,12 @@ def _alerts(stack: Stack, scenario: Scenario) -> tuple[int, list[str]]:
         (ids,),
     )[0][0]
     # Alerts no scenario asked for: any rule on a healthy job, any other rule on the others.
-    expected = {scenario.nan_during.job_id: "non-finite-loss-or-gradients",
-                scenario.nan_after.job_id: "non-finite-loss-or-gradients",
-                scenario.hung.job_id: "heartbeat-timeout"}  # fmt: skip
+    nan_during = {"non-finite-loss-or-gradients"}
+    if scenario.nan_during.checkpoint_fails:
+        nan_during.add(FAILED_BRAKE_RULE)
+    expected = {scenario.nan_during.job_id: nan_during,
+                scenario.nan_after.job_id: {"non-finite-loss-or-gradients"},
+                scenario.hung.job_id: {"heartbeat-timeout"}}  # fmt: skip
     alerts = stack.sql(
         "SELECT job_id, rule_key, description FROM incidents_alert WHERE job_id = ANY(%s)",
         (ids,),
@@ -97,7 +112,7 @@ def _alerts(stack: Stack, scenario: Scenario) -> tuple[int, list[str]]:
     return doubled, [
         f"{names[job_id]}: {rule} — {description}"
         for job_id, rule, description in alerts
-        if expected.get(job_id) != rule
+        if rule not in expected.get(job_id, set())
     ]
 
 
@@ -149,6 +164,8 @@ def measure(stack: Stack, scenario: Scenario, recovered: float | None) -> dict:
         "nan_doubled": sum(1 for job in nan_jobs if commands.get(job.job_id, 0) > 1),
         "hung_missed": 0 if hung_alerts(stack, scenario) else 1,
         "hung_late": hung_late(stack, scenario),
+        "failed_brake_pages": failed_brake_pages(stack, scenario),
+        "brake_checkpoint_fails": scenario.nan_during.checkpoint_fails,
         "commands_doubled": sum(1 for job in scenario.jobs if commands.get(job.job_id, 0) > 1),
         "false_brakes": sum(
             1
@@ -180,6 +197,8 @@ def failures(result: dict) -> list[str]:
     within, late = result.get("hung_within"), result.get("hung_late")
     if within is not None and late is not None and late > within:
         bad.append(f"the hung job was caught {late:.1f} s after its deadline (at most {within:g})")
+    if result.get("brake_checkpoint_fails") and not result.get("failed_brake_pages"):
+        bad.append("the brake whose checkpoint failed paged nobody")
     bound, waited = result.get("health_wait_within"), result.get("health_wait")
     if bound is not None and (waited is None or waited > bound):
         bad.append(f"/api/v1/health took {_seconds(waited)} s to answer (at most {bound:g})")

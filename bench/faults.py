@@ -209,6 +209,14 @@ def postgres_away(seconds: float) -> Callable[[Stack, Scenario], None]:
     return inject
 
 
+def failing_brake(stack: Stack, scenario: Scenario) -> None:
+    """Nothing of the console fails: the NaN job's own checkpoint does (its answer is
+    "checkpoint failed"); the failed brake must page someone (Fault.brake_checkpoint_fails)."""
+    scenario.mark_down()
+    scenario.nan_now()
+    wait_until(lambda: scenario.nan_during.braked, "the brake to reach the job", 60, 0.05)
+
+
 def worker_mid_evaluation(stack: Stack, scenario: Scenario) -> None:
     # Every worker, the moment the NaN's batch is stored: its evaluation is under way or queued.
     scenario.nan_now()
@@ -325,6 +333,8 @@ def faults(beat_seconds: float = 20.0, console_seconds: float = 30.0) -> list[Fa
               red_required=False),
         Fault("postgres-away", f"PostgreSQL away {PG_AWAY:g} s > the pool's timeout",
               postgres_away(PG_AWAY), health_wait_within=PG_AWAY_HEALTH_WAIT),
+        Fault("failed-brake", "brake checkpoint fails (read-only directory)", failing_brake,
+              brake_checkpoint_fails=True, red_required=False),
         Fault("worker-eval", "Celery workers SIGKILLed mid-evaluation", worker_mid_evaluation),
         Fault("worker-delivery", "Celery workers SIGKILLed mid-delivery", worker_mid_delivery),
         Fault("beat-down", f"leading beat killed for {beat_seconds:g} s", beat_down(beat_seconds),

@@ -23,6 +23,11 @@ from incidents.models import (
     TimelineKind,
 )
 
+# A brake whose checkpoint failed is news to whoever was paged for the anomaly it answered:
+# the state they count on does not exist. Its alert pages on its own, never grouped.
+FAILED_BRAKE_RULE = "brake-checkpoint-failed"
+PAGES_ALONE = frozenset({FAILED_BRAKE_RULE})
+
 
 def page_leader(alert: Alert) -> Alert | None:
     """The open alert that already pages for ``alert``'s incident and level, or None.
@@ -30,7 +35,7 @@ def page_leader(alert: Alert) -> Alert | None:
     Call inside the transaction that creates the alert's first round: the incident's row lock
     makes two alerts of one storm, dispatched by two workers at once, see each other (the
     second waits, then finds the first one's round)."""
-    if alert.incident_id is None:
+    if alert.incident_id is None or alert.rule_key in PAGES_ALONE:
         return None
     Incident.objects.select_for_update(no_key=True).filter(pk=alert.incident_id).values_list(
         "pk"

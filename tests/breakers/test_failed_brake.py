@@ -3,14 +3,17 @@ a real local chat receiver (it used to show only on the timeline)."""
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import transaction
 from django.utils import timezone
 
 from breakers.control.commands import acknowledge_command, issue_command
 from breakers.control.failed_brake import RULE_KEY
+from incidents.alerts.lifecycle import AlertSignal, raise_or_update_alert
 from incidents.jobs import create_job
 from incidents.models import (
     Alert,
@@ -22,6 +25,7 @@ from incidents.models import (
     NotificationPolicy,
     OnCallShift,
 )
+from incidents.notifications.delivery import notify_alert
 from tests.support.waiting import wait_for
 
 ERROR = "checkpoint failed (OSError: [Errno 30] Read-only file system: '/ckpt')"
@@ -52,14 +56,31 @@ def _brake(job: Job, severity: str = "L3") -> int:
     return issued.command.pk
 
 
+def _nan_alert(job: Job) -> Alert:
+    """The L3 the brake answered, paged first: the failed brake must page all the same."""
+    now = timezone.now()
+    signal = AlertSignal(
+        rule_key="non-finite-loss-or-gradients", rule_name="Non-finite loss", layer="stability",
+        severity="L3", metric="loss", node="", value=math.nan, threshold=None,
+        description="loss is NaN", step=7, time=now, first_step=7, first_time=now,
+    )  # fmt: skip
+    with transaction.atomic():
+        alert = raise_or_update_alert(job.pk, signal, now=now).alert
+        notify_alert(alert.pk)
+    return alert
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_failed_brake_checkpoint_raises_an_l3_that_pages(team_job, receiver, worker):
+    nan = _nan_alert(team_job)
+    wait_for(lambda: Delivery.objects.filter(alert=nan).exists(), "the NaN's page")
     command_id = _brake(team_job)
     acknowledge_command(
         team_job.pk, command_id, status="failed", result={"step": 7, "paused": True}, error=ERROR
     )
     alert = Alert.objects.get(job_id=team_job.pk, rule_key=RULE_KEY)
     assert (alert.severity, alert.status) == ("L3", "firing")
+    assert alert.incident_id == nan.incident_id  # the same incident, the same level: not grouped
     assert "Read-only file system" in alert.description and "holds" in alert.description
     assert Job.objects.get(pk=team_job.pk).status == JobStatus.PAUSED
     wait_for(
