@@ -44,7 +44,7 @@ def beacon() -> float:
         if row is None:
             _first_beacon()
             return 0.0
-        now: datetime = row.now  # type: ignore[attr-defined]
+        now: datetime = row.now
         gap = (now - row.heard_at).total_seconds()
         if gap <= DEAF_AFTER_SECONDS:
             Hearing.objects.filter(pk=ROW).update(heard_at=now)
@@ -79,7 +79,10 @@ def forgive_deafness(since: datetime, until: datetime) -> None:
     acknowledgement deadlines of open commands (a command issued during it, by a worker that
     could still evaluate, gets its whole window from ``until``)."""
     gap = until - since
-    heard_before = {"heartbeat_deadline__gt": since, "last_heartbeat_at__lte": since}
+    # Heard before the deafness: up to the last beacon, and in the moment between it and the
+    # web tier's death (up to a beacon period); nothing can be heard in the middle of the gap,
+    # and a heartbeat that landed just before this beacon keeps its own fresh deadline.
+    heard_before = {"heartbeat_deadline__gt": since, "last_heartbeat_at__lt": since + gap / 2}
     Job.objects.filter(**heard_before).update(heartbeat_deadline=F("heartbeat_deadline") + gap)
     JobRank.objects.filter(**heard_before).update(heartbeat_deadline=F("heartbeat_deadline") + gap)
     open_commands = Command.objects.filter(status__in=OPEN_COMMAND_STATUSES, deliver_by__gt=since)
@@ -111,7 +114,7 @@ def hearing_state() -> dict[str, float | int | None]:
     row = Hearing.objects.filter(pk=ROW).annotate(now=Now()).first()
     if row is None:
         return {"age_seconds": None, "outages": 0, "deaf_seconds": 0.0}
-    age = (row.now - row.heard_at).total_seconds()  # type: ignore[attr-defined]
+    age = (row.now - row.heard_at).total_seconds()
     return {"age_seconds": age, "outages": row.outages, "deaf_seconds": row.deaf_seconds}
 
 

@@ -92,6 +92,19 @@ def test_the_return_moves_the_deadline_by_the_deafness_and_a_real_hang_is_caught
     assert len(check_heartbeats(timezone.now() + timedelta(seconds=6))) == 1
 
 
+def test_a_heartbeat_heard_after_the_last_beacon_but_before_the_outage_is_moved_too(agent):
+    """The web tier dies up to a beacon period after its last beacon: what it heard in that
+    moment ran its deadline through the deafness as well."""
+    record_heartbeat(agent.job_id, step=40, status="running", pid=4321)
+    _last_heard(agent.job_id, seconds_ago=24.7, deadline_in=-19.7)  # 0.3 s after the beacon
+    _heard(25)
+    before = Job.objects.get(pk=agent.job_id).heartbeat_deadline
+    gap = beacon()
+    moved = Job.objects.get(pk=agent.job_id).heartbeat_deadline - before
+    assert moved.total_seconds() == pytest.approx(gap, abs=0.01)
+    assert check_heartbeats() == []
+
+
 def test_a_heartbeat_after_the_outage_keeps_its_own_deadline(agent):
     _heard(25)
     beacon()
