@@ -6,6 +6,7 @@ page itself and goes through the same service as the REST API (``incidents.revie
 from __future__ import annotations
 
 import math
+from datetime import datetime
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
@@ -19,7 +20,7 @@ from core.errors import Forbidden, InvalidInput, NotFound, ServiceError
 from incidents.models import Membership
 from incidents.reviews.content import MAX_FOLLOW_UPS, TEXT_FIELDS
 from incidents.reviews.draft import actor_name
-from incidents.reviews.durations import LINK_KEYS, Durations, Row, format_seconds
+from incidents.reviews.durations import LINK_KEYS, Durations, Link, Row, format_seconds
 from incidents.reviews.export import SECTION_TITLES, parse_iso
 from incidents.reviews.report import team_incident_report
 from incidents.reviews.writeup import ReviewData, load_review, may_edit, save_review
@@ -134,10 +135,26 @@ def _context(
     }
 
 
+def link_span(link: Link, origin: datetime | None) -> str:
+    """From which event to which: "alert raised (+2.1 s) → checkpoint saved (+2.57 s)",
+    the times from the first anomalous point."""
+
+    def event(kind: str | None, moment: datetime | None) -> str:
+        name = (kind or "").replace("_", " ")
+        if moment is None or origin is None:
+            return name
+        return f"{name} (+{format_seconds((moment - origin).total_seconds())})"
+
+    if not link.measured:
+        return ""
+    return f"{event(link.start_kind, link.start_at)} → {event(link.end_kind, link.end_at)}"
+
+
 def chain_bars(durations: Durations) -> list[dict[str, Any]]:
     """One bar per link, its length relative to the slowest, which is marked."""
     slowest = durations.slowest
     longest = max((link.seconds for link in durations.links if link.seconds), default=0) or 1
+    origin = durations.link("detect").start_at
     return [
         {
             "key": link.key,
@@ -146,6 +163,7 @@ def chain_bars(durations: Durations) -> list[dict[str, Any]]:
             "steps": link.steps,
             "measured": link.measured,
             "end_kind": (link.end_kind or "").replace("_", " "),
+            "span": link_span(link, origin),
             "width": max(0.5, 100 * max(link.seconds, 0) / longest) if link.measured else 0,
             "slowest": slowest is not None and link.key == slowest.key,
         }

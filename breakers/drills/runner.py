@@ -66,6 +66,7 @@ from incidents.models import (
     TimelineKind,
 )
 from incidents.notifications.delivery import people_to_page, stop_notifications
+from incidents.notifications.grouping import PAGES_ALONE
 from incidents.notifications.routing import DIGEST, channels_for
 from incidents.teams.oncall import who_is_on_call
 
@@ -504,7 +505,10 @@ def _paging_facts(job: Job, alert: Alert) -> dict[str, Any]:
         return {"policy": False}
     # An alert storm pages once per incident and level, through whichever of its alerts was
     # dispatched first (the NaN's L3 or the guard's): that round is this alert's page too.
-    deliveries = Delivery.objects.filter(round__number=0, round__severity=alert.severity)
+    # A failed brake pages on its own, through its own layer's channels: not this line's.
+    deliveries = Delivery.objects.filter(round__number=0, round__severity=alert.severity).exclude(
+        alert__rule_key__in=PAGES_ALONE
+    )
     if alert.incident_id is not None:
         deliveries = deliveries.filter(alert__incident_id=alert.incident_id)
     else:

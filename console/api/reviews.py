@@ -24,6 +24,7 @@ from console.api.person_auth import PersonView
 from core.errors import InvalidInput
 from incidents.models import ReviewStatus
 from incidents.reviews.content import MAX_FOLLOW_UP_TEXT, MAX_FOLLOW_UPS, MAX_TEXT
+from incidents.reviews.durations import LINK_KEYS
 from incidents.reviews.export import to_markdown
 from incidents.reviews.report import team_incident_report
 from incidents.reviews.writeup import load_review, may_edit, review_document, save_review
@@ -99,7 +100,7 @@ class TimelineRowOut(serializers.Serializer):
 
 
 class LinkOut(serializers.Serializer):
-    key = serializers.ChoiceField(choices=["detect", "notify", "acknowledge", "brake", "recover"])
+    key = serializers.ChoiceField(choices=list(LINK_KEYS))
     label = serializers.CharField()
     seconds = serializers.FloatField(allow_null=True, help_text="null: not measured")
     steps = serializers.IntegerField(allow_null=True)

@@ -564,11 +564,14 @@ def outcome_timeline(
         if outcome == "delivered"
         else TimelineKind.NOTIFICATION_SENT
     )
+    tries = delivery.attempts
+    after = (
+        "before any attempt" if not tries else f"after {tries} attempt{'s' if tries != 1 else ''}"
+    )
     append_timeline(
         delivery.incident_id,
         kind,
-        f"{delivery.channel} to {who} {outcome} after {delivery.attempts} attempt(s): "
-        f"{delivery.first_line}",
+        f"{delivery.channel} to {who} {outcome} {after}: {delivery.first_line}",
         at=now,
         alert_id=delivery.alert_id,
         data={

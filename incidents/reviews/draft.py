@@ -64,7 +64,9 @@ def chronology(facts: IncidentFacts, rows: Sequence[Row]) -> list[str]:
 
 
 def _summary(facts: IncidentFacts, rows: Sequence[Row], durations: Durations) -> str:
-    detect, brake, recover = (durations.link(key) for key in ("detect", "brake", "recover"))
+    detect, escalate, brake, recover = (
+        durations.link(key) for key in ("detect", "escalate", "brake", "recover")
+    )
     where = f" at step {facts.first_step}" if facts.first_step is not None else ""
     sentences = [
         f"{facts.level} incident #{facts.id} on job {facts.job}: {facts.title}.",
@@ -75,10 +77,18 @@ def _summary(facts: IncidentFacts, rows: Sequence[Row], durations: Durations) ->
     ]
     if brake.measured:
         how = "with a confirmed checkpoint" if brake.end_kind == CHECKPOINT_SAVED else "for good"
+        which = "the alert"
+        if escalate.seconds:
+            # Said from which alert: the first one's time to the one that braked is its own link.
+            which = (
+                f"the alert that braked, raised {format_seconds(escalate.seconds)} after the first"
+            )
+        assert brake.end_at is not None
+        stopped_at = format_seconds((brake.end_at - facts.first_at).total_seconds())
         sentences.append(
-            f"Training was stopped {how} {format_seconds(brake.seconds)} after the alert"
+            f"Training was stopped {how} {format_seconds(brake.seconds)} after {which}"
             + (f", {brake.steps} steps later" if brake.steps else "")
-            + "."
+            + f" ({stopped_at} after the first anomalous point)."
         )
     else:
         sentences.append("The timeline shows no confirmed stop of the training.")

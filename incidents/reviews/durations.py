@@ -5,18 +5,21 @@ between two timeline rows, in seconds (wall clock) and in training steps (the jo
 clock), so a slow link shows both how long people waited and how much training ran meanwhile:
 
 * detect      — first anomalous point → the first alert raised
-* notify      — alert → first notification delivered (else first sent; else not measured)
+* notify      — alert → first notification delivered (else first sent; else not measured);
+  a page that failed reached nobody and ends nothing
 * acknowledge — alert → first acknowledgement by a person
-* brake       — alert → training actually stopped: the confirmed checkpoint, or terminated
+* escalate    — the first alert → the alert (or escalation) whose command stopped training
+* brake       — that alert → training actually stopped: the confirmed checkpoint, or terminated
 * recover     — training stopped → resumed
 
-Each link that starts at an alert starts at the alert that *caused* its end: the brake at the
-alert (or the escalation of it) whose command stopped training, the acknowledgement at the
-alert acknowledged. An L1 notice raised long before the L3 that braked does not make the brake
-look slow; the time people let pass after the first alarm shows in "detect" and in the
-timeline. When the end row names no alert, the link starts at the episode's first alert.
+The chain adds up: detect + escalate + brake is the time from the first anomalous point to the
+stop. Each link that starts at an alert starts at the alert that *caused* its end: the brake at
+the alert (or the escalation of it) whose command stopped training, the acknowledgement at the
+alert acknowledged; an L1 notice raised long before the L3 that braked shows in "escalate", not
+in "brake". When the end row names no alert, the link starts at the episode's first alert.
 ``recover`` starts at the stop (not the alert) so the links do not count the same time twice.
-Rows are taken in timeline order; an end row is the first of its kinds after the start row.
+Every link says which row started it and which ended it. Rows are taken in timeline order; an
+end row is the first of its kinds after the start row.
 """
 
 from __future__ import annotations
@@ -72,6 +75,8 @@ LINKS: tuple[LinkSpec, ...] = (
         "notify", "Time to notify", "alert", ((NOTIFICATION_DELIVERED,), (NOTIFICATION_SENT,))
     ),
     LinkSpec("acknowledge", "Time to acknowledge", "alert", ((ACKNOWLEDGED,),)),
+    # Ends at the brake's own start: measured in ``measure`` once the brake is.
+    LinkSpec("escalate", "Time to the braking alert", "alert", ()),
     LinkSpec("brake", "Time to brake", "alert", (STOP_KINDS,)),
     LinkSpec("recover", "Time to recover", "stop", ((RESUMED,),)),
 )
@@ -89,6 +94,7 @@ class Link:
     start_at: datetime | None
     end_at: datetime | None
     end_kind: str | None  # which row ended it (checkpoint_saved or terminated, …)
+    start_kind: str | None = None  # which row started it (alert_raised, severity_changed, …)
 
     @property
     def measured(self) -> bool:
@@ -103,6 +109,7 @@ class Link:
             "start_at": _iso(self.start_at),
             "end_at": _iso(self.end_at),
             "end_kind": self.end_kind,
+            "start_kind": self.start_kind,
         }
 
 
@@ -156,29 +163,48 @@ def measure(
     alert = rows[alert_index] if alert_index is not None else None
     stop_index = _find(rows, alert_index + 1, STOP_KINDS) if alert_index is not None else None
     stop = rows[stop_index] if stop_index is not None else None
-    links = []
-    for spec in LINKS:
-        start, after = {
-            "first": (first, 0),
-            "alert": (alert, None if alert_index is None else alert_index + 1),
-            "stop": (stop, None if stop_index is None else stop_index + 1),
-        }[spec.start]
-        end_index = None
-        if start is not None and after is not None:
-            end_index = _first_index_of(rows, after, spec.ends)
-        end = rows[end_index] if end_index is not None else None
-        if spec.start == "alert" and end_index is not None:
-            start = _causing_alert(rows, end_index) or start
-        links.append(_link(spec, start, end))
+    starts = {
+        "first": (first, 0),
+        "alert": (alert, None if alert_index is None else alert_index + 1),
+        "stop": (stop, None if stop_index is None else stop_index + 1),
+    }
+    measured = {spec.key: _measure_link(rows, spec, *starts[spec.start]) for spec in LINKS}
+    brake = measured["brake"]
+    escalate = next(spec for spec in LINKS if spec.key == "escalate")
+    braking_alert = _row_at(rows, brake.start_at, brake.start_kind) if brake.measured else None
+    measured["escalate"] = _link(escalate, alert if braking_alert else None, braking_alert)
+    links = [measured[spec.key] for spec in LINKS]
     hours = None
     if size is not None and stop is not None:
         hours = size.accelerators * (stop.at - first_at).total_seconds() / 3600.0
     return Durations(tuple(links), hours, size.accelerators if size else None)
 
 
+def _measure_link(
+    rows: Sequence[Row], spec: LinkSpec, start: Row | None, after: int | None
+) -> Link:
+    end_index = None
+    if start is not None and after is not None and spec.ends:
+        end_index = _first_index_of(rows, after, spec.ends)
+    end = rows[end_index] if end_index is not None else None
+    if spec.start == "alert" and end_index is not None:
+        start = _causing_alert(rows, end_index) or start
+    return _link(spec, start, end)
+
+
+def _row_at(rows: Sequence[Row], at: datetime | None, kind: str | None) -> Row | None:
+    return next((row for row in rows if row.at == at and row.kind == kind), None)
+
+
+def _ends_a_link(row: Row, kinds: tuple[str, ...]) -> bool:
+    # A page that failed reached nobody: it ends no link (it is still on the timeline).
+    failed = row.kind == NOTIFICATION_SENT and row.data.get("status") == "failed"
+    return row.kind in kinds and not failed
+
+
 def _find(rows: Sequence[Row], start: int, kinds: Iterable[str]) -> int | None:
     kinds = tuple(kinds)
-    return next((i for i in range(start, len(rows)) if rows[i].kind in kinds), None)
+    return next((i for i in range(start, len(rows)) if _ends_a_link(rows[i], kinds)), None)
 
 
 def _first_index_of(
@@ -205,12 +231,21 @@ def _causing_alert(rows: Sequence[Row], end_index: int) -> Row | None:
 
 def _link(spec: LinkSpec, start: Row | None, end: Row | None) -> Link:
     if start is None or end is None:
-        return Link(spec.key, spec.label, None, None, start.at if start else None, None, None)
+        return Link(
+            spec.key,
+            spec.label,
+            None,
+            None,
+            start.at if start else None,
+            None,
+            None,
+            start.kind if start else None,
+        )
     steps = None
     if start.step is not None and end.step is not None:
         steps = end.step - start.step
     seconds = (end.at - start.at).total_seconds()
-    return Link(spec.key, spec.label, seconds, steps, start.at, end.at, end.kind)
+    return Link(spec.key, spec.label, seconds, steps, start.at, end.at, end.kind, start.kind)
 
 
 def _iso(moment: datetime | None) -> str | None:

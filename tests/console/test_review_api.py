@@ -151,7 +151,12 @@ def test_the_json_export_rebuilds_the_timeline_and_its_durations(flow):
     ]
     assert rebuilt == stored and len(stored) == 12
     assert durations_from_document(document).as_dict() == document["durations"]
-    assert document["durations"]["links"][3]["seconds"] == 8.0  # brake
+    links = {link["key"]: link for link in document["durations"]["links"]}
+    assert links["brake"]["seconds"] == 8.0
+    assert (links["brake"]["start_kind"], links["brake"]["end_kind"]) == (
+        "alert_raised",
+        "checkpoint_saved",
+    )
     assert document["job_size"] == {"nodes": 4, "gpus_per_node": 8, "accelerator": "H100"}
     assert document["review"]["root_cause"] == "A corrupt shard."
     assert document["review"]["follow_ups"][0]["text"] == "Validate shards"

@@ -31,15 +31,19 @@ def test_the_page_shows_the_chain_the_timeline_and_the_curve(flow):
     html = page(logged_in(flow.team.person("viewer")), flow.incident_id)
     # The chain: one bar per link, the slowest (recover, 82 s) marked, the unmeasured greyed.
     links = re.findall(r'<tr class="link([^"]*)" data-link="(\w+)">', html)
-    assert [key for _, key in links] == ["detect", "notify", "acknowledge", "brake", "recover"]
+    keys = ["detect", "notify", "acknowledge", "escalate", "brake", "recover"]
+    assert [key for _, key in links] == keys
     assert dict((key, classes.strip()) for classes, key in links) == {
         "detect": "",
         "notify": "unmeasured",
         "acknowledge": "",
+        "escalate": "",
         "brake": "",
         "recover": "slowest",
     }
     assert 'style="width: 100.0%"' in html and "1 min 22 s" in html and "8 s" in html
+    # Each link names the events it runs between, timed from the first anomalous point.
+    assert "first anomalous point (+0 ms) → alert raised (+3 s)" in html
     assert '<strong id="accelerator-hours">0.10 (32 accelerators)</strong>' in html
     # Every timeline row, in order, with its actor.
     kinds = re.findall(r'<tr class="row kind-\w+" data-kind="(\w+)">', html)

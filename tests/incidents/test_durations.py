@@ -98,8 +98,28 @@ CASES = [
         {
             "detect": (5, 0, "alert_raised"),
             "acknowledge": (25, 30, "acknowledged"),
+            "escalate": (pytest.approx(1.9), 19, "alert_raised"),
             "brake": (pytest.approx(0.01), 0, "checkpoint_saved"),
         },
+    ),
+    (
+        "a page that failed reached nobody: the notify link ends at the one delivered",
+        [
+            r("alert_raised", 0),
+            Row("notification_sent", T0 + timedelta(seconds=0.02), data={"status": "failed"}),
+            Row("notification_sent", T0 + timedelta(seconds=3), data={"status": "sent"}),
+        ],
+        {"notify": (3, None, "notification_sent")},
+    ),
+    (
+        "only failed pages: notify not measured",
+        [r("alert_raised", 0), Row("notification_sent", T0, data={"status": "failed"})],
+        {"notify": (None, None, None)},
+    ),
+    (
+        "the first alert braked: escalate is nothing",
+        [r("alert_raised", 2, 110), r("checkpoint_saved", 5, 112)],
+        {"escalate": (0, 0, "alert_raised"), "brake": (3, 2, "checkpoint_saved")},
     ),
     (
         "an escalated alert: the brake is measured from its escalation",
@@ -108,7 +128,7 @@ CASES = [
             ra("severity_changed", 40, 140, alert=1),  # L2 → L3
             ra("checkpoint_saved", 41, 141, alert=1),
         ],
-        {"brake": (1, 1, "checkpoint_saved")},
+        {"escalate": (39, 40, "severity_changed"), "brake": (1, 1, "checkpoint_saved")},
     ),
     (
         "an end row without a step: seconds only",
@@ -121,6 +141,17 @@ CASES = [
         {"brake": (2, None, "checkpoint_saved"), "recover": (47, None, "resumed")},
     ),
 ]
+
+
+@pytest.mark.parametrize("rows", [case[1] for case in CASES], ids=[c[0] for c in CASES])
+def test_detect_escalate_and_brake_add_up_to_the_first_point_to_the_stop(rows):
+    durations = measure(rows, T0, 100)
+    chain = [durations.link(key) for key in ("detect", "escalate", "brake")]
+    if all(link.measured for link in chain):
+        assert sum(link.seconds or 0.0 for link in chain) == pytest.approx(
+            (chain[-1].end_at - T0).total_seconds()
+        )
+        assert [link.start_at for link in chain[1:]] == [link.end_at for link in chain[:-1]]
 
 
 @pytest.mark.parametrize(("name", "rows", "expected"), CASES, ids=[c[0] for c in CASES])

@@ -73,6 +73,7 @@ def test_the_durations_are_exact(flow):
         "detect": (AT_ALERT - AT_NAN, 0, "alert_raised"),  # 3 s
         "notify": (None, None, None),  # no notification rows yet
         "acknowledge": (AT_ACK_ALERT - AT_ALERT, 0, "acknowledged"),  # 2 s
+        "escalate": (0.0, 0, "alert_raised"),  # the first alert is the one that braked
         "brake": (AT_CHECKPOINT - AT_ALERT, CHECKPOINT_STEP - NAN_STEP, "checkpoint_saved"),
         "recover": (AT_RESUMED - AT_CHECKPOINT, 0, "resumed"),  # 82 s
     }
