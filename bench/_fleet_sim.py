@@ -251,7 +251,8 @@ class Rank:
         if self.rank:
             head = f'{{"rank":{self.rank},"batch":"{batch_id}",'
         extra = ""
-        if self.config.heartbeat_in_batch and time.monotonic() >= self.heartbeat_due:
+        due = time.monotonic() + self.config.flush_interval >= self.heartbeat_due
+        if self.config.heartbeat_in_batch and self.status == "running" and due:
             beat = self.heartbeat_body()
             if beat is not None:
                 extra = ',"heartbeat":' + json.dumps(beat)

@@ -29,6 +29,7 @@ import asyncio
 import os
 import statistics
 import time
+from collections import Counter
 
 os.environ.setdefault("BRAKELINE_CELERY_QUEUE", "brakeline-bench-fleet")
 os.environ.setdefault("BRAKELINE_CHANNEL_PREFIX", "brakeline-bench-fleet")
@@ -63,7 +64,7 @@ def cpu_delta(before: dict, after: dict) -> dict[str, float]:
     return delta
 
 
-async def one_round(args, running, connection, db_name: str, ranks: int) -> dict:
+async def one_round(args, running, connection, db_name: str, ranks: int, riding: bool) -> dict:
     job_id, token = await asyncio.to_thread(new_job, ranks)
     config = FleetConfig(
         url=running.urls[args.web],
@@ -71,7 +72,7 @@ async def one_round(args, running, connection, db_name: str, ranks: int) -> dict
         ranks=ranks,
         websocket=not args.no_websocket,
         metrics=args.metrics,
-        heartbeat_in_batch=args.heartbeat_in_batch,
+        heartbeat_in_batch=riding,
     )
     acks = Acks()
     traffic = Traffic(on_accepted=acks.add)
@@ -80,6 +81,7 @@ async def one_round(args, running, connection, db_name: str, ranks: int) -> dict
     await asyncio.sleep(args.warm)
     with LagWatch(os.environ["DATABASE_URL"], [job_id], [acks]) as watch:
         requests_before = sum(traffic.requests.values())
+        points_before = traffic.accepted_points
         by_kind_before = traffic.requests.copy()
         before = cpu_reading(running, connection, db_name)
         started = time.monotonic()
@@ -87,6 +89,7 @@ async def one_round(args, running, connection, db_name: str, ranks: int) -> dict
         elapsed = time.monotonic() - started
         after = cpu_reading(running, connection, db_name)
         requests = sum(traffic.requests.values()) - requests_before
+        points = traffic.accepted_points - points_before
         by_kind = traffic.requests - by_kind_before
         lag_samples = list(watch.samples)
     nan_step = fleet.inject_nan()
@@ -99,6 +102,9 @@ async def one_round(args, running, connection, db_name: str, ranks: int) -> dict
         print(dict(traffic.requests), sorted(per_rank))
     return {
         "elapsed": elapsed,
+        # Rank-seconds of training the console kept up with: points accepted over what one
+        # rank logs a second (a saturated console serves fewer than the wall clock's).
+        "served": points / (config.metrics / config.step_seconds),
         "requests": requests,
         "by_kind": by_kind,
         "cpu": cpu_delta(before, after),
@@ -118,6 +124,8 @@ def summarise(rounds: list[dict]) -> dict:
     ranks = rounds[0]["ranks"]
     rank_seconds = sum(r["elapsed"] for r in rounds) * ranks
     cpu = {name: sum(r["cpu"][name] for r in rounds) for name in (*PROCESSES, "client")}
+    served = sum(r["served"] for r in rounds)
+    requests = sum(r["requests"] for r in rounds)
     statuses: dict = {}
     for r in rounds:
         for (kind, status), count in r["by_kind"].items():
@@ -130,6 +138,9 @@ def summarise(rounds: list[dict]) -> dict:
         "ranks": ranks,
         "rps": sum(r["requests"] for r in rounds) / sum(r["elapsed"] for r in rounds),
         "ms_per_rank_s": {name: 1000 * seconds / rank_seconds for name, seconds in cpu.items()},
+        "ms_per_served": {name: 1000 * seconds / served for name, seconds in cpu.items()},
+        "ms_per_request": {name: 1000 * seconds / requests for name, seconds in cpu.items()},
+        "served_share": served / rank_seconds,
         "statuses": statuses,
         "lag": (statistics.median(lag), percentile(lag, 0.95)),
         "all_held": alls,
@@ -137,16 +148,16 @@ def summarise(rounds: list[dict]) -> dict:
         "missed": [r for r in rounds if not r["held"]],
         "one_step": all(len(r["steps"]) == 1 for r in rounds if r["held"]),
         "at_nan_step": sum(r["steps"] == {r["nan_step"]} for r in rounds),
-        "errors": sum((r["errors"] for r in rounds), start=__import__("collections").Counter()),
+        "errors": sum((r["errors"] for r in rounds), start=Counter()),
         "rounds": len(rounds),
     }
 
 
-def print_tables(results: list[dict], args) -> None:
+def print_tables(results: list[dict], args, variant: str) -> None:
     print(
         f"\nFleet: one job of N ranks, SDK defaults (step 0.25 s, flush 1 s, heartbeat 5 s), "
-        f"websocket {'off' if args.no_websocket else 'on'}, heartbeat in batch "
-        f"{'on' if args.heartbeat_in_batch else 'off'}, {args.seconds:g} s measured per round\n"
+        f"websocket {'off' if args.no_websocket else 'on'}, heartbeats "
+        f"{variant}, {args.seconds:g} s measured per round\n"
     )
     print("ranks | req/s | req/s/rank | answers by kind")
     for res in results:
@@ -158,14 +169,18 @@ def print_tables(results: list[dict], args) -> None:
         print(
             f"{res['ranks']:5d} | {res['rps']:6.1f} | {res['rps'] / res['ranks']:5.2f} | {answers}"
         )
-    print("\nconsole CPU, ms per rank-second (client: the simulator itself, not console)")
-    print("ranks |    web | worker | postgres |  beat | haproxy |  TOTAL | client")
+    print(
+        "\nconsole CPU, ms per rank-second served (rank-seconds of points accepted; the wall"
+        " clock's\nrank-seconds when the console keeps up) and per request; client: the simulator"
+    )
+    print("ranks | served |    web | worker | postgres |  beat |  TOTAL | per request | client")
     for res in results:
-        ms = res["ms_per_rank_s"]
+        ms, per = res["ms_per_served"], res["ms_per_request"]
         total = sum(ms[name] for name in PROCESSES)
         print(
-            f"{res['ranks']:5d} | {ms['web']:6.2f} | {ms['worker']:6.2f} | {ms['postgres']:8.2f} "
-            f"| {ms['beat']:5.2f} | {ms['haproxy']:7.2f} | {total:6.2f} | {ms['client']:6.2f}"
+            f"{res['ranks']:5d} | {res['served_share']:5.0%} | {ms['web']:6.2f} "
+            f"| {ms['worker']:6.2f} | {ms['postgres']:8.2f} | {ms['beat']:5.2f} | {total:6.2f} "
+            f"| {sum(per[name] for name in PROCESSES):8.2f} ms | {ms['client']:6.2f}"
         )
     print("\nevaluation lag and NaN → every rank's acknowledged hold")
     print("ranks | lag p50 | lag p95 | all held p50 | p95 | max | per rank p50/p95 | rounds held")
@@ -196,26 +211,32 @@ def print_tables(results: list[dict], args) -> None:
         )
 
 
-async def run(args) -> list[dict]:
+async def run(args) -> dict[str, list[dict]]:
+    """Every variant's rounds interleaved (a round of each, then the next round), so the
+    machine's other load falls on each alike."""
     import psycopg
 
     db_name = os.environ["DATABASE_URL"].rsplit("/", 1)[1]
-    results = []
+    results: dict[str, list[dict]] = {variant: [] for variant in args.variants}
     with (
         stack(args.web, {}) as running,
         psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as connection,
     ):
         for ranks in args.ranks:
-            rounds = []
+            rounds: dict[str, list[dict]] = {variant: [] for variant in args.variants}
             for index in range(args.rounds):
-                outcome = await one_round(args, running, connection, db_name, ranks)
-                rounds.append(outcome)
-                print(
-                    f"  {ranks} ranks round {index + 1}: held {outcome['held_ranks']}/{ranks}"
-                    f" in {outcome['all_held'] or float('nan'):.2f} s",
-                    flush=True,
-                )
-            results.append(summarise(rounds))
+                for variant in args.variants:
+                    riding = variant == "riding"
+                    outcome = await one_round(args, running, connection, db_name, ranks, riding)
+                    rounds[variant].append(outcome)
+                    print(
+                        f"  {ranks} ranks, {variant}, round {index + 1}: held "
+                        f"{outcome['held_ranks']}/{ranks} in "
+                        f"{outcome['all_held'] or float('nan'):.2f} s",
+                        flush=True,
+                    )
+            for variant in args.variants:
+                results[variant].append(summarise(rounds[variant]))
     return results
 
 
@@ -228,7 +249,13 @@ def main() -> None:
     parser.add_argument("--metrics", type=int, default=3, help="values logged per step")
     parser.add_argument("--web", type=int, default=1, help="Daphne processes behind HAProxy")
     parser.add_argument("--no-websocket", action="store_true")
-    parser.add_argument("--heartbeat-in-batch", action="store_true")
+    parser.add_argument(
+        "--variants",
+        type=lambda s: s.split(","),
+        default=["separate", "riding"],
+        help="separate: heartbeats on their own (protocol 2 SDKs); riding: a due heartbeat "
+        "rides in the metrics batch (protocol 3)",
+    )
     parser.add_argument("--hold-timeout", type=float, default=60.0)
     args = parser.parse_args()
     set_up_django()
@@ -241,7 +268,8 @@ def main() -> None:
     Job.objects.filter(team__name="bench-fleet").exclude(status="terminated").update(
         status="terminated", heartbeat_deadline=None
     )
-    print_tables(asyncio.run(run(args)), args)
+    for variant, results in asyncio.run(run(args)).items():
+        print_tables(results, args, variant)
 
 
 if __name__ == "__main__":
