@@ -50,6 +50,8 @@ class FleetConfig:
     heartbeat_interval: float = 5.0
     metrics: int = 3
     websocket: bool = True
+    # The nodes (index: rank // ranks_per_node) whose ranks hold a websocket; None: every node.
+    websocket_nodes: set[int] | None = None
     # Protocol extension: a heartbeat due when a batch leaves rides in that batch.
     heartbeat_in_batch: bool = False
 
@@ -111,7 +113,8 @@ class Rank:
     def __init__(self, fleet: Fleet, rank: int) -> None:
         self.fleet, self.rank = fleet, rank
         self.config = fleet.config
-        self.node = f"sim-node-{rank // self.config.ranks_per_node:04d}"
+        self.node_index = rank // self.config.ranks_per_node
+        self.node = f"sim-node-{self.node_index:04d}"
         self.node_json = json.dumps(self.node)
         self.run_id = uuid.uuid4().hex[:16]
         self.sequence = 0
@@ -126,6 +129,7 @@ class Rank:
         self.next_send = 0.0
         self.nan_step: int | None = None
         self.held = asyncio.Event()
+        self.sending = asyncio.Lock()
         self.wake = asyncio.Event()
         self.pid = 100_000 + rank
         self.names = [json.dumps(n) for n in ["train/loss", "train/grad_norm", "train/lr"]]
@@ -240,6 +244,12 @@ class Rank:
         }
 
     async def send_batch(self) -> None:
+        # One sender, as the SDK's one metrics thread: the guard's flush waits for a batch
+        # already on its way instead of sending the same sealed batch a second time.
+        async with self.sending:
+            await self._send_batch()
+
+    async def _send_batch(self) -> None:
         if self.sealed is None:
             if not self.pending:
                 return
@@ -348,7 +358,8 @@ class Fleet:
     def start(self) -> None:
         for rank in self.ranks:
             jobs = [rank.train(self.stop), rank.sender(self.stop), rank.control(self.stop)]
-            if self.config.websocket:
+            nodes = self.config.websocket_nodes
+            if self.config.websocket and (nodes is None or rank.node_index in nodes):
                 jobs.append(rank.push(self.stop))
             self.tasks += [asyncio.ensure_future(job) for job in jobs]
 
