@@ -21,6 +21,7 @@ from breakers.agent.protocol import PointIn
 from breakers.models import CompactionCursor, MetricBatch, MetricPoint
 from breakers.storage import partitions
 from breakers.storage.blocks import batch_rows, blocks_of, to_microseconds
+from breakers.storage.writers import announce_writer
 from incidents.jobs import advance_current_step, mark_job_running
 from incidents.models import Node
 
@@ -230,12 +231,10 @@ def _write(
     then: Callable[[], object] | None = None,
 ) -> Stored:
     with transaction.atomic():
-        # This UPDATE comes first on purpose: its row lock serialises ingest per job (not across
-        # jobs), so point ids of one job grow in commit order and the evaluator can walk them
-        # with a simple cursor. It also orders two copies of one batch sent at once.
-        advance_current_step(
-            job_id, max((p.step for p in points), default=None), last_metric_at=received_at
-        )
+        if blocks:
+            # Before any point id is taken: the cursor readers' horizon waits for this batch
+            # (breakers.storage.writers). Shared: the job's batches never wait for each other.
+            announce_writer(job_id)
         if batch_id is not None:
             earlier = _record_batch(job_id, batch_id, len(points), received_at)
             if earlier is not None:
@@ -247,6 +246,12 @@ def _write(
             _insert_points(job_id, points, received_at)
         if points:
             _register_nodes(job_id, {p.node for p in points if p.node})
+        # Last, and only when the batch moves the job's step or its metric time is stale: the
+        # job's row is locked from this UPDATE to the commit, and a batch that changes nothing
+        # on it takes no lock (a thousand ranks at one step update it once per step).
+        advance_current_step(
+            job_id, max((p.step for p in points), default=None), last_metric_at=received_at
+        )
         if job_is_pending:
             mark_job_running(job_id)
         if then is not None:
