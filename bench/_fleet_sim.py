@@ -284,9 +284,13 @@ class Rank:
     async def sender(self, stop: asyncio.Event) -> None:
         await asyncio.sleep(random.random() * self.config.flush_interval)
         while not stop.is_set():
-            if time.monotonic() >= self.next_send:
+            # A batch every flush_interval from the start of the last send (the SDK's
+            # _last_send), so a slow answer delays the next batch only beyond the interval.
+            started = time.monotonic()
+            if started >= self.next_send:
                 await self.send_batch()
-            await asyncio.sleep(self.config.flush_interval)
+            wait = started + self.config.flush_interval - time.monotonic()
+            await asyncio.sleep(max(0.001, wait))
 
     async def heartbeat(self, force: bool = False) -> None:
         body = self.heartbeat_body() if not force else None
