@@ -274,8 +274,9 @@ class ControlLoop:
             self._heartbeat_taken(body)
 
     def _heartbeat_taken(self, body: dict[str, Any]) -> None:
-        self.heartbeats_sent += 1
+        # Under the lock: this thread and the metrics thread (a heartbeat that rode) count.
         with self._delivery:
+            self.heartbeats_sent += 1
             self._status_delivered = body.get("status")
             self._delivery.notify_all()
 

@@ -34,13 +34,14 @@ OUTAGE_STATUSES = {502, 503, 504}
 
 
 def _refuses_heartbeat(response: Response) -> bool:
-    """A 400 naming the riding heartbeat's fields (the batch's points were not the problem)."""
+    """The console refused the riding heartbeat, not the batch's points: a 400 naming the
+    heartbeat's fields, or a 409 (it refuses this run's heartbeats: a finished job's token
+    reused; the control loop's own heartbeat then says so loudly)."""
     fields = response.body.get("fields") if isinstance(response.body, dict) else None
-    return (
-        response.status == 400
-        and isinstance(fields, dict)
-        and any(str(key).split(".")[0] == "heartbeat" for key in fields)
+    named = isinstance(fields, dict) and any(
+        str(key).split(".")[0] == "heartbeat" for key in fields
     )
+    return (response.status == 400 and named) or response.status == 409
 
 
 def refused_for_good(status: int) -> bool:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import pytest
+
 from brakeline._transport import Response
 from tests.brakeline.conftest import wait_until
 
@@ -59,12 +61,18 @@ def test_a_status_change_goes_at_once_on_its_own(make_run, transport):
     assert len(transport.bodies("heartbeat")) == before + 1
 
 
-def test_a_refused_heartbeat_does_not_cost_the_batch(make_run, transport):
-    def refuse_riders(path, body):
-        if path == "metrics" and "heartbeat" in body:
-            fields = {"heartbeat.hostname": "must be one node's name"}
-            return Response(400, {"error": "invalid", "fields": fields}, protocol=3)
-        return dataclasses.replace(transport.default_answer(path, body), protocol=3)
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [
+        (400, {"error": "invalid", "fields": {"heartbeat.hostname": "must be one node's name"}}),
+        (409, {"error": "conflict", "detail": "this job finished; start a new job"}),
+    ],
+)
+def test_a_refused_heartbeat_does_not_cost_the_batch(make_run, transport, status, body):
+    def refuse_riders(path, sent):
+        if path == "metrics" and "heartbeat" in sent:
+            return Response(status, body, protocol=3)
+        return dataclasses.replace(transport.default_answer(path, sent), protocol=3)
 
     transport.responder = refuse_riders
     run = make_run(heartbeat_interval=0.1, flush_interval=0.05)

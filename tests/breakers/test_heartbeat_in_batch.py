@@ -102,3 +102,12 @@ def test_the_reply_carries_the_commands_of_a_heartbeat_only_batchs_rank(agent, a
     issue_command(agent.job_id, "checkpoint_and_pause", reason="test")
     response = agent_post(URL, {"rank": 1, "points": [], "heartbeat": beat(rank=1)})
     assert [c["kind"] for c in response.json()["commands"]] == ["checkpoint_and_pause"]
+
+
+def test_a_new_run_under_a_finished_jobs_token_is_refused_whole(agent, agent_post):
+    agent_post("/api/v1/agent/heartbeat", beat(rank=0, pid=100))
+    Job.objects.filter(pk=agent.job_id).update(status="finished")
+    response = agent_post(URL, batch(beat(pid=200), rank=0))
+    assert response.status_code == 409
+    assert response.json()["error"] == "job_over"
+    assert not stored_points(agent.job_id)

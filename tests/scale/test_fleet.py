@@ -13,7 +13,6 @@ from bench._fleet_sim import Fleet, FleetConfig
 from breakers.models import Command
 from breakers.storage.points import stored_points
 from incidents.models import Job, JobRank
-from tests.support.worker import worker  # noqa: F401 - the fixture
 
 RANKS = 120
 pytestmark = pytest.mark.django_db(transaction=True)
