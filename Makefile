@@ -19,7 +19,7 @@ PYTEST_ARGS ?=
 # Options of `manage.py demo`, e.g. make demo DEMO_ARGS="--port 8001" (--host, --simulator...).
 DEMO_ARGS ?=
 
-.PHONY: install demo test lint bench clean faults
+.PHONY: install demo test lint bench bench-fleet clean faults
 
 # Two distributions, both editable: the SDK (sdk/, `brakeline`) and the console with its test
 # dependencies (`brakeline-console[dev]`).
@@ -60,6 +60,12 @@ bench: install
 	cd bench && $(TEST_ENV) ../$(BIN)/python guard.py
 	cd bench && ../$(BIN)/python ranks_agreement.py
 	cd bench && ../$(BIN)/python faults.py
+
+# The fleet simulator: one job of N simulated ranks at the SDK's defaults against the
+# production stack; FLEET_ARGS="--ranks 100,200 --rounds 3" (docs in bench/fleet.py).
+FLEET_ARGS ?=
+bench-fleet: install
+	cd bench && $(TEST_ENV) ../$(BIN)/python fleet.py $(FLEET_ARGS)
 
 clean:
 	rm -rf $(VENV) var

@@ -145,6 +145,12 @@ class Stack:
         )  # fmt: skip
         for port, process in zip(ports, self.web, strict=True):
             _wait_for_port(port, process, "daphne")
+        if not os.path.exists(HAPROXY) and self.web_count == 1:
+            # A machine without HAProxy still measures one web process, addressed directly.
+            print(f"  (no {HAPROXY}: the one Daphne is addressed directly, no balancer)")
+            self.urls[1] = f"http://127.0.0.1:{ports[0]}"
+            _wait_for_page(f"{self.urls[1]}/login/")
+            return self
         # The balancer only once the web processes listen: its health checks would otherwise
         # mark them down, and up again only after two checks.
         frontends = {free_port(): ports[:count] for count in range(1, self.web_count + 1)}
@@ -170,7 +176,7 @@ class Stack:
             "web": sum(tree_cpu(p.pid) for p in self.web),
             "worker": tree_cpu(self.others["worker"].pid),
             "beat": tree_cpu(self.others["beat"].pid),
-            "haproxy": tree_cpu(self.others["haproxy"].pid),
+            "haproxy": tree_cpu(self.others["haproxy"].pid) if "haproxy" in self.others else 0.0,
         }
 
     def web_cpu(self) -> list[float]:

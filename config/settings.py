@@ -460,6 +460,9 @@ REST_FRAMEWORK = {
         "agent": os.environ.get("BRAKELINE_AGENT_RATE", "6000/min"),
     },
 }
+# A job of many ranks may send this many requests per rank (console/ratelimit.agent_rate):
+# 2.5 a second, twice what a rank sends at the SDK's defaults, room for acks and retries.
+AGENT_RATE_PER_RANK = os.environ.get("BRAKELINE_AGENT_RATE_PER_RANK", "150/min")
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "Brakeline API",

@@ -9,7 +9,6 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
-from rest_framework.settings import api_settings
 
 from breakers.agent import service as breaker_services
 from breakers.agent.ack_rank import MAX_RANK
@@ -17,7 +16,7 @@ from breakers.agent.protocol import is_whole_number, parse_json_object
 from breakers.agent.store import Stored
 from breakers.control.commands import deliverable_commands, mark_delivered
 from console.api.agent_auth import bearer_token
-from console.ratelimit import parse_rate, rate_counter
+from console.ratelimit import agent_rate, rate_counter
 from core.errors import InvalidInput, PayloadTooLarge, ServiceError
 from core.realtime import agent_group
 from incidents.jobs import authenticate_agent
@@ -182,11 +181,11 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
 
     def _ingest(self, body: dict) -> Stored:
         """The HTTP endpoint's rate limit and service, for a batch sent over the socket."""
-        limit, period = parse_rate(api_settings.DEFAULT_THROTTLE_RATES["agent"])
+        job = Job.objects.get(pk=self.job_id)
+        limit, period = agent_rate(job.world_size)
         wait = rate_counter().hit(f"agent:{self.job_id}", limit, period)
         if wait:
             raise InvalidInput(
                 f"Rate limited: retry in {wait:.0f} s.", code="rate_limited", fields={}
             )
-        job = Job.objects.get(pk=self.job_id)
         return breaker_services.ingest_metrics_body(job, body)

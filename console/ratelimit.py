@@ -59,6 +59,28 @@ class MemoryRateCounter:
             self.counts = {k: v for k, v in self.counts.items() if k[0] != key}
 
 
+# A job's world size raises its limit at most this far: the claim is the agent's own (its
+# heartbeats), so it cannot lift the limit without bound (2²⁰ ranks is beyond any job today).
+MAX_RATED_RANKS = 1 << 20
+
+
+def agent_rate(world_size: int | None) -> tuple[int, int]:
+    """A job's agent request limit (count, period in seconds): ``BRAKELINE_AGENT_RATE``, or for
+    a job of several ranks ``BRAKELINE_AGENT_RATE_PER_RANK`` times the ranks it runs (its
+    heartbeats' ``world_size``) when that is more. One job of 10,000 ranks at the SDK's
+    defaults (about 1.2 requests a second per rank) is never refused; a runaway single
+    process still is."""
+    from rest_framework.settings import api_settings
+
+    limit, period = parse_rate(api_settings.DEFAULT_THROTTLE_RATES["agent"])
+    if (world_size or 1) <= 1:
+        return limit, period
+    per_rank, per_rank_period = parse_rate(settings.AGENT_RATE_PER_RANK)
+    ranks = min(world_size or 1, MAX_RATED_RANKS)
+    scaled = -(-per_rank * ranks * period // per_rank_period)  # per the job's period, rounded up
+    return max(limit, scaled), period
+
+
 @cache
 def rate_counter() -> RedisRateCounter | MemoryRateCounter:
     """One counter per process, so its Redis connection pool is shared by every request."""

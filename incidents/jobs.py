@@ -238,21 +238,34 @@ def mark_job_running(job_id: int) -> bool:
 # Every metrics batch of every rank runs this UPDATE: plain SQL (both databases), since the
 # ORM's building of it cost more than PostgreSQL's running it. current_step only moves
 # forward: a late batch of old points must not rewind it.
+# A job's newest metric time is kept to this precision: a batch within it of the stored time,
+# and not ahead of the job's step, changes nothing and so does not lock the job's row.
+METRIC_TIME_PRECISION_SECONDS = 1.0
 _ADVANCE_SQL = (
-    f"UPDATE {Job._meta.db_table} SET last_metric_at = %s, current_step = CASE "
-    "WHEN current_step IS NULL OR current_step < %s THEN %s ELSE current_step END WHERE id = %s"
+    f"UPDATE {Job._meta.db_table} SET "
+    "last_metric_at = CASE WHEN last_metric_at IS NULL OR last_metric_at < %(at)s "
+    "THEN %(at)s ELSE last_metric_at END, "
+    "current_step = CASE WHEN %(step)s IS NULL THEN current_step "
+    "WHEN current_step IS NULL OR current_step < %(step)s THEN %(step)s ELSE current_step END "
+    "WHERE id = %(job)s AND (last_metric_at IS NULL OR last_metric_at < %(stale)s "
+    "OR (%(step)s IS NOT NULL AND (current_step IS NULL OR current_step < %(step)s)))"
 )
-_TOUCH_SQL = f"UPDATE {Job._meta.db_table} SET last_metric_at = %s WHERE id = %s"
 
 
 def advance_current_step(job_id: int, step: int | None, last_metric_at: datetime) -> None:
-    """A batch arrived: the job's newest metric time, and its step if the batch is ahead."""
-    moment = connection.ops.adapt_datetimefield_value(last_metric_at)
+    """A batch arrived: the job's newest metric time (to a second), and its step if the batch
+    is ahead; nothing, and no row lock, when neither changes."""
+    stale = last_metric_at - timedelta(seconds=METRIC_TIME_PRECISION_SECONDS)
     with connection.cursor() as cursor:
-        if step is None:
-            cursor.execute(_TOUCH_SQL, [moment, job_id])
-        else:
-            cursor.execute(_ADVANCE_SQL, [moment, step, step, job_id])
+        cursor.execute(
+            _ADVANCE_SQL,
+            {
+                "at": connection.ops.adapt_datetimefield_value(last_metric_at),
+                "stale": connection.ops.adapt_datetimefield_value(stale),
+                "step": step,
+                "job": job_id,
+            },
+        )
 
 
 def heartbeat_timeout_seconds(job: Job, step_time: float | None = None) -> float:

@@ -51,13 +51,15 @@ __all__ = [
     "MAX_NAME_LENGTH", "MAX_RANK", "MAX_REPORTED_ERRORS", "MAX_STEP", "NON_FINITE_STRINGS",
     "NOT_ONE_NODE", "POINT_KEYS", "PROTOCOL_VERSION", "AckIn", "DuplicateKey", "HeartbeatIn",
     "MetricsBatchIn", "NonFiniteLiteral", "PointIn", "TimeWindow", "has_unstorable",
-    "is_whole_number", "load_json", "parse_ack", "parse_heartbeat", "parse_json_object",
-    "parse_metrics", "parse_metrics_body", "safe_text", "unstorable_json",
+    "heartbeat_from", "is_whole_number", "json_type", "load_json", "parse_ack",
+    "parse_heartbeat", "parse_json_object", "parse_metrics", "parse_metrics_body", "safe_text",
+    "unstorable_json",
 ]  # fmt: skip
 
-# 1: the first protocol. 2: a metrics batch may carry a batch id, stored once
-# (docs/protocol.md "Versions"); everything of 1 is still accepted as it was.
-PROTOCOL_VERSION = 2
+# 1: the first protocol. 2: a metrics batch may carry a batch id, stored once. 3: a metrics
+# batch may carry its rank's heartbeat (docs/protocol.md "Versions"); everything of the
+# earlier versions is still accepted as it was.
+PROTOCOL_VERSION = 3
 HEARTBEAT_STATUSES = ("running", "paused", "checkpointing", "finished", "holding")
 
 
@@ -109,8 +111,23 @@ def _check_slurm(body: dict, errors: dict[str, str]) -> tuple[str, str, str]:
 
 
 def parse_heartbeat(raw: bytes) -> HeartbeatIn:
-    body = parse_json_object(raw)
+    return heartbeat_from(parse_json_object(raw))
+
+
+def heartbeat_from(body: dict, field: str = "") -> HeartbeatIn:
+    """A decoded heartbeat object, validated; ``field`` names where it sits in a larger body
+    (``"heartbeat"`` inside a metrics batch), so each error names its whole path."""
     errors: dict[str, str] = {}
+    try:
+        return _heartbeat_fields(body, errors)
+    except InvalidInput:
+        prefix = f"{field}." if field else ""
+        raise InvalidInput(
+            "The heartbeat was refused.", fields={prefix + key: why for key, why in errors.items()}
+        ) from None
+
+
+def _heartbeat_fields(body: dict, errors: dict[str, str]) -> HeartbeatIn:
     for key in body.keys() - set(HEARTBEAT_KEYS):
         errors[safe_text(key)] = f"is not a field of a heartbeat ({', '.join(HEARTBEAT_KEYS)})"
     step = check_step(body["step"], errors, "step") if "step" in body else None

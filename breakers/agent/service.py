@@ -13,6 +13,8 @@ from breakers.agent.protocol import (
     MAX_STEP,
     HeartbeatIn,
     PointIn,
+    heartbeat_from,
+    json_type,
     parse_ack,
     parse_heartbeat,
     parse_json_object,
@@ -24,7 +26,7 @@ from breakers.detection.tasks import schedule_evaluation
 from breakers.executors.launchers import record_launcher
 from breakers.executors.scheduler import record_scheduler_context
 from breakers.models import Command, CommandKind, CommandStatus
-from core.errors import NotFound
+from core.errors import InvalidInput, NotFound
 from core.nonfinite import encode
 from core.realtime import job_group, publish_after_commit
 from incidents.jobs import record_heartbeat
@@ -51,15 +53,23 @@ def ingest_metrics_body(job: Job, body: dict) -> Stored:
 
 
 def _ingest(job: Job, body: dict) -> tuple[Stored, int | None]:
-    """Store the batch; also the one rank its points came from (None: none, or several)."""
+    """Store the batch, and the heartbeat riding in it in the same transaction (a retried
+    batch id stores neither again); also the one rank its points came from (None: none, or
+    several; the heartbeat's rank when it carries no points)."""
+    riding = body.pop("heartbeat", None)
     batch = parse_metrics_body(
         body,
         max_points=settings.AGENT_MAX_BATCH_POINTS,
         time_window_seconds=settings.AGENT_TIME_WINDOW_SECONDS,
     )
+    heartbeat = None if riding is None else _riding_heartbeat(riding, body.get("rank") or 0)
     points = batch.points
     stored = store_batch(
-        job.pk, points, batch.batch_id, job_is_pending=job.status == JobStatus.PENDING
+        job.pk,
+        points,
+        batch.batch_id,
+        job_is_pending=job.status == JobStatus.PENDING,
+        then=None if heartbeat is None else lambda: _record_heartbeat(job.pk, heartbeat),
     )
     if stored.accepted and not stored.duplicate:
         # After commit, so the worker always finds the batch it was woken for (store_batch
@@ -72,7 +82,28 @@ def _ingest(job: Job, body: dict) -> tuple[Stored, int | None]:
         # API); its websocket consumer coalesces these to at most ~10 per second per job.
         publish_after_commit(job_group(job_id), metrics_appended(job_id, points), robust=True)
     ranks = {point.rank for point in points}
+    if not ranks and heartbeat is not None:
+        ranks = {heartbeat.rank or 0}
     return stored, (ranks.pop() if len(ranks) == 1 else None)
+
+
+def _riding_heartbeat(raw: object, batch_rank: int) -> HeartbeatIn:
+    """The sending rank's heartbeat inside a metrics batch (protocol 3), validated before
+    anything is written; it is the batch's rank's (the batch's ``rank``, default 0)."""
+    if not isinstance(raw, dict):
+        raise InvalidInput(
+            "The heartbeat inside a metrics batch must be an object.",
+            fields={"heartbeat": f"must be an object, not {json_type(raw)}"},
+        )
+    # Without a rank of its own it is the batch's: checked as such (world_size above it).
+    given = raw if raw.get("rank") is not None else raw | {"rank": batch_rank}
+    heartbeat = heartbeat_from(given, "heartbeat")
+    if heartbeat.rank != batch_rank:
+        raise InvalidInput(
+            "A batch carries only its own rank's heartbeat.",
+            fields={"heartbeat.rank": f"must be the batch's rank ({batch_rank})"},
+        )
+    return heartbeat
 
 
 def metrics_appended(job_id: int, points: Sequence[PointIn]) -> dict:

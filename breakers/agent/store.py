@@ -9,7 +9,7 @@ single cost of ingest, PostgreSQL's per-row insert, gone). The embedded SQLite m
 from __future__ import annotations
 
 import time as clock
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import NamedTuple
 
@@ -21,6 +21,7 @@ from breakers.agent.protocol import PointIn
 from breakers.models import CompactionCursor, MetricBatch, MetricPoint
 from breakers.storage import partitions
 from breakers.storage.blocks import batch_rows, blocks_of, to_microseconds
+from breakers.storage.writers import announce_writer
 from incidents.jobs import advance_current_step, mark_job_running
 from incidents.models import Node
 
@@ -197,16 +198,19 @@ def store_batch(
     received_at: datetime | None = None,
     *,
     job_is_pending: bool = True,
+    then: Callable[[], object] | None = None,
 ) -> Stored:
     """Store a validated batch atomically, once per ``batch_id`` (None: protocol 1, every call
-    stores). A batch id seen before writes nothing and answers what the first copy stored."""
+    stores). A batch id seen before writes nothing and answers what the first copy stored.
+    ``then`` runs inside the batch's transaction once its points are written (never for a
+    batch stored before): what rides in the batch commits with it or not at all."""
     received_at = received_at or timezone.now()
     if not points or connection.vendor != "postgresql":
-        return _write(job_id, points, None, batch_id, received_at, job_is_pending)
+        return _write(job_id, points, None, batch_id, received_at, job_is_pending, then)
     blocks = _block_rows(job_id, points, received_at)
     _ensure_days(blocks)
     try:
-        return _write(job_id, points, blocks, batch_id, received_at, job_is_pending)
+        return _write(job_id, points, blocks, batch_id, received_at, job_is_pending, then)
     except (IntegrityError, psycopg.errors.CheckViolation) as error:  # COPY's is psycopg's own
         # A day partition this process knew of was dropped since (retention, or a rolled-back
         # transaction that created it): the batch rolled back whole; create it, store again.
@@ -214,7 +218,7 @@ def store_batch(
             raise
         _known_days.clear()
         _ensure_days(blocks)
-        return _write(job_id, points, blocks, batch_id, received_at, job_is_pending)
+        return _write(job_id, points, blocks, batch_id, received_at, job_is_pending, then)
 
 
 def _write(
@@ -224,14 +228,13 @@ def _write(
     batch_id: str | None,
     received_at: datetime,
     job_is_pending: bool,
+    then: Callable[[], object] | None = None,
 ) -> Stored:
     with transaction.atomic():
-        # This UPDATE comes first on purpose: its row lock serialises ingest per job (not across
-        # jobs), so point ids of one job grow in commit order and the evaluator can walk them
-        # with a simple cursor. It also orders two copies of one batch sent at once.
-        advance_current_step(
-            job_id, max((p.step for p in points), default=None), last_metric_at=received_at
-        )
+        if blocks:
+            # Before any point id is taken: the cursor readers' horizon waits for this batch
+            # (breakers.storage.writers). Shared: the job's batches never wait for each other.
+            announce_writer(job_id)
         if batch_id is not None:
             earlier = _record_batch(job_id, batch_id, len(points), received_at)
             if earlier is not None:
@@ -243,6 +246,14 @@ def _write(
             _insert_points(job_id, points, received_at)
         if points:
             _register_nodes(job_id, {p.node for p in points if p.node})
+        # Last, and only when the batch moves the job's step or its metric time is stale: the
+        # job's row is locked from this UPDATE to the commit, and a batch that changes nothing
+        # on it takes no lock (a thousand ranks at one step update it once per step).
+        advance_current_step(
+            job_id, max((p.step for p in points), default=None), last_metric_at=received_at
+        )
         if job_is_pending:
             mark_job_running(job_id)
+        if then is not None:
+            then()
     return Stored(len(points), duplicate=False)

@@ -11,9 +11,10 @@
 Alerts, cursor and state commit together or not at all, so a worker killed mid-task (the task
 is redelivered: ``acks_late``) or a task delivered twice neither loses nor doubles an alert.
 
-Order of points: ingest serialises each job's batches with a row lock on the job, so the ids
-of one job grow in commit order and the id cursor never skips a point committed later with a
-lower id. Across chunks, points are evaluated in that (arrival) order; within a chunk they are
+Order of points: a job's batches are written concurrently, so its ids are not in commit
+order; a chunk ends at the job's horizon (``breakers.storage.writers``), below which no batch
+can commit any more, so the id cursor never skips a point committed later with a lower id.
+Across chunks, points are evaluated in that (arrival) order; within a chunk they are
 sorted by (step, id), so a batch whose points are not in step order (several metrics, several
 nodes) is still evaluated in step order. A point that arrives late with a step lower than
 points already evaluated is evaluated once, when it arrives — it is never re-evaluated.

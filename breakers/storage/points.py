@@ -2,9 +2,11 @@
 
 The evaluator, the rollups and compaction each keep a cursor, the greatest point id they are
 past. Ingest writes a batch on PostgreSQL as one block per rank and node whose ``last_id`` is
-the next id of the raw points' sequence, under the job's row lock, so a job's ids grow in commit
-order over raw rows and blocks alike; a block is read whole (its points share its id), so a
-chunk always ends on a block's edge. The embedded SQLite mode has only raw rows.
+the next id of the raw points' sequence; a job's batches commit concurrently, so a chunk ends
+at or below the job's **horizon** (``breakers.storage.writers``): no batch can commit an id at
+or below it any more, so no cursor ever passes a point committed later. A block is read whole
+(its points share its id), so a chunk always ends on a block's edge. The embedded SQLite mode
+has only raw rows.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import NamedTuple
 from django.db import connection
 
 from breakers.models import MetricBlock, MetricPoint
+from breakers.storage.writers import horizon
 
 POINTS = MetricPoint._meta.db_table
 BLOCKS = MetricBlock._meta.db_table
@@ -31,14 +34,29 @@ class Chunk(NamedTuple):
     more: bool  # more points follow the chunk
 
 
+# The greatest id of the job's raw rows and blocks in (after, horizon].
+_HIGH_BELOW_SQL = f"""
+SELECT greatest(
+  (SELECT max(id) FROM {POINTS} WHERE job_id = %(job)s AND id > %(after)s AND id <= %(cap)s),
+  (SELECT max(last_id) FROM {BLOCKS}
+   WHERE job_id = %(job)s AND last_id > %(after)s AND last_id <= %(cap)s))
+"""
+
+
 def next_chunk(job_id: int, after: int, limit: int) -> Chunk:
     """The job's next chunk above ``after``: at most ``limit`` points (or one block holding
-    more), ending on a block's edge."""
+    more), ending on a block's edge and at or below the job's horizon (``more`` when points
+    above the horizon are already visible: a reader comes back for them)."""
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
+            cap = horizon(job_id)
             cursor.execute("SELECT * FROM brakeline_pending(%s, %s, %s)", [job_id, after, limit])
             high, points, more = cursor.fetchone()
-            return Chunk(high, int(points), bool(more))
+            if high is None or cap is None or high <= cap:
+                return Chunk(high, int(points), bool(more))
+            cursor.execute(_HIGH_BELOW_SQL, {"job": job_id, "after": after, "cap": cap})
+            capped = cursor.fetchone()[0]
+            return Chunk(capped, int(points), True) if capped else Chunk(None, 0, False)
         cursor.execute(_SQLITE_HIGH, [job_id, after, limit + 1])
         high, count = cursor.fetchone()
         if count > limit:  # one too many was read to know more follow: the chunk ends before

@@ -7,10 +7,9 @@ from dataclasses import dataclass
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
-from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle
 
-from console.ratelimit import parse_rate, rate_counter
+from console.ratelimit import agent_rate, rate_counter
 from core.errors import Unauthenticated
 from incidents.jobs import authenticate_agent
 from incidents.models import Job
@@ -85,7 +84,8 @@ class AgentTokenScheme(OpenApiAuthenticationExtension):
 
 
 class AgentRateThrottle(BaseThrottle):
-    """Per-job request rate (BRAKELINE_AGENT_RATE, default 6000/min), answered with 429.
+    """Per-job request rate (``agent_rate``: BRAKELINE_AGENT_RATE, default 6000/min, or
+    BRAKELINE_AGENT_RATE_PER_RANK times the job's ranks when more), answered with 429.
 
     A fixed-window counter: one Redis INCR per request on a process-wide connection pool.
     DRF's SimpleRateThrottle keeps a list of every request time in the cache (6,000 entries
@@ -97,7 +97,7 @@ class AgentRateThrottle(BaseThrottle):
         principal = request.user
         if not isinstance(principal, AgentPrincipal):
             return True
-        limit, period = parse_rate(api_settings.DEFAULT_THROTTLE_RATES["agent"])
+        limit, period = agent_rate(principal.job.world_size)
         try:
             self.wait_seconds = rate_counter().hit(f"agent:{principal.job.pk}", limit, period)
         except Exception as error:  # redis-py's errors: the counter lives in Redis

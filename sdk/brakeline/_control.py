@@ -28,6 +28,8 @@ RETRYABLE_STATUSES = {401, 408, 425, 429}
 # dropped like a 4xx, so it cannot hold back the items behind it.
 MAX_SERVER_ERRORS_PER_ITEM = 5
 OUTAGE_STATUSES = {502, 503, 504}
+# The protocol version from which a console takes a heartbeat inside a metrics batch.
+HEARTBEAT_IN_BATCH_PROTOCOL = 3
 
 
 @dataclasses.dataclass
@@ -85,6 +87,10 @@ class ControlLoop:
         self._warned_refused = False
         self._status_delivered: str | None = None  # of the last heartbeat taken (say_status)
         self._server_errors: dict[str, int] = {}  # consecutive 500s per outbox item
+        # The heartbeat schedule is shared with the metrics thread (ride): taken under a lock.
+        self._schedule = threading.Lock()
+        self._console_protocol = 0  # of the last answer seen; heartbeats ride from 3 on
+        self._unsent_heartbeat: dict[str, Any] | None = None  # rode in a batch that failed
         self._thread = threading.Thread(target=self._run, name="brakeline-control", daemon=True)
 
     # -- called from other threads ---------------------------------------------------------------
@@ -161,10 +167,42 @@ class ControlLoop:
     def _tick(self, now: float) -> None:
         if (self._urgent or self._outbox) and now >= self._next_outbox_attempt:
             self._deliver(final=False)
-        if self._heartbeat_wanted.is_set() or now >= self._next_heartbeat:
-            self._heartbeat_wanted.clear()
-            self._next_heartbeat = now + self.interval
+        with self._schedule:
+            due = self._heartbeat_wanted.is_set() or now >= self._next_heartbeat
+            if due:
+                self._heartbeat_wanted.clear()
+                self._next_heartbeat = now + self.interval
+        if due:
             self._send_heartbeat()
+
+    # -- called from the metrics thread ----------------------------------------------------------
+    def ride(self, within: float) -> dict[str, Any] | None:
+        """The heartbeat due within ``within`` seconds (before the sender's next batch), taken
+        off this loop's schedule to travel inside the batch about to leave; None when none is
+        due, when one is wanted at once (a status change goes on its own, now), or when the
+        console has not said it takes heartbeats in batches."""
+        if self._console_protocol < HEARTBEAT_IN_BATCH_PROTOCOL:
+            return None
+        with self._schedule:
+            now = time.monotonic()
+            if self._heartbeat_wanted.is_set() or now + within < self._next_heartbeat:
+                return None
+            self._next_heartbeat = now + self.interval
+        return self._heartbeat_body()
+
+    def rode(self, heartbeat: dict[str, Any], response: Response | None) -> None:
+        """How the batch carrying ``heartbeat`` was answered: taken (as a heartbeat's own
+        reply; the sender hands the commands to the inbox), or not (this loop sends one
+        itself at once, as it would have)."""
+        if response is not None:
+            self._console_protocol = response.protocol
+        if response is not None and response.ok:
+            self._heartbeat_taken(heartbeat)
+        else:
+            # Sent again by this loop, at once: without progress since, the body it would
+            # build is None (that progress was this heartbeat's to report).
+            self._unsent_heartbeat = heartbeat
+            self.poke()
 
     def _deliver(self, final: bool) -> None:
         for queue in (self._urgent, self._outbox):
@@ -225,14 +263,22 @@ class ControlLoop:
     def _send_heartbeat(self) -> None:
         body = self._heartbeat_body()
         if body is None:
+            body, self._unsent_heartbeat = self._unsent_heartbeat, None
+        if body is None:
             return  # no training progress since the last heartbeat: let the console notice
         response = self._post("heartbeat", encode_json(body))
+        if response is not None:
+            self._console_protocol = response.protocol
         if response is not None and response.ok:
-            self.heartbeats_sent += 1
             self.inbox.offer_all(response.commands)
-            with self._delivery:
-                self._status_delivered = body.get("status")
-                self._delivery.notify_all()
+            self._heartbeat_taken(body)
+
+    def _heartbeat_taken(self, body: dict[str, Any]) -> None:
+        # Under the lock: this thread and the metrics thread (a heartbeat that rode) count.
+        with self._delivery:
+            self.heartbeats_sent += 1
+            self._status_delivered = body.get("status")
+            self._delivery.notify_all()
 
     def _post(self, path: str, body: bytes) -> Response | None:
         try:

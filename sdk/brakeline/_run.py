@@ -192,6 +192,7 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
             settings.heartbeat_interval,
             backoff=Backoff(settings.backoff_base, settings.backoff_cap),
         )
+        self.sender.heartbeats = self.control  # a due heartbeat rides in the next batch
         if settings.use_websocket and settings.enabled:
             # The run's backoff cap, not a fixed minute: after a console restart the push
             # channel is back as soon as metrics and heartbeats are.

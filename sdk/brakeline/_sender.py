@@ -13,12 +13,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from brakeline._backoff import Backoff
 from brakeline._encoding import LogRecord, RecordExpander
 from brakeline._spool import Batch, PointSpool
-from brakeline._transport import Response, Transport, TransportError
+from brakeline._transport import Response, Transport, TransportError, encode_json
 
 logger = logging.getLogger("brakeline")
 
@@ -33,9 +33,28 @@ MAX_SERVER_ERRORS_PER_BATCH = 5
 OUTAGE_STATUSES = {502, 503, 504}
 
 
+def _refuses_heartbeat(response: Response) -> bool:
+    """The console refused the riding heartbeat, not the batch's points: a 400 naming the
+    heartbeat's fields, or a 409 (it refuses this run's heartbeats: a finished job's token
+    reused; the control loop's own heartbeat then says so loudly)."""
+    fields = response.body.get("fields") if isinstance(response.body, dict) else None
+    named = isinstance(fields, dict) and any(
+        str(key).split(".")[0] == "heartbeat" for key in fields
+    )
+    return (response.status == 400 and named) or response.status == 409
+
+
 def refused_for_good(status: int) -> bool:
     """A 4xx answer that retrying cannot change (see RETRIED_CLIENT_ERRORS)."""
     return 400 <= status < 500 and status not in RETRIED_CLIENT_ERRORS
+
+
+class HeartbeatRider(Protocol):
+    """Where a due heartbeat comes from, and is told how its ride went (the control loop)."""
+
+    def ride(self, within: float) -> dict[str, Any] | None: ...
+
+    def rode(self, heartbeat: dict[str, Any], response: Response | None) -> None: ...
 
 
 # Wake the thread early once this many log records wait, so big bursts are batched by size.
@@ -84,6 +103,9 @@ class MetricsSender:
         self._auth_warned = False
         self.refused_batches = 0  # batches the console refused for good (4xx, repeated 500)
         self._server_errors = 0  # consecutive 5xx (not outages) answered to the head batch
+        # The control loop, whose heartbeats ride in batches when both are due (ControlLoop.ride).
+        self.heartbeats: HeartbeatRider | None = None
+        self._heartbeat_refused = False
         self._thread = threading.Thread(target=self._run, name="brakeline-metrics", daemon=True)
 
     # -- called from the training thread ---------------------------------------------------------
@@ -217,13 +239,26 @@ class MetricsSender:
                 return
 
     def _send_batch(self, batch: Batch) -> bool:
-        """Send one batch; True if the loop may go on with the next one."""
+        """Send one batch, with the rank's heartbeat when one is due before the next batch
+        (one request instead of two); True if the loop may go on with the next one."""
+        riding = self.heartbeats is not None and not self._heartbeat_refused
+        heartbeat = self.heartbeats.ride(self.flush_interval) if riding else None  # type: ignore[union-attr]
+        body = batch.body(None if heartbeat is None else encode_json(heartbeat))
         try:
-            response = self.transport.post("metrics", batch.body())  # type: ignore[union-attr]
+            response = self.transport.post("metrics", body)  # type: ignore[union-attr]
         except TransportError as error:
+            if heartbeat is not None:
+                self.heartbeats.rode(heartbeat, None)  # type: ignore[union-attr]
             self._note_unreachable(str(error))
             self._schedule_retry(None)
             return False
+        if heartbeat is not None:
+            self.heartbeats.rode(heartbeat, response)  # type: ignore[union-attr]
+            if _refuses_heartbeat(response):
+                # The console refused the heartbeat, not the points: heartbeats go on their
+                # own from now on (where the console says why), the batch again without it.
+                self._heartbeat_refused = True
+                return True
         return self._handle_response(batch, response)
 
     def _handle_response(self, batch: Batch, response: Response) -> bool:

@@ -45,12 +45,15 @@ class Batch:
     batch_id: str | None = None
     rank: int = 0  # this process's; the console stores it with every point of the batch
 
-    def body(self) -> bytes:
+    def body(self, heartbeat: bytes | None = None) -> bytes:
+        """The request body; ``heartbeat``: this rank's heartbeat (encoded JSON) riding along
+        (protocol 3). It is not one of the batch's points: a retry may carry another or none."""
         # The id is made of [A-Za-z0-9:-] only (see PointSpool.new_batch_id): no escaping.
         head = f'{{"batch":"{self.batch_id}","points":[' if self.batch_id else '{"points":['
         if self.rank:
             head = f'{{"rank":{int(self.rank)},{head[1:]}'
-        return (head + ",".join(self.lines) + "]}").encode("utf-8")
+        tail = "]}" if heartbeat is None else '],"heartbeat":' + heartbeat.decode("utf-8") + "}"
+        return (head + ",".join(self.lines) + tail).encode("utf-8")
 
 
 def segment_name(sequence: int, batch_id: str) -> str:

@@ -33,6 +33,8 @@ class Response:
     status: int
     body: dict[str, Any]
     retry_after: float | None = None
+    # The console's protocol version (its Brakeline-Protocol header; 0 when it sent none).
+    protocol: int = 0
 
     @property
     def ok(self) -> bool:
@@ -97,12 +99,22 @@ class HttpTransport:
                 method="POST",
             )
             with self._opener.open(request, timeout=self.timeout) as answer:
-                return _response(answer.status, answer.read(), answer.headers.get("Retry-After"))
+                return _response(
+                    answer.status,
+                    answer.read(),
+                    answer.headers.get("Retry-After"),
+                    answer.headers.get("Brakeline-Protocol"),
+                )
         except urllib.error.HTTPError as error:
             # 4xx/5xx arrive as exceptions in urllib; they are answers, not transport failures.
             with error:
                 payload = error.read()
-            return _response(error.code, payload, error.headers.get("Retry-After"))
+            return _response(
+                error.code,
+                payload,
+                error.headers.get("Retry-After"),
+                error.headers.get("Brakeline-Protocol"),
+            )
         except (OSError, ValueError) as error:
             # URLError, timeouts, resets and malformed URLs all mean "not reachable now".
             raise TransportError(f"{type(error).__name__}: {error}") from error
@@ -118,14 +130,19 @@ def _is_loopback(url: str) -> bool:
         return False
 
 
-def _response(status: int, payload: bytes, retry_after: str | None) -> Response:
+def _response(
+    status: int, payload: bytes, retry_after: str | None, protocol: str | None = None
+) -> Response:
     try:
         body = json.loads(payload.decode("utf-8")) if payload else {}
     except (UnicodeDecodeError, ValueError):
         body = {"error": "not_json", "detail": payload[:200].decode("utf-8", "replace")}
     if not isinstance(body, dict):
         body = {"value": body}
-    return Response(status=status, body=body, retry_after=parse_retry_after(retry_after))
+    version = int(protocol) if protocol and protocol.strip().isdigit() else 0
+    return Response(
+        status=status, body=body, retry_after=parse_retry_after(retry_after), protocol=version
+    )
 
 
 def encode_json(value: Any) -> bytes:
