@@ -13,6 +13,7 @@ imports): ``approve_escalation`` and ``expire_escalations`` live in
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -127,8 +128,14 @@ def request_escalation(
     alert_id: int | None = None,
     on_expiry: str = OnExpiry.NOTIFY,
     context: AuditContext | None = None,
+    refusal: Callable[[Job, str], str | None],
 ) -> EscalationRequest:
-    """Ask a manager to approve ``kind`` (with ``params``) on the job, for the alert."""
+    """Ask a manager to approve ``kind`` (with ``params``) on the job, for the alert.
+
+    ``refusal(job, kind)`` says why the job could not take the command now (the control
+    plane's rule, ``breakers.control.job_state.refusal``, passed in since commands are not this
+    layer's): such a request is refused at once, 409 with that reason, instead of waiting for a
+    manager whose approval could never be carried out."""
     with audited(user, Action.REQUEST_ESCALATION, "job", job_id, context) as attempt:
         job = scoped_get(
             Job.objects, user, job_id, team_path="team_id", noun="job", attempt=attempt
@@ -144,6 +151,10 @@ def request_escalation(
         if alert is not None and alert.status == AlertStatus.RESOLVED:
             raise Conflict(f"Alert {alert.pk} is resolved: there is nothing left to escalate.")
         with transaction.atomic():
+            locked = Job.objects.select_for_update().get(pk=job.pk)
+            why = refusal(locked, kind)
+            if why is not None:
+                raise Conflict(f"{why} A manager's approval could not be carried out.")
             request = _create_request(job, alert, user, kind, params, reason.strip(), on_expiry)
             _timeline(
                 request,

@@ -16,7 +16,9 @@ from django.utils import timezone
 
 from breakers.control.braking import system_command
 from breakers.control.commands import issue_command
+from breakers.control.job_state import refusal
 from breakers.models import CommandKind
+from incidents import escalations
 from incidents.escalations import (
     due_escalation_ids,
     expire_escalation,
@@ -44,6 +46,13 @@ from incidents.teams.authority import (
 logger = logging.getLogger(__name__)
 
 AUTO_L3_LEVEL = "L3"
+
+
+def request_escalation(user: Any, job_id: int, **request: Any) -> EscalationRequest:
+    """Ask a manager to approve a command (``incidents.escalations.request_escalation``),
+    refused at once when the job could not take it now (``job_state.refusal``): a lower_lr
+    requested for a paused job would only wait for an approval that fails."""
+    return escalations.request_escalation(user, job_id, refusal=refusal, **request)
 
 
 def approve_escalation(

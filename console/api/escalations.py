@@ -8,7 +8,7 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from breakers.control.escalations import approve_escalation
+from breakers.control.escalations import approve_escalation, request_escalation
 from console.api.alerts import LIMIT_PARAMETER, limit_param
 from console.api.params import id_param
 from console.api.person_auth import PersonView, audit_context, error_responses
@@ -17,7 +17,6 @@ from incidents.escalations import (
     ESCALATION_KINDS,
     escalation_payload,
     reject_escalation,
-    request_escalation,
     scoped_request,
 )
 from incidents.models import EscalationRequest, EscalationStatus, OnExpiry

@@ -139,6 +139,28 @@ def test_an_escalation_approved_after_the_job_was_paused_is_409_and_sends_nothin
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("kind", ["lower_lr", "pause_data"])
+def test_an_escalation_that_could_never_be_carried_out_is_refused_when_requested(scene, kind):
+    """On a paused job a manager's approval of lower_lr would fail: the request is refused at
+    once, saying why, instead of waiting for that approval until it expires."""
+    alert = raise_alert(scene.job_id, "L1")
+    paused_by_the_manager(scene)
+    params = {"factor": 0.5} if kind == "lower_lr" else {}
+    asked = scene.api("oncall").post(
+        "/api/v1/escalations",
+        {
+            "job_id": scene.job_id,
+            "alert_id": alert.pk,
+            "command": {"kind": kind, "params": params},
+            "reason": "loss drifting up",
+        },
+    )
+    assert asked.status_code == 409, asked.content
+    assert "paused: it is not training" in asked.json()["detail"]
+    assert not EscalationRequest.objects.exists()  # nothing half-written, nothing to approve
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize(("result", "status"), [({"step": 7, "paused": True}, S.PAUSED),
                                                 ({"step": 7}, S.PAUSING)])  # fmt: skip
 def test_a_failed_save_that_still_holds_leaves_the_job_paused(scene, result, status):

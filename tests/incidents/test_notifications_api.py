@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from incidents.escalations import notify_managers_of_request, request_escalation
+from breakers.control.escalations import request_escalation
+from incidents.escalations import notify_managers_of_request
 from incidents.models import AuditEntry, Contact, Delivery, NotificationPolicy
 from incidents.notifications.delivery import attempt_delivery, dispatch_alert
 from incidents.notifications.routing import DEFAULT_RULES

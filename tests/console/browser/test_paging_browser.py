@@ -183,7 +183,7 @@ def test_a_new_l3_is_a_browser_notification_for_a_signed_in_oncall(
 def test_the_pending_approvals_badge_follows_requests_live(
     page, live_console, celery_worker, scripted_agent, people, log_in
 ):
-    from incidents.escalations import request_escalation
+    from breakers.control.escalations import request_escalation
 
     agent = scripted_agent(name="llm-70b-pretrain")
     agent.heartbeat(10)
