@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 pytest_plugins = [
     "tests.support.authz",
     "tests.support.drills",
+    "tests.support.haproxy",
     "tests.support.notify",
     "tests.support.review",
     "tests.support.worker",
@@ -42,6 +43,10 @@ def pytest_configure(config: pytest.Config) -> None:
             "and REDIS_URL=redis://127.0.0.1:6379/10.",
             returncode=2,
         )
+    # The suite's jobs write checkpoints in temporary folders: the operator's default root is
+    # "/" here (and in the consoles and workers it starts), unless a test declares its own.
+    os.environ.setdefault("BRAKELINE_CHECKPOINT_ROOT", "/")
+    settings.CHECKPOINT_ROOT = settings.CHECKPOINT_ROOT or "/"
 
 
 @dataclass

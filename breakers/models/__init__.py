@@ -14,6 +14,12 @@ from breakers.models.control import (  # noqa: F401
     CommandKind,
     CommandStatus,
 )
+from breakers.models.declarations import (  # noqa: F401
+    BindingSource,
+    CheckpointRoot,
+    InferenceServer,
+    NodeBinding,
+)
 from breakers.models.drills import (  # noqa: F401
     DRILL_TRANSITIONS,
     DrillCheck,
@@ -93,4 +99,8 @@ __all__ = [
     "DrillRun",
     "DrillStatus",
     "RuleSetVersion",
+    "BindingSource",
+    "CheckpointRoot",
+    "InferenceServer",
+    "NodeBinding",
 ]
