@@ -166,7 +166,7 @@ def normalise_root(root: str) -> str:
     return os.path.realpath(root)
 
 
-def _under(path: str, root: str) -> bool:
+def under(path: str, root: str) -> bool:
     if "://" in root:
         return path.startswith(root)
     return root == "/" or path == root or path.startswith(root.rstrip("/") + "/")
@@ -207,10 +207,10 @@ def _location_refusal(job_id: int, path: str, root: str) -> str | None:
     resolved = _resolved(path)
     if resolved is None:
         return "must be an absolute path without '..'"
-    if not _under(resolved, root):
+    if not under(resolved, root):
         return f"{resolved} is not under the job's checkpoint root {root}"
     others = CheckpointRoot.objects.exclude(team__jobs__pk=job_id).values_list("root", flat=True)
-    if any(_under(resolved, other) and len(other) > len(root) for other in others):
+    if any(under(resolved, other) and len(other) > len(root) for other in others):
         return f"{resolved} is under another team's checkpoint root"
     return None
 
