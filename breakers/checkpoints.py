@@ -30,7 +30,7 @@ from core.errors import InvalidInput
 from incidents.models import Incident, Job
 
 MAX_PATH_LENGTH = 4096
-MAX_STEP = 2**62
+MAX_STEP = 2**53  # a step's bound (breakers.agent.points.MAX_STEP); bytes too
 REPORT_FIELDS = {"path", "sha256", "step", "bytes", "rank", "reason", "weights_step", "set"}
 HEX = frozenset("0123456789abcdef")
 

@@ -23,6 +23,7 @@ from django.core.exceptions import ImproperlyConfigured
 from kombu import Exchange, Queue
 
 from config.schedule import beat_schedule
+from core.hardening import refuse_inspection
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -603,3 +604,8 @@ if NOTIFY_DELIVERY_LEASE_SECONDS < 3 * NOTIFY_HTTP_TIMEOUT_SECONDS:
 # A team's chat webhook may point at loopback, link-local and private addresses only when the
 # operator says so (a chat server on the private network; the test suite's own receivers).
 NOTIFY_ALLOW_PRIVATE_URLS = _env_bool("BRAKELINE_NOTIFY_ALLOW_PRIVATE_URLS", False)
+# A team's drill command runs as this user when the console runs as root (a name or uid; empty:
+# the console's user, without any capability). Either way it cannot read the console's
+# environment: every console process is made not dumpable here (core.hardening).
+DRILL_SANDBOX_USER = os.environ.get("BRAKELINE_DRILL_SANDBOX_USER", "").strip()
+refuse_inspection()

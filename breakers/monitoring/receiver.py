@@ -165,10 +165,19 @@ def _signal(
     summary = incoming.annotations.get("summary") or incoming.annotations.get("description")
     where = f" on {target.node}" if target.node else ""
     gpu = incoming.labels.get("gpu")
+    action = verdict.action
+    unverified = ""
+    if not target.verified and action not in ("none", "record"):
+        # Paged at its level, never acted on: only the job's agent said it runs there.
+        action = "none"
+        unverified = (
+            f"; node {target.node} reported by the agent, unverified (no operator or Slurm "
+            "binding): no automatic action"
+        )
     description = (
         f"{summary or verdict.rule_name}{where}"
         + (f" (GPU {gpu})" if gpu else "")
-        + f": Alertmanager alert {incoming.alertname}, {verdict.why}"
+        + f": Alertmanager alert {incoming.alertname}, {verdict.why}{unverified}"
     )
     return AlertSignal(
         rule_key=verdict.rule_key,
@@ -184,7 +193,7 @@ def _signal(
         time=incoming.starts_at,
         first_step=step,
         first_time=incoming.starts_at,
-        action=verdict.action,
+        action=action,
         nodes=(target.node,) if target.node else (),
         runbook_hint=verdict.runbook,
     )

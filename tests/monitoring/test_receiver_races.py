@@ -9,7 +9,7 @@ import threading
 import pytest
 from django.db import connection
 
-from breakers.models import Command, ExternalAlert
+from breakers.models import Command, ExternalAlert, NodeBinding
 from breakers.monitoring.alertmanager import parse_webhook
 from breakers.monitoring.receiver import receive_alertmanager
 from incidents.jobs import create_job
@@ -23,6 +23,7 @@ def test_two_deliveries_at_once_apply_once():
     job = create_job("research", "pretrain").job
     Job.objects.filter(pk=job.pk).update(status="running")
     Node.objects.create(job=job, hostname="gpu-b")
+    NodeBinding.objects.create(job=job, hostname="gpu-b", source="operator")
     parsed = parse_webhook(json.dumps(webhook([alert("gpu-b", g) for g in range(8)])).encode())
     start, reports, errors = threading.Barrier(2), [], []
 
