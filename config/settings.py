@@ -426,6 +426,9 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "console.api.errors.exception_handler",
     "DEFAULT_THROTTLE_RATES": {
         "agent": os.environ.get("BRAKELINE_AGENT_RATE", "6000/min"),
+        # Alertmanager webhooks per team (each may carry hundreds of alerts); 429 beyond, and
+        # Alertmanager retries with its backoff.
+        "alertmanager": os.environ.get("BRAKELINE_ALERTMANAGER_RATE", "60/min"),
     },
 }
 
