@@ -24,7 +24,11 @@ from typing import Any, TypeGuard
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from breakers.executors.targets import checkpoint_location, checkpoint_refusal
+from breakers.executors.targets import (
+    checkpoint_locations,
+    checkpoint_refusal,
+    checkpoints_in_root,
+)
 from breakers.models import Checkpoint, CheckpointReason, CheckpointSet
 from core.errors import InvalidInput
 from incidents.models import Incident, Job
@@ -110,11 +114,11 @@ def parse_report_body(raw_body: bytes) -> CheckpointReport:
 
 def check_locations(job_id: int, report: CheckpointReport) -> None:
     """Every path of the report under the job's checkpoint root; 400 naming the field."""
-    checkpoint_location(job_id, report.path, "path")
+    paths = {"path": report.path}
     if report.set is not None:
-        checkpoint_location(job_id, report.set.manifest, "set.manifest")
-        for shard in report.set.shards:
-            checkpoint_location(job_id, shard["path"], f"set.shards[{shard['rank']}]")
+        paths["set.manifest"] = report.set.manifest
+        paths.update({f"set.shards[{s['rank']}]": s["path"] for s in report.set.shards})
+    checkpoint_locations(job_id, paths)
 
 
 def record_checkpoint(
@@ -191,7 +195,8 @@ def catalogue(job_id: int, *, limit: int = 50) -> list[dict[str, Any]]:
     state the job can resume from."""
     first_step = anomaly_step(job_id)
     rows = list(catalogued(job_id).order_by("-step", "-pk")[:limit])
-    rows = [row for row in rows if checkpoint_refusal(job_id, row.path) is None]
+    allowed = checkpoints_in_root(job_id, [row.path for row in rows])
+    rows = [row for row in rows if row.path in allowed]
     entries = [checkpoint_out(row, first_step) for row in rows]
     for entry in entries:
         if entry["clean"]:

@@ -152,6 +152,8 @@ def normalise_root(root: str) -> str:
     ``scheme://bucket/prefix/`` for an object store the operator allows
     (``BRAKELINE_CHECKPOINT_SCHEMES``). ValueError saying why otherwise."""
     root = root.strip()
+    if not _encodable(root):
+        raise ValueError("holds characters no path can (a lone surrogate)")
     scheme = urlsplit(root).scheme if "://" in root else ""
     if scheme:
         if scheme not in settings.CHECKPOINT_SCHEMES:
@@ -161,9 +163,10 @@ def normalise_root(root: str) -> str:
         if not rest.strip("/") or ".." in rest.split("/"):
             raise ValueError("names no bucket, or holds '..'")
         return root if root.endswith("/") else root + "/"
-    if not root.startswith("/") or ".." in root.split("/"):
+    resolved = _resolved(root)
+    if resolved is None:
         raise ValueError("must be an absolute path without '..'")
-    return os.path.realpath(root)
+    return resolved
 
 
 def under(path: str, root: str) -> bool:
@@ -177,26 +180,58 @@ def _resolved(path: str) -> str | None:
     exists of it on this host); None when it holds ``..`` or is relative."""
     if not path.startswith("/") or ".." in path.split("/"):
         return None
-    return os.path.realpath(posixpath.normpath(path))
+    try:
+        return os.path.realpath(posixpath.normpath(path))
+    except (ValueError, UnicodeError, OSError):  # a lone surrogate, a NUL: no such path
+        return None
 
 
 def checkpoint_location(job_id: int, path: str, field: str = "path") -> str:
     """The checkpoint's path, checked: under the job's declared root, no ``..``, symlinks
     resolved, no ``file://``, no scheme the root does not use, nothing under another team's
     root. InvalidInput naming ``field`` otherwise."""
+    return checkpoint_locations(job_id, {field: path})[field]
+
+
+def checkpoint_locations(job_id: int, paths: dict[str, str]) -> dict[str, str]:
+    """``checkpoint_location`` for every ``{field: path}`` of one report (a set's thousand
+    shards cost the same three queries as one file)."""
     root = declared_root(job_id)
     if not root:
+        field = next(iter(paths), "path")
         raise InvalidInput(
             "No checkpoint root is declared for this job: a team admin declares one.",
             fields={field: "no checkpoint root is declared for this job or its team"},
         )
-    why = _location_refusal(job_id, path, root)
-    if why is not None:
-        raise InvalidInput(f"The checkpoint {field} was refused: {why}.", fields={field: why})
-    return path if "://" in path else (_resolved(path) or path)
+    others = _other_roots(job_id)
+    checked: dict[str, str] = {}
+    for field, path in paths.items():
+        why = _location_refusal(job_id, path, root, others)
+        if why is not None:
+            raise InvalidInput(f"The checkpoint {field} was refused: {why}.", fields={field: why})
+        checked[field] = path if "://" in path else (_resolved(path) or path)
+    return checked
 
 
-def _location_refusal(job_id: int, path: str, root: str) -> str | None:
+def _other_roots(job_id: int) -> list[str]:
+    return list(
+        CheckpointRoot.objects.exclude(team__jobs__pk=job_id).values_list("root", flat=True)
+    )
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeError:
+        return False
+    return "\x00" not in text
+
+
+def _location_refusal(
+    job_id: int, path: str, root: str, others: list[str] | None = None
+) -> str | None:
+    if not _encodable(path):
+        return "holds characters no path can (a lone surrogate or NUL)"
     if "://" in path:
         scheme = urlsplit(path).scheme
         if "://" not in root or not path.startswith(root):
@@ -209,7 +244,7 @@ def _location_refusal(job_id: int, path: str, root: str) -> str | None:
         return "must be an absolute path without '..'"
     if not under(resolved, root):
         return f"{resolved} is not under the job's checkpoint root {root}"
-    others = CheckpointRoot.objects.exclude(team__jobs__pk=job_id).values_list("root", flat=True)
+    others = _other_roots(job_id) if others is None else others
     if any(under(resolved, other) and len(other) > len(root) for other in others):
         return f"{resolved} is under another team's checkpoint root"
     return None
@@ -221,6 +256,15 @@ def checkpoint_refusal(job_id: int, path: str) -> str | None:
     if not root:
         return "no checkpoint root is declared for this job"
     return _location_refusal(job_id, path, root)
+
+
+def checkpoints_in_root(job_id: int, paths: list[str]) -> set[str]:
+    """Which of ``paths`` the job may roll back to now (three queries for any number)."""
+    root = declared_root(job_id)
+    if not root:
+        return set()
+    others = _other_roots(job_id)
+    return {p for p in paths if _location_refusal(job_id, p, root, others) is None}
 
 
 # --- Nodes -------------------------------------------------------------------------------------

@@ -37,7 +37,14 @@ def test_a_team_admin_declares_the_checkpoint_root(scene, tmp_path):
     url = f"/api/v1/teams/{scene.team.pk}/checkpoint-root"
     admin = scene.api("admin")
     assert scene.api("manager").put(url, {"root": str(tmp_path)}).status_code == 403
-    for root in ("relative/dir", "/data/../etc", "file:///data", "ftp://x/y"):
+    for root in (
+        "relative/dir",
+        "/data/../etc",
+        "file:///data",
+        "ftp://x/y",
+        "/d/\ud800",
+        "s3://b/\ud800",
+    ):
         answer = admin.put(url, {"root": root})
         assert answer.status_code == 400 and "root" in answer.json()["fields"], root
     answer = admin.put(url, {"root": str(tmp_path / "ckpt")})
