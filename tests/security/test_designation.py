@@ -200,3 +200,26 @@ def _now():
     from django.utils import timezone
 
     return timezone.now()
+
+
+@pytest.mark.parametrize(
+    ("worker", "process", "refused"),
+    [
+        ((1000, 1000), (1000, 1000), False),  # the worker's own user: it may restart it
+        ((1000, 1000), (65534, 65534), True),  # another user: it cannot take that identity
+        ((1000, 1000), (1000, 0), True),  # same uid, another group
+    ],
+)
+def test_a_worker_that_cannot_take_the_processs_identity_refuses(
+    monkeypatch, worker, process, refused
+):
+    from breakers.executors import targets
+
+    monkeypatch.setattr(targets.os, "geteuid", lambda: worker[0])
+    monkeypatch.setattr(targets.os, "getuid", lambda: worker[0])
+    monkeypatch.setattr(targets.os, "getgid", lambda: worker[1])
+    monkeypatch.setattr(targets.os, "getgroups", lambda: [])
+    identity = targets.ProcessIdentity(process[0], process[1], ())
+    monkeypatch.setattr(targets, "process_identity", lambda pid: identity)
+    answer = targets.restart_identity(4242)
+    assert isinstance(answer, str) is refused

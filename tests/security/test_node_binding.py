@@ -53,3 +53,16 @@ def test_an_unverified_binding_pages_but_terminates_and_isolates_nothing(client,
     raised = Alert.objects.get(job=jobs["rt1"])
     assert raised.severity == "L4" and "unverified" in raised.description
     assert not Command.objects.filter(job=jobs["rt1"]).exists()  # no terminate, no isolate
+
+
+def test_a_node_shows_how_it_is_bound_to_its_job(rt):
+    from incidents.models import Node
+    from tests.support.authz import Api, make_member
+
+    jobs, _ = rt
+    viewer = Api(make_member(Team.objects.get(name="realtime"), "viewer"))
+    claimed = Node.objects.create(job=jobs["rt1"], hostname="gpu-rt2")
+    inventory = Node.objects.create(job=jobs["rt2"], hostname="gpu-rt2")
+    NodeBinding.objects.create(job=jobs["rt2"], hostname="gpu-rt2", source="operator")
+    assert viewer.get(f"/api/v1/nodes/{claimed.pk}").json()["binding"] == "agent"
+    assert viewer.get(f"/api/v1/nodes/{inventory.pk}").json()["binding"] == "operator"
