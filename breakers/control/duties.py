@@ -1,8 +1,10 @@
 """Periodic duties isolate each job's work: one job's bad data never stops a duty for others.
 
-A duty (the unapplied-command check, the metric roll-up…) loops over jobs. Each job's part runs
-in ``per_job``: its own savepoint, so a database error rolls back that job's part only; the
-failure is logged with the job, counted per duty in Redis (``brakeline_duty_failures_total`` on
+A duty (the unapplied-command check, the metric roll-up, compaction) loops over jobs. Each
+job's part runs in ``per_job``: a database error rolls back that job's part only (its own
+savepoint, or — for a part that commits in bounded transactions of its own, such as the
+roll-up's batches — those transactions, so no lock is held longer than before); the failure is
+logged with the job, counted per duty in Redis (``brakeline_duty_failures_total`` on
 ``/metrics``, which ``deploy/monitoring/brakeline-rules.yml`` alerts on), and the loop goes on.
 """
 
@@ -17,7 +19,7 @@ from django.core.cache import cache
 from django.db import transaction
 
 log = logging.getLogger(__name__)
-DUTIES = ("flag_unapplied_commands", "roll_up")
+DUTIES = ("flag_unapplied_commands", "roll_up", "compact")
 _KEY = "brakeline:duty-failures:{}"
 
 
@@ -27,11 +29,15 @@ class PartOutcome:
 
 
 @contextmanager
-def per_job(duty: str, job_id: int) -> Iterator[PartOutcome]:
-    """Run one job's part of ``duty``; a failure is logged and counted, never raised."""
+def per_job(duty: str, job_id: int, *, savepoint: bool = True) -> Iterator[PartOutcome]:
+    """Run one job's part of ``duty``; a failure is logged and counted, never raised.
+    ``savepoint=False`` for a part whose writes are in transactions of its own."""
     outcome = PartOutcome()
     try:
-        with transaction.atomic():
+        if savepoint:
+            with transaction.atomic():
+                yield outcome
+        else:
             yield outcome
         outcome.succeeded = True
     except Exception:

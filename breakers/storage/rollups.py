@@ -135,6 +135,6 @@ def roll_up_all() -> dict[int, int]:
         jobs = [row[0] for row in cursor.fetchall()]
     merged: dict[int, int] = {}
     for job_id in jobs:
-        with per_job("roll_up", job_id):
+        with per_job("roll_up", job_id, savepoint=False):
             merged[job_id] = roll_up_job(job_id)
     return merged
