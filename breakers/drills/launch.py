@@ -44,6 +44,7 @@ def base_environment() -> dict[str, str]:
     return env
 
 
+STOP_WAIT_SECONDS = 30.0  # for sandbox_exec to reap its killed workload and exit
 SANDBOX_EXEC = str(Path(__file__).with_name("sandbox_exec.py"))
 
 
@@ -110,9 +111,14 @@ class Sandbox:
         the workload's pid, which the kernel does not reuse while any member of the group is
         alive."""
         if self.process is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pid, signal.SIGKILL)  # its parent, sandbox_exec, then exits
-            if self.process.poll() is None:  # not a group leader after all (a test's process)
+            if self.pid > 1:  # never group 0 (our own) or 1
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.pid, signal.SIGKILL)
+            # sandbox_exec reaps the workload, then exits of the same signal: killing it first
+            # would leave the workload a zombie nobody reaps.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(STOP_WAIT_SECONDS)
+            if self.process.poll() is None:  # the workload outlived SIGKILL (uninterruptible)
                 self.process.kill()
             self.process.wait()
         elif self.slurm_job_id and self.alive():
