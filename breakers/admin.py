@@ -5,7 +5,13 @@ from django.contrib import admin
 
 from breakers.detection import ruleset_core, rulesets
 from breakers.detection.engine import RuleSpec
-from breakers.models import EvaluationState, Rule
+from breakers.models import (
+    CheckpointRoot,
+    EvaluationState,
+    InferenceServer,
+    NodeBinding,
+    Rule,
+)
 from incidents.teams.audit import AuditContext
 
 
@@ -184,3 +190,55 @@ class RuleSetVersionAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
+
+
+# --- Declarations: what an executor may act on for a job (breakers.executors.targets) ---------
+
+
+class _Declared(admin.ModelAdmin):
+    readonly_fields = ["declared_by", "declared_at"]
+
+    def save_model(self, request, obj, form, change) -> None:
+        obj.declared_by = request.user
+        super().save_model(request, obj, form, change)
+
+
+@admin.register(InferenceServer)
+class InferenceServerAdmin(_Declared):
+    """The load balancer servers of an inference job: the traffic executor acts on no other."""
+
+    list_display = ["job", "backend", "server", "declared_by", "declared_at"]
+    search_fields = ["job__name", "backend", "server"]
+
+
+class CheckpointRootForm(forms.ModelForm):
+    class Meta:
+        model = CheckpointRoot
+        fields = ["team", "job", "root"]
+
+    def clean_root(self) -> str:
+        from breakers.executors.targets import normalise_root
+
+        try:
+            return normalise_root(self.cleaned_data["root"])
+        except ValueError as error:
+            raise forms.ValidationError(str(error)) from None
+
+
+@admin.register(CheckpointRoot)
+class CheckpointRootAdmin(_Declared):
+    """Where a team's (or one job's) checkpoints must live."""
+
+    form = CheckpointRootForm
+    list_display = ["team", "job", "root", "declared_by", "declared_at"]
+    search_fields = ["team__name", "job__name", "root"]
+
+
+@admin.register(NodeBinding)
+class NodeBindingAdmin(_Declared):
+    """The node inventory: an operator binds a node to a job. Hardware alerts on a node only
+    the job's agent named page people but never isolate or terminate anything by themselves."""
+
+    list_display = ["job", "hostname", "source", "declared_by", "declared_at"]
+    list_filter = ["source"]
+    search_fields = ["job__name", "hostname"]

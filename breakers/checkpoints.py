@@ -4,6 +4,11 @@ Every front door uses these: the agent's report (``POST /api/v1/agent/checkpoint
 acknowledgement of a brake (``checkpoint_and_pause``), the job and incident pages, and the
 confirmation of a pause that rolls back (only a catalogue entry can be named).
 
+Where a checkpoint may live is not the agent's to say: every path (the file, a set's manifest
+and shards) must be under the job's declared checkpoint root (``breakers.executors.targets.
+checkpoint_location``: no ``..``, symlinks resolved, no ``file://``, no other team's root), or
+the report is a 400 naming the field. The catalogue and a roll back offer only such entries.
+
 *Clean*, seen from an incident: the checkpoint's weights hold no optimizer update from the
 incident's first anomalous step on (``weights_step < first_step``; without ``weights_step``,
 its ``step``). The SDK's step guard skips the update of a non-finite step, so the brake's own
@@ -19,12 +24,17 @@ from typing import Any, TypeGuard
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from breakers.executors.targets import (
+    checkpoint_locations,
+    checkpoint_refusal,
+    checkpoints_in_root,
+)
 from breakers.models import Checkpoint, CheckpointReason, CheckpointSet
 from core.errors import InvalidInput
 from incidents.models import Incident, Job
 
 MAX_PATH_LENGTH = 4096
-MAX_STEP = 2**62
+MAX_STEP = 2**53  # a step's bound (breakers.agent.points.MAX_STEP); bytes too
 REPORT_FIELDS = {"path", "sha256", "step", "bytes", "rank", "reason", "weights_step", "set"}
 HEX = frozenset("0123456789abcdef")
 
@@ -102,11 +112,21 @@ def parse_report_body(raw_body: bytes) -> CheckpointReport:
     return parse_report(data)
 
 
+def check_locations(job_id: int, report: CheckpointReport) -> None:
+    """Every path of the report under the job's checkpoint root; 400 naming the field."""
+    paths = {"path": report.path}
+    if report.set is not None:
+        paths["set.manifest"] = report.set.manifest
+        paths.update({f"set.shards[{s['rank']}]": s["path"] for s in report.set.shards})
+    checkpoint_locations(job_id, paths)
+
+
 def record_checkpoint(
     job_id: int, report: CheckpointReport, *, command_id: int | None = None
 ) -> tuple[Checkpoint, bool]:
     """Add the checkpoint to the job's catalogue; the same path and hash again is the same row
     (the ack and the report of one brake, retries). Returns (row, created)."""
+    check_locations(job_id, report)
     values: dict[str, Any] = {
         "step": report.step,
         "weights_step": report.weights_step,
@@ -152,6 +172,7 @@ def record_from_acknowledgement(job_id: int, command_id: int, result: dict[str, 
     fields.setdefault("reason", CheckpointReason.BRAKE)
     try:
         report = parse_report(fields)
+        check_locations(job_id, report)
     except InvalidInput:
         return
     record_checkpoint(job_id, report, command_id=command_id)
@@ -174,6 +195,8 @@ def catalogue(job_id: int, *, limit: int = 50) -> list[dict[str, Any]]:
     state the job can resume from."""
     first_step = anomaly_step(job_id)
     rows = list(catalogued(job_id).order_by("-step", "-pk")[:limit])
+    allowed = checkpoints_in_root(job_id, [row.path for row in rows])
+    rows = [row for row in rows if row.path in allowed]
     entries = [checkpoint_out(row, first_step) for row in rows]
     for entry in entries:
         if entry["clean"]:
@@ -212,6 +235,9 @@ def roll_back_target(job_id: int, named: str) -> Checkpoint:
             "Roll back only to a checkpoint the job reported.",
             fields={"checkpoint": "not in this job's checkpoint catalogue"},
         )
+    why = checkpoint_refusal(job_id, found.path)
+    if why is not None:
+        raise InvalidInput(f"Roll back refused: {why}.", fields={"checkpoint": why})
     return found
 
 

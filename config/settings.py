@@ -29,6 +29,7 @@ from config.services import (
     host_ports,
     patroni_database,
 )
+from core.hardening import refuse_inspection
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -207,8 +208,10 @@ MIDDLEWARE = [
 ]
 
 # --- Signing in: django-axes counts failed sign-ins (the login page and the admin) ----------
-# After BRAKELINE_LOGIN_FAILURE_LIMIT failures for one user name, or from one address, further
-# attempts (the right password included) are refused with 429 until the cool-off has passed.
+# After BRAKELINE_LOGIN_FAILURE_LIMIT failures for one user name (from one address, or from all
+# of them together), further attempts of that user (the right password included) are refused
+# with 429 until the cool-off has passed. Never per address alone: behind a reverse proxy one
+# address is every user, and one user's mistyped password must not lock the on-call out.
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
@@ -217,7 +220,7 @@ AXES_FAILURE_LIMIT = _env_int("BRAKELINE_LOGIN_FAILURE_LIMIT", 10)
 if AXES_FAILURE_LIMIT < 1:
     raise ImproperlyConfigured(f"BRAKELINE_LOGIN_FAILURE_LIMIT={AXES_FAILURE_LIMIT} is below 1.")
 AXES_COOLOFF_TIME = timedelta(seconds=_env_seconds("BRAKELINE_LOGIN_COOLOFF_SECONDS", 900.0))
-AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"], "username"]
 AXES_RESET_ON_SUCCESS = True
 # The cool-off runs from the failure that locked: attempts during the lock-out do not extend it.
 AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
@@ -458,6 +461,9 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "console.api.errors.exception_handler",
     "DEFAULT_THROTTLE_RATES": {
         "agent": os.environ.get("BRAKELINE_AGENT_RATE", "6000/min"),
+        # Alertmanager webhooks per team (each may carry hundreds of alerts); 429 beyond, and
+        # Alertmanager retries with its backoff.
+        "alertmanager": os.environ.get("BRAKELINE_ALERTMANAGER_RATE", "60/min"),
     },
 }
 # A job of many ranks may send this many requests per rank (console/ratelimit.agent_rate):
@@ -573,6 +579,15 @@ JUDGE_SILENCE_BY_BEACON = True
 # host:port; empty: no traffic executor), and how long a drained replica's requests in
 # flight may take to finish before it is put in maintenance anyway.
 HAPROXY_SOCKET = os.environ.get("BRAKELINE_HAPROXY_SOCKET", "").strip()
+# Checkpoints: the operator's default root for jobs whose team declared none ("" = none: a
+# checkpoint report is refused until a team admin declares a root), and the object-store
+# schemes a declared root may use (file:// never: a path is a path).
+CHECKPOINT_ROOT = os.environ.get("BRAKELINE_CHECKPOINT_ROOT", "").strip()
+CHECKPOINT_SCHEMES = tuple(
+    scheme.strip()
+    for scheme in os.environ.get("BRAKELINE_CHECKPOINT_SCHEMES", "s3,gs").split(",")
+    if scheme.strip() and scheme.strip() != "file"
+)
 INFERENCE_DRAIN_SECONDS = _env_seconds("BRAKELINE_INFERENCE_DRAIN_SECONDS", 30.0)
 # A job's heartbeat deadline: its own timeout, else 8 measured step times but never below the
 # floor (a fast toy job must not be declared hung by one slow garbage collection), and the
@@ -637,3 +652,8 @@ if NOTIFY_DELIVERY_LEASE_SECONDS < 3 * NOTIFY_HTTP_TIMEOUT_SECONDS:
 # A team's chat webhook may point at loopback, link-local and private addresses only when the
 # operator says so (a chat server on the private network; the test suite's own receivers).
 NOTIFY_ALLOW_PRIVATE_URLS = _env_bool("BRAKELINE_NOTIFY_ALLOW_PRIVATE_URLS", False)
+# A team's drill command runs as this user when the console runs as root (a name or uid; empty:
+# the console's user, without any capability). Either way it cannot read the console's
+# environment: every console process is made not dumpable here (core.hardening).
+DRILL_SANDBOX_USER = os.environ.get("BRAKELINE_DRILL_SANDBOX_USER", "").strip()
+refuse_inspection()

@@ -111,8 +111,14 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         if self.job_id is not None:
             await self.channel_layer.group_discard(agent_group(self.job_id), self.channel_name)
 
+    async def agent_revoked(self, event: dict) -> None:
+        """A token of the job was revoked: this socket's token is checked now, not in 30 s."""
+        await self._recheck()
+
     async def agent_command(self, event: dict) -> None:
-        if self.closed:
+        # A command goes only to a socket whose token is still valid (revoked by any path:
+        # the API, the admin, the database): checked at each push, which is rare.
+        if self.closed or not await self._recheck():
             return
         await self.send_json({"type": "command", "command": event["command"]})
         await database_sync_to_async(mark_delivered)([event["command"]["id"]])

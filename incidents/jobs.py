@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from core.errors import Conflict, InvalidInput, Unauthenticated
 from core.processes import process_start_time, this_host
+from core.realtime import agent_group, publish_after_commit
 from core.transitions import compare_and_swap
 
 # Alert and incident services live in incidents.alerts.lifecycle; re-exported so every verb of the
@@ -170,9 +171,13 @@ def issue_agent_token(job: Job) -> str:
 
 
 def revoke_agent_tokens(job: Job) -> int:
-    return AgentToken.objects.filter(job=job, revoked_at__isnull=True).update(
+    """Revoke the job's tokens; its open agent sockets check theirs again at once (and close)."""
+    revoked = AgentToken.objects.filter(job=job, revoked_at__isnull=True).update(
         revoked_at=timezone.now()
     )
+    if revoked:
+        publish_after_commit(agent_group(job.pk), {"type": "agent.revoked"}, robust=True)
+    return revoked
 
 
 def retire_job(job_id: int, reason: str, now: datetime | None = None) -> bool:

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 pytest_plugins = [
     "tests.support.authz",
     "tests.support.drills",
+    "tests.support.haproxy",
     "tests.support.notify",
     "tests.support.review",
     "tests.support.worker",
@@ -47,6 +48,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # runs on clocks the tests move. Its own tests turn it back on (tests/breakers/
     # test_console_hearing.py); subprocess stacks keep the production setting.
     settings.JUDGE_SILENCE_BY_BEACON = False
+    # The suite's jobs write checkpoints in temporary folders: the operator's default root is
+    # "/" here (and in the consoles and workers it starts), unless a test declares its own.
+    os.environ.setdefault("BRAKELINE_CHECKPOINT_ROOT", "/")
+    settings.CHECKPOINT_ROOT = settings.CHECKPOINT_ROOT or "/"
 
 
 @dataclass

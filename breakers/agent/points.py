@@ -32,7 +32,10 @@ from core.nodes import HOSTLIST_CHARACTERS
 from core.nonfinite import DECODE
 
 MAX_NAME_LENGTH = 200
-MAX_STEP = 2**63 - 1
+# Every step an agent sends is at most 2**53: a float8 holds it exactly (rollups compare steps
+# as float8), and the console's arithmetic on it (a step plus a look-ahead, plus 50 for the
+# unapplied-command check) stays far inside PostgreSQL's bigint (2**63 - 1).
+MAX_STEP = 2**53
 # The largest whole number a float holds without overflowing (rounding is fine).
 MAX_FLOAT_INT = int(1.7976931348623157e308)
 MAX_REPORTED_ERRORS = 20

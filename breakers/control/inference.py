@@ -152,7 +152,7 @@ def recover_replica(replica_id: int) -> None:
     replica = InferenceReplica.objects.filter(pk=replica_id).first()
     if replica is None or replica.status != ReplicaStatus.DRAINING or not _claim(replica):
         return
-    executor = traffic_executor()
+    executor = traffic_executor(replica.job_id)
     if executor is None:
         _fail(
             replica,
@@ -210,7 +210,7 @@ def reenable_if_healthy(replica: InferenceReplica, now: datetime | None = None) 
     restarted = replica.pid is not None and replica.pid != replica.pid_before_restart
     if replica.status != ReplicaStatus.RESTARTING or not (replica.healthy and restarted):
         return False
-    executor = traffic_executor()
+    executor = traffic_executor(replica.job_id)
     try:
         if executor is None:
             raise TrafficError("no traffic executor is configured")

@@ -13,6 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from breakers.executors.slurm import executor as slurm
+from breakers.executors.targets import node_binding
 from breakers.models import NodeDrain, SchedulerBinding
 from core.errors import Conflict
 from core.transitions import compare_and_swap_all
@@ -46,6 +47,7 @@ def node_payload(node: Node) -> dict[str, Any]:
         "status": node.status,
         "state": state,
         "drain": _drain_payload(drain) if drain is not None else None,
+        "binding": node_binding(node.job_id, node.hostname),
         "scheduler": {
             "executor": binding.executor,
             "slurm_job_id": binding.slurm_job_id or None,

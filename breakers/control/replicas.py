@@ -8,6 +8,9 @@ and the inference L3 response takes it from there (``breakers.control.inference`
 carries what the replica must do itself (``{"commands": [{"action": "restart"}]}``) when the
 console cannot act from outside.
 
+The replica and backend must be a server a team admin declared for the job
+(``InferenceServer``): any other name is a 400 naming ``replica``.
+
 Strict like every agent input: unknown fields, wrong types and bad names are a 400 naming
 the field, and nothing is written.
 """
@@ -23,6 +26,7 @@ from django.utils import timezone
 
 from breakers.agent.protocol import is_whole_number, load_json
 from breakers.control.braking import brake_for_alert
+from breakers.executors.targets import traffic_server
 from breakers.models import InferenceReplica, ReplicaStatus
 from core.errors import InvalidInput
 from core.processes import process_start_time, this_host
@@ -131,6 +135,11 @@ def record_replica_heartbeat(job: Job, raw: bytes) -> dict[str, Any]:
             f"Job {job.name!r} is a {job.kind} job; replica heartbeats are for inference jobs.",
             fields={"replica": "only inference jobs have replicas"},
         )
+    why = traffic_server(job.pk, beat.backend, beat.replica)
+    if why is not None:
+        # The agent reports its replica; it never designates a server: a team admin declares
+        # the job's servers (PUT /api/v1/jobs/{id}/inference-servers).
+        raise InvalidInput(f"Replica refused: {why}.", fields={"replica": why})
     with transaction.atomic():
         replica = _register(job, beat)
         if not beat.healthy and replica.status == ReplicaStatus.SERVING:

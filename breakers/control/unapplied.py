@@ -6,6 +6,11 @@ executor stops a healthy process. The watchdog looks for delivered, unacknowledg
 whose job's step has moved ``UNAPPLIED_STEPS`` past the step it had at delivery, and says so
 at once with an L2 alert ("commands are not being applied — is step_boundary called?"),
 long before the deadline; the acknowledgement resolves it.
+
+One job's data can never stop the duty for the others: the arithmetic is done where it cannot
+overflow a bigint (the job's step minus the margin, never a step plus it), and each job's alert
+is raised on its own savepoint — a failure is logged, counted (``duty_failures``, on
+``/metrics``) and the next job is flagged all the same.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 from django.db.models import F, Value
 from django.db.models.functions import Coalesce, Greatest
 
+from breakers.control.duties import per_job
 from breakers.models import Command, CommandStatus
 from core.text import fit
 from incidents.alerts.lifecycle import (
@@ -23,6 +29,7 @@ from incidents.alerts.lifecycle import (
 )
 from incidents.models import Layer
 
+DUTY = "flag_unapplied_commands"
 UNAPPLIED_STEPS = 50
 RULE_KEY = "commands-not-applied"
 RULE_NAME = "Commands are not being applied"
@@ -36,21 +43,20 @@ def flag_unapplied_commands(limit: int = 100) -> int:
             delivered_step__isnull=False,
             # A multi-rank job's command waits for its apply_at_step on purpose: counted from
             # there, not from its delivery.
-            job__current_step__gte=Greatest(
-                F("delivered_step"), Coalesce(F("apply_at_step"), Value(0))
-            )
-            + UNAPPLIED_STEPS,
         )
+        .alias(margin=F("job__current_step") - UNAPPLIED_STEPS)
+        .filter(margin__gte=Greatest(F("delivered_step"), Coalesce(F("apply_at_step"), Value(0))))
         .select_related("job")
         .order_by("pk")[:limit]
     )
     flagged = 0
     for command in stuck:
         job = command.job
-        if active_alert(job.pk, RULE_KEY, "") is not None:
-            continue
-        raise_or_update_alert(job.pk, _signal(command))
-        flagged += 1
+        with per_job(DUTY, job.pk) as ok:
+            if active_alert(job.pk, RULE_KEY, "") is not None:
+                continue
+            raise_or_update_alert(job.pk, _signal(command))
+        flagged += ok.succeeded
     return flagged
 
 

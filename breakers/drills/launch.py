@@ -8,6 +8,11 @@ token (the local executor signals only a process whose environment holds it),
 ``BRAKELINE_DRILL_SANDBOX=1`` (the SDK's own consent to faults), where to checkpoint and where
 the SDK notes that the release hooks ran, and, on Slurm, ``--comment=brakeline:<job id>``,
 which the console checks with Slurm before it binds the job and acts on it through Slurm.
+
+A local sandbox is started through ``sandbox_exec`` (``sandboxed``): its parent process holds
+only that environment, it runs as ``BRAKELINE_DRILL_SANDBOX_USER`` when the console runs as
+root, and without any capability, so it cannot read the environment of the console's processes
+(which are not dumpable: ``core.hardening``).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +44,17 @@ def base_environment() -> dict[str, str]:
     return env
 
 
+STOP_WAIT_SECONDS = 30.0  # for sandbox_exec to reap its killed workload and exit
+SANDBOX_EXEC = str(Path(__file__).with_name("sandbox_exec.py"))
+
+
+def sandboxed(arguments: list[str], pid_fd: int | None = None) -> list[str]:
+    """The command line that runs ``arguments`` under ``sandbox_exec`` (see the module)."""
+    user = ["--user", settings.DRILL_SANDBOX_USER] if settings.DRILL_SANDBOX_USER else []
+    pid = ["--pid-fd", str(pid_fd)] if pid_fd is not None else []
+    return [sys.executable, "-I", SANDBOX_EXEC, *user, *pid, "--", *arguments]
+
+
 def sandbox_environment(url: str, token: str, work_dir: Path) -> dict[str, str]:
     env = base_environment()
     env.update(
@@ -55,7 +72,8 @@ def sandbox_environment(url: str, token: str, work_dir: Path) -> dict[str, str]:
 class Sandbox:
     executor: str
     work_dir: Path
-    process: subprocess.Popen | None = None  # local
+    process: subprocess.Popen | None = None  # local: sandbox_exec, the workload's parent
+    pid: int = 0  # local: the workload itself, leader of its own session
     slurm_job_id: str = ""
     _stopped: bool = field(default=False)
 
@@ -83,7 +101,7 @@ class Sandbox:
     def describe(self) -> str:
         """Where the workload runs, for the progress lines (its pid, or its Slurm job)."""
         if self.process is not None:
-            return f"pid {self.process.pid}"
+            return f"pid {self.pid}"
         return f"Slurm job {self.slurm_job_id}"
 
     def stop(self) -> None:
@@ -93,9 +111,14 @@ class Sandbox:
         the workload's pid, which the kernel does not reuse while any member of the group is
         alive."""
         if self.process is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            if self.process.poll() is None:  # not a group leader after all (a test's process)
+            if self.pid > 1:  # never group 0 (our own) or 1
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.pid, signal.SIGKILL)
+            # sandbox_exec reaps the workload, then exits of the same signal: killing it first
+            # would leave the workload a zombie nobody reaps.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(STOP_WAIT_SECONDS)
+            if self.process.poll() is None:  # the workload outlived SIGKILL (uninterruptible)
                 self.process.kill()
             self.process.wait()
         elif self.slurm_job_id and self.alive():
@@ -111,17 +134,37 @@ def launch_sandbox(
     if executor == "slurm":
         return _submit(job, env, arguments, work_dir)
     with open(work_dir / "workload.log", "wb") as output:
-        # A session of its own, as a scheduler's job has: the local executor never signals a
-        # process in the console's own process group (which the runner may share).
-        process = subprocess.Popen(
-            arguments,
-            cwd=work_dir,
-            env=env,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    return Sandbox("local", work_dir, process=process)
+        # The workload leads a session of its own (sandbox_exec starts it so), as a scheduler's
+        # job has: the local executor never signals a process in the console's own process
+        # group (which the runner may share).
+        _hand_over(work_dir)
+        reader, writer = os.pipe()
+        try:
+            process = subprocess.Popen(
+                sandboxed(arguments, writer),
+                cwd=work_dir,
+                env=env,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                pass_fds=(writer,),
+            )
+        finally:
+            os.close(writer)
+        with os.fdopen(reader) as pid_line:  # sandbox_exec writes it once the workload runs
+            pid = int(pid_line.readline() or process.pid)
+    return Sandbox("local", work_dir, process=process, pid=pid)
+
+
+def _hand_over(work_dir: Path) -> None:
+    """The sandbox user owns its folder (it writes its checkpoints and log there)."""
+    if not settings.DRILL_SANDBOX_USER or os.geteuid() != 0:
+        return
+    import pwd
+
+    user = settings.DRILL_SANDBOX_USER
+    entry = pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
+    for path in (work_dir, *work_dir.rglob("*")):
+        os.chown(path, entry.pw_uid, entry.pw_gid)
 
 
 def slurm_available() -> bool:

@@ -40,7 +40,13 @@ from django.utils import timezone
 from breakers.checkpoints import catalogue
 from breakers.control.commands import issue_command
 from breakers.drills import runs
-from breakers.drills.launch import RELEASE_MARKER, Sandbox, base_environment, launch_sandbox
+from breakers.drills.launch import (
+    RELEASE_MARKER,
+    Sandbox,
+    base_environment,
+    launch_sandbox,
+    sandboxed,
+)
 from breakers.drills.scenarios import SCENARIOS, Scenario
 from breakers.drills.scorecard import DETECT_MARGIN_SECONDS, Facts, score
 from breakers.models import (
@@ -459,7 +465,7 @@ def start_verifier(arguments: list[str], work_dir: Path) -> subprocess.Popen:
     """The fresh process of the "loads" line: it has never seen the sandbox, and holds no
     token (only the allowlisted environment)."""
     return subprocess.Popen(
-        arguments,
+        sandboxed(arguments),
         cwd=work_dir,
         env={**base_environment(), "TRAIN_DIR": str(work_dir)},
         stdin=subprocess.PIPE,

@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from breakers.detection import rulesets
 from breakers.drills import workloads
+from breakers.drills.redaction import scrub
 from breakers.drills.scenarios import SCENARIOS, Scenario, resolve
 from breakers.drills.scorecard import Line
 from breakers.models import DRILL_TRANSITIONS, DrillCheck, DrillRun, DrillStatus
@@ -200,9 +201,9 @@ def finish(run: DrillRun, lines: list[Line], **figures: Any) -> DrillRun:
                 position=position,
                 name=line.name,
                 passed=line.passed,
-                measured=line.measured[:200],
+                measured=scrub(line.measured)[:200],
                 expectation=line.expectation[:200],
-                detail=line.detail,
+                detail=scrub(line.detail),
             )
             for position, line in enumerate(lines)
         )
@@ -214,7 +215,8 @@ def fail_with_error(run: DrillRun, error: str) -> None:
     run.refresh_from_db()
     if run.status not in FINISHED_DRILL_STATUSES:
         with transaction.atomic():
-            if move(run, DrillStatus.ERROR, finished_at=timezone.now(), error=error[:4000]):
+            error = scrub(error)[:4000]
+            if move(run, DrillStatus.ERROR, finished_at=timezone.now(), error=error):
                 _after_finish(run)
 
 

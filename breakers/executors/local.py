@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from breakers.executors.targets import register
 from core.processes import process_environment, process_group, process_start_time
 from incidents.models import AgentToken, Job, hash_token
 
@@ -145,6 +146,13 @@ class LocalProcessExecutor:
 
 
 EXECUTORS: dict[str, Executor] = {"local": LocalProcessExecutor()}
+register(
+    LocalProcessExecutor.name,
+    "breakers.executors.whole_job",
+    acts_on="the job's launchers and ranks registered from this host, each proven before "
+    "each signal (start time, job token)",
+    check="local_process",
+)
 
 
 def executor_for(job: Job) -> Executor:

@@ -8,8 +8,10 @@ the pid was registered, the job's token in its environment).
 
 What is started again is what was running: the command line, working directory and
 environment read from /proc/PID before the stop, its standard output and error appended to the
-same files when they were files. The new process gets a session of its own, so it outlives
-the worker that started it.
+same files when they were files — and as who was running it: the replaced process's uid, gid
+and groups (``breakers.executors.targets.restart_identity``). A worker that cannot take that
+identity refuses the restart, so a restart never runs with more privilege than the process it
+replaces. The new process gets a session of its own, so it outlives the worker that started it.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, cast
 
-from breakers.executors.local import ExecutorOutcome, _wait_for_exit, identity_refusal
+from breakers.executors.local import ExecutorOutcome, _wait_for_exit
 from breakers.executors.local import process_is_running as running
+from breakers.executors.targets import ProcessIdentity, local_process, register, restart_identity
 from breakers.models import InferenceReplica
 from core.processes import process_environment
 from incidents.models import Job
@@ -49,6 +52,7 @@ class Relaunch:
     environment: dict[str, str]
     stdout: str | None
     stderr: str | None
+    identity: ProcessIdentity
 
 
 def _output_file(pid: int, fd: int) -> str | None:
@@ -59,7 +63,7 @@ def _output_file(pid: int, fd: int) -> str | None:
     return target if target.startswith("/") and Path(target).is_file() else None
 
 
-def read_relaunch(pid: int) -> Relaunch | None:
+def read_relaunch(pid: int, identity: ProcessIdentity) -> Relaunch | None:
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
         cwd = os.readlink(f"/proc/{pid}/cwd")
@@ -69,7 +73,8 @@ def read_relaunch(pid: int) -> Relaunch | None:
     environment = process_environment(pid)
     if not command or environment is None:
         return None
-    return Relaunch(command, cwd, environment, _output_file(pid, 1), _output_file(pid, 2))
+    stdout, stderr = _output_file(pid, 1), _output_file(pid, 2)
+    return Relaunch(command, cwd, environment, stdout, stderr, identity)
 
 
 def _open(path: str | None) -> IO[bytes] | int:
@@ -81,8 +86,16 @@ def _start(relaunch: Relaunch) -> int:
         if process.poll() is not None:
             _started.remove(process)
     stdout, stderr = _open(relaunch.stdout), _open(relaunch.stderr)
+    who = relaunch.identity
+    # As root, the child drops to the replaced process's identity before exec; otherwise the
+    # seam has checked that identity is this worker's own.
+    drop = (
+        {"user": who.uid, "group": who.gid, "extra_groups": list(who.groups)}
+        if os.geteuid() == 0
+        else {}
+    )
     try:
-        process = subprocess.Popen(
+        process = subprocess.Popen(  # type: ignore[call-overload]
             relaunch.command,
             cwd=relaunch.cwd,
             env=relaunch.environment,
@@ -90,6 +103,7 @@ def _start(relaunch: Relaunch) -> int:
             stdout=stdout,
             stderr=stderr,
             start_new_session=True,
+            **drop,
         )
     finally:
         for handle in (stdout, stderr):
@@ -107,14 +121,20 @@ def restart_replica(replica: InferenceReplica, *, grace_seconds: float) -> Execu
         return ExecutorOutcome(NAME, False, detail="refused: the replica never reported a pid")
     job = Job.objects.get(pk=replica.job_id)
     identity = _Identity(job.pk, replica.hostname, replica.pid_start_time)
-    why = identity_refusal(cast(Job, identity), pid)
-    relaunch = read_relaunch(pid) if why is None else None
+    why = local_process(cast(Job, identity), pid)
+    who = restart_identity(pid) if why is None else None
+    if isinstance(who, str):
+        why = f"the restart would not run as the process it replaces: {who}"
+    relaunch = read_relaunch(pid, who) if isinstance(who, ProcessIdentity) else None
     if why is None and relaunch is None:
         why = f"the command line of process {pid} cannot be read to start it again"
     if why is not None:
         return ExecutorOutcome(NAME, False, detail=f"refused: {why}")
     assert relaunch is not None
-    steps = [f"SIGTERM to replica process {pid} (checked: this host, start time, job token)"]
+    steps = [
+        f"SIGTERM to replica process {pid} (checked: this host, start time, job token; "
+        f"restarted as uid {relaunch.identity.uid} gid {relaunch.identity.gid})"
+    ]
     os.kill(pid, signal.SIGTERM)
     if not _wait_for_exit(pid, grace_seconds):
         steps.append(f"still running after {grace_seconds:g} s: SIGKILL to {pid}")
@@ -128,3 +148,11 @@ def restart_replica(replica: InferenceReplica, *, grace_seconds: float) -> Execu
     return ExecutorOutcome(
         NAME, True, steps, detail=str(new_pid), seconds=time.monotonic() - started
     )
+
+
+register(
+    NAME,
+    __name__,
+    acts_on="the replica's process proven the job's, restarted as its own uid/gid",
+    check="restart_identity",
+)

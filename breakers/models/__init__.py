@@ -15,6 +15,12 @@ from breakers.models.control import (  # noqa: F401
     CommandStatus,
     Hearing,
 )
+from breakers.models.declarations import (  # noqa: F401
+    BindingSource,
+    CheckpointRoot,
+    InferenceServer,
+    NodeBinding,
+)
 from breakers.models.drills import (  # noqa: F401
     DRILL_TRANSITIONS,
     DrillCheck,
@@ -95,4 +101,8 @@ __all__ = [
     "DrillRun",
     "DrillStatus",
     "RuleSetVersion",
+    "BindingSource",
+    "CheckpointRoot",
+    "InferenceServer",
+    "NodeBinding",
 ]

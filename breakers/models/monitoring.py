@@ -98,6 +98,10 @@ class ExternalAlert(models.Model):
         ]
         indexes = [
             models.Index(fields=["team", "status", "job"], name="external_alert_routing"),
+            # A replay of a resolved episode is found by its fingerprint and start.
+            models.Index(
+                fields=["team", "fingerprint", "starts_at"], name="external_alert_episode"
+            ),
             models.Index(fields=["alert", "status"], name="external_alert_feeds"),
         ]
 

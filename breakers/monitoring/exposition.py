@@ -27,7 +27,7 @@ from prometheus_client.core import (
     Metric,
 )
 
-from breakers.control import liveness
+from breakers.control import duties, liveness
 from breakers.control.hearing import heard_until, hearing_state
 from breakers.control.heartbeats import WATCHED_STATUSES
 from breakers.control.watchdog import BEAT
@@ -71,6 +71,7 @@ class BrakelineCollector:
         yield _deliveries()
         yield _watchdog_age()
         yield _external_alerts()
+        yield _duty_failures()
 
 
 def _alerts_firing() -> Metric:
@@ -232,4 +233,17 @@ def _external_alerts() -> Metric:
     firing = ExternalAlert.objects.filter(status=ExternalAlertStatus.FIRING)
     metric.add_metric(["true"], firing.filter(job__isnull=False).count())
     metric.add_metric(["false"], firing.filter(job__isnull=True).count())
+    return metric
+
+
+def _duty_failures() -> Metric:
+    """One job's part of a periodic duty that failed (the others went on): see
+    ``breakers.control.duties``."""
+    metric = CounterMetricFamily(
+        "brakeline_duty_failures",
+        "Parts of a periodic duty (one job's) that failed; the other jobs' went on",
+        labels=["duty"],
+    )
+    for duty, count in duties.failures().items():
+        metric.add_metric([duty], count)
     return metric

@@ -8,6 +8,14 @@ into that job's Brakeline alert through the one alert lifecycle and the one brak
 * Firing, known fingerprint → a repeat (Alertmanager resends every repeat_interval; an HA
   pair sends twice): counted, and retried for routing when it was unrouted. Nothing else.
 * Resolved → the row resolves; the Brakeline alert resolves with the last of its rows.
+* Firing again with the fingerprint *and* ``startsAt`` of an alert already resolved → a replay
+  of that episode (a late resend, or somebody's copy): counted as a repeat, it opens nothing.
+
+Each alert is applied in a short transaction of its own, under a lock on its fingerprint
+(PostgreSQL's advisory lock): an HA pair delivering the same alert at once applies it once,
+and a webhook of 1,000 alerts never holds a lock others wait on for its whole length (the
+team's row, which the console's health check and every other webhook of the team read). A
+retried webhook is idempotent by fingerprint.
 
 The Brakeline alert's fingerprint is (job, rule, node), so the eight GPU alerts of one node
 feed one alert, and every alert of the job joins its one active incident.
@@ -19,7 +27,7 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from breakers.detection.evaluation import on_alert_raised
@@ -81,19 +89,37 @@ def authenticate_integration(raw_token: str) -> Team:
 def receive_alertmanager(
     team_id: int, webhook: WebhookIn, *, now: datetime | None = None
 ) -> ReceiveReport:
-    """Apply one webhook, all or nothing (Alertmanager retries a failed one whole)."""
+    """Apply one webhook, each alert in its own transaction under its fingerprint's lock
+    (Alertmanager retries a failed webhook whole: what was applied is then a repeat)."""
     now = now or timezone.now()
     report = ReceiveReport(received=len(webhook.alerts))
-    with transaction.atomic():
-        # One webhook of a team at a time: an HA pair delivering the same group at once must
-        # not create the fingerprint twice nor resolve an alert while the other raises it.
-        Team.objects.select_for_update().filter(pk=team_id).first()
-        for alert in webhook.alerts:
+    for alert in webhook.alerts:
+        with transaction.atomic():
+            _lock_fingerprint(team_id, alert.fingerprint)
             if alert.status == ExternalAlertStatus.FIRING:
                 _fire(team_id, alert, webhook.group_key, now, report)
             else:
                 _resolve(team_id, alert, now, report)
     return report
+
+
+def _lock_fingerprint(team_id: int, fingerprint: str) -> None:
+    """Until the transaction ends, no other delivery applies this alert of this team."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [team_id, fingerprint])
+    else:  # the embedded SQLite writes one transaction at a time anyway
+        Team.objects.select_for_update().filter(pk=team_id).first()
+
+
+def _replayed(team_id: int, incoming: ExternalAlertIn) -> bool:
+    """The same episode (fingerprint and start) was resolved already."""
+    return ExternalAlert.objects.filter(
+        team_id=team_id,
+        fingerprint=incoming.fingerprint,
+        starts_at=incoming.starts_at,
+        status=ExternalAlertStatus.RESOLVED,
+    ).exists()
 
 
 def _fire(
@@ -110,6 +136,9 @@ def _fire(
         report.repeated += 1
         if row.job_id is None:
             _route_and_raise(row, route(team_id, incoming.labels), incoming, now, report)
+        return
+    if _replayed(team_id, incoming):
+        report.repeated += 1
         return
     value = _value(incoming)
     verdict = classify(incoming.alertname, incoming.labels, value)
@@ -165,10 +194,19 @@ def _signal(
     summary = incoming.annotations.get("summary") or incoming.annotations.get("description")
     where = f" on {target.node}" if target.node else ""
     gpu = incoming.labels.get("gpu")
+    action = verdict.action
+    unverified = ""
+    if not target.verified and action not in ("none", "record"):
+        # Paged at its level, never acted on: only the job's agent said it runs there.
+        action = "none"
+        unverified = (
+            f"; node {target.node} reported by the agent, unverified (no operator or Slurm "
+            "binding): no automatic action"
+        )
     description = (
         f"{summary or verdict.rule_name}{where}"
         + (f" (GPU {gpu})" if gpu else "")
-        + f": Alertmanager alert {incoming.alertname}, {verdict.why}"
+        + f": Alertmanager alert {incoming.alertname}, {verdict.why}{unverified}"
     )
     return AlertSignal(
         rule_key=verdict.rule_key,
@@ -184,7 +222,7 @@ def _signal(
         time=incoming.starts_at,
         first_step=step,
         first_time=incoming.starts_at,
-        action=verdict.action,
+        action=action,
         nodes=(target.node,) if target.node else (),
         runbook_hint=verdict.runbook,
     )

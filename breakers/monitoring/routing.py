@@ -3,7 +3,13 @@ the node the alert names, now (its node registry: the nodes its points and heart
 its agent's host, its Slurm job's node list).
 
 Only the token's team's jobs are candidates: a team's Alertmanager can never brake another
-team's job. When two running jobs share the node, the one heard from last is chosen.
+team's job. A job whose binding to the node is verified (``breakers.executors.targets.
+node_binding``: an operator's node inventory, or Slurm's own node list for the job) is chosen
+over one that only its agent said runs there; among equals, the one heard from last.
+
+A route to a job the node is bound to by its agent's word only is ``verified=False``: the
+alert pages people, but nothing is terminated or isolated automatically (an agent naming
+another job's host must not capture, nor act on, that host's hardware alerts).
 """
 
 from __future__ import annotations
@@ -14,7 +20,8 @@ from dataclasses import dataclass
 from django.db.models import F, Q
 
 from breakers.executors.slurm import executor as slurm
-from breakers.models import ExecutorKind, SchedulerBinding
+from breakers.executors.targets import AGENT_REPORTED, node_binding
+from breakers.models import ExecutorKind, NodeBinding, SchedulerBinding
 from core.nodes import is_single_node_name
 from incidents.models import FINAL_JOB_STATUSES, Job
 
@@ -29,6 +36,7 @@ class Route:
     job: Job | None
     node: str
     reason: str = ""  # why there is no job ("" when routed)
+    verified: bool = True  # False: only the job's agent said it runs on the node
 
 
 def node_of(labels: Mapping[str, str]) -> str:
@@ -65,17 +73,20 @@ def route(team_id: int, labels: Mapping[str, str]) -> Route:
     job = job_on_node(team_id, node)
     if job is None:
         return Route(None, node, f"no running job of the team on node {node}")
-    return Route(job, node)
+    return Route(job, node, verified=node_binding(job.pk, node) != AGENT_REPORTED)
 
 
 def job_on_node(team_id: int, node: str) -> Job | None:
-    """The team's job running on ``node`` now (short names match FQDNs: gpu-b.cluster)."""
+    """The team's job running on ``node`` now (short names match FQDNs: gpu-b.cluster): one
+    bound to it by an operator or Slurm first, else the one heard from last."""
     names = {node, node.split(".", 1)[0]}
     live = Job.objects.filter(team_id=team_id).exclude(status__in=FINAL_JOB_STATUSES)
-    registry = Q(nodes__hostname__in=names) | Q(agent_hostname__in=names)
     latest = F("last_heartbeat_at").desc(nulls_last=True)
-    job = live.filter(registry).distinct().order_by(latest, "-pk").first()
-    return job or _slurm_job_on_node(live, names)
+    bound = NodeBinding.objects.filter(hostname__in=names).values("job_id")
+    job = live.filter(pk__in=bound).order_by(latest, "-pk").first()
+    job = job or _slurm_job_on_node(live, names)
+    registry = Q(nodes__hostname__in=names) | Q(agent_hostname__in=names)
+    return job or live.filter(registry).distinct().order_by(latest, "-pk").first()
 
 
 def _slurm_job_on_node(live, names: set[str]) -> Job | None:

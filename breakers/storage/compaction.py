@@ -28,6 +28,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from breakers.control.duties import per_job
 from breakers.models import CompactionCursor, EvaluationState, MetricBlock, MetricPoint
 from breakers.storage import partitions
 from breakers.storage.blocks import blocks_of
@@ -167,8 +168,11 @@ def compact_all(now: datetime | None = None) -> dict[int, int]:
     for job_id, bound, after, last_metric_at in due:
         if not _is_due(job_id, after, last_metric_at, since):
             continue
-        try:
-            done[job_id] = compact_job(job_id, after, bound)
-        except (Conflict, ValueError) as skipped:
-            log.info("compaction of job %s skipped: %s", job_id, skipped)
+        with per_job(
+            "compact", job_id, savepoint=False
+        ):  # any other failure: logged, counted, next job
+            try:
+                done[job_id] = compact_job(job_id, after, bound)
+            except (Conflict, ValueError) as skipped:
+                log.info("compaction of job %s skipped: %s", job_id, skipped)
     return done

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from django.db import connection, transaction
 
+from breakers.control.duties import per_job
 from breakers.models import MetricBlock, MetricPoint, MetricRollup, RollupCursor
 from breakers.storage.points import next_chunk
 from incidents.models import Job
@@ -124,10 +125,16 @@ def roll_up_job(job_id: int, max_batches: int = 25) -> int:
 
 
 def roll_up_all() -> dict[int, int]:
-    """Every job with points past its cursor → points merged now."""
+    """Every job with points past its cursor → points merged now. Each job on its own
+    (``per_job``): one job whose points cannot be merged is logged and counted, and the
+    others are rolled up all the same."""
     if not supported():
         return {}
     with connection.cursor() as cursor:
         cursor.execute(_PENDING_SQL)
         jobs = [row[0] for row in cursor.fetchall()]
-    return {job_id: roll_up_job(job_id) for job_id in jobs}
+    merged: dict[int, int] = {}
+    for job_id in jobs:
+        with per_job("roll_up", job_id, savepoint=False):
+            merged[job_id] = roll_up_job(job_id)
+    return merged

@@ -13,6 +13,8 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
+from rest_framework.throttling import BaseThrottle
 from rest_framework.views import APIView
 
 from breakers.models import ExternalAlert, ExternalAlertStatus
@@ -24,6 +26,7 @@ from console.api.agent_auth import required_bearer_token
 from console.api.agent_schema import ErrorDoc
 from console.api.alerts import limit_param
 from console.api.person_auth import PersonView, audit_context, error_responses
+from console.ratelimit import parse_rate, rate_counter
 from core.errors import InvalidInput
 from incidents.models import Team
 from incidents.teams.access import visible_team_ids
@@ -89,9 +92,31 @@ ReceivedDoc = inline_serializer(
 )
 
 
+class WebhookRateThrottle(BaseThrottle):
+    """Webhooks per team (``BRAKELINE_ALERTMANAGER_RATE``, default 60/min), answered with 429:
+    a flood of webhooks never takes the workers and the database from everything else."""
+
+    wait_seconds = 0.0
+
+    def allow_request(self, request, view) -> bool:
+        team = getattr(request.user, "team", None)
+        if team is None:
+            return True
+        limit, period = parse_rate(api_settings.DEFAULT_THROTTLE_RATES["alertmanager"])
+        try:
+            self.wait_seconds = rate_counter().hit(f"alertmanager:{team.pk}", limit, period)
+        except Exception:  # Redis away: the webhook is still applied (fails open)
+            self.wait_seconds = 0.0
+        return self.wait_seconds == 0
+
+    def wait(self) -> float | None:
+        return self.wait_seconds or None
+
+
 class AlertmanagerWebhookView(APIView):
     authentication_classes = [IntegrationTokenAuthentication]
     permission_classes = [IsAuthenticated]
+    throttle_classes = [WebhookRateThrottle]
     parser_classes = [RawJSONParser]
     renderer_classes = [JSONRenderer]
 
@@ -107,6 +132,7 @@ class AlertmanagerWebhookView(APIView):
                     401: "No token, an unknown or a revoked integration token.",
                     413: "Body over the limit; nothing was written.",
                     415: "Not application/json.",
+                    429: "Too many webhooks of the team; retry after the Retry-After header.",
                 }.items()
             },
         },

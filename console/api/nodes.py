@@ -28,6 +28,12 @@ class NodeOut(serializers.Serializer):
         help_text="The latest drain: slurm_node, reason, alert {id, rule, severity}, "
         "incident_id, command_id, drained_at, requeued_at, returned_at, returned_by",
     )
+    binding = serializers.ChoiceField(
+        choices=["operator", "scheduler", "agent"],
+        help_text="How the node is known to be the job's: bound by an operator or by Slurm's "
+        "own answer, or 'agent': reported by the agent, unverified (hardware alerts then page "
+        "but never act automatically)",
+    )
     scheduler = serializers.DictField(
         allow_null=True, help_text="executor, slurm_job_id, slurm_nodelist of the node's job"
     )

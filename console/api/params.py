@@ -11,7 +11,7 @@ optional ``-`` and ASCII digits, bounded in length and in range, and a moment li
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime, time
+from datetime import UTC, datetime, time, timedelta
 from typing import overload
 
 from django.utils import timezone
@@ -94,6 +94,9 @@ def id_param(request: Request, name: str, *, what: str = "") -> int | None:
     return int_param(request, name, minimum=1, maximum=MAX_ID, what=what or f"a {name} id")
 
 
+MAX_OFFSET = timedelta(hours=14)
+
+
 def parse_moment(text: str, name: str, *, dates: bool = True) -> datetime:
     """``text`` as an ISO 8601 date-time (UTC when naive) or, with ``dates``, a date (its
     midnight, UTC), within :data:`EARLIEST` … :data:`LATEST` once in UTC; else a 400 naming
@@ -110,6 +113,13 @@ def parse_moment(text: str, name: str, *, dates: bool = True) -> datetime:
         raise InvalidInput(f"Bad {name}.", fields={name: said})
     if timezone.is_naive(moment):
         moment = moment.replace(tzinfo=UTC)
+    offset = moment.utcoffset()
+    if offset is not None and abs(offset) > MAX_OFFSET:
+        # Python takes offsets up to ±23:59, PostgreSQL's timestamptz only to ±15:59; real
+        # zones span -12:00 to +14:00.
+        raise InvalidInput(
+            f"Bad {name}.", fields={name: f"{said} with a UTC offset from -14:00 to +14:00"}
+        )
     try:
         in_utc = moment.astimezone(UTC)
     except OverflowError:  # 9999-12-31T23:00-05:00 is in the year 10000 in UTC

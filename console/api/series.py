@@ -19,7 +19,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from breakers import metrics as history
-from breakers.agent.protocol import MAX_RANK, MAX_STEP
+from breakers.agent.protocol import MAX_RANK
 from console.api.jobs import visible_jobs
 from console.api.params import int_param, parse_int
 from console.api.person_auth import PersonView
@@ -27,11 +27,13 @@ from core.errors import InvalidInput
 from incidents.models import Job
 
 BAND_METRIC = "loss"
+# A range to read, not a step to store: any bigint bounds it (no arithmetic is done on it).
+MAX_QUERY_STEP = 2**63 - 1
 
 
 def _step_param(request: Request, name: str) -> int | None:
     return int_param(
-        request, name, minimum=0, maximum=MAX_STEP, blank_is_absent=True, what="a step"
+        request, name, minimum=0, maximum=MAX_QUERY_STEP, blank_is_absent=True, what="a step"
     )
 
 

@@ -8,6 +8,7 @@ from console.api import (
     alerts,
     audit,
     checkpoints,
+    declarations,
     drills,
     escalations,
     health,
@@ -240,6 +241,25 @@ integration_routes = [
     ),
 ]
 
+# What is a job's, declared by a team admin (docs/security.md "Declarations").
+declaration_routes = [
+    path(
+        f"{V1}/jobs/<int:pk>/inference-servers",
+        declarations.InferenceServersView.as_view(),
+        name="job-inference-servers",
+    ),
+    path(
+        f"{V1}/jobs/<int:pk>/checkpoint-root",
+        declarations.JobCheckpointRootView.as_view(),
+        name="job-checkpoint-root",
+    ),
+    path(
+        f"{V1}/teams/<int:pk>/checkpoint-root",
+        declarations.TeamCheckpointRootView.as_view(),
+        name="team-checkpoint-root",
+    ),
+]
+
 urlpatterns = [
     *agent_routes,
     *job_routes,
@@ -250,6 +270,7 @@ urlpatterns = [
     *team_routes,
     *silence_routes,
     *drill_routes,
+    *declaration_routes,
     *other_routes,
     *integration_routes,
 ]

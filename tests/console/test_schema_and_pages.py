@@ -100,7 +100,7 @@ def test_the_schema_says_what_the_responses_and_the_refusals_say(client):
     heartbeat = parts["HeartbeatDoc"]["properties"]
     assert (heartbeat["pid"]["minimum"], heartbeat["pid"]["maximum"]) == (1, 2**31 - 1)
     assert heartbeat["rank"]["maximum"] == 2**31 - 1
-    assert heartbeat["step"]["maximum"] == 2**63 - 1
+    assert heartbeat["step"]["maximum"] == 2**53
 
 
 def test_the_schema_documents_the_bounds_of_limit_and_max_points(client):

@@ -27,7 +27,7 @@ import pytest
 
 from breakers.executors.traffic import TrafficError
 from breakers.executors.traffic.haproxy import HAProxyExecutor
-from breakers.models import InferenceReplica, ReplicaStatus
+from breakers.models import InferenceReplica, InferenceServer, ReplicaStatus
 from incidents.models import Alert, Incident
 from tests.brakeline.live import training_environment
 from tests.conftest import free_port, wait_for_port
@@ -116,6 +116,8 @@ def test_a_replica_answering_nan_is_drained_restarted_and_put_back(
     where, live_console, make_agent, worker, settings, tmp_path, client
 ):
     agent = make_agent(name=f"model-api-{where.split()[0]}", kind="inference")
+    for name in ("r1", "r2"):  # declared by a team admin: what the executor may act on
+        InferenceServer.objects.create(job_id=agent.job_id, backend="models", server=name)
     env = training_environment(live_console, agent.token)
     if where == "another host":
         env["REPLICA_HOSTNAME"] = "gpu-far-away"

@@ -10,7 +10,11 @@ GOOD = {"replica": "r1", "backend": "models", "pid": 4242, "hostname": "gpu-1", 
 
 @pytest.fixture
 def inference(make_agent):
-    return make_agent(name="api", kind="inference")
+    from breakers.models import InferenceServer
+
+    agent = make_agent(name="api", kind="inference")
+    InferenceServer.objects.create(job_id=agent.job_id, backend="models", server="r1")
+    return agent
 
 
 def post(client, agent, body):

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from breakers.control.commands import acknowledge_command
-from breakers.models import Command, ExternalAlert, IntegrationToken
+from breakers.models import Command, ExternalAlert, IntegrationToken, NodeBinding
 from incidents.jobs import create_job
 from incidents.models import Alert, Incident, Job, Node, Team
 from tests.support.authz import Api, make_member
@@ -54,12 +54,14 @@ def webhook(alerts: list[dict], status: str = "firing") -> dict:
 
 @pytest.fixture
 def cluster(db):
-    """Team research: job-a on gpu-a, job-b on gpu-b (running); an integration token."""
+    """Team research: job-a on gpu-a, job-b on gpu-b (running, bound there by the operator's
+    node inventory); an integration token."""
     jobs = {}
     for name, node in (("job-a", "gpu-a"), ("job-b", "gpu-b")):
         job = create_job("research", name).job
         Job.objects.filter(pk=job.pk).update(status="running", current_step=1200)
         Node.objects.create(job=job, hostname=node)
+        NodeBinding.objects.create(job=job, hostname=node, source="operator")
         jobs[node] = job
     team = Team.objects.get(name="research")
     return team, jobs, IntegrationToken.issue(team, "alertmanager")[1]

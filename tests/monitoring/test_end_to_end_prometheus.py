@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from breakers.control.commands import acknowledge_command
-from breakers.models import Command, ExternalAlert, IntegrationToken
+from breakers.models import Command, ExternalAlert, IntegrationToken, NodeBinding
 from incidents.jobs import create_job
 from incidents.models import Alert, Incident, Job, Node, Team
 from tests.conftest import ROOT, free_port, server_environment, wait_for_port
@@ -51,6 +51,7 @@ def test_xid_79_on_node_b_brakes_the_job_on_node_b(console, celery_worker, tmp_p
         job = create_job("research", name).job
         Job.objects.filter(pk=job.pk).update(status="running", current_step=5000)
         Node.objects.create(job=job, hostname=node)
+        NodeBinding.objects.create(job=job, hostname=node, source="operator")  # the inventory
         jobs[node] = job
     token = IntegrationToken.issue(Team.objects.get(name="research"), "alertmanager")[1]
     job_b, job_a = jobs["gpu-b"], jobs["gpu-a"]

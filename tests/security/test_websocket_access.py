@@ -112,3 +112,18 @@ async def test_a_revoked_agent_token_closes_the_idle_socket(make_agent, monkeypa
     await sync_to_async(revoke_agent_tokens)(job)
     closed = await socket.receive_output(timeout=WAIT)
     assert closed == {"type": "websocket.close", "code": consumers.CLOSE_UNAUTHENTICATED}
+
+
+async def test_a_revoked_agent_tokens_socket_is_closed_at_once_and_gets_no_command(make_agent):
+    """Without waiting for the periodic check (30 s): a command issued right after the
+    revocation never reaches the socket, which is closed 4401 at once."""
+    from breakers.control.commands import issue_command
+
+    agent = await sync_to_async(make_agent)(team="vision", name="vit-push")
+    socket = await agent_socket(agent.token)
+    job = await sync_to_async(Job.objects.get)(pk=agent.job_id)
+    await sync_to_async(revoke_agent_tokens)(job)
+    await sync_to_async(issue_command)(agent.job_id, "lower_lr", reason="x", severity="L2")
+    closed = await socket.receive_output(timeout=WAIT)
+    assert closed == {"type": "websocket.close", "code": consumers.CLOSE_UNAUTHENTICATED}
+    assert consumers.RECHECK_SECONDS >= 30  # the periodic check did not do it

@@ -17,6 +17,7 @@ from django.utils import timezone
 from breakers.control.commands import acknowledge_command
 from breakers.executors.scheduler import slurm_binding
 from breakers.executors.slurm import executor as slurm
+from breakers.executors.targets import register
 from breakers.models import (
     OPEN_COMMAND_STATUSES,
     Command,
@@ -38,6 +39,12 @@ from incidents.models import (
 )
 
 MAX_REASON_LENGTH = 200
+register(
+    "slurm-drain",
+    __name__,
+    acts_on="a node Slurm lists for the job's confirmed Slurm job (drain, requeue, cancel)",
+    check="slurm.node_of_the_job",
+)
 
 
 def act_on_command(command_id: int) -> None:

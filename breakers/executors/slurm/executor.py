@@ -28,6 +28,7 @@ from django.db import transaction
 
 from breakers.control.timeline import active_incident
 from breakers.executors.local import EXECUTORS, ExecutorOutcome
+from breakers.executors.targets import register
 from breakers.models import ExecutorKind, SchedulerBinding
 from core.errors import ServiceError
 from incidents.alerts.lifecycle import append_timeline
@@ -492,3 +493,9 @@ def refused(call_log: CallLog, purpose: str, why: str) -> None:
 
 # Registered here: breakers.executors.local cannot import this module (it builds on that one).
 EXECUTORS[ExecutorKind.SLURM.value] = SlurmExecutor()
+register(
+    ExecutorKind.SLURM.value,
+    __name__,
+    acts_on="the Slurm job Slurm itself says was submitted for the Brakeline job",
+    check="slurm.verified_job",
+)

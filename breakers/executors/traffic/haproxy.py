@@ -17,6 +17,7 @@ import io
 import re
 import socket
 
+from breakers.executors.targets import register
 from breakers.executors.traffic import ServerState, TrafficError
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:\-]{1,100}$")
@@ -93,3 +94,12 @@ class HAProxyExecutor:
                 )
                 return ServerState(backend, server, admin, status, int(row.get("scur") or 0))
         raise TrafficError(f"HAProxy has no server {backend}/{server}")
+
+
+# Reached only through ``JobTraffic``, which asks the seam first.
+register(
+    HAProxyExecutor.name,
+    __name__,
+    acts_on="a backend/server a team admin declared for the job (InferenceServer)",
+    check="traffic_server",
+)

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('breakers', '0023_ingest_blocks'),
+        ('breakers', '0024_job_declarations_alert_episodes'),
     ]
 
     operations = [
