@@ -136,3 +136,14 @@ def declare_checkpoint_root(
                 )
         attempt.succeeded(f"checkpoint root of {target[0]} {target[1]}: {root or 'removed'}")
     return root
+
+
+def declare_own_root(job: Job, folder: str) -> str:
+    """The console's own jobs (a drill's sandbox, the demo's run) write their checkpoints in
+    folders the console chose: it declares that folder as the job's root itself, as the
+    system (nobody's name sent by an agent). Returns the root as stored."""
+    root = normalise_root(folder)
+    CheckpointRoot.objects.update_or_create(
+        team_id=job.team_id, job=job, defaults={"root": root, "declared_by": None}
+    )
+    return root

@@ -39,6 +39,7 @@ from django.utils import timezone
 
 from breakers.checkpoints import catalogue
 from breakers.control.commands import issue_command
+from breakers.declarations import declare_own_root
 from breakers.drills import runs
 from breakers.drills.launch import (
     RELEASE_MARKER,
@@ -179,6 +180,8 @@ def run_drill(run: DrillRun, *, console_url: str | None = None) -> DrillRun:
     try:
         job, token = _sandbox_job(run)
         work_dir = runs.drill_folder() / str(run.drill_set) / f"{run.pk}-{run.scenario}"
+        work_dir.mkdir(parents=True, exist_ok=True)
+        declare_own_root(job, str(work_dir))  # its checkpoints are catalogued from there only
         url = console_url or str(settings.BRAKELINE_PUBLIC_URL)
         arguments = workload_arguments(run, work_dir)
         if _cancelled():

@@ -25,6 +25,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
+from breakers.declarations import declare_own_root
 from console.simulator import SimulatedRun
 from incidents.jobs import create_job, retire_job, revoke_agent_tokens
 from incidents.models import Job, Membership, Role, Team
@@ -68,7 +69,14 @@ def set_up_demo_data() -> tuple[str, str]:
             retire_job(job.pk, RETIRED)
         earlier.update(heartbeat_deadline=None, agent_pid=None)
         name = demo_job_name(set(earlier.values_list("name", flat=True)))
-    return name, create_job(DEMO_TEAM, name).raw_token
+        created = create_job(DEMO_TEAM, name)
+        # The demo's runs write their checkpoints under var/checkpoints: the console chose that
+        # folder, so it declares it as the job's checkpoint root (the catalogue takes only what
+        # lies under a declared root).
+        checkpoints = settings.DATA_DIR / "checkpoints"
+        checkpoints.mkdir(parents=True, exist_ok=True)
+        declare_own_root(created.job, str(checkpoints))
+    return name, created.raw_token
 
 
 def demo_job_name(taken: set[str]) -> str:
