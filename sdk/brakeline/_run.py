@@ -122,7 +122,7 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
         # Every pause (pause_data, checkpoint_and_pause, a framework's own save) goes through it.
         self._pause = PauseController(self)
         # Keeps non-finite updates out of the weights (watched optimizers, run.guard(loss)).
-        self._guard = StepGuard(lambda: self.step + 1)
+        self._guard = StepGuard(lambda: self.step + 1, settings.guard_device)
         self._guard.enabled = settings.guard
         self._logs_with_command_waiting = 0
         # Multi-rank jobs: the ranks agree at the boundary where a process group exists.

@@ -41,6 +41,7 @@ class BrakelineCallback(Callback):
         self.terminate_requested = False
         self._trainer: Any = None
         self._saving_for_brakeline = False
+        self._boundary_step: int | None = None  # the global step of the last boundary
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         self._trainer = trainer
@@ -49,10 +50,22 @@ class BrakelineCallback(Callback):
         self.run.set_saver(self._save_with_trainer, suffix=".ckpt")
         self.run.set_terminate_handler(self._stop_gracefully)
 
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        # After Lightning restored a checkpoint (fit(ckpt_path=...)): the steps go on from its
+        # step, and the weights hold every update up to it.
+        self.run.step = self._boundary_step = trainer.global_step
+        self.run._guard.resumed_at(trainer.global_step)
+
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         step = trainer.global_step
+        if step == self._boundary_step:
+            # A micro-batch of an accumulated step (no optimizer step yet): progress, but no
+            # boundary, or a command would apply between the micro-batches of one step.
+            self.run.keepalive()
+            return
+        self._boundary_step = step
         if step % self.log_every_n_steps == 0:
             metrics: dict[str, Any] = {}
             loss = _loss_from(outputs)
