@@ -94,10 +94,18 @@ def _parameter_order(name: str) -> tuple[int, int]:
     return int(layer), 0 if kind == "weight" else 1
 
 
-@pytest.mark.parametrize("accumulate", [1, 2], ids=["no-accumulation", "accumulate-2"])
+HF_VARIANTS = {
+    "no-accumulation": (1, "auto"),
+    "accumulate-2": (2, "auto"),
+    "device-path": (1, "always"),  # the guard's accelerator path, forced on the CPU
+}
+
+
+@pytest.mark.parametrize("variant", list(HF_VARIANTS))
 @pytest.mark.parametrize("fault", FAULTS)
-def test_hugging_face_trainer(make_run, transport, tmp_path, fault, accumulate):
-    run = make_run(guard_hold_seconds=60.0)
+def test_hugging_face_trainer(make_run, transport, tmp_path, fault, variant):
+    accumulate, guard_device = HF_VARIANTS[variant]
+    run = make_run(guard_hold_seconds=60.0, guard_device=guard_device)
     console = Console(transport, fault)
     model = TinyModel(fault, lambda: run.step + 1)
     x, y = dataset()
@@ -122,8 +130,8 @@ def test_hugging_face_trainer(make_run, transport, tmp_path, fault, accumulate):
         callbacks=[_Record(model, after_step, console, run), BrakelineCallback(run)],
     )
     trainer.train()
-    result = assert_braked_cleanly(
-        run, model, fault, after_step, _hf_weights(run.last_checkpoint.path)
-    )
-    assert result["path"].endswith(f"checkpoint-{held_step(fault)}")
+    lag = 1 if guard_device == "always" else 0
+    saved = _hf_weights(run.last_checkpoint.path)
+    result = assert_braked_cleanly(run, model, fault, after_step, saved, lag=lag)
+    assert result["path"].endswith(f"checkpoint-{held_step(fault, lag)}")
     assert result["reason"] == "brake"

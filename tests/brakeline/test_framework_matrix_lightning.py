@@ -26,6 +26,9 @@ VARIANTS = {
     "manual": {"manual": True},
     "accumulate-2": {"accumulate_grad_batches": 2},
     "bf16-mixed": {"precision": "bf16-mixed"},
+    # The guard's device path (what runs on an accelerator), forced on the CPU.
+    "automatic-device-path": {"guard_device": "always"},
+    "manual-device-path": {"manual": True, "guard_device": "always"},
 }
 
 
@@ -68,6 +71,7 @@ class Record(pl.Callback):
 def fit(run, console, model, tmp_path, variant, **trainer_options):
     options = dict(VARIANTS[variant])
     manual = options.pop("manual", False)
+    options.pop("guard_device", None)
     x, y = dataset()
     after_step = {0: weights(model)}
     trainer = pl.Trainer(
@@ -95,12 +99,14 @@ def checkpoint_weights(path) -> list[torch.Tensor]:
 @pytest.mark.parametrize("fault", FAULTS)
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_lightning(make_run, transport, tmp_path, variant, fault):
-    run = make_run(guard_hold_seconds=60.0)
+    guard_device = VARIANTS[variant].get("guard_device", "auto")
+    run = make_run(guard_hold_seconds=60.0, guard_device=guard_device)
     console = Console(transport, fault)
     model = TinyModel(fault, lambda: run.step + 1)
     trainer, after_step = fit(run, console, model, tmp_path, variant)
-    result = assert_braked_cleanly(
-        run, model, fault, after_step, checkpoint_weights(run.last_checkpoint.path)
-    )
+    saved = checkpoint_weights(run.last_checkpoint.path)
+    # The device path learns of a refused update one step later and holds after that step.
+    lag = 1 if guard_device == "always" else 0
+    result = assert_braked_cleanly(run, model, fault, after_step, saved, lag=lag)
     assert result["path"].endswith(".ckpt")
     assert trainer.global_step == result["step"]  # Lightning stopped at the held step
