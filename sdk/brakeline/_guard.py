@@ -113,6 +113,7 @@ class StepGuard:
         self._loss_flags: list[Any] = []
         self._pending: list[_Pending] = []  # device flags of past steps, read one step late
         self._wrapped: set[int] = set()
+        self._grad_counters: list[Any] = []  # NonFiniteCounters the guard counts for
         self._schedulers: list[Any] = []
         # (scheduler, its state before the skipped step, its optimizer's lrs): rewound at the
         # step boundary, so the schedule does not advance for an update that never happened.
@@ -145,6 +146,18 @@ class StepGuard:
         if getattr(scheduler, "optimizer", None) is not None and scheduler not in self._schedulers:
             self._schedulers.append(scheduler)
 
+    def counts_gradients_of(self, model: Any) -> bool:
+        """The guard can count the model's non-finite gradients for its counter: it reads its
+        flag on the host at once (every parameter in host memory, no forced device path)."""
+        if self.device_mode == "always":
+            return False
+        return all(p.device.type == "cpu" for p in model.parameters())
+
+    def count_into(self, counter: Any) -> None:
+        """Report non-finite gradient counts to ``counter`` (its hooks are not installed)."""
+        counter.watches_gradients = True
+        self._grad_counters.append(counter)
+
     def resumed_at(self, step: int) -> None:
         """A framework restored its checkpoint of ``step``: the weights hold its updates."""
         self.weights_step = step
@@ -176,6 +189,7 @@ class StepGuard:
         if self._on_device(flags):
             return self._device_step(optimizer, original, evaluations, flags, args, kwargs)
         if any(bool(flag) for flag in flags):
+            self._count_nonfinite_gradients(optimizer)
             self._skip(optimizer, step)
             return evaluations.loss if evaluations else None
         if evaluations is None:
@@ -189,6 +203,17 @@ class StepGuard:
                 return evaluations.loss
         self.weights_step = step
         return result
+
+    def _count_nonfinite_gradients(self, optimizer: Any) -> None:
+        if not self._grad_counters:
+            return
+        from brakeline.torch import count_nonfinite
+
+        total = sum(int(count_nonfinite(grad)) for grad in _gradients(optimizer))
+        import torch
+
+        for counter in self._grad_counters:
+            counter.add_gradient_count(torch.tensor(total))
 
     def _on_device(self, flags: list[Any]) -> bool:
         if self.device_mode == "always":

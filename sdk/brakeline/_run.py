@@ -80,7 +80,7 @@ def _capture(value: Any) -> Any:
     if isinstance(value, (int, float)) or not hasattr(value, "detach"):
         return value
     if getattr(value, "is_cpu", False) and value.numel() == 1:
-        return value.detach().item()
+        return value.item()  # item() needs no detach: it copies the value out
     return value.detach().clone()
 
 
@@ -286,7 +286,13 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
             for one in model if isinstance(model, (list, tuple)) else [model]:
                 if id(one) not in self._counted_models:  # watch() again must not count twice
                     self._counted_models.add(id(one))
-                    self._counters.append(NonFiniteCounter(one))
+                    # The guard scans the gradients anyway: where it reads its flag at once, it
+                    # counts for the counter, and no gradient hook scans them a second time.
+                    by_guard = bool(guarded) and self._guard.counts_gradients_of(one)
+                    counter = NonFiniteCounter(one, gradients=not by_guard)
+                    if by_guard:
+                        self._guard.count_into(counter)
+                    self._counters.append(counter)
         return self
 
     def wrap_loader(self, loader: Iterable[Any]) -> PausableLoader:
@@ -344,7 +350,9 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
             record = LogRecord(
                 step=step,
                 time=time.time(),
-                metrics={name: _capture(v) for name, v in metrics.items()},
+                metrics={
+                    name: v if type(v) is float else _capture(v) for name, v in metrics.items()
+                },
             )
             self._attach_nonfinite_counts(record)
             self.sender.submit(record)

@@ -401,3 +401,17 @@ def test_the_late_device_mode_reports_the_update_it_let_through(make_run):
     _device_loop(run, model, optimizer, scheduler, list(loader)[:4], poison_step=2)
     # "late" on the CPU: the flag lives in host memory, read at once (nothing lets it by).
     assert run._guard.skipped_updates == [2] and run._guard.poisoned_updates == []
+
+
+def test_the_guard_counts_non_finite_gradients_for_a_watched_cpu_model(make_run, transport):
+    """On the CPU the guard's own scan feeds ``nonfinite.grad``: no gradient hook scans the
+    gradients a second time each step."""
+    model, optimizer, scheduler, loader = _setup()
+    run = make_run(guard_hold_seconds=0.0)
+    run.watch(model=model, optimizer=optimizer, scheduler=scheduler)
+    counter = run._counters[0]
+    assert len(counter._handles) == 1  # the forward hook (losses) only
+    _train(run, model, optimizer, scheduler, loader, steps=3, fault="nan_grad", at=2)
+    run.flush(5.0)
+    counts = {p["step"]: p["value"] for p in transport.points() if p["name"] == "nonfinite.grad"}
+    assert counts[1] == 0 and counts[2] >= 1 and counts[3] == 0
