@@ -195,14 +195,29 @@ class StepGuard:
         if evaluations is None:
             result = original(*args, **kwargs)
         else:
-            snapshot = None if _single_evaluation(optimizer) else _Snapshot(optimizer)
+            snapshot = _Snapshot(optimizer) if _reevaluates(optimizer) else None
             result = original(evaluations, *args, **kwargs)
-            if any(bool(flag) for flag in evaluations.later_flags) and snapshot is not None:
+            if any(bool(flag) for flag in evaluations.later_flags):
+                if snapshot is None:  # not known to re-evaluate: nothing to put back
+                    self._let_through(step)
+                    return result
                 snapshot.restore()
                 self._skip(optimizer, step)
                 return evaluations.loss
         self.weights_step = step
         return result
+
+    def _let_through(self, step: int) -> None:
+        self.weights_step = step
+        _remember(self.poisoned_updates, step)
+        if self.tripped_step is None:
+            self.tripped_step = step
+        logger.error(
+            "brakeline: the optimizer evaluated its closure again at step %d and got non-finite "
+            "values: the update went through (set optimizer.brakeline_reevaluates = True to "
+            "have it put back); holding for the console",
+            step,
+        )
 
     def _count_nonfinite_gradients(self, optimizer: Any) -> None:
         if not self._grad_counters:
@@ -381,10 +396,20 @@ class _Evaluations:
         return loss
 
 
-def _single_evaluation(optimizer: Any) -> bool:
-    """torch's own optimizers (LBFGS aside) evaluate a closure once, before they update."""
-    kind = type(optimizer)
-    return kind.__module__.startswith("torch.optim") and kind.__name__ != "LBFGS"
+def _reevaluates(optimizer: Any) -> bool:
+    """Optimizers that evaluate a closure again after moving the weights (LBFGS; a
+    sharpness-aware one that says so): their step is copied first, so it can be put back.
+    Every other one evaluates once, before it updates, and copies nothing."""
+    marked = getattr(optimizer, "brakeline_reevaluates", None)
+    if marked is not None:
+        return bool(marked)
+    return isinstance(optimizer, _lbfgs())
+
+
+def _lbfgs() -> type:
+    import torch
+
+    return torch.optim.LBFGS
 
 
 class _Snapshot:

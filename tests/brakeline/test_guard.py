@@ -415,3 +415,36 @@ def test_the_guard_counts_non_finite_gradients_for_a_watched_cpu_model(make_run,
     run.flush(5.0)
     counts = {p["step"]: p["value"] for p in transport.points() if p["name"] == "nonfinite.grad"}
     assert counts[1] == 0 and counts[2] >= 1 and counts[3] == 0
+
+
+def test_an_optimizer_marked_as_re_evaluating_is_put_back_else_reported(make_run):
+    """A sharpness-aware step: it moves the weights, evaluates the closure again, updates."""
+
+    class SharpnessAware(torch.optim.SGD):
+        def step(self, closure):
+            closure()
+            with torch.no_grad():
+                for group in self.param_groups:
+                    for p in group["params"]:
+                        p.add_(0.01 * p.grad.sign())
+            closure()
+            return super().step()
+
+    for marked in (True, False):
+        model, _, _, loader = _setup()
+        optimizer = SharpnessAware(model.parameters(), lr=0.1)
+        optimizer.brakeline_reevaluates = marked
+        run = make_run(guard_hold_seconds=0.0)
+        run.watch(model=model, optimizer=optimizer)
+        inputs, target = next(iter(loader))
+        closure, calls = _closure_for(model, inputs, target, optimizer, poison_call=2)
+        weights, _ = _state(model, optimizer)
+        optimizer.step(closure)
+        run.step_boundary(1)
+        after = _state(model, optimizer)[0]
+        same = all(torch.equal(a, b) for a, b in zip(weights, after, strict=True))
+        assert calls[0] == 2 and same is marked
+        guard = run._guard
+        assert (guard.skipped_updates, guard.poisoned_updates) == (
+            ([1], []) if marked else ([], [1])
+        )
