@@ -452,6 +452,7 @@ class GuardedRunMixin:
     inbox: Any
     _guard: StepGuard
     _counters: list[Any]
+    _counted_models: set[int]
 
     def guard(self, loss: Any) -> Any:
         """Refuse this step's optimizer update if ``loss`` is NaN/±Inf (call it before
@@ -461,6 +462,21 @@ class GuardedRunMixin:
         except Exception:  # the guard must never break training
             logger.exception("brakeline: run.guard failed (loss not checked)")
         return loss
+
+    def _count_nonfinite_of(self, model: Any, guarded: bool) -> None:
+        """Attach a NonFiniteCounter to ``model`` (once: watch() again must not count twice).
+        The guard scans the gradients anyway: where it reads its flag at once, it counts for
+        the counter, and no gradient hook scans them a second time."""
+        if id(model) in self._counted_models:
+            return
+        from brakeline.torch import NonFiniteCounter
+
+        self._counted_models.add(id(model))
+        by_guard = guarded and self._guard.counts_gradients_of(model)
+        counter = NonFiniteCounter(model, gradients=not by_guard)
+        if by_guard:
+            self._guard.count_into(counter)
+        self._counters.append(counter)
 
     def add_nonfinite_counter(self, counter: Any) -> None:
         """Use a counter built by hand (e.g. ``NonFiniteCounter(model, gradients=False)``)."""

@@ -281,18 +281,8 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
         if self._guard.weights_step is None and guarded:
             self._guard.weights_step = self.step
         if model is not None and count_nonfinite:
-            from brakeline.torch import NonFiniteCounter
-
             for one in model if isinstance(model, (list, tuple)) else [model]:
-                if id(one) not in self._counted_models:  # watch() again must not count twice
-                    self._counted_models.add(id(one))
-                    # The guard scans the gradients anyway: where it reads its flag at once, it
-                    # counts for the counter, and no gradient hook scans them a second time.
-                    by_guard = bool(guarded) and self._guard.counts_gradients_of(one)
-                    counter = NonFiniteCounter(one, gradients=not by_guard)
-                    if by_guard:
-                        self._guard.count_into(counter)
-                    self._counters.append(counter)
+                self._count_nonfinite_of(one, bool(guarded))
         return self
 
     def wrap_loader(self, loader: Iterable[Any]) -> PausableLoader:
