@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-FAULTS = ("nan_loss", "inf_grad", "poisoned_batch", "loss_spike")
+FAULTS = ("nan_loss", "nan_grad", "inf_grad", "poisoned_batch", "loss_spike")
 FAULT_AT = 5
 SPIKE = 1.0e4
 
@@ -33,14 +33,14 @@ class TinyModel(torch.nn.Module):
         self.fault = fault
         self.current_step = current_step  # () -> the step being computed
         self.steps_seen: list[int] = []
-        if fault == "inf_grad":
+        if fault in ("nan_grad", "inf_grad"):
             self.net[0].weight.register_hook(self._poison_gradient)
 
     def _poison_gradient(self, gradient: torch.Tensor) -> torch.Tensor:
         if self.current_step() != FAULT_AT:
             return gradient
         gradient = gradient.clone()
-        gradient[0, 0] = math.inf
+        gradient[0, 0] = math.nan if self.fault == "nan_grad" else math.inf
         return gradient
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
