@@ -222,13 +222,13 @@ class StepGuard:
     def _count_nonfinite_gradients(self, optimizer: Any) -> None:
         if not self._grad_counters:
             return
-        from brakeline.torch import count_nonfinite
-
-        total = sum(int(count_nonfinite(grad)) for grad in _gradients(optimizer))
         import torch
 
+        from brakeline.torch import count_nonfinite
+
+        total = torch.tensor(sum(int(count_nonfinite(grad)) for grad in _gradients(optimizer)))
         for counter in self._grad_counters:
-            counter.add_gradient_count(torch.tensor(total))
+            counter.add_gradient_count(total)
 
     def _on_device(self, flags: list[Any]) -> bool:
         if self.device_mode == "always":
@@ -251,7 +251,7 @@ class StepGuard:
         pending = _Pending(step, self.weights_step, self._scheduler_states(optimizer))
         if self.device_mode == "late":
             result = original(*call_args, **kwargs)
-        elif takes_found_inf(optimizer) and evaluations is None:
+        elif takes_found_inf(optimizer) and not _reevaluates(optimizer):
             result = fused_step(optimizer, original, flag, call_args, kwargs)
         else:
             mask = DeviceMask(optimizer, device)

@@ -29,14 +29,17 @@ VARIANTS = {
     # The guard's device path (what runs on an accelerator), forced on the CPU.
     "automatic-device-path": {"guard_device": "always"},
     "manual-device-path": {"manual": True, "guard_device": "always"},
+    # A fused optimizer takes the flag as its found_inf (no masking copies).
+    "automatic-device-path-fused": {"fused": True, "guard_device": "always"},
 }
 
 
 class Module(pl.LightningModule):
-    def __init__(self, model: TinyModel, manual: bool = False) -> None:
+    def __init__(self, model: TinyModel, manual: bool = False, fused: bool = False) -> None:
         super().__init__()
         self.model = model
         self.automatic_optimization = not manual
+        self.fused = fused
 
     def training_step(self, batch, batch_idx):
         inputs, targets = batch
@@ -49,7 +52,7 @@ class Module(pl.LightningModule):
         return loss
 
     def configure_optimizers(self):
-        optimizer = torch.optim.AdamW(self.parameters(), lr=0.01)
+        optimizer = torch.optim.AdamW(self.parameters(), lr=0.01, fused=self.fused)
         scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
         return {"optimizer": optimizer, "lr_scheduler": scheduler}
 
@@ -71,6 +74,7 @@ class Record(pl.Callback):
 def fit(run, console, model, tmp_path, variant, **trainer_options):
     options = dict(VARIANTS[variant])
     manual = options.pop("manual", False)
+    fused = options.pop("fused", False)
     options.pop("guard_device", None)
     x, y = dataset()
     after_step = {0: weights(model)}
@@ -87,7 +91,7 @@ def fit(run, console, model, tmp_path, variant, **trainer_options):
         **trainer_options,
     )
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
-    trainer.fit(Module(model, manual=manual), loader)
+    trainer.fit(Module(model, manual=manual, fused=fused), loader)
     return trainer, after_step
 
 

@@ -448,3 +448,27 @@ def test_an_optimizer_marked_as_re_evaluating_is_put_back_else_reported(make_run
         assert (guard.skipped_updates, guard.poisoned_updates) == (
             ([1], []) if marked else ([], [1])
         )
+
+
+def test_a_fused_optimizer_stepped_with_a_closure_takes_the_flag_as_found_inf(
+    make_run, monkeypatch
+):
+    """The device path with a closure (Lightning's) and a fused optimizer: no mask copies."""
+    from brakeline import _guard_device
+
+    model, _, _, loader = _setup()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01, fused=True)
+    run = make_run(guard_hold_seconds=0.0, guard_device="always")
+    run.watch(model=model, optimizer=optimizer)
+    masks = []
+    original = _guard_device.DeviceMask.__init__
+    monkeypatch.setattr(
+        _guard_device.DeviceMask, "__init__", lambda self, *a: masks.append(a) or original(self, *a)
+    )
+    inputs, target = next(iter(loader))
+    weights, _ = _state(model, optimizer)
+    optimizer.step(_closure_for(model, inputs, target, optimizer, poison_call=1)[0])
+    assert masks == []
+    assert all(torch.equal(a, b) for a, b in zip(weights, _state(model, optimizer)[0], strict=True))
+    run.checkpoint()  # reads the pending flag
+    assert run._guard.skipped_updates == [1]
