@@ -159,8 +159,10 @@ class StepGuard:
         self._grad_counters.append(counter)
 
     def resumed_at(self, step: int) -> None:
-        """A framework restored its checkpoint of ``step``: the weights hold its updates."""
-        self.weights_step = step
+        """A framework restored its checkpoint of ``step``: the weights hold its updates (as
+        far as a guard that watches the optimizers can say; otherwise nothing is claimed)."""
+        if self.enabled and self._wrapped:
+            self.weights_step = step
 
     # -- the check -------------------------------------------------------------------------------
     def guard_loss(self, loss: Any) -> None:

@@ -71,7 +71,7 @@ class Record(pl.Callback):
         self.after_step[trainer.global_step] = weights(pl_module.model)
 
 
-def fit(run, console, model, tmp_path, variant, **trainer_options):
+def fit(run, console, model, tmp_path, variant, callbacks_after=(), **trainer_options):
     options = dict(VARIANTS[variant])
     manual = options.pop("manual", False)
     fused = options.pop("fused", False)
@@ -86,7 +86,7 @@ def fit(run, console, model, tmp_path, variant, **trainer_options):
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=str(tmp_path),
-        callbacks=[Record(run, console, after_step), BrakelineCallback(run)],
+        callbacks=[Record(run, console, after_step), BrakelineCallback(run), *callbacks_after],
         **options,
         **trainer_options,
     )
@@ -114,3 +114,21 @@ def test_lightning(make_run, transport, tmp_path, variant, fault):
     result = assert_braked_cleanly(run, model, fault, after_step, saved, lag=lag)
     assert result["path"].endswith(".ckpt")
     assert trainer.global_step == result["step"]  # Lightning stopped at the held step
+
+
+def test_without_the_guard_a_lightning_checkpoint_claims_no_weights_step(
+    make_run, transport, tmp_path
+):
+    """Nothing watched the updates: the console must not be told they are clean."""
+    run = make_run(guard=False, guard_hold_seconds=60.0)
+    model = TinyModel(None, lambda: run.step + 1)
+
+    class BrakeAt(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if trainer.global_step + 1 == FAULT_AT:
+                run.inbox.offer({"id": 1, "kind": "checkpoint_and_pause"})
+                run.inbox.offer({"id": 2, "kind": "terminate"})
+
+    fit(run, Console(transport, "none"), model, tmp_path, "automatic", callbacks_after=[BrakeAt()])
+    result = next(a for a in run.acknowledgements if a["id"] == 1)["result"]
+    assert result["step"] == FAULT_AT and "weights_step" not in result
