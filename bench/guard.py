@@ -11,6 +11,7 @@ which updates the saved weights hold (``weights_step``):
 
 The same is run with the guard off, as the baseline of this run. Then a clean run with the
 guard and one without are compared loss by loss (bit for bit). Prints medians and counts.
+``--framework lightning`` trains through a real Lightning ``Trainer.fit`` instead of a loop.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def train(url: str | None, token: str | None, work: Path, *args: object) -> subp
 
 
 def braked_once(
-    url: str, scratch: Path, fault: str, at: int, guard: bool
+    url: str, scratch: Path, fault: str, at: int, guard: bool, framework: str
 ) -> tuple[int, int, float]:
     from breakers.control.commands import issue_command
     from breakers.models import Command
@@ -50,7 +51,7 @@ def braked_once(
 
     created = create_job("bench", f"guard-{fault}-{time.time_ns()}")
     job_id = created.job.pk
-    flags = [] if guard else ["--no-guard"]
+    flags = ["--framework", framework] + ([] if guard else ["--no-guard"])
     process = train(
         url, created.raw_token, scratch / f"{job_id}", "--fault", fault, "--at", at, *flags
     )
@@ -73,10 +74,11 @@ def braked_once(
     return max(0, holds - (at - 1)), held - at, seconds
 
 
-def clean_runs_agree(scratch: Path) -> bool:
+def clean_runs_agree(scratch: Path, framework: str) -> bool:
     runs = []
     for name, flags in (("clean-guarded", []), ("clean-unguarded", ["--no-guard"])):
         work = scratch / name
+        flags = [*flags, "--framework", framework]
         train(None, None, work, "--step-seconds", 0, *flags).wait(timeout=300)
         runs.append((work / "losses.txt").read_text())
     return runs[0] == runs[1] and len(runs[0].splitlines()) == 200
@@ -85,6 +87,7 @@ def clean_runs_agree(scratch: Path) -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tries", type=int, default=4, help="per fault and mode")
+    parser.add_argument("--framework", choices=("loop", "lightning"), default="loop")
     args = parser.parse_args()
     set_up_django()
     rng = random.Random(14)
@@ -98,12 +101,16 @@ def main() -> None:
                 for guard in (True, False):
                     for _ in range(args.tries):
                         at = rng.randint(40, 120)
-                        rows.append((fault, guard, *braked_once(url, scratch, fault, at, guard)))
+                        braked = braked_once(url, scratch, fault, at, guard, args.framework)
+                        rows.append((fault, guard, *braked))
         finally:
             worker.terminate()
             worker.wait(timeout=20)
-        agree = clean_runs_agree(scratch)
-    print(f"Step guard, {args.tries} randomised steps per fault (CPU, real console):")
+        agree = clean_runs_agree(scratch, args.framework)
+    print(
+        f"Step guard, {args.framework}, {args.tries} randomised steps per fault "
+        "(CPU, real console):"
+    )
     print(
         f"{'fault':<16}{'guard':<7}{'poisoned updates':>18}{'steps past':>12}{'ack s (median)':>16}"
     )

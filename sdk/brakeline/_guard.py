@@ -9,11 +9,20 @@ boundary that follows, the run flushes the offending point to the console at onc
 until the console's rules answer (usually ``checkpoint_and_pause``, which then saves this last
 good state) or ``guard_hold_seconds`` pass.
 
+A closure passed to ``step`` (Lightning's automatic and manual optimisation pass one) is called
+by the guard first, so the gradients it computes and the loss it returns are checked before the
+optimizer may update; the optimizer's own first call gets that evaluation back. Optimizers that
+evaluate again (LBFGS) have every later evaluation checked too, and are put back as they were
+when one is not finite.
+
 On the CPU the check reads its flag at once: the tensors are already in host memory. On an
-accelerator, reading the flag in the same step would force a device synchronisation every step,
-so the flag is copied to host memory without blocking and read at the next step: the guard is
-then at most one step late, and reports the update it could not stop (``poisoned_updates``), so
-the console marks checkpoints taken after it as "after the anomaly".
+accelerator, reading the flag in the same step would stall the host every step, so the update
+is refused on the device instead (brakeline._guard_device: ``found_inf`` for fused optimizers,
+a masked update for the others) and the flag is read on the host one step later, for the
+report and the hold only: that next update is refused too, and the run holds after it.
+``guard_device="always"`` takes the device path on the CPU as well (the suite proves it there);
+``guard_device="late"`` keeps the old behaviour, which lets one update through
+(``poisoned_updates``) but copies nothing.
 
 Thread-safety: everything here runs in the training thread (optimizer.step, scheduler.step,
 step_boundary); nothing is shared with the background threads.
@@ -31,10 +40,20 @@ from collections.abc import Callable
 from typing import Any
 
 from brakeline._encoding import LogRecord
+from brakeline._guard_device import (
+    DeviceMask,
+    HostFlag,
+    HostState,
+    any_flag,
+    fused_step,
+    primary_device,
+    takes_found_inf,
+)
 
 logger = logging.getLogger("brakeline")
 
 MAX_RECORDED_STEPS = 100
+DEVICE_MODES = ("auto", "always", "late")
 # How long a held rank waits for the console to take its "holding" heartbeat before it sends
 # the offending point: bounded, since an older console refuses the status (the brake is then
 # applied a margin of steps later, as before).
@@ -78,17 +97,23 @@ def _nonfinite_flag(tensors: list[Any]) -> list[Any]:
 class StepGuard:
     """Skips optimizer (and scheduler) steps whose inputs are not finite; see the module doc."""
 
-    def __init__(self, current_step: Callable[[], int]) -> None:
+    def __init__(self, current_step: Callable[[], int], device_mode: str = "auto") -> None:
         self._current_step = current_step  # the step being computed: run.step + 1
         self.enabled = True
+        # "auto": the device path where a flag lives on an accelerator; "always": also on the
+        # CPU (the same code path, so CPU tests prove it); "late": report only, no copies.
+        if device_mode not in DEVICE_MODES:
+            raise ValueError(f"guard_device must be one of {DEVICE_MODES}, not {device_mode!r}")
+        self.device_mode = device_mode
         # The step whose update was skipped and not yet handed to the console (a hold).
         self.tripped_step: int | None = None
         self.skipped_updates: list[int] = []  # steps whose update never reached the weights
-        self.poisoned_updates: list[int] = []  # accelerators: updates the lagging flag let by
+        self.poisoned_updates: list[int] = []  # "late" mode: updates the lagging flag let by
         self.weights_step: int | None = None  # the last step whose update was applied
         self._loss_flags: list[Any] = []
-        self._deferred: list[tuple[int, Any]] = []  # (step, host flag) read one step late
+        self._pending: list[_Pending] = []  # device flags of past steps, read one step late
         self._wrapped: set[int] = set()
+        self._grad_counters: list[Any] = []  # NonFiniteCounters the guard counts for
         self._schedulers: list[Any] = []
         # (scheduler, its state before the skipped step, its optimizer's lrs): rewound at the
         # step boundary, so the schedule does not advance for an update that never happened.
@@ -105,13 +130,12 @@ class StepGuard:
         # wraps: keeps what an LR scheduler marked on the step it wrapped (no false warning).
         @functools.wraps(original)
         def guarded_step(opt: Any, *args: Any, **kwargs: Any) -> Any:
-            if not guard.enabled or args or "closure" in kwargs:
-                return original(*args, **kwargs)  # a closure computes its grads inside step
-            if guard._must_skip(opt):
-                return None
-            result = original(*args, **kwargs)
-            guard.weights_step = guard._current_step()
-            return result
+            if not guard.enabled:
+                return original(*args, **kwargs)
+            closure = kwargs.pop("closure", None) if "closure" in kwargs else None
+            if closure is None and args and callable(args[0]):
+                closure, args = args[0], args[1:]
+            return guard.step(opt, original, closure, args, kwargs)
 
         # A bound method, like the original: LR schedulers wrap ``step.__func__``.
         optimizer.step = types.MethodType(guarded_step, optimizer)
@@ -121,6 +145,24 @@ class StepGuard:
         # wrapper into every checkpoint. Its step after a skipped update is rewound instead.
         if getattr(scheduler, "optimizer", None) is not None and scheduler not in self._schedulers:
             self._schedulers.append(scheduler)
+
+    def counts_gradients_of(self, model: Any) -> bool:
+        """The guard can count the model's non-finite gradients for its counter: it reads its
+        flag on the host at once (every parameter in host memory, no forced device path)."""
+        if self.device_mode == "always":
+            return False
+        return all(p.device.type == "cpu" for p in model.parameters())
+
+    def count_into(self, counter: Any) -> None:
+        """Report non-finite gradient counts to ``counter`` (its hooks are not installed)."""
+        counter.watches_gradients = True
+        self._grad_counters.append(counter)
+
+    def resumed_at(self, step: int) -> None:
+        """A framework restored its checkpoint of ``step``: the weights hold its updates (as
+        far as a guard that watches the optimizers can say; otherwise nothing is claimed)."""
+        if self.enabled and self._wrapped:
+            self.weights_step = step
 
     # -- the check -------------------------------------------------------------------------------
     def guard_loss(self, loss: Any) -> None:
@@ -132,35 +174,148 @@ class StepGuard:
 
             self._loss_flags.append(torch.ones((), dtype=torch.bool))
 
-    def _must_skip(self, optimizer: Any) -> bool:
+    def step(self, optimizer: Any, original: Any, closure: Any, args: Any, kwargs: Any) -> Any:
+        """The guarded ``optimizer.step``: the closure (if any) runs first, its loss and the
+        gradients it left are checked, and only then does the optimizer update."""
         step = self._current_step()
-        self._read_deferred(step)
+        earlier_trip = self._read_pending(step)
+        evaluations = None
+        if closure is not None:
+            evaluations = _Evaluations(closure, self, optimizer)
+            evaluations.first()
         flags = _nonfinite_flag(_gradients(optimizer)) + self._loss_flags
         self._loss_flags = []
-        bad = False
-        for flag in flags:
-            if flag.device.type == "cpu":
-                bad = bad or bool(flag)
-            else:
-                # No sync: copy to host memory now, read at the next step (one step of lag).
-                host = flag.to("cpu", non_blocking=True)
-                self._deferred.append((step, host))
-        if bad:
+        if earlier_trip:  # a refused update seen only now: this one is refused with it
             self._skip(optimizer, step)
-        return bad
+            return evaluations.loss if evaluations else None
+        if self._on_device(flags):
+            return self._device_step(optimizer, original, evaluations, flags, args, kwargs)
+        if any(bool(flag) for flag in flags):
+            self._count_nonfinite_gradients(optimizer)
+            self._skip(optimizer, step)
+            return evaluations.loss if evaluations else None
+        if evaluations is None:
+            result = original(*args, **kwargs)
+        else:
+            snapshot = _Snapshot(optimizer) if _reevaluates(optimizer) else None
+            result = original(evaluations, *args, **kwargs)
+            if any(bool(flag) for flag in evaluations.later_flags):
+                if snapshot is None:  # not known to re-evaluate: nothing to put back
+                    self._let_through(step)
+                    return result
+                snapshot.restore()
+                self._skip(optimizer, step)
+                return evaluations.loss
+        self.weights_step = step
+        return result
 
-    def _read_deferred(self, step: int) -> None:
-        late = [s for s, host in self._deferred if s < step and bool(host)]
-        self._deferred = [(s, host) for s, host in self._deferred if s >= step]
-        for earlier in sorted(set(late)):
-            _remember(self.poisoned_updates, earlier)
-            if self.tripped_step is None:
-                self.tripped_step = earlier
-            logger.error(
-                "brakeline: a non-finite value reached the weights at step %d (the check on an "
-                "accelerator is read one step late); holding for the console",
-                earlier,
-            )
+    def _let_through(self, step: int) -> None:
+        self.weights_step = step
+        _remember(self.poisoned_updates, step)
+        if self.tripped_step is None:
+            self.tripped_step = step
+        logger.error(
+            "brakeline: the optimizer evaluated its closure again at step %d and got non-finite "
+            "values: the update went through (set optimizer.brakeline_reevaluates = True to "
+            "have it put back); holding for the console",
+            step,
+        )
+
+    def _count_nonfinite_gradients(self, optimizer: Any) -> None:
+        if not self._grad_counters:
+            return
+        import torch
+
+        from brakeline.torch import count_nonfinite
+
+        total = torch.tensor(sum(int(count_nonfinite(grad)) for grad in _gradients(optimizer)))
+        for counter in self._grad_counters:
+            counter.add_gradient_count(total)
+
+    def _on_device(self, flags: list[Any]) -> bool:
+        if self.device_mode == "always":
+            return bool(flags)
+        return any(flag.device.type != "cpu" for flag in flags)
+
+    def _device_step(
+        self,
+        optimizer: Any,
+        original: Any,
+        evaluations: _Evaluations | None,
+        flags: list[Any],
+        args: Any,
+        kwargs: Any,
+    ) -> Any:
+        step = self._current_step()
+        device = primary_device(optimizer) or flags[0].device
+        flag = any_flag(flags, device)
+        call_args = args if evaluations is None else (evaluations, *args)
+        pending = _Pending(step, self.weights_step, self._scheduler_states(optimizer))
+        if self.device_mode == "late":
+            result = original(*call_args, **kwargs)
+        elif takes_found_inf(optimizer) and not _reevaluates(optimizer):
+            result = fused_step(optimizer, original, flag, call_args, kwargs)
+        else:
+            mask = DeviceMask(optimizer, device)
+            result = original(*call_args, **kwargs)
+            if evaluations is not None and evaluations.later_flags:
+                flag = any_flag([flag, *evaluations.later_flags], device)
+            mask.apply(flag)
+            pending.host_state = mask.host
+        pending.flag = HostFlag(flag)
+        self._pending.append(pending)
+        # Provisional: the host learns one step later whether the device applied it.
+        self.weights_step = step
+        return result if evaluations is None else evaluations.loss
+
+    def _scheduler_states(self, optimizer: Any) -> list[tuple[Any, dict[str, Any], list[Any]]]:
+        states = []
+        for scheduler in self._schedulers:
+            if scheduler.optimizer is optimizer:
+                state = {
+                    key: list(value) if isinstance(value, list) else value
+                    for key, value in scheduler.state_dict().items()
+                }
+                states.append((scheduler, state, [g.get("lr") for g in optimizer.param_groups]))
+        return states
+
+    def _read_pending(self, step: int) -> bool:
+        """Read the device flags of earlier steps (one step old: no stall); True if one was
+        set. A refused update is settled here: host state, schedule and weights_step."""
+        earlier = [pending for pending in self._pending if pending.step < step]
+        if not earlier:
+            return False
+        self._pending = [pending for pending in self._pending if pending.step >= step]
+        tripped = False
+        for pending in earlier:
+            if not pending.flag.read():
+                continue
+            tripped = True
+            self._settle_refused(pending)
+        return tripped
+
+    def settle(self) -> None:
+        """Read every pending device flag now (a checkpoint: it must say what it holds)."""
+        self._read_pending(self._current_step() + 1)
+
+    def _settle_refused(self, pending: _Pending) -> None:
+        if self.device_mode == "late":
+            _remember(self.poisoned_updates, pending.step)
+            message = "a non-finite value reached the weights at step %d (flag read late)"
+        else:
+            if pending.host_state is not None:
+                pending.host_state.restore()
+            for scheduler, state, lrs in pending.schedulers:
+                scheduler.load_state_dict(state)
+                for group, lr in zip(scheduler.optimizer.param_groups, lrs, strict=False):
+                    group["lr"] = lr
+            _remember(self.skipped_updates, pending.step)
+            if self.weights_step is None or self.weights_step >= pending.step:
+                self.weights_step = pending.previous_weights_step
+            message = "non-finite loss or gradients at step %d: refused on the device"
+        if self.tripped_step is None:
+            self.tripped_step = pending.step
+        logger.error("brakeline: " + message + "; holding for the console", pending.step)
 
     def _skip(self, optimizer: Any, step: int) -> None:
         for scheduler in self._schedulers:
@@ -193,11 +348,89 @@ class StepGuard:
 
     def report(self) -> dict[str, Any]:
         """What a checkpoint's acknowledgement says about the weights it holds."""
+        self.settle()
         return {
             "weights_step": self.weights_step,
             "skipped_updates": list(self.skipped_updates[-10:]),
             "poisoned_updates": list(self.poisoned_updates[-10:]),
         }
+
+
+class _Pending:
+    """A device-path step whose flag the host has not read yet."""
+
+    def __init__(self, step: int, previous: int | None, schedulers: list[Any]) -> None:
+        self.step = step
+        self.previous_weights_step = previous
+        self.schedulers = schedulers
+        self.host_state: HostState | None = None
+        self.flag: Any = None
+
+
+class _Evaluations:
+    """The closure handed to the optimizer: its first call returns the evaluation the guard
+    already made (and checked) before the update; later calls (LBFGS's line search, a
+    sharpness-aware step) evaluate again, and their flags are checked after the step."""
+
+    def __init__(self, closure: Callable[[], Any], guard: StepGuard, optimizer: Any) -> None:
+        self._closure = closure
+        self._guard = guard
+        self._optimizer = optimizer
+        self._calls = 0
+        self.loss: Any = None
+        self.later_flags: list[Any] = []
+
+    def first(self) -> None:
+        import torch
+
+        with torch.enable_grad():
+            self.loss = self._closure()
+        if self.loss is not None:
+            self._guard.guard_loss(self.loss)
+
+    def __call__(self) -> Any:
+        self._calls += 1
+        if self._calls == 1:
+            return self.loss
+        loss = self._closure()
+        tensors = [] if loss is None or not hasattr(loss, "detach") else [loss.detach()]
+        self.later_flags.extend(_nonfinite_flag(tensors + _gradients(self._optimizer)))
+        return loss
+
+
+def _reevaluates(optimizer: Any) -> bool:
+    """Optimizers that evaluate a closure again after moving the weights (LBFGS; a
+    sharpness-aware one that says so): their step is copied first, so it can be put back.
+    Every other one evaluates once, before it updates, and copies nothing."""
+    marked = getattr(optimizer, "brakeline_reevaluates", None)
+    if marked is not None:
+        return bool(marked)
+    return isinstance(optimizer, _lbfgs())
+
+
+def _lbfgs() -> type:
+    import torch
+
+    return torch.optim.LBFGS
+
+
+class _Snapshot:
+    """The parameters and optimizer state before a step that may evaluate its closure again."""
+
+    def __init__(self, optimizer: Any) -> None:
+        self._optimizer = optimizer
+        self._state = copy.deepcopy(optimizer.state_dict())
+        self._params = [
+            (p, p.detach().clone()) for group in optimizer.param_groups for p in group["params"]
+        ]
+
+    def restore(self) -> None:
+        import torch
+
+        with torch.no_grad():
+            for parameter, before in self._params:
+                parameter.copy_(before)
+        self._optimizer.load_state_dict(self._state)
 
 
 def _remember(steps: list[int], step: int) -> None:
@@ -221,6 +454,7 @@ class GuardedRunMixin:
     inbox: Any
     _guard: StepGuard
     _counters: list[Any]
+    _counted_models: set[int]
 
     def guard(self, loss: Any) -> Any:
         """Refuse this step's optimizer update if ``loss`` is NaN/±Inf (call it before
@@ -230,6 +464,21 @@ class GuardedRunMixin:
         except Exception:  # the guard must never break training
             logger.exception("brakeline: run.guard failed (loss not checked)")
         return loss
+
+    def _count_nonfinite_of(self, model: Any, guarded: bool) -> None:
+        """Attach a NonFiniteCounter to ``model`` (once: watch() again must not count twice).
+        The guard scans the gradients anyway: where it reads its flag at once, it counts for
+        the counter, and no gradient hook scans them a second time."""
+        if id(model) in self._counted_models:
+            return
+        from brakeline.torch import NonFiniteCounter
+
+        self._counted_models.add(id(model))
+        by_guard = guarded and self._guard.counts_gradients_of(model)
+        counter = NonFiniteCounter(model, gradients=not by_guard)
+        if by_guard:
+            self._guard.count_into(counter)
+        self._counters.append(counter)
 
     def add_nonfinite_counter(self, counter: Any) -> None:
         """Use a counter built by hand (e.g. ``NonFiniteCounter(model, gradients=False)``)."""

@@ -70,6 +70,7 @@ class CheckpointMixin:
         result.reason = reason
         # Which updates the saved weights hold, as far as the guard of the watched optimizers
         # knows (the console marks the checkpoint clean or "after the anomaly" by it).
+        self._guard.settle()  # device flags still pending are read: the label must be true
         result.weights_step = self._guard.weights_step
         if self.settings.checkpoint_sets:  # collective: rank 0 writes the set's manifest
             found = gather_set(result, self.settings.checkpoint_dir)

@@ -80,7 +80,7 @@ def _capture(value: Any) -> Any:
     if isinstance(value, (int, float)) or not hasattr(value, "detach"):
         return value
     if getattr(value, "is_cpu", False) and value.numel() == 1:
-        return value.detach().item()
+        return value.item()  # item() needs no detach: it copies the value out
     return value.detach().clone()
 
 
@@ -122,7 +122,7 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
         # Every pause (pause_data, checkpoint_and_pause, a framework's own save) goes through it.
         self._pause = PauseController(self)
         # Keeps non-finite updates out of the weights (watched optimizers, run.guard(loss)).
-        self._guard = StepGuard(lambda: self.step + 1)
+        self._guard = StepGuard(lambda: self.step + 1, settings.guard_device)
         self._guard.enabled = settings.guard
         self._logs_with_command_waiting = 0
         # Multi-rank jobs: the ranks agree at the boundary where a process group exists.
@@ -282,12 +282,8 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
         if self._guard.weights_step is None and guarded:
             self._guard.weights_step = self.step
         if model is not None and count_nonfinite:
-            from brakeline.torch import NonFiniteCounter
-
             for one in model if isinstance(model, (list, tuple)) else [model]:
-                if id(one) not in self._counted_models:  # watch() again must not count twice
-                    self._counted_models.add(id(one))
-                    self._counters.append(NonFiniteCounter(one))
+                self._count_nonfinite_of(one, bool(guarded))
         return self
 
     def wrap_loader(self, loader: Iterable[Any]) -> PausableLoader:
@@ -345,7 +341,9 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
             record = LogRecord(
                 step=step,
                 time=time.time(),
-                metrics={name: _capture(v) for name, v in metrics.items()},
+                metrics={
+                    name: v if type(v) is float else _capture(v) for name, v in metrics.items()
+                },
             )
             self._attach_nonfinite_counts(record)
             self.sender.submit(record)

@@ -32,6 +32,7 @@ ENVIRONMENT_VARIABLES: dict[str, str] = {
     "BRAKELINE_WEBSOCKET": "use_websocket",
     "BRAKELINE_SNAPSHOTS": "send_snapshots",
     "BRAKELINE_GUARD": "guard",
+    "BRAKELINE_GUARD_DEVICE": "guard_device",
     "BRAKELINE_RANK_AGREEMENT": "rank_agreement",
     "BRAKELINE_AGREEMENT_EVERY": "agreement_every",
     "BRAKELINE_CHECKPOINT_SETS": "checkpoint_sets",
@@ -80,6 +81,10 @@ class Settings:
     # NaN/Inf, then hold at the boundary for up to guard_hold_seconds for the console's rules.
     guard: bool = True
     guard_hold_seconds: float = 30.0
+    # Where the guard refuses an update whose flag lives on an accelerator: "auto" on the
+    # device (no host read that step), "always" on the device path even on the CPU, "late"
+    # not at all (read a step late and reported: one update through, no copies).
+    guard_device: str = "auto"
     # A delivered command still waiting after this many run.log calls: step_boundary is not
     # being called (a warning in the training log, once per command).
     unapplied_command_logs: int = 50

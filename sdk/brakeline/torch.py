@@ -88,6 +88,10 @@ class NonFiniteCounter:
             self._losses_seen += 1
         self._add(self._loss_counts, count_nonfinite(loss.detach()))
 
+    def add_gradient_count(self, count: torch.Tensor) -> None:
+        """Add a count of non-finite gradient elements made elsewhere (the step guard)."""
+        self._add(self._grad_counts, count)
+
     def count_gradients(self, model: torch.nn.Module) -> None:
         """Count the current ``.grad`` of every parameter (an alternative to the hooks)."""
         for parameter in model.parameters():

@@ -4,6 +4,8 @@ transport stands in for the network)."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -253,3 +255,220 @@ def test_a_command_left_unapplied_while_metrics_flow_is_said_loudly(make_run, ca
     for step in range(1, 10):
         run.log({"loss": 1.0}, step=step)  # no step_boundary: the loop forgot it
     assert "is run.step_boundary(step) called" in caplog.text
+
+
+# -- closures: the guard evaluates first, the optimizer updates after --------------------------
+def _closure_for(model, inputs, target, optimizer, poison_call=None):
+    calls = [0]
+
+    def closure():
+        calls[0] += 1
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(inputs), target)
+        if calls[0] == poison_call:
+            loss = loss * float("nan")
+        loss.backward()
+        return loss
+
+    return closure, calls
+
+
+def test_a_closure_computing_nan_gradients_never_reaches_the_weights(make_run):
+    model, optimizer, _, loader = _setup()
+    run = make_run(guard_hold_seconds=0.0)
+    run.watch(model=model, optimizer=optimizer)
+    inputs, target = next(iter(loader))
+    closure, calls = _closure_for(model, inputs, target, optimizer, poison_call=1)
+    weights, _ = _state(model, optimizer)
+    loss = optimizer.step(closure)
+    assert torch.isnan(loss) and calls[0] == 1  # evaluated once, by the guard
+    assert all(torch.equal(a, b) for a, b in zip(weights, _state(model, optimizer)[0], strict=True))
+    assert run._guard.skipped_updates == [1] and optimizer.state_dict()["state"] == {}
+
+
+@pytest.mark.parametrize("poison_call", [None, 1, 3], ids=["clean", "first", "line-search"])
+def test_lbfgs_evaluating_its_closure_again_is_checked_at_every_evaluation(make_run, poison_call):
+    """LBFGS calls the closure several times per step (its line search moves the weights in
+    between): a clean step is bit-identical to an unguarded one; a NaN in any evaluation
+    leaves weights and optimizer state as they were."""
+
+    def lbfgs_steps(run, poison_at_step):
+        model, _, _, loader = _setup()
+        optimizer = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
+        if run is not None:
+            run.watch(model=model, optimizer=optimizer)
+        inputs, target = next(iter(loader))
+        losses, before = [], None
+        for step in (1, 2, 3):
+            poison = poison_call if step == poison_at_step else None
+            closure, calls = _closure_for(model, inputs, target, optimizer, poison)
+            before = ((_state(model, optimizer)[0], copy.deepcopy(optimizer.state_dict())), calls)
+            losses.append(float(optimizer.step(closure)))
+            if run is not None:
+                run.step_boundary(step)
+        return model, optimizer, losses, before
+
+    _, _, expected, _ = lbfgs_steps(None, None)
+    run = make_run(guard_hold_seconds=0.0)
+    model, optimizer, losses, ((weights, state), calls) = lbfgs_steps(run, 3 if poison_call else 0)
+    if poison_call is None:
+        assert losses == expected and run._guard.skipped_updates == []
+        return
+    assert calls[0] >= poison_call  # the poisoned evaluation did happen
+    assert run._guard.skipped_updates == [3] and run._guard.weights_step == 2
+    assert all(torch.equal(a, b) for a, b in zip(weights, _state(model, optimizer)[0], strict=True))
+    assert repr(optimizer.state_dict()["state"]) == repr(state["state"])
+
+
+# -- the device path (guard_device="always": the accelerators' code path, on the CPU) ----------
+OPTIMIZERS = {
+    "adamw-masked": lambda p: torch.optim.AdamW(p, lr=0.01),
+    "adamw-fused": lambda p: torch.optim.AdamW(p, lr=0.01, fused=True),
+    "sgd-momentum-masked": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
+    "sgd-momentum-fused": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, fused=True),
+}
+
+
+def _device_loop(run, model, optimizer, scheduler, batches, poison_step=None, skip=()):
+    """Trains on ``batches`` (step n: batches[n - 1]); steps in ``skip`` are not trained on."""
+    losses, seen = {}, {}
+    for step, (inputs, target) in enumerate(batches, start=1):
+        if step in skip:
+            continue
+        loss = torch.nn.functional.mse_loss(model(inputs), target)
+        if step == poison_step:
+            loss = loss * float("nan")
+        if run is not None:
+            run.guard(loss)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        losses[step] = loss.item()
+        if run is not None:
+            seen[step] = (list(run._guard.skipped_updates), _state(model, optimizer)[0])
+            run.step_boundary(step)
+    return losses, seen
+
+
+@pytest.mark.parametrize("make_optimizer", OPTIMIZERS.values(), ids=list(OPTIMIZERS))
+def test_the_device_path_refuses_the_update_before_the_host_reads_the_flag(
+    make_run, make_optimizer
+):
+    """Step 5's NaN never reaches the weights although the host learns of it only while step 6
+    is computed (it then refuses step 6's update too): from step 7 on, the run is bit for bit
+    a run that never trained on batches 5 and 6 (weights, moments, step counts, schedule)."""
+    batches = list(_setup()[3])[:10]
+
+    def build():
+        model, *_ = _setup()
+        optimizer = make_optimizer(model.parameters())
+        return model, optimizer, torch.optim.lr_scheduler.StepLR(optimizer, 3, gamma=0.5)
+
+    model, optimizer, scheduler = build()
+    expected, _ = _device_loop(None, model, optimizer, scheduler, batches, skip=(5, 6))
+    model, optimizer, scheduler = build()
+    run = make_run(guard_hold_seconds=0.0, guard_device="always")
+    run.watch(model=model, optimizer=optimizer, scheduler=scheduler)
+    losses, seen = _device_loop(run, model, optimizer, scheduler, batches, poison_step=5)
+    skipped_after_5, weights_after_5 = seen[5]
+    assert skipped_after_5 == []  # the host did not read the flag in the step that set it ...
+    assert all(torch.equal(a, b) for a, b in zip(seen[4][1], weights_after_5, strict=True))
+    assert seen[6][0] == [5, 6]  # ... but one step later, before step 6's update
+    assert run._guard.poisoned_updates == []
+    assert {s: v for s, v in losses.items() if s >= 7} == {
+        s: v for s, v in expected.items() if s >= 7
+    }
+
+
+def test_a_checkpoint_reads_the_pending_device_flag_for_its_label(make_run, tmp_path):
+    model, optimizer, scheduler, loader = _setup()
+    run = make_run(guard_hold_seconds=0.0, guard_device="always", checkpoint_dir=str(tmp_path))
+    run.watch(model=model, optimizer=optimizer, scheduler=scheduler)
+    _device_loop(run, model, optimizer, scheduler, list(loader)[:3], poison_step=3)
+    assert run._guard.skipped_updates == []  # not read yet: step 4 has not begun
+    saved = run.checkpoint()
+    assert saved.step == 3 and saved.weights_step == 2
+    assert run._guard.skipped_updates == [3]
+
+
+def test_the_late_device_mode_reports_the_update_it_let_through(make_run):
+    model, optimizer, scheduler, loader = _setup()
+    run = make_run(guard_hold_seconds=0.0, guard_device="late")
+    with pytest.raises(ValueError, match="guard_device"):
+        make_run(guard_device="sometimes")
+    run.watch(model=model, optimizer=optimizer, scheduler=scheduler)
+    _device_loop(run, model, optimizer, scheduler, list(loader)[:4], poison_step=2)
+    # "late" on the CPU: the flag lives in host memory, read at once (nothing lets it by).
+    assert run._guard.skipped_updates == [2] and run._guard.poisoned_updates == []
+
+
+def test_the_guard_counts_non_finite_gradients_for_a_watched_cpu_model(make_run, transport):
+    """On the CPU the guard's own scan feeds ``nonfinite.grad``: no gradient hook scans the
+    gradients a second time each step."""
+    model, optimizer, scheduler, loader = _setup()
+    run = make_run(guard_hold_seconds=0.0)
+    run.watch(model=model, optimizer=optimizer, scheduler=scheduler)
+    counter = run._counters[0]
+    assert len(counter._handles) == 1  # the forward hook (losses) only
+    _train(run, model, optimizer, scheduler, loader, steps=3, fault="nan_grad", at=2)
+    run.flush(5.0)
+    counts = {p["step"]: p["value"] for p in transport.points() if p["name"] == "nonfinite.grad"}
+    assert counts[1] == 0 and counts[2] >= 1 and counts[3] == 0
+
+
+def test_an_optimizer_marked_as_re_evaluating_is_put_back_else_reported(make_run):
+    """A sharpness-aware step: it moves the weights, evaluates the closure again, updates."""
+
+    class SharpnessAware(torch.optim.SGD):
+        def step(self, closure):
+            closure()
+            with torch.no_grad():
+                for group in self.param_groups:
+                    for p in group["params"]:
+                        p.add_(0.01 * p.grad.sign())
+            closure()
+            return super().step()
+
+    for marked in (True, False):
+        model, _, _, loader = _setup()
+        optimizer = SharpnessAware(model.parameters(), lr=0.1)
+        optimizer.brakeline_reevaluates = marked
+        run = make_run(guard_hold_seconds=0.0)
+        run.watch(model=model, optimizer=optimizer)
+        inputs, target = next(iter(loader))
+        closure, calls = _closure_for(model, inputs, target, optimizer, poison_call=2)
+        weights, _ = _state(model, optimizer)
+        optimizer.step(closure)
+        run.step_boundary(1)
+        after = _state(model, optimizer)[0]
+        same = all(torch.equal(a, b) for a, b in zip(weights, after, strict=True))
+        assert calls[0] == 2 and same is marked
+        guard = run._guard
+        assert (guard.skipped_updates, guard.poisoned_updates) == (
+            ([1], []) if marked else ([], [1])
+        )
+
+
+def test_a_fused_optimizer_stepped_with_a_closure_takes_the_flag_as_found_inf(
+    make_run, monkeypatch
+):
+    """The device path with a closure (Lightning's) and a fused optimizer: no mask copies."""
+    from brakeline import _guard_device
+
+    model, _, _, loader = _setup()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01, fused=True)
+    run = make_run(guard_hold_seconds=0.0, guard_device="always")
+    run.watch(model=model, optimizer=optimizer)
+    masks = []
+    original = _guard_device.DeviceMask.__init__
+    monkeypatch.setattr(
+        _guard_device.DeviceMask, "__init__", lambda self, *a: masks.append(a) or original(self, *a)
+    )
+    inputs, target = next(iter(loader))
+    weights, _ = _state(model, optimizer)
+    optimizer.step(_closure_for(model, inputs, target, optimizer, poison_call=1)[0])
+    assert masks == []
+    assert all(torch.equal(a, b) for a, b in zip(weights, _state(model, optimizer)[0], strict=True))
+    run.checkpoint()  # reads the pending flag
+    assert run._guard.skipped_updates == [1]

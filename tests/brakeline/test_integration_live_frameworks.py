@@ -13,7 +13,9 @@ import math
 import time
 
 import pytest
+import torch
 
+from breakers.checkpoints import catalogue
 from breakers.control.commands import issue_command
 from breakers.models import Command, CommandKind, CommandStatus
 from breakers.storage.points import stored_points
@@ -53,12 +55,25 @@ def assert_paused_on_a_verified_checkpoint(job_id: int, training) -> dict:
     return result
 
 
+def assert_listed_clean(job_id: int, result: dict) -> dict:
+    """The guard refused the NaN step's update: the brake's checkpoint holds the updates up to
+    the step before, and the console lists it so (clean, the one a roll back offers first)."""
+    assert result["step"] == NAN_AT and result["weights_step"] == NAN_AT - 1
+    entry = next(e for e in catalogue(job_id) if e["sha256"] == result["sha256"])
+    assert entry["weights_step"] == NAN_AT - 1
+    assert entry["clean"] is True and entry["preselected"] is True
+    return entry
+
+
 def test_lightning_is_braked_then_terminated(live_console, agent, training):
     console = {"url": live_console, "token": agent.token}
     run = training.start("train_lightning.py", "lightning", "--steps", 200, *PACE, **console)
     result = assert_paused_on_a_verified_checkpoint(agent.job_id, run)
     assert result["path"].endswith(f"step-{result['step']:08d}.ckpt")
     assert run.steps_done() == result["step"]
+    assert_listed_clean(agent.job_id, result)
+    state = torch.load(result["path"], weights_only=False)["state_dict"]
+    assert all(torch.isfinite(tensor).all() for tensor in state.values())
 
     issue_command(agent.job_id, CommandKind.TERMINATE, reason="on-call: roll back instead")
     assert run.wait(timeout=60) == 75, run.tail()
@@ -73,6 +88,7 @@ def test_hugging_face_is_braked_although_its_logs_hide_the_nan(live_console, age
     run = training.start("train_hf.py", "hf", "--steps", 120, *PACE, **console)
     result = assert_paused_on_a_verified_checkpoint(agent.job_id, run)
     assert result["path"] == str(run.work_dir / "hf" / f"checkpoint-{result['step']}")
+    assert_listed_clean(agent.job_id, result)
 
     def values(name: str) -> dict[int, float]:
         return {p.step: p.value for p in stored_points(agent.job_id, name)}

@@ -41,6 +41,10 @@ class BrakelineCallback(TrainerCallback):
         **kwargs: Any,
     ) -> None:
         self.run.watch(model=model, optimizer=optimizer, scheduler=lr_scheduler)
+        # After resume_from_checkpoint: the steps go on from the restored one, whose updates
+        # the weights hold.
+        self.run.step = state.global_step
+        self.run._guard.resumed_at(state.global_step)
         self.run.on_command("checkpoint_and_pause", self._request_checkpoint_and_pause)
         self.run.set_terminate_handler(self._stop_gracefully)
 
@@ -74,26 +78,34 @@ class BrakelineCallback(TrainerCallback):
     def on_prediction_step(self, *args: Any, **kwargs: Any) -> None:
         self.run.keepalive()  # evaluation is progress, not a hang
 
-    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         folder = os.path.abspath(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
         request = self.run._pause.save_request
         if request is None:
             # Hashing the Trainer's folder happens in the snapshot thread, not here.
             self.run.send_snapshot("checkpoint", state.global_step, None, folder)
-            return
+            return control
         # The Trainer has written its folder: the pause controller hashes, confirms, releases
         # and holds, as for a checkpoint the SDK writes itself.
         self.run._pause.checkpoint_and_pause(
             request.command, state.global_step, lambda: self._hand_over(request, folder, state)
         )
+        if self.terminate_requested:  # terminated during the hold: not one more step
+            control.should_training_stop = True
+        return control
 
     def _hand_over(self, request: SaveRequest, folder: str, state: Any) -> CheckpointResult:
+        guard = self.run._guard
+        guard.settle()  # device flags still pending are read: the label must be true
         result = CheckpointResult(
             path=folder,
             bytes=size_of(folder),
             seconds=round(time.monotonic() - request.requested_at, 6),
             sha256=sha256_of(folder),
             step=state.global_step,
+            # Which updates the folder's weights hold (the console marks it clean by it).
+            weights_step=guard.weights_step if guard.enabled else None,
+            reason="brake",
         )
         self.run.last_checkpoint = result
         self.run.send_snapshot("checkpoint", state.global_step, None, result)
