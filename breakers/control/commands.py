@@ -312,7 +312,7 @@ def expire_overdue_commands(now: datetime | None = None) -> list[int]:
     """
     now = now or timezone.now()
     overdue = Command.objects.filter(
-        status__in=OPEN_COMMAND_STATUSES, deliver_by__lt=now
+        status__in=OPEN_COMMAND_STATUSES, deliver_by__lte=now
     ).values_list("pk", "kind")
     to_stop = []
     for command_id, kind in overdue:
