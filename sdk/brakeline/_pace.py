@@ -66,8 +66,7 @@ class StepPace:
         """A hold ended (pause, resume, roll back) or a save ran mid-step: warm up again, and
         the step under way is not measured."""
         self._warmup = WARMUP_STEPS
-        self._started = None
-        self._measured = True
+        self._started = None  # the step under way (if any) has no start to measure from
 
     # -- the DDP hook (autograd's thread) ---------------------------------------------------
     def bucket_ready(self, is_last: bool) -> None:
@@ -79,6 +78,10 @@ class StepPace:
             self._measured = True
             if self._started is not None:
                 self._count(self._now() - self._started)
+
+    def _timed(self, allreduce: Callable[[Any, Any], Any], state: Any, bucket: Any) -> Any:
+        self.bucket_ready(bucket.is_last())
+        return allreduce(state, bucket)
 
     def _count(self, seconds: float) -> None:
         if self._warmup > 0:
@@ -110,14 +113,13 @@ class StepPace:
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
         process_group = getattr(model, "process_group", None)
-
-        def timed_allreduce(state: Any, bucket: Any) -> Any:
-            self.bucket_ready(bucket.is_last())
-            return allreduce_hook(state, bucket)
-
         try:
-            register(process_group, timed_allreduce)
-        except RuntimeError as error:  # a communication hook is registered already
+            # A lambda: DDP checks a hook's annotations against its own classes.
+            register(
+                process_group,
+                lambda state, bucket: self._timed(allreduce_hook, state, bucket),
+            )
+        except Exception as error:  # a hook registered already: DDP takes one; training goes on
             logger.info("brakeline: gradient sync not timed (%s)", error)
             return False
         self.hooked = True

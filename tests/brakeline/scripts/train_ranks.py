@@ -35,7 +35,13 @@ def options() -> argparse.Namespace:
     parser.add_argument("--roll-back-params", type=Path, default=None)
     parser.add_argument("--hang-rank", type=int, default=-1)
     parser.add_argument("--hang-at", type=int, default=0)
+    parser.add_argument("--hang-in-work", action="store_true", help="hang before the forward")
     parser.add_argument("--step-seconds", type=float, default=0.0)
+    # Each rank's own work before its forward pass (a stand-in for compute: the ranks' gradient
+    # all-reduce then waits for the slowest), and more of it on one rank.
+    parser.add_argument("--work-seconds", type=float, default=0.0)
+    parser.add_argument("--more-work-rank", type=int, default=-1)
+    parser.add_argument("--more-work-seconds", type=float, default=0.0)
     parser.add_argument("--losses-suffix", default="")
     parser.add_argument("--dcp", action="store_true", help="torch.distributed.checkpoint saves")
     return parser.parse_args()
@@ -64,6 +70,14 @@ def dcp_saver(run, model, optimizer, loader, resume: bool) -> None:
                        optim_state_dict=loaded["optimizer"])  # fmt: skip
         loader.load_state_dict(torch.load(loaded["data"], weights_only=True))
         run.step = found.step
+
+
+def own_work(opts: argparse.Namespace, rank: int, step: int) -> None:
+    time.sleep(opts.work_seconds + (opts.more_work_seconds if rank == opts.more_work_rank else 0))
+    while opts.hang_in_work and rank == opts.hang_rank and step == opts.hang_at:
+        # Hung inside the step's work: the other ranks pass the same boundary, then block in
+        # this step's gradient all-reduce, which this rank never enters.
+        time.sleep(1)
 
 
 def main() -> None:
@@ -105,6 +119,7 @@ def main() -> None:
     while run.step < opts.steps:
         for batch, target in loader:
             step = run.step + 1
+            own_work(opts, rank, step)
             loss = torch.nn.functional.mse_loss(model(batch), target)
             optimizer.zero_grad()
             loss.backward()  # the gradients' all_reduce: ranks move in lockstep
@@ -113,7 +128,7 @@ def main() -> None:
             losses.write(f"{step} {loss.item().hex()}\n")
             if step in opts.checkpoint_at:
                 run.checkpoint(step)  # collective: rank 0 writes the set's manifest
-            while rank == opts.hang_rank and step == opts.hang_at:
+            while not opts.hang_in_work and rank == opts.hang_rank and step == opts.hang_at:
                 # Hung before its boundary: no more progress nor heartbeats, while the other
                 # ranks pass this step's boundary and block in the next step's all_reduce.
                 time.sleep(1)
