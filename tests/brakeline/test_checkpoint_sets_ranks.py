@@ -105,3 +105,34 @@ def test_a_set_of_torch_distributed_checkpoint_shards_resumes_bit_for_bit(tmp_pa
     assert resumed.wait() == 0, resumed.tail()
     for rank in (0, 1):
         assert resumed.losses(rank) == reference.losses(rank)[8:], f"rank {rank}"
+
+
+def test_on_three_ranks_roll_back_in_place_is_exact_and_a_new_process_is_without_rebuilt_buckets(
+    tmp_path,
+):
+    """What docs/sdk.md guarantees beyond two ranks. DDP rebuilds its gradient buckets once,
+    after its first step, in the order the gradients became ready; with three ranks or more the
+    all-reduce sums each element in an order that depends on its place in the bucket, so a new
+    process (whose first step uses the initial layout) may differ from the uninterrupted run by
+    a float32 ULP. In place, the same DDP keeps its buckets: exact. A DDP that never rebuilds
+    them (find_unused_parameters=True here) resumes exactly in a new process too."""
+    roll_back = ("--roll-back-at", "12", "--roll-back-to", "8")
+    rolled = torchrun(
+        tmp_path / "rolled", "--steps", "16", "--checkpoint-at", "8", *roll_back, ranks=3
+    )
+    assert rolled.wait() == 0, rolled.tail()
+    for rank in range(3):
+        losses = rolled.losses(rank)
+        assert [s for s, _ in losses] == [*range(1, 13), *range(9, 17)]
+        assert losses[12:16] == losses[8:12], f"rank {rank} rolled back in place"
+
+    no_rebuild = ("--ddp-option", "find_unused_parameters=true")
+    reference = torchrun(
+        tmp_path / "reference", "--steps", "16", "--checkpoint-at", "8", *no_rebuild, ranks=3
+    )
+    assert reference.wait() == 0, reference.tail()
+    shutil.copytree(reference.work / "checkpoints", tmp_path / "resumed" / "checkpoints")
+    resumed = torchrun(tmp_path / "resumed", "--steps", "16", "--resume", *no_rebuild, ranks=3)
+    assert resumed.wait() == 0, resumed.tail()
+    for rank in range(3):
+        assert resumed.losses(rank) == reference.losses(rank)[8:], f"rank {rank} resumed"

@@ -33,6 +33,7 @@ def options() -> argparse.Namespace:
     parser.add_argument("--resume", action="store_true", help="from the latest complete set")
     parser.add_argument("--roll-back-at", type=int, default=0)
     parser.add_argument("--roll-back-params", type=Path, default=None)
+    parser.add_argument("--roll-back-to", type=int, default=0, help="this run's set of step N")
     parser.add_argument("--hang-rank", type=int, default=-1)
     parser.add_argument("--hang-at", type=int, default=0)
     parser.add_argument("--hang-in-work", action="store_true", help="hang before the forward")
@@ -44,6 +45,7 @@ def options() -> argparse.Namespace:
     parser.add_argument("--more-work-seconds", type=float, default=0.0)
     parser.add_argument("--losses-suffix", default="")
     parser.add_argument("--dcp", action="store_true", help="torch.distributed.checkpoint saves")
+    parser.add_argument("--ddp-option", action="append", default=[], help="NAME=true|false")
     return parser.parse_args()
 
 
@@ -70,6 +72,19 @@ def dcp_saver(run, model, optimizer, loader, resume: bool) -> None:
                        optim_state_dict=loaded["optimizer"])  # fmt: skip
         loader.load_state_dict(torch.load(loaded["data"], weights_only=True))
         run.step = found.step
+
+
+def roll_back_params(opts: argparse.Namespace, run) -> dict:
+    """The console's resume params (a file), or the ones it would send for this run's own
+    set of step ``--roll-back-to`` (what its catalogue holds)."""
+    if opts.roll_back_params is not None:
+        return json.loads(opts.roll_back_params.read_text())
+    manifest = brakeline.read_manifest(
+        Path(run.settings.checkpoint_dir) / f"step-{opts.roll_back_to:08d}.manifest.json"
+    )
+    rank0 = manifest.shard(0)
+    named = {"manifest": manifest.path, "manifest_sha256": manifest.sha256}
+    return {"checkpoint": rank0["path"], "sha256": rank0["sha256"], "set": named}
 
 
 def own_work(opts: argparse.Namespace, rank: int, step: int) -> None:
@@ -99,8 +114,10 @@ def main() -> None:
     with open(opts.work / "starts.txt", "a") as starts:
         starts.write(f"{rank} {restarts} {os.getpid()} trains\n")
     torch.manual_seed(1234)
+    ddp_options = {k: v == "true" for k, v in (o.split("=") for o in opts.ddp_option)}
     model = DistributedDataParallel(
-        torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+        torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)),
+        **ddp_options,
     )
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     inputs = torch.randn(512, 8, generator=torch.Generator().manual_seed(7))
@@ -132,9 +149,9 @@ def main() -> None:
                 # Hung before its boundary: no more progress nor heartbeats, while the other
                 # ranks pass this step's boundary and block in the next step's all_reduce.
                 time.sleep(1)
-            if step == opts.roll_back_at and opts.roll_back_params is not None:
+            if step == opts.roll_back_at and (opts.roll_back_params or opts.roll_back_to):
                 opts.roll_back_at = 0  # once
-                run.roll_back(json.loads(opts.roll_back_params.read_text()))
+                run.roll_back(roll_back_params(opts, run))
             else:
                 run.step_boundary(step)
             if opts.step_seconds:
