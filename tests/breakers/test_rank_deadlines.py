@@ -7,6 +7,7 @@ import pytest
 import time_machine
 from django.utils import timezone
 
+from breakers.control.commands import acknowledge_command, issue_command
 from breakers.control.heartbeats import check_heartbeats
 from breakers.control.watchdog import watchdog_tick
 from breakers.models import Command
@@ -219,3 +220,28 @@ def test_the_alerts_of_a_job_that_ended_settle_with_a_timeline_row(two_ranks, ev
         ended = "terminated" if event == "terminate" else "finished"
         assert f"the job is {ended}: none of its processes is left to watch" in row.message
     assert Incident.objects.get(job_id=agent.job_id).status == "resolved"
+
+
+def test_an_isolate_node_nobody_can_apply_fails_with_why_once_the_job_ended(two_ranks):
+    """An L4's terminate and isolate_node under torchrun (no Slurm): the ranks exit on the
+    terminate, nobody drains the node; the isolate does not linger as delivered."""
+    agent, _, _ = two_ranks
+    alert = raise_alert(agent.job_id, "L4")
+    terminate = issue_command(agent.job_id, "terminate", reason="L4", alert_id=alert.pk).command
+    isolate = issue_command(
+        agent.job_id, "isolate_node", reason="L4", params={"node": "node-1"}, alert_id=alert.pk
+    ).command
+    for rank in (0, 1):
+        acknowledge_command(
+            agent.job_id, terminate.pk, status="succeeded", result={"step": 10}, rank=rank
+        )
+    assert Job.objects.get(pk=agent.job_id).status == JobStatus.TERMINATED
+    watchdog_tick(lambda command_id: None)
+    isolate.refresh_from_db()
+    assert isolate.status == "failed"
+    assert isolate.error == (
+        "the job is terminated: no process is left to apply it; outside Slurm nothing drains "
+        "node-1: take it out of service by hand"
+    )
+    row = TimelineEntry.objects.get(kind="command_acknowledged", data__command_id=isolate.pk)
+    assert "take it out of service by hand" in row.message
