@@ -46,8 +46,8 @@ class Silence:
     step_time: float | None  # the silent ranks' slowest measured step time
     ranks: tuple[JobRank, ...]
     others: int  # ranks still heartbeating
-    # The rank(s) the others wait for, when their last words tell them apart (and they are
-    # among the silent): what the alert names and what its nodes are.
+    # The rank(s) the others wait for, when their last words tell them apart: what the alert
+    # names and what its nodes are.
     hang: Hang | None = None
 
 
@@ -73,11 +73,12 @@ def silence_of(job: Job, now: datetime) -> Silence:
 
 
 def _explains(hang: Hang, silent: set[int]) -> bool:
-    """The hung ranks are silent, and every other rank is silent or said it waits in a
-    collective they never entered (a rank still making progress waits for nobody)."""
-    return all(h.rank in silent for h in hang.hung) and all(
-        w.rank in silent or w.in_next_sync for w in hang.waiting
-    )
+    """Every other rank is silent or said it waits in a collective the hung ones never
+    entered (a rank still making progress waits for nobody), and all are within a step of
+    them, as ranks in lock-step are. The hung ones may not be past their deadline yet: the
+    last word of a rank that entered a sync and then hung can be later than the others'."""
+    lowest = min(h.step for h in hang.hung)
+    return all((w.rank in silent or w.in_next_sync) and w.step <= lowest + 1 for w in hang.waiting)
 
 
 def every_rank_silent(job: Job, silence: Silence) -> bool:

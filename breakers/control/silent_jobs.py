@@ -29,9 +29,9 @@ from breakers.control.heartbeats import (
 )
 from breakers.control.timeline import active_incident
 from breakers.models import OPEN_COMMAND_STATUSES, Command
-from incidents.alerts.lifecycle import append_timeline, raise_or_update_alert
+from incidents.alerts.lifecycle import active_alert, append_timeline, raise_or_update_alert
 from incidents.jobs import HEARTBEAT_RULE_KEY
-from incidents.models import Job, JobStatus, TimelineEntry, TimelineKind
+from incidents.models import Job, JobRank, JobStatus, TimelineEntry, TimelineKind
 
 ALL_SILENT_EVENT = "all_ranks_silent"
 WATCHED = (JobStatus.RUNNING, JobStatus.PAUSING, JobStatus.PAUSED)
@@ -45,6 +45,8 @@ def stop_silent_jobs(now: datetime | None = None) -> list[int]:
     due = []
     candidates = Job.objects.filter(heartbeat_overdue_since__isnull=False, status__in=WATCHED)
     for job_id in candidates.values_list("pk", flat=True):
+        if JobRank.objects.filter(job_id=job_id, heartbeat_deadline__gte=now).exists():
+            continue  # a rank still heartbeats (one probe of the rank-deadline index)
         with transaction.atomic():
             job = Job.objects.select_for_update().get(pk=job_id)
             if job.heartbeat_overdue_since is None or job.status not in WATCHED:
@@ -96,12 +98,13 @@ def _make_brake_due(job: Job, silence: Silence, now: datetime) -> int | None:
 
 
 def _say_paused_job_holds_nothing(job: Job, silence: Silence, now: datetime) -> None:
+    alert = active_alert(job.pk, HEARTBEAT_RULE_KEY, "")
+    if (
+        alert is not None
+        and TimelineEntry.objects.filter(alert_id=alert.pk, data__event=ALL_SILENT_EVENT).exists()
+    ):
+        return  # said once for this silence
     outcome = raise_or_update_alert(job.pk, heartbeat_signal(job, now), now=now)
-    said = TimelineEntry.objects.filter(
-        alert_id=outcome.alert.pk, data__event=ALL_SILENT_EVENT
-    ).exists()
-    if said:
-        return
     _note(
         job,
         f"Every rank of the paused job ({_count(job, silence)}) is silent: its processes are "

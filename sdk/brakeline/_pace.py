@@ -24,6 +24,7 @@ reads is replaced whole (a tuple), atomic under the GIL; a sample lost to a race
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -107,15 +108,14 @@ class StepPace:
         """Time a DistributedDataParallel model's gradient sync: a communication hook that
         notes the bucket, then runs DDP's own all-reduce (its results are DDP's default ones).
         False, and nothing changes, for any other model or one with a hook of its own."""
-        register = getattr(model, "register_comm_hook", None)
-        if register is None or self.hooked:
-            return False
+        if self.hooked or not _is_ddp(model):
+            return False  # (FSDP's hooks take other arguments: not this one)
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
         process_group = getattr(model, "process_group", None)
         try:
             # A lambda: DDP checks a hook's annotations against its own classes.
-            register(
+            model.register_comm_hook(
                 process_group,
                 lambda state, bucket: self._timed(allreduce_hook, state, bucket),
             )
@@ -124,3 +124,9 @@ class StepPace:
             return False
         self.hooked = True
         return True
+
+
+def _is_ddp(model: Any) -> bool:
+    """A DistributedDataParallel (or a subclass), without importing torch for other models."""
+    parallel = sys.modules.get("torch.nn.parallel")
+    return parallel is not None and isinstance(model, parallel.DistributedDataParallel)

@@ -92,3 +92,15 @@ def test_a_hold_or_a_save_is_not_measured_and_a_hold_warms_up_again(pace):
         step(found, clock, state, work=3.0, wait=0.0)  # slow after the resume: warm-up
     step(found, clock, state, work=0.02, wait=0.0)
     assert found.heartbeat_fields()["compute_seconds"] == pytest.approx(0.02)
+
+
+def test_only_a_ddp_model_gets_the_hook(pace):
+    """FSDP (and others) have a register_comm_hook of another signature: left alone."""
+    found, _, _ = pace
+    called = []
+
+    class OtherWrapper:
+        def register_comm_hook(self, state, hook):
+            called.append(hook)
+
+    assert found.hook(OtherWrapper()) is False and called == [] and not found.hooked

@@ -245,3 +245,19 @@ def test_an_isolate_node_nobody_can_apply_fails_with_why_once_the_job_ended(two_
     )
     row = TimelineEntry.objects.get(kind="command_acknowledged", data__command_id=isolate.pk)
     assert "take it out of service by hand" in row.message
+
+
+def test_the_hung_rank_is_named_when_the_ranks_waiting_for_it_fall_silent_first(four_ranks):
+    agent, clock, beat = four_ranks
+    for rank in (0, 1, 3):  # passed step 11's boundary, then blocked in a collective there
+        beat(rank, 11, sync_step=11)
+    clock.shift(5)
+    beat(2, 10, sync_step=11)  # rank 2 entered step 11's sync later, then hung before its boundary
+    clock.shift(9.8)  # ranks 0, 1, 3 are past their deadlines; rank 2 not yet
+    (raised,) = check_heartbeats()
+    alert = Alert.objects.get(pk=raised)
+    assert alert.description.startswith(
+        "rank 2 of 4 is hung (gpu-2, pid 3002): at step 10, behind the others; "
+        "ranks 0, 1, 3 wait on it at step 11: no heartbeat for"
+    ), alert.description
+    assert alert.nodes == ["gpu-2"]
