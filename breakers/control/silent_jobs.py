@@ -1,12 +1,16 @@
-"""A job whose every rank is silent: nobody is left to acknowledge anything.
+"""A multi-rank job whose every rank is silent, stuck in a collective: nobody is left to
+acknowledge anything.
 
 The heartbeat alert's brake (``checkpoint_and_pause``) waits for an acknowledgement before the
-executor stops the job from outside (300 s by default), because a rank that is merely slow
-answers it. When every rank of the job is silent, none can: the ranks hung in a collective
-make no step boundary, the dead ones make nothing. Waiting would keep every accelerator of the
-job idle for the whole deadline. So the watchdog brings the command's deadline to now, with a
-timeline row saying why (and naming the hung rank when the ranks' last words tell it), and the
-same tick's expiry hands the job to its executor — the one path every hung job takes.
+executor stops the job from outside (300 s by default), because a job that is merely slow
+answers it. When every rank of a multi-rank job is silent and their last words show them in a
+collective hang (some wait in a collective the others never entered, or all are inside one),
+none can: a command is applied at a step boundary, and none reaches one. Waiting would keep
+every accelerator of the job idle for the whole deadline. So the watchdog brings the command's
+deadline to now, with a timeline row saying why (and naming the hung rank), and the same
+tick's expiry hands the job to its executor — the one path every hung job takes. A single
+process, or ranks that said nothing that places them in a collective, may be merely slow:
+their pause is waited for, as before.
 
 A paused job whose every rank fell silent holds nothing any more: its processes are gone (or
 hung), a resume cannot reach them. Its heartbeat alert (already calling a person) says so, and
@@ -28,7 +32,7 @@ from breakers.control.heartbeats import (
     silence_of,
 )
 from breakers.control.timeline import active_incident
-from breakers.models import OPEN_COMMAND_STATUSES, Command
+from breakers.models import OPEN_COMMAND_STATUSES, Command, CommandAck
 from incidents.alerts.lifecycle import active_alert, append_timeline, raise_or_update_alert
 from incidents.jobs import HEARTBEAT_RULE_KEY
 from incidents.models import Job, JobRank, JobStatus, TimelineEntry, TimelineKind
@@ -52,8 +56,8 @@ def stop_silent_jobs(now: datetime | None = None) -> list[int]:
             if job.heartbeat_overdue_since is None or job.status not in WATCHED:
                 continue  # a heartbeat came back meanwhile, or the job moved on
             silence = silence_of(job, now)
-            if not every_rank_silent(job, silence):
-                continue
+            if len(silence.ranks) < 2 or not every_rank_silent(job, silence):
+                continue  # one process may be merely slow: its pause is waited for
             if job.status == JobStatus.PAUSED:
                 _say_paused_job_holds_nothing(job, silence, now)
                 continue
@@ -63,7 +67,19 @@ def stop_silent_jobs(now: datetime | None = None) -> list[int]:
     return due
 
 
+def in_a_collective_hang(silence: Silence) -> bool:
+    """The ranks' last words show them stuck in a collective: some wait in one the others
+    never entered, or every one of them said it is inside the next step's sync. None of them
+    reaches a step boundary, where a command is applied, so none can acknowledge. (Ranks all
+    at one place with nothing said of a sync may be merely slow: their pause is waited for.)"""
+    if silence.hang is not None:
+        return True
+    return all(r.sync_step is not None and r.sync_step > r.step for r in silence.ranks)
+
+
 def _make_brake_due(job: Job, silence: Silence, now: datetime) -> int | None:
+    if not in_a_collective_hang(silence):
+        return None
     command = (
         Command.objects.filter(
             job_id=job.pk,
@@ -74,8 +90,8 @@ def _make_brake_due(job: Job, silence: Silence, now: datetime) -> int | None:
         .order_by("pk")
         .first()
     )
-    if command is None:
-        return None
+    if command is None or CommandAck.objects.filter(command_id=command.pk).exists():
+        return None  # a rank that answered is at a boundary: the others may follow
     moved = Command.objects.filter(
         pk=command.pk, status__in=OPEN_COMMAND_STATUSES, deliver_by__gt=now
     ).update(deliver_by=now)

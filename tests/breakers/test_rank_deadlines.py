@@ -261,3 +261,30 @@ def test_the_hung_rank_is_named_when_the_ranks_waiting_for_it_fall_silent_first(
         "ranks 0, 1, 3 wait on it at step 11: no heartbeat for"
     ), alert.description
     assert alert.nodes == ["gpu-2"]
+
+
+@pytest.mark.parametrize(
+    ("ranks", "last_words"),
+    [
+        (1, [(11, None)]),  # one process gone silent may be merely slow: its pause is waited for
+        (4, [(11, None)] * 4),  # four ranks at one place, nothing said of a sync: the same
+    ],
+)
+def test_silent_ranks_not_shown_stuck_in_a_collective_wait_for_their_pause(
+    agent, agent_post, ranks, last_words
+):
+    with time_machine.travel(timezone.now(), tick=False) as clock:
+        for step in (0, 5, 10):
+            for rank in range(ranks):
+                body = {"step": step, "status": "running", "rank": rank, "world_size": ranks}
+                assert agent_post(URL, body).status_code == 200
+            clock.shift(5)
+        for rank, (step, sync_step) in enumerate(last_words):
+            body = {"step": step, "status": "running", "rank": rank, "world_size": ranks}
+            extra = {"sync_step": sync_step} if sync_step else {}
+            assert agent_post(URL, body | extra).status_code == 200
+        clock.shift(30)
+        watchdog_tick(lambda command_id: None)
+        (command,) = Command.objects.filter(job_id=agent.job_id)
+        assert command.status in ("pending", "delivered")  # its 300 s stand
+        assert not TimelineEntry.objects.filter(data__event="all_ranks_silent").exists()
