@@ -485,6 +485,8 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "SeverityEnum": "incidents.models.Severity",
         "ReviewStatusEnum": "incidents.models.ReviewStatus",
+        "JobStatusEnum": "incidents.models.JobStatus",
+        "JobKindEnum": "incidents.models.JobKind",
     },
 }
 

@@ -19,6 +19,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from breakers.checkpoints import catalogue
+from breakers.control.confirmations import awaits_confirmation, pause_confirmation
 from breakers.control.job_actions import CONFIRMABLE, latest_pause, pause_level
 from breakers.control.job_state import ACCEPTED_IN
 from breakers.metrics import recent_points
@@ -36,7 +37,6 @@ from incidents.models import (
     Job,
     JobStatus,
     Membership,
-    PauseConfirmation,
     TimelineEntry,
     TimelineKind,
 )
@@ -199,7 +199,7 @@ def _confirm_buttons(base: str, job: Job) -> list[Button]:
 
 
 def _confirmed(pause: Command) -> bool:
-    return PauseConfirmation.objects.filter(pause_command_id=pause.pk).exists()
+    return not awaits_confirmation(pause.pk)
 
 
 def alert_buttons(role: str | None, alert: Alert) -> list[Button]:
@@ -280,6 +280,7 @@ def pause_progress(pause: Command | None) -> dict[str, Any] | None:
     if pause is None:
         return None
     result = pause.result if isinstance(pause.result, dict) else {}
+    confirmation = pause_confirmation(pause.pk)
     return {
         "id": pause.pk,
         "status": pause.status,
@@ -292,7 +293,9 @@ def pause_progress(pause: Command | None) -> dict[str, Any] | None:
         "bytes": result.get("bytes"),
         "seconds": result.get("seconds"),
         "error": pause.error,
-        "confirmed": _confirmed(pause),
+        "confirmed": confirmation is not None and not confirmation.refused,
+        # What was decided and what the job made of it (a refused roll back, with its reason).
+        "confirmation": confirmation.as_dict() if confirmation is not None else None,
         "confirmers": who_confirms(pause),
     }
 

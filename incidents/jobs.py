@@ -310,6 +310,7 @@ def record_heartbeat(
     world_size: int | None = None,
     finish_event: str = "finish",
     now: datetime | None = None,
+    pace: RankPaceReport | None = None,
 ) -> Job:
     """Store one rank's heartbeat (no rank: rank 0): its row, the job's world size, and the
     job's deadline — the earliest of its unfinished ranks'. The job-level agent fields
@@ -326,7 +327,7 @@ def record_heartbeat(
         if world_size is not None:
             job.world_size = world_size
             JobRank.objects.filter(job=job, rank__gte=world_size).delete()  # a smaller restart
-        seat, new_process = _record_rank(job, rank or 0, step, status, pid, hostname, now)
+        seat, new_process = _record_rank(job, rank or 0, step, status, pid, hostname, now, pace)
         job.last_heartbeat_at = now
         if seat.rank == 0 or not JobRank.objects.filter(job=job, rank=0).exists():
             # Rank 0's, or — until rank 0 speaks — the reporting rank's: a lone process that
@@ -403,8 +404,24 @@ def _restarted_outside(job: Job, seat: JobRank, now: datetime) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class RankPaceReport:
+    """What a heartbeat says of the rank's place in its step (either may be absent: then the
+    rank's last word stands)."""
+
+    sync_step: int | None = None
+    compute_seconds: float | None = None
+
+
 def _record_rank(
-    job: Job, rank: int, step: int, status: str, pid: int | None, hostname: str, now: datetime
+    job: Job,
+    rank: int,
+    step: int,
+    status: str,
+    pid: int | None,
+    hostname: str,
+    now: datetime,
+    pace: RankPaceReport | None = None,
 ) -> tuple[JobRank, bool]:
     """The rank's row, updated; and whether the heartbeat comes from another process than the
     rank's last one (a pid it did not have before: a restart)."""
@@ -413,6 +430,8 @@ def _record_rank(
     step_time = _measured_step_time(seat, step, now)
     if seat is None:
         seat = JobRank(job=job, rank=rank)
+    elif new_process or step < seat.step:
+        seat.sync_step = None  # another process, or a roll back: the old word is stale
     seat.step_time_seconds, seat.step, seat.status, seat.last_heartbeat_at = (
         step_time,
         step,
@@ -423,6 +442,10 @@ def _record_rank(
         _register_process(seat, pid, hostname)
     if hostname:
         seat.hostname = hostname
+    if pace is not None and pace.sync_step is not None:
+        seat.sync_step = pace.sync_step
+    if pace is not None and pace.compute_seconds is not None:
+        seat.compute_seconds = pace.compute_seconds
     finished = status == AgentStatus.FINISHED
     timeout = timedelta(seconds=heartbeat_timeout_seconds(job, step_time))
     seat.heartbeat_deadline = None if finished else now + timeout

@@ -78,11 +78,16 @@ class HeartbeatIn:
     slurm_step_id: str = ""
     # The launcher (torchrun's agent) the rank runs under (breakers.agent.launcher).
     launcher: LauncherIn | None = None
+    # Where the rank is in its step (docs/protocol.md "Heartbeats"): the latest step whose
+    # gradient sync it entered, and its own compute time per step (the wait left out).
+    sync_step: int | None = None
+    compute_seconds: float | None = None
 
 
 HEARTBEAT_KEYS = (
     "step", "status", "pid", "hostname", "rank", "world_size",
     "slurm_job_id", "slurm_nodelist", "slurm_step_id", *LAUNCHER_KEYS,
+    "sync_step", "compute_seconds",
 )  # fmt: skip
 # Slurm job ids are numbers ("123"); step ids are numbers or names ("0", "batch", "1+0").
 _SLURM_JOB_ID = re.compile(r"[0-9]{1,20}")
@@ -160,6 +165,7 @@ def _heartbeat_fields(body: dict, errors: dict[str, str]) -> HeartbeatIn:
         errors["world_size"] = f"must be above the rank ({rank or 0}): ranks count from 0"
     slurm_job_id, slurm_nodelist, slurm_step_id = _check_slurm(body, errors)
     launcher = check_launcher(body, errors)
+    sync_step, compute_seconds = _check_pace(body, errors)
     if errors:
         raise InvalidInput("The heartbeat was refused.", fields=errors)
     assert step is not None and status is not None  # or an error was written above
@@ -174,7 +180,27 @@ def _heartbeat_fields(body: dict, errors: dict[str, str]) -> HeartbeatIn:
         slurm_nodelist=slurm_nodelist,
         slurm_step_id=slurm_step_id,
         launcher=launcher,
+        sync_step=sync_step,
+        compute_seconds=compute_seconds,
     )
+
+
+MAX_COMPUTE_SECONDS = 1e6
+
+
+def _check_pace(body: dict, errors: dict[str, str]) -> tuple[int | None, float | None]:
+    """The optional ``sync_step`` (a step) and ``compute_seconds`` (finite, 0 to 10⁶)."""
+    sync_step = body.get("sync_step")
+    if sync_step is not None:
+        sync_step = check_step(sync_step, errors, "sync_step")
+    seconds = body.get("compute_seconds")
+    if seconds is None:
+        return sync_step, None
+    number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+    if not (number and 0 <= seconds <= MAX_COMPUTE_SECONDS):  # NaN fails both comparisons
+        errors["compute_seconds"] = f"must be a number of seconds from 0 to {MAX_COMPUTE_SECONDS:g}"
+        return sync_step, None
+    return sync_step, float(seconds)
 
 
 @dataclass(frozen=True, slots=True)

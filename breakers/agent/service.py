@@ -29,7 +29,7 @@ from breakers.models import Command, CommandKind, CommandStatus
 from core.errors import InvalidInput, NotFound
 from core.nonfinite import encode
 from core.realtime import job_group, publish_after_commit
-from incidents.jobs import record_heartbeat
+from incidents.jobs import RankPaceReport, record_heartbeat
 from incidents.models import Job, JobStatus
 
 
@@ -145,6 +145,7 @@ def _record_heartbeat(job_id: int, heartbeat: HeartbeatIn) -> Job:
         rank=heartbeat.rank,
         world_size=heartbeat.world_size,
         finish_event=_finish_event(job_id, heartbeat.status),
+        pace=RankPaceReport(heartbeat.sync_step, heartbeat.compute_seconds),
     )
     record_scheduler_context(job_id, heartbeat)
     record_launcher(job_id, heartbeat)  # whom the executor stops: the whole job

@@ -309,7 +309,7 @@ def expire_overdue_commands(now: datetime | None = None) -> list[int]:
     # Up to the console's last beacon: an acknowledgement it could not hear is not late.
     heard = heard_until(now or timezone.now())
     overdue = Command.objects.filter(
-        status__in=OPEN_COMMAND_STATUSES, deliver_by__lt=heard
+        status__in=OPEN_COMMAND_STATUSES, deliver_by__lte=heard
     ).values_list("pk", "kind")
     to_stop = []
     for command_id, kind in overdue:

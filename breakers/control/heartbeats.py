@@ -21,6 +21,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from breakers.control.braking import brake_for_alert
+from breakers.control.hang import Hang, RankPlace, attribute_hang
 from breakers.control.hearing import heard_until
 from breakers.detection.evaluation import report_failing_breakers
 from core.transient import TRANSIENT_ERRORS
@@ -46,6 +47,9 @@ class Silence:
     step_time: float | None  # the silent ranks' slowest measured step time
     ranks: tuple[JobRank, ...]
     others: int  # ranks still heartbeating
+    # The rank(s) the others wait for, when their last words tell them apart: what the alert
+    # names and what its nodes are.
+    hang: Hang | None = None
 
 
 def silence_of(job: Job, now: datetime) -> Silence:
@@ -57,36 +61,52 @@ def silence_of(job: Job, now: datetime) -> Silence:
         assert job.last_heartbeat_at is not None
         return Silence(job.last_heartbeat_at, job.last_heartbeat_step or 0, None, (), others)
     step_times = [r.step_time_seconds for r in silent if r.step_time_seconds]
+    unfinished = [r for r in ranks if r.heartbeat_deadline is not None]
+    hang = attribute_hang([_place(r) for r in unfinished], job.world_size)
     return Silence(
         since=min(r.last_heartbeat_at for r in silent),
         step=min(r.step for r in silent),
         step_time=max(step_times) if step_times else None,
         ranks=silent,
         others=others,
+        hang=hang if hang and _explains(hang, {r.rank for r in silent}) else None,
     )
 
 
+def _explains(hang: Hang, silent: set[int]) -> bool:
+    """Every other rank is silent or said it waits in a collective the hung ones never
+    entered (a rank still making progress waits for nobody), and all are within a step of
+    them, as ranks in lock-step are. The hung ones may not be past their deadline yet: the
+    last word of a rank that entered a sync and then hung can be later than the others'."""
+    lowest = min(h.step for h in hang.hung)
+    return all((w.rank in silent or w.in_next_sync) and w.step <= lowest + 1 for w in hang.waiting)
+
+
+def every_rank_silent(job: Job, silence: Silence) -> bool:
+    """Every rank the job runs has heartbeated and is past its deadline, none still beating."""
+    if not silence.ranks or silence.others:
+        return False
+    return len(silence.ranks) >= (job.world_size or len(silence.ranks))
+
+
+def _place(seat: JobRank) -> RankPlace:
+    return RankPlace(seat.rank, seat.step, seat.sync_step, seat.hostname, seat.pid)
+
+
 def _who(silence: Silence, job: Job) -> str:
-    """ "rank 1 (gpu-2, pid 77), ranks 0 and 2 still heartbeating", or "" for one process."""
+    """ "rank 2 of 4 is hung (…); ranks 0, 1, 3 wait on it …", else the silent ranks named
+    ("rank 1 (gpu-2, pid 77); 2 other rank(s) still heartbeating"), or "" for one process."""
     if not silence.ranks or ((job.world_size or 1) == 1 and silence.ranks[0].rank == 0):
         return ""
+    if silence.hang is not None:
+        return f"{silence.hang.describe()}: "
     named = ", ".join(
         f"rank {r.rank} ({r.hostname or 'unknown host'}{f', pid {r.pid}' if r.pid else ''})"
         for r in silence.ranks[:8]
     )
     more = f" and {len(silence.ranks) - 8} more" if len(silence.ranks) > 8 else ""
     rest = f"; {silence.others} other rank(s) still heartbeating" if silence.others else ""
-    return f"{named}{more}{rest}{_behind(silence.ranks)}: "
-
-
-def _behind(silent: tuple[JobRank, ...]) -> str:
-    """Silent ranks at different steps: in lockstep training the ones at the lowest step are
-    the likely culprits, the others blocked behind them in a collective of the next step."""
-    lowest = min(r.step for r in silent)
-    if all(r.step == lowest for r in silent):
-        return ""
-    behind = [str(r.rank) for r in silent if r.step == lowest][:8]
-    return f"; behind at step {lowest}: rank(s) {', '.join(behind)} (the others wait for them)"
+    return f"{named}{more}{rest}: "
 
 
 def heartbeat_signal(job: Job, now: datetime) -> AlertSignal:
@@ -100,6 +120,11 @@ def heartbeat_signal(job: Job, now: datetime) -> AlertSignal:
         else "the job's timeout"
     )
     paused = job.status == JobStatus.PAUSED
+    gone = (
+        "; every rank is silent: its processes are gone or hung, a resume cannot reach them"
+        if paused and every_rank_silent(job, silence) and len(silence.ranks) > 1
+        else ""
+    )
     return AlertSignal(
         rule_key=HEARTBEAT_RULE_KEY,
         rule_name="Heartbeat timeout",
@@ -110,7 +135,7 @@ def heartbeat_signal(job: Job, now: datetime) -> AlertSignal:
         value=silent,
         threshold=timeout,
         description=f"{_who(silence, job)}no heartbeat for {silent:.1f} s "
-        f"(timeout {timeout:.3g} s, {basis}){' while paused' if paused else ''}; "
+        f"(timeout {timeout:.3g} s, {basis}){' while paused' if paused else ''}{gone}; "
         f"last step {silence.step}",
         step=silence.step,
         time=now,
@@ -119,9 +144,16 @@ def heartbeat_signal(job: Job, now: datetime) -> AlertSignal:
         duration_seconds=silent,
         # A paused job is not paused again: the alert calls a person (and the executor).
         action="none" if paused else "checkpoint_and_pause",
-        nodes=tuple(dict.fromkeys(r.hostname for r in silence.ranks if r.hostname)),
+        nodes=_nodes(silence),
         runbook_hint="hung_no_logs",
     )
+
+
+def _nodes(silence: Silence) -> tuple[str, ...]:
+    """The hung ranks' hosts (what to drain), else every silent rank's."""
+    if silence.hang is not None:
+        return tuple(dict.fromkeys(h.host for h in silence.hang.hung if h.host))
+    return tuple(dict.fromkeys(r.hostname for r in silence.ranks if r.hostname))
 
 
 def overdue_jobs(now: datetime) -> list[Job]:

@@ -12,6 +12,7 @@ incident timeline's ``command_issued`` row in the same transaction. Every attemp
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 from uuid import uuid4
 
@@ -20,6 +21,7 @@ from django.utils import timezone
 
 from breakers.checkpoints import roll_back_params, roll_back_target
 from breakers.control.commands import issue_command
+from breakers.control.confirmations import pause_confirmation
 from breakers.control.timeline import active_incident
 from breakers.executors.scheduler import slurm_binding
 from breakers.executors.slurm import executor as slurm
@@ -325,7 +327,7 @@ def confirm_pause(
             if decision != PauseDecision.KEEP_PAUSED:
                 params = roll_back_params(target, skip_steps) if target is not None else {}
                 confirmation.command_id = _resume_after_confirmation(
-                    user, job, pause, params, reason
+                    user, job, pause, params, reason, confirmation.decided_at
                 ).pk
                 PauseConfirmation.objects.filter(pk=confirmation.pk).update(
                     command_id=confirmation.command_id
@@ -374,13 +376,38 @@ def _record_confirmation(
         first = PauseConfirmation.objects.select_related("decided_by").get(
             pause_command_id=pause.pk
         )
+        if _replaces_refused(first, user, decision, checkpoint, reason):
+            first.refresh_from_db()
+            return first
         raise Conflict(
             f"Pause #{pause.pk} was already confirmed by {first.decided_by}: {first.decision}."
         ) from None
 
 
+def _replaces_refused(
+    first: PauseConfirmation, user: Any, decision: str, checkpoint: str, reason: str
+) -> bool:
+    """The job refused the first confirmation's resume (its roll back's checkpoint did not
+    check out): the pause stands, and this confirmation takes its place. The first one stays
+    on the timeline and in the audit trail. A compare-and-swap on its command: of two
+    confirmations at once, one wins."""
+    outcome = pause_confirmation(first.pause_command_id)
+    if outcome is None or not outcome.refused:
+        return False
+    return bool(
+        PauseConfirmation.objects.filter(pk=first.pk, command_id=first.command_id).update(
+            decision=decision,
+            checkpoint=checkpoint,
+            reason=reason.strip(),
+            decided_by=user,
+            decided_at=timezone.now(),
+            command_id=None,
+        )
+    )
+
+
 def _resume_after_confirmation(
-    user: Any, job: Job, pause: Command, params: dict[str, Any], reason: str
+    user: Any, job: Job, pause: Command, params: dict[str, Any], reason: str, at: datetime
 ) -> Command:
     why = reason.strip() or "pause confirmed"
     if params:
@@ -392,7 +419,8 @@ def _resume_after_confirmation(
         reason=f"Pause #{pause.pk} confirmed by {user}, {why}",
         alert=pause.alert,
         params=params,
-        key=f"confirm-pause:{pause.pk}",
+        # One resume per confirmation: a confirmation replacing a refused one sends its own.
+        key=f"confirm-pause:{pause.pk}:{at.isoformat()}",
     )
 
 

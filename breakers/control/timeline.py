@@ -92,6 +92,15 @@ def record_acknowledged(command: Command) -> None:
         {"status": command.status, "result": result, "error": command.error},
     )
     if command.status != CommandStatus.SUCCEEDED:
+        if command.kind == CommandKind.RESUME and command.params.get("checkpoint"):
+            params = command.params
+            row(
+                TimelineKind.NOTE,
+                f"Roll back to step {params.get('step')} ({params['checkpoint']}) refused by "
+                f"the job: {command.error or 'no reason given'}. The job stays paused, its "
+                "pause to be confirmed again",
+                {"event": "roll_back_refused", "error": command.error, "params": params},
+            )
         return
     if command.kind == CommandKind.CHECKPOINT_AND_PAUSE:
         holds = result.get("weights_step")

@@ -1,4 +1,5 @@
-"""The straggler check of running jobs: scores from each rank's heartbeat step time, a
+"""The straggler check of running jobs: scores from each rank's own compute time (or, from
+SDKs that do not report it, its heartbeat step time), a
 performance-layer finding (recorded, in the daily digest, never a page) per slow rank naming
 its node, resolved once the rank is back within pace. Idempotent: a second check in the same
 state changes nothing (the alert's fingerprint and the history row's flag say so)."""
@@ -8,6 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from breakers.models import RankPaceHistory
@@ -23,7 +25,7 @@ def _signal(score: Score, step: int, now: datetime) -> AlertSignal:
     ratios = [r for r in (score.vs_fastest, score.vs_usual) if r is not None]
     return AlertSignal(
         rule_key=RULE_KEY, rule_name="Straggler rank", layer=Layer.PERFORMANCE,
-        severity=Severity.L1, metric="step_time", node=_node(score),
+        severity=Severity.L1, metric=f"{score.basis}_time", node=_node(score),
         value=max(ratios), threshold=SLOW, description=score.describe(), step=step,
         time=now, first_step=step, first_time=now, nodes=(score.host,) if score.host else (),
         runbook_hint="straggler slow rank",
@@ -35,21 +37,33 @@ def _node(score: Score) -> str:
     return score.host or f"rank-{score.rank}"
 
 
+def _timed(seats: list[JobRank]) -> tuple[list[JobRank], str]:
+    """The ranks to score and on what: their own compute time when the job's ranks report it
+    (under synchronous data parallelism the step interval is every rank's alike, the slowest
+    one's, and it carries a resume's pauses and warm-up); else, from SDKs that do not, the
+    step time measured between heartbeats."""
+    computed = [seat for seat in seats if seat.compute_seconds is not None]
+    if computed:
+        return computed, "compute"
+    return [seat for seat in seats if seat.step_time_seconds is not None], "step"
+
+
 def check_job(job_id: int, now: datetime | None = None) -> list[Score]:
     """Score the job's running ranks, raise or resolve their findings; the scores."""
     now = now or timezone.now()
-    seats = JobRank.objects.filter(
-        job_id=job_id, status=AgentStatus.RUNNING, step_time_seconds__isnull=False
-    )
+    seats, basis = _timed(list(JobRank.objects.filter(job_id=job_id, status=AgentStatus.RUNNING)))
     with transaction.atomic():
         history = {h.rank: h for h in RankPaceHistory.objects.select_for_update().filter(
             job_id=job_id)}  # fmt: skip
         paces = {
             seat.rank: RankPace(
-                seat.rank, seat.hostname, float(seat.step_time_seconds or 0.0),
+                seat.rank, seat.hostname,
+                float((seat.compute_seconds if basis == "compute" else seat.step_time_seconds)
+                      or 0.0),
                 history[seat.rank].usual_step_time if seat.rank in history else None,
                 history[seat.rank].samples if seat.rank in history else 0,
                 history[seat.rank].flagged if seat.rank in history else False,
+                basis,
             )
             for seat in seats
         }  # fmt: skip
@@ -77,10 +91,9 @@ def _resolve(job_id: int, score: Score) -> None:
 
 
 def check_running_jobs(now: datetime | None = None) -> dict[int, list[Score]]:
-    """Every running job with ranks that measured a step time → its scores."""
+    """Every running job with ranks that measured a step or compute time → its scores."""
+    timed = Q(ranks__step_time_seconds__isnull=False) | Q(ranks__compute_seconds__isnull=False)
     jobs = (
-        Job.objects.filter(status=JobStatus.RUNNING, ranks__step_time_seconds__isnull=False)
-        .values_list("pk", flat=True)
-        .distinct()
+        Job.objects.filter(timed, status=JobStatus.RUNNING).values_list("pk", flat=True).distinct()
     )
     return {job_id: check_job(job_id, now) for job_id in jobs}

@@ -1,6 +1,7 @@
 """Straggler scores of a job's ranks, as plain data (no framework: tested table-driven).
 
-A rank's score is its step time relative to the fastest rank's now (``vs_fastest``) and to its
+A rank's score is its time per step — its own compute time when the SDK reports it, else its
+step interval — relative to the fastest rank's now (``vs_fastest``) and to its
 own usual step time (``vs_usual``, a slow moving average of what it measured before). Under
 data parallelism every rank waits for the slowest at each all_reduce, so one slow rank (a
 throttling GPU, a noisy neighbour, a bad link) costs the whole job its share; it is flagged
@@ -28,6 +29,9 @@ class RankPace:
     usual: float | None = None  # its usual step time (None: no history yet)
     samples: int = 0  # checks behind ``usual``
     flagged: bool = False  # flagged at the previous check
+    # What ``step_time`` is: "compute", the rank's own work per step (the wait for the other
+    # ranks left out), or "step", the interval between its steps.
+    basis: str = "step"
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,7 @@ class Score:
     fastest_rank: int | None
     vs_usual: float | None  # None: not enough history
     straggler: bool
+    basis: str = "step"
 
     def describe(self) -> str:
         parts = []
@@ -49,7 +54,8 @@ class Score:
         if self.vs_usual is not None:
             parts.append(f"{_percent(self.vs_usual)} slower than its own usual pace")
         where = f" on {self.host}" if self.host else ""
-        return f"rank {self.rank}{where}: {self.step_time:.3g} s per step, " + ", ".join(parts)
+        what = "of its own compute per step" if self.basis == "compute" else "per step"
+        return f"rank {self.rank}{where}: {self.step_time:.3g} s {what}, " + ", ".join(parts)
 
 
 def _percent(ratio: float) -> str:
@@ -75,7 +81,8 @@ def scores(ranks: list[RankPace]) -> list[Score]:
         limit = CLEAR if rank.flagged else SLOW
         slow = any(ratio is not None and ratio >= limit for ratio in (vs_fastest, vs_usual))
         out.append(Score(rank.rank, rank.host, rank.step_time, vs_fastest,
-                         None if fastest is None else fastest.rank, vs_usual, slow))  # fmt: skip
+                         None if fastest is None else fastest.rank, vs_usual, slow,
+                         rank.basis))  # fmt: skip
     return sorted(out, key=lambda s: s.rank)
 
 

@@ -197,7 +197,8 @@ class ConfirmPauseView(PersonView):
         tags=["actions"],
         summary="Confirm the job's pause: keep paused, resume, or roll back to a checkpoint",
         description="On-call may confirm the system's automatic L3 pause; any other pause is "
-        "ended by a manager. Once per pause: a second confirmation is 409.",
+        "ended by a manager. Once per pause: a second confirmation is 409, unless the job "
+        "refused the first one's resume (then it replaces it).",
         request=ConfirmPauseIn,
         responses={200: ConfirmationOut, **ERRORS},
     )

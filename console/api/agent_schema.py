@@ -90,6 +90,20 @@ class HeartbeatDoc(serializers.Serializer):
     slurm_step_id = serializers.CharField(
         required=False, help_text="SLURM_STEP_ID, inside an srun step (USR1 reaches every step)."
     )
+    sync_step = serializers.IntegerField(
+        required=False,
+        min_value=0,
+        max_value=MAX_STEP,
+        help_text="The latest step whose gradient sync this rank entered: step + 1 while it "
+        "waits in the next step's all-reduce (names the rank a hang waits for).",
+    )
+    compute_seconds = serializers.FloatField(
+        required=False,
+        min_value=0,
+        max_value=1e6,
+        help_text="The rank's own work per step, the wait for the other ranks left out (the "
+        "straggler check's basis): the mean over its steps since its previous heartbeat.",
+    )
 
 
 class CommandsDoc(serializers.Serializer):

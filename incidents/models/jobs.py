@@ -182,6 +182,12 @@ class JobRank(models.Model):
     # None once the rank said it finished: a finished rank is never overdue.
     heartbeat_deadline = models.DateTimeField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=AgentStatus.choices)
+    # Where the rank is in its step, as its heartbeats say (the SDK measures both; null when
+    # it never said): the latest step whose gradient sync (the collective every rank meets in)
+    # it entered — a rank blocked there says a step above ``step`` — and its own compute time
+    # per step, the wait for the other ranks left out (the straggler check's basis).
+    sync_step = models.BigIntegerField(null=True, blank=True)
+    compute_seconds = models.FloatField(null=True, blank=True)
     # Not a column: past its deadline at the time of reading (``incidents.jobs.job_ranks``).
     silent: bool = False
 

@@ -13,7 +13,9 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
+import socket
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -115,12 +117,83 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+# A temporary name says whose it is: ``.step-00000120.pt.tmp-<host>-<pid>-<32 hex>``. Names
+# of earlier SDKs had no host (``.tmp-<pid>-<32 hex>``).
+_TEMPORARY = re.compile(r"^\..+\.tmp-(?:(?P<host>.+)-)?(?P<pid>\d+)-[0-9a-f]{32}$")
+# A temporary file of an earlier SDK names no host: on a folder shared by several nodes its pid
+# may be alive elsewhere, so only one this old is taken for a dead writer's.
+HOSTLESS_TEMPORARY_AGE_SECONDS = 3600.0
+
+
+def _host() -> str:
+    return socket.gethostname().replace("/", "_") or "localhost"
+
+
+def temporary_path(final_path: Path) -> Path:
+    return final_path.with_name(
+        f".{final_path.name}.tmp-{_host()}-{os.getpid()}-{uuid.uuid4().hex}"
+    )
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # somebody else's process: alive
+    return True
+
+
+def _abandoned(path: Path, now: float) -> bool:
+    """A temporary file (or folder) whose writer died mid-save: one of this host whose pid is
+    gone, or a host-less one of an earlier SDK that is also old."""
+    found = _TEMPORARY.match(path.name)
+    if found is None:
+        return False
+    pid, host = int(found["pid"]), found["host"]
+    if host is not None and host != _host():
+        return False  # its pid says nothing about a process of this host
+    if pid == os.getpid() or _pid_alive(pid):
+        return False
+    if host is None:
+        try:
+            return now - path.lstat().st_mtime > HOSTLESS_TEMPORARY_AGE_SECONDS
+        except OSError:
+            return False
+    return True
+
+
+def remove_abandoned_temporaries(directory: str | Path) -> list[Path]:
+    """Delete what saves killed midway left in ``directory`` (their temporary files: a torch
+    shard can be gigabytes); files of live writers, or of other hosts, stay. Returns them."""
+    now, removed = time.time(), []
+    try:
+        candidates = [p for p in Path(directory).iterdir() if ".tmp-" in p.name]
+    except OSError:
+        return []
+    for path in candidates:
+        if _abandoned(path, now):
+            _remove(path)
+            removed.append(path)
+    if removed:
+        logger.warning(
+            "brakeline: removed %d temporary file(s) of saves killed midway in %s: %s",
+            len(removed),
+            directory,
+            ", ".join(p.name for p in removed[:8]),
+        )
+    return removed
+
+
 def save_atomically(final_path: str | Path, step: int, saver: Saver) -> CheckpointResult:
-    """Run ``saver`` on a temporary path beside ``final_path``, make it durable, rename it."""
+    """Run ``saver`` on a temporary path beside ``final_path``, make it durable, rename it.
+    What earlier saves killed midway left in that folder is removed first."""
     started = time.monotonic()
     final_path = Path(final_path)
     final_path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = final_path.with_name(f".{final_path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex}")
+    remove_abandoned_temporaries(final_path.parent)
+    temporary = temporary_path(final_path)
     try:
         saver(temporary, step)
         if not temporary.exists():
@@ -329,14 +402,40 @@ def write_manifest(
     entries = sorted(
         ({key: shard[key] for key in SHARD_FIELDS} for shard in shards), key=lambda s: s["rank"]
     )
-    body = {"format": SET_FORMAT, "step": step, "world_size": world_size, "shards": entries}
+    folder = Path(directory).resolve()
+    stored = [dict(entry, path=_relative_to(folder, entry["path"])) for entry in entries]
+    body = {"format": SET_FORMAT, "step": step, "world_size": world_size, "shards": stored}
 
     def write(path: Path, _: int) -> None:
         with open(path, "w") as handle:
             json.dump(body, handle, indent=1, sort_keys=True)
 
     saved = save_atomically(manifest_path(directory, step), step, write)
-    return CheckpointSet(saved.path, saved.sha256, step, world_size, entries)
+    located = [dict(entry, path=_located(folder, entry["path"])) for entry in stored]
+    return CheckpointSet(saved.path, saved.sha256, step, world_size, located)
+
+
+def _relative_to(folder: Path, shard: str) -> str:
+    """A shard's path as the manifest stores it: relative to the set's folder, so the set can
+    be moved or copied whole (a shard outside that folder keeps its absolute path)."""
+    try:
+        return Path(shard).resolve().relative_to(folder).as_posix()
+    except ValueError:
+        return shard
+
+
+def _located(folder: Path, stored: str) -> str:
+    """Where a stored shard path points from the manifest's folder now. A relative path is
+    joined to it. An absolute one (manifests of earlier SDKs) is read beside the manifest when
+    a file of its name is there: the set was moved or copied, and a copy must not read the
+    original's files; else it is taken as it is."""
+    path = Path(stored)
+    if not path.is_absolute():
+        return str(folder / path)
+    beside = folder / path.name
+    if path.parent != folder and beside.exists():
+        return str(beside)
+    return stored
 
 
 def read_manifest(path: str | Path, expected_sha256: str | None = None) -> CheckpointSet:
@@ -355,7 +454,10 @@ def read_manifest(path: str | Path, expected_sha256: str | None = None) -> Check
         if body.get("format") != SET_FORMAT:
             raise ValueError(f"format {body.get('format')!r}")
         step, world_size = int(body["step"]), int(body["world_size"])
-        shards = [dict(shard) for shard in body["shards"]]
+        folder = path.resolve().parent
+        shards = [
+            dict(shard, path=_located(folder, str(shard["path"]))) for shard in body["shards"]
+        ]
         found = CheckpointSet(str(path.resolve()), digest, step, world_size, shards)
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise IncompleteCheckpointSet(

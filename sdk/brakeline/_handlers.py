@@ -98,9 +98,14 @@ def terminate(run: Run, command: Command, step: int) -> Any:
 
 
 def isolate_node(run: Run, command: Command, step: int) -> Any:
+    # Answered at once, by every rank that gets it (one answer settles it for the job): a
+    # training process cannot drain its own node, and a command nobody answers lingers.
+    node = command.params.get("node") or "the node"
     raise CommandFailed(
-        "isolate_node does not apply to a single training process; register a handler with "
-        "run.on_command('isolate_node', handler) to support it"
+        f"this run cannot take {node} out of service: register a handler with "
+        "run.on_command('isolate_node', handler) that does (the console drains nodes itself "
+        "only for Slurm jobs)",
+        {"step": step},
     )
 
 

@@ -213,6 +213,7 @@ class PauseController:
             self._info = None
             stopped = run.finished or run.stopping
             self._enter(PauseState.STOPPED if stopped else PauseState.RUNNING)
+            run._pace.restart()  # the steps after a hold warm up again
         if resumed:
             run.call_hooks("resume", info)
             # The console diffs it against the snapshot of the checkpoint resumed from: the

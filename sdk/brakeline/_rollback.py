@@ -44,6 +44,7 @@ class CheckpointMixin:
     _saver_suffix: str
     _guard: Any
     _skip_steps: set[int]
+    _pace: Any
 
     def checkpoint(self, step: int | None = None, reason: str = "manual") -> CheckpointResult:
         """Save a checkpoint now (training thread, between steps) with the registered saver or
@@ -61,6 +62,7 @@ class CheckpointMixin:
             self.settings.checkpoint_dir, step, self.settings.rank, self._saver_suffix
         )
         previous_status = self.status
+        self._pace.skip_step()  # a save is not the step's own work
         # Heartbeats say "checkpointing" during a long save, so it is not taken for a hang.
         self.set_status("checkpointing")
         try:

@@ -41,6 +41,7 @@ from brakeline._exit import (
 )
 from brakeline._guard import GuardedRunMixin, StepGuard
 from brakeline._loader import PausableLoader
+from brakeline._pace import StepPace
 from brakeline._pause import PauseController, PauseInfo, PauseState
 from brakeline._push import PushListener
 from brakeline._ranksync import CommandApplyMixin, RankAgreement
@@ -144,7 +145,9 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
         self._owner_pid = os.getpid()
         self._exit_function = exit_function or default_exit
         self._progress = 0
-        self._progress_at_heartbeat = -1
+        self._progress_at_heartbeat: tuple[int, int] = (-1, -1)
+        # Its own compute time per step, and the gradient sync it entered (brakeline._pace).
+        self._pace = StepPace(lambda: self.step + 1)
         self._stepping = False
         self._counters: list[Any] = []
         self._counted_models: set[int] = set()
@@ -231,7 +234,9 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
     def _heartbeat_body(self) -> dict[str, Any] | None:
         # Runs in the control thread. After the first step a "running" heartbeat needs training
         # progress since the previous one, so a hung loop turns into a heartbeat timeout.
-        progress = self._progress
+        # Entering a gradient sync is news too: a rank blocked in one says so, once, before it
+        # falls silent, so the console can tell it from the rank it waits for.
+        progress = (self._progress, self._pace.entered)
         if (
             self.settings.heartbeat_requires_progress
             and self._stepping
@@ -247,6 +252,7 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
             "hostname": self.hostname,
             "rank": self.settings.rank,
             **self._world_size,
+            **self._pace.heartbeat_fields(),
             **self._launcher,
             **self.scheduler_fields,
         }
@@ -283,6 +289,8 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
             self._guard.weights_step = self.step
         if model is not None and count_nonfinite:
             for one in model if isinstance(model, (list, tuple)) else [model]:
+                if self.settings.time_sync:
+                    self._pace.hook(one)
                 self._count_nonfinite_of(one, bool(guarded))
         return self
 
@@ -355,12 +363,14 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
     def step_boundary(self, step: int | None = None) -> None:
         """Call once per step, after optimizer.step(): commands are applied here, and only here
         (or while a wrapped loader waits for its next batch)."""
+        self._pace.step_ended()
         self.step = self.step + 1 if step is None else step
         self._progress += 1
         self._stepping = True
         if self._guard.tripped_step is not None:
             self._hold_for_decision(self._guard.take_trip())
         self._commands_at_boundary(self.step)
+        self._pace.step_started()  # what the boundary did is not the next step's work
 
     def keepalive(self) -> None:
         """Count as progress during long phases without steps (evaluation, data warm-up)."""

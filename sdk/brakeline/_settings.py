@@ -36,6 +36,7 @@ ENVIRONMENT_VARIABLES: dict[str, str] = {
     "BRAKELINE_RANK_AGREEMENT": "rank_agreement",
     "BRAKELINE_AGREEMENT_EVERY": "agreement_every",
     "BRAKELINE_CHECKPOINT_SETS": "checkpoint_sets",
+    "BRAKELINE_TIME_SYNC": "time_sync",
 }
 
 
@@ -77,6 +78,10 @@ class Settings:
     # In a process group of 2+ ranks, run.checkpoint is collective (every rank, same step) and
     # rank 0 writes the set's manifest (docs/sdk.md "Checkpoint sets"); False: per-rank files.
     checkpoint_sets: bool = True
+    # run.watch(model=<DistributedDataParallel>) times the gradient sync with a communication
+    # hook (brakeline._pace: each rank's own compute time, the sync it entered); False leaves
+    # the model's hooks to you (compute time is then measured boundary to boundary).
+    time_sync: bool = True
     # The step guard (docs/sdk.md "The step guard"): skip optimizer updates computed from
     # NaN/Inf, then hold at the boundary for up to guard_hold_seconds for the console's rules.
     guard: bool = True

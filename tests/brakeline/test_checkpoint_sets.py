@@ -1,6 +1,8 @@
 """Checkpoint sets without torch: the manifest, complete sets only, the rank at fault named."""
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -100,3 +102,52 @@ def test_roll_back_refuses_a_set_with_a_bad_shard_and_names_the_rank(tmp_path):
         run.roll_back(params)
     assert e.value.result == {"rank": 1}
     run.finish()
+
+
+def test_a_moved_set_is_found_and_resumed_where_it_now_is(tmp_path):
+    _write_set(tmp_path / "ckpt", 10)
+    (tmp_path / "ckpt").rename(tmp_path / "ckpt2")
+    for rank in range(3):
+        found = brakeline.latest_checkpoint(tmp_path / "ckpt2", rank=rank, world_size=3)
+        assert found is not None and found.parent == tmp_path / "ckpt2"
+        assert found.read_bytes() == f"rank {rank} at step 10".encode()
+    body = json.loads(manifest_path(tmp_path / "ckpt2", 10).read_text())
+    assert [s["path"] for s in body["shards"]] == [
+        "step-00000010.pt",
+        "step-00000010.rank-1.pt",
+        "step-00000010.rank-2.pt",
+    ]
+
+
+def test_a_copied_set_reads_its_own_files_not_the_originals(tmp_path):
+    written = _write_set(tmp_path / "ckpt", 10)
+    shutil.copytree(tmp_path / "ckpt", tmp_path / "copy")
+    (tmp_path / "ckpt" / "step-00000010.rank-1.pt").unlink()  # the original loses a shard
+    copy = brakeline.latest_set(tmp_path / "copy", rank=1)
+    assert copy is not None and copy.sha256 == written.sha256
+    assert {Path(s["path"]).parent for s in copy.shards} == {tmp_path / "copy"}
+    params = {"set": {"manifest": copy.path, "manifest_sha256": copy.sha256}}
+    assert shard_to_restore(params, 1)[0] == tmp_path / "copy" / "step-00000010.rank-1.pt"
+    assert brakeline.latest_set(tmp_path / "ckpt", rank=0) is None
+
+
+@pytest.mark.parametrize("how", ["in place", "moved", "copied"])
+def test_a_manifest_of_absolute_paths_is_still_read(tmp_path, how):
+    """Manifests written before paths were relative name each shard absolutely."""
+    written = _write_set(tmp_path / "ckpt", 10, world_size=2)
+    absolute = {
+        "format": "brakeline-checkpoint-set/1",
+        "step": 10,
+        "world_size": 2,
+        "shards": [
+            dict(s, path=str(tmp_path / "ckpt" / Path(s["path"]).name)) for s in written.shards
+        ],
+    }
+    manifest_path(tmp_path / "ckpt", 10).write_text(json.dumps(absolute))
+    folder = tmp_path / "ckpt"
+    if how != "in place":
+        folder = tmp_path / "elsewhere"
+        (shutil.copytree if how == "copied" else shutil.move)(tmp_path / "ckpt", folder)
+    for rank in range(2):
+        found = brakeline.latest_checkpoint(folder, rank=rank, world_size=2)
+        assert found is not None and found.parent == folder

@@ -51,12 +51,9 @@ def test_resume_and_roll_back_from_a_set_reproduce_the_uninterrupted_losses(
 
     # Resume: rank 1's file of step 20 is lost, so both ranks resume from step 10's set.
     resumed_dir = tmp_path / "resumed"
+    # A copy of the sets: their manifests name shards relative to the folder, so the copy
+    # resumes from its own files (its rank 1 lost step 20's; the original still has it).
     shutil.copytree(reference.work / "checkpoints", resumed_dir / "checkpoints")
-    for manifest in (resumed_dir / "checkpoints").glob("*.manifest.json"):
-        body = json.loads(manifest.read_text())  # point the copy's shards at the copy
-        for shard in body["shards"]:
-            shard["path"] = str(resumed_dir / "checkpoints" / shard["path"].rsplit("/", 1)[1])
-        manifest.write_text(json.dumps(body))
     (resumed_dir / "checkpoints" / "step-00000020.rank-1.pt").unlink()
     # Then, at step 25, roll back in place to step 10's set with the params the console's
     # resume carries: steps 11..30 after it are the uninterrupted ones again.
@@ -108,3 +105,34 @@ def test_a_set_of_torch_distributed_checkpoint_shards_resumes_bit_for_bit(tmp_pa
     assert resumed.wait() == 0, resumed.tail()
     for rank in (0, 1):
         assert resumed.losses(rank) == reference.losses(rank)[8:], f"rank {rank}"
+
+
+def test_on_three_ranks_roll_back_in_place_is_exact_and_a_new_process_is_without_rebuilt_buckets(
+    tmp_path,
+):
+    """What docs/sdk.md guarantees beyond two ranks. DDP rebuilds its gradient buckets once,
+    after its first step, in the order the gradients became ready; with three ranks or more the
+    all-reduce sums each element in an order that depends on its place in the bucket, so a new
+    process (whose first step uses the initial layout) may differ from the uninterrupted run by
+    a float32 ULP. In place, the same DDP keeps its buckets: exact. A DDP that never rebuilds
+    them (find_unused_parameters=True here) resumes exactly in a new process too."""
+    roll_back = ("--roll-back-at", "12", "--roll-back-to", "8")
+    rolled = torchrun(
+        tmp_path / "rolled", "--steps", "16", "--checkpoint-at", "8", *roll_back, ranks=3
+    )
+    assert rolled.wait() == 0, rolled.tail()
+    for rank in range(3):
+        losses = rolled.losses(rank)
+        assert [s for s, _ in losses] == [*range(1, 13), *range(9, 17)]
+        assert losses[12:16] == losses[8:12], f"rank {rank} rolled back in place"
+
+    no_rebuild = ("--ddp-option", "find_unused_parameters=true")
+    reference = torchrun(
+        tmp_path / "reference", "--steps", "16", "--checkpoint-at", "8", *no_rebuild, ranks=3
+    )
+    assert reference.wait() == 0, reference.tail()
+    shutil.copytree(reference.work / "checkpoints", tmp_path / "resumed" / "checkpoints")
+    resumed = torchrun(tmp_path / "resumed", "--steps", "16", "--resume", *no_rebuild, ranks=3)
+    assert resumed.wait() == 0, resumed.tail()
+    for rank in range(3):
+        assert resumed.losses(rank) == reference.losses(rank)[8:], f"rank {rank} resumed"

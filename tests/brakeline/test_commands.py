@@ -90,7 +90,7 @@ def test_isolate_node_without_a_handler_is_not_applicable(make_run):
     run.inbox.offer(command(10, "isolate_node", node="node-03"))
     run.step_boundary(1)
     ack = acks_by_id(run)[10]
-    assert ack["status"] == "failed" and "does not apply" in ack["error"]
+    assert ack["status"] == "failed" and "cannot take node-03 out of service" in ack["error"]
 
 
 def test_a_handler_that_raises_is_acked_failed_and_training_goes_on(make_run):

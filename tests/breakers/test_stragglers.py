@@ -74,3 +74,32 @@ def test_the_check_records_one_finding_per_slow_rank_with_its_node_then_resolves
     check_running_jobs()
     alert.refresh_from_db()
     assert alert.status == AlertStatus.RESOLVED
+
+
+@pytest.mark.django_db
+def test_under_lockstep_the_rank_doing_more_work_is_flagged_by_its_compute_time(make_agent):
+    """Synchronous data parallelism: every rank's step interval is the slowest one's, so only
+    each rank's own compute time (the wait in the all-reduce left out) tells the slow one."""
+    from django.utils import timezone
+
+    from breakers.control.watchdog import watchdog_tick
+    from breakers.pace.checks import check_running_jobs
+    from incidents.models import Alert, AlertStatus, Job, JobRank
+
+    job = make_agent()
+    Job.objects.filter(pk=job.job_id).update(status="running", world_size=4)
+    now = timezone.now()
+    for rank in range(4):  # lock-step: 1 ms a step on every rank; rank 2 works 90 % more
+        JobRank.objects.create(job_id=job.job_id, rank=rank, hostname=f"gpu-{rank}", step=100,
+                               step_time_seconds=0.001, last_heartbeat_at=now, status="running",
+                               compute_seconds=0.00095 if rank == 2 else 0.0005)  # fmt: skip
+    found = check_running_jobs()[job.job_id]
+    assert [s.rank for s in found if s.straggler] == [2]
+    alert = Alert.objects.get(job_id=job.job_id)
+    assert alert.metric == "compute_time" and alert.nodes == ["gpu-2"]
+    assert "0.00095 s of its own compute per step, 90 % slower" in alert.description
+    # The job ends: its finding settles, whatever ended it.
+    Job.objects.filter(pk=job.job_id).update(status="finished")
+    watchdog_tick(lambda command_id: None)
+    alert.refresh_from_db()
+    assert alert.status == AlertStatus.RESOLVED

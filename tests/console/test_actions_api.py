@@ -131,6 +131,36 @@ def test_oncall_rolls_back_an_automatic_l3_pause_to_a_named_checkpoint(scene):
     assert note.data["decision"] == "roll_back" and note.data["checkpoint"] == "/ck/4000"
 
 
+def test_a_roll_back_the_job_refuses_shows_why_and_can_be_confirmed_again(scene):
+    pause = automatic_l3_pause(scene)
+    brake = {"path": "/ck/4500", "sha256": "b" * 64, "step": 4500, "weights_step": 4500}
+    acknowledge_command(scene.job_id, pause.pk, status="succeeded", result=brake)
+    record_checkpoint(scene.job_id, CheckpointReport(path="/ck/4000", sha256="a" * 64, step=4000))
+    oncall = scene.api("oncall")
+    path = f"/api/v1/jobs/{scene.job_id}/confirm-pause"
+    first = oncall.post(path, {"decision": "roll_back", "checkpoint": "/ck/4000"}).json()
+    why = f"checkpoint /ck/4000 has sha256 {'c' * 64}, not {'a' * 64}"
+    acknowledge_command(scene.job_id, first["command"]["id"], status="failed", error=why)
+    # The API, the job page and the timeline say why; the job stays paused.
+    detail = oncall.get(f"/api/v1/jobs/{scene.job_id}").json()
+    assert detail["status"] == "paused"
+    refused = detail["pause"]["confirmation"]
+    assert (refused["decision"], refused["refused"], refused["error"]) == ("roll_back", True, why)
+    oncall.client.force_login(oncall.user)
+    page = oncall.client.get(f"/jobs/{scene.job_id}/").content.decode()
+    assert 'id="confirmation-refused"' in page and why in page and 'id="awaiting"' in page
+    note = TimelineEntry.objects.get(kind="note", data__event="roll_back_refused")
+    assert why in note.message and "stays paused" in note.message
+    # A new decision replaces the refused one and sends its own resume.
+    again = oncall.post(path, {"decision": "resume", "reason": "keep the brake's checkpoint"})
+    assert again.status_code == 200, again.content
+    assert again.json()["command"]["id"] != first["command"]["id"]
+    assert [c["kind"] for c in heartbeat_commands(scene)] == ["resume"]
+    confirmed = oncall.get(f"/api/v1/jobs/{scene.job_id}").json()["pause"]["confirmation"]
+    assert (confirmed["decision"], confirmed["refused"]) == ("resume", False)
+    assert oncall.post(path, {"decision": "keep_paused"}).status_code == 409
+
+
 def test_a_roll_back_names_only_a_checkpoint_of_the_catalogue(scene):
     automatic_l3_pause(scene)
     response = scene.api("oncall").post(

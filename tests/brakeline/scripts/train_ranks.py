@@ -33,11 +33,19 @@ def options() -> argparse.Namespace:
     parser.add_argument("--resume", action="store_true", help="from the latest complete set")
     parser.add_argument("--roll-back-at", type=int, default=0)
     parser.add_argument("--roll-back-params", type=Path, default=None)
+    parser.add_argument("--roll-back-to", type=int, default=0, help="this run's set of step N")
     parser.add_argument("--hang-rank", type=int, default=-1)
     parser.add_argument("--hang-at", type=int, default=0)
+    parser.add_argument("--hang-in-work", action="store_true", help="hang before the forward")
     parser.add_argument("--step-seconds", type=float, default=0.0)
+    # Each rank's own work before its forward pass (a stand-in for compute: the ranks' gradient
+    # all-reduce then waits for the slowest), and more of it on one rank.
+    parser.add_argument("--work-seconds", type=float, default=0.0)
+    parser.add_argument("--more-work-rank", type=int, default=-1)
+    parser.add_argument("--more-work-seconds", type=float, default=0.0)
     parser.add_argument("--losses-suffix", default="")
     parser.add_argument("--dcp", action="store_true", help="torch.distributed.checkpoint saves")
+    parser.add_argument("--ddp-option", action="append", default=[], help="NAME=true|false")
     return parser.parse_args()
 
 
@@ -66,6 +74,27 @@ def dcp_saver(run, model, optimizer, loader, resume: bool) -> None:
         run.step = found.step
 
 
+def roll_back_params(opts: argparse.Namespace, run) -> dict:
+    """The console's resume params (a file), or the ones it would send for this run's own
+    set of step ``--roll-back-to`` (what its catalogue holds)."""
+    if opts.roll_back_params is not None:
+        return json.loads(opts.roll_back_params.read_text())
+    manifest = brakeline.read_manifest(
+        Path(run.settings.checkpoint_dir) / f"step-{opts.roll_back_to:08d}.manifest.json"
+    )
+    rank0 = manifest.shard(0)
+    named = {"manifest": manifest.path, "manifest_sha256": manifest.sha256}
+    return {"checkpoint": rank0["path"], "sha256": rank0["sha256"], "set": named}
+
+
+def own_work(opts: argparse.Namespace, rank: int, step: int) -> None:
+    time.sleep(opts.work_seconds + (opts.more_work_seconds if rank == opts.more_work_rank else 0))
+    while opts.hang_in_work and rank == opts.hang_rank and step == opts.hang_at:
+        # Hung inside the step's work: the other ranks pass the same boundary, then block in
+        # this step's gradient all-reduce, which this rank never enters.
+        time.sleep(1)
+
+
 def main() -> None:
     opts = options()
     dist.init_process_group("gloo")
@@ -85,8 +114,10 @@ def main() -> None:
     with open(opts.work / "starts.txt", "a") as starts:
         starts.write(f"{rank} {restarts} {os.getpid()} trains\n")
     torch.manual_seed(1234)
+    ddp_options = {k: v == "true" for k, v in (o.split("=") for o in opts.ddp_option)}
     model = DistributedDataParallel(
-        torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+        torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)),
+        **ddp_options,
     )
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     inputs = torch.randn(512, 8, generator=torch.Generator().manual_seed(7))
@@ -105,6 +136,7 @@ def main() -> None:
     while run.step < opts.steps:
         for batch, target in loader:
             step = run.step + 1
+            own_work(opts, rank, step)
             loss = torch.nn.functional.mse_loss(model(batch), target)
             optimizer.zero_grad()
             loss.backward()  # the gradients' all_reduce: ranks move in lockstep
@@ -113,13 +145,13 @@ def main() -> None:
             losses.write(f"{step} {loss.item().hex()}\n")
             if step in opts.checkpoint_at:
                 run.checkpoint(step)  # collective: rank 0 writes the set's manifest
-            while rank == opts.hang_rank and step == opts.hang_at:
+            while not opts.hang_in_work and rank == opts.hang_rank and step == opts.hang_at:
                 # Hung before its boundary: no more progress nor heartbeats, while the other
                 # ranks pass this step's boundary and block in the next step's all_reduce.
                 time.sleep(1)
-            if step == opts.roll_back_at and opts.roll_back_params is not None:
+            if step == opts.roll_back_at and (opts.roll_back_params or opts.roll_back_to):
                 opts.roll_back_at = 0  # once
-                run.roll_back(json.loads(opts.roll_back_params.read_text()))
+                run.roll_back(roll_back_params(opts, run))
             else:
                 run.step_boundary(step)
             if opts.step_seconds:
