@@ -57,6 +57,8 @@ __all__ = [
     "failures",
     "faults",
     "job_names",
+    "report",
+    "run_chosen",
     "run_fault",
     "table",
 ]
@@ -351,8 +353,16 @@ def faults(beat_seconds: float = 20.0, console_seconds: float = 30.0) -> list[Fa
 def run(keys: list[str], jobs: int, beat_seconds: float, console_seconds: float,
         stack: Stack | None = None) -> list[tuple[Fault, dict]]:  # fmt: skip
     chosen = [f for f in faults(beat_seconds, console_seconds) if not keys or f.key in keys]
+    return run_chosen(chosen, jobs, stack, Stack)
+
+
+def run_chosen(
+    chosen: list[Fault], jobs: int, stack: Stack | None, make_stack: Callable[[], Stack]
+) -> list[tuple[Fault, dict]]:
+    """Each fault in turn on ``stack`` (or on one of ``make_stack``'s, started and closed
+    here), with the figures of each."""
     own = stack is None
-    stack = stack or Stack()
+    stack = stack or make_stack()
     results = []
     try:
         if own:
@@ -371,6 +381,17 @@ def run(keys: list[str], jobs: int, beat_seconds: float, console_seconds: float,
     return results
 
 
+def report(results: list[tuple[Fault, dict]], *extra: str) -> int:
+    """Print the table (and ``extra`` lines) and what failed; the exit status."""
+    print(table(results))
+    for line in extra:
+        print(line)
+    broken = {fault.key: failures(result) for fault, result in results if failures(result)}
+    for key, what in broken.items():
+        print(f"FAILED {key}: {', '.join(what)}")
+    return 1 if broken else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("faults", nargs="*", help="fault keys (default: all)")
@@ -379,11 +400,7 @@ def main() -> int:
     parser.add_argument("--console-down", type=float, default=30.0)
     options = parser.parse_args()
     results = run(options.faults, max(3, options.jobs), options.beat_down, options.console_down)
-    print(table(results))
-    broken = {fault.key: failures(result) for fault, result in results if failures(result)}
-    for key, what in broken.items():
-        print(f"FAILED {key}: {', '.join(what)}")
-    return 1 if broken else 0
+    return report(results)
 
 
 if __name__ == "__main__":

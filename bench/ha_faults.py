@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "sdk")]
 from bench._faultjobs import Fault, Scenario  # noqa: E402
 from bench._faultstack import wait_until  # noqa: E402
 from bench._hastack import HAStack  # noqa: E402
-from bench.faults import all_timeouts, create_jobs, failures, run_fault, table  # noqa: E402
+from bench.faults import report, run_chosen  # noqa: E402
 
 
 def _nan_logged(scenario: Scenario) -> float:
@@ -95,20 +94,7 @@ FAULTS = [
 
 def run(keys: list[str], jobs: int, stack: HAStack | None = None) -> list[tuple[Fault, dict]]:
     chosen = [fault for fault in FAULTS if not keys or fault.key in keys]
-    own = stack is None
-    stack = stack or HAStack()
-    results = []
-    try:
-        if own:
-            stack.start()
-        created = create_jobs(stack, all_timeouts(chosen, jobs))
-        with tempfile.TemporaryDirectory(prefix="brakeline-ha-spill-") as spill:
-            for fault in chosen:
-                results.append((fault, run_fault(stack, fault, jobs, Path(spill), created)))
-    finally:
-        if own:
-            stack.close()
-    return results
+    return run_chosen(chosen, jobs, stack, HAStack)
 
 
 def main() -> int:
@@ -117,12 +103,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=4, help="simulated jobs per fault (≥ 3)")
     options = parser.parse_args()
     results = run(options.faults, max(3, options.jobs))
-    print(table(results))
-    print("\n".join(failover_lines(results)))
-    broken = {fault.key: failures(result) for fault, result in results if failures(result)}
-    for key, what in broken.items():
-        print(f"FAILED {key}: {', '.join(what)}")
-    return 1 if broken else 0
+    return report(results, *failover_lines(results))
 
 
 if __name__ == "__main__":

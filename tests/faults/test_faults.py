@@ -20,6 +20,7 @@ import pytest
 
 from bench import faults as bench
 from bench._faultstack import Stack, pg_bin
+from tests.faults.stacks import started
 
 JOBS = 3
 BEAT_DOWN = 8.0
@@ -38,16 +39,8 @@ def _missing() -> str | None:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> Iterator[tuple[Stack, dict, Path]]:
-    missing = _missing()
-    if missing:
-        pytest.fail(f"the fault suite needs PostgreSQL's and Redis's servers: {missing}")
-    own = Stack()
-    try:
-        own.start()
-        created = bench.create_jobs(own, bench.all_timeouts(FAULTS, JOBS))
-        yield own, created, tmp_path_factory.mktemp("spill")
-    finally:
-        own.close()
+    with started(Stack(), FAULTS, JOBS, tmp_path_factory.mktemp("spill"), _missing()) as running:
+        yield running
 
 
 @pytest.mark.parametrize("fault", FAULTS, ids=[fault.key for fault in FAULTS])

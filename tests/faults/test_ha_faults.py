@@ -15,7 +15,8 @@ import pytest
 
 from bench import ha_faults
 from bench._hastack import HAStack, ha_missing
-from bench.faults import all_timeouts, create_jobs, failures, run_fault, table
+from bench.faults import failures, run_fault, table
+from tests.faults.stacks import started
 
 JOBS = 3
 RESULTS: list[tuple] = []
@@ -23,16 +24,9 @@ RESULTS: list[tuple] = []
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> Iterator[tuple[HAStack, dict, object]]:
-    missing = ha_missing()
-    if missing:
-        pytest.fail(f"the fail-over suite needs Patroni, etcd and Redis Sentinel: {missing}")
-    own = HAStack()
-    try:
-        own.start()
-        created = create_jobs(own, all_timeouts(ha_faults.FAULTS, JOBS))
-        yield own, created, tmp_path_factory.mktemp("spill")
-    finally:
-        own.close()
+    spill = tmp_path_factory.mktemp("spill")
+    with started(HAStack(), ha_faults.FAULTS, JOBS, spill, ha_missing()) as running:
+        yield running
 
 
 @pytest.mark.parametrize("fault", ha_faults.FAULTS, ids=[f.key for f in ha_faults.FAULTS])
