@@ -73,6 +73,13 @@ DATABASE_AWAY_SECONDS = 1.0
 _database_failed_at = [-math.inf]
 
 
+def _unreachable(exc: BaseException | None) -> bool:
+    """No connection at all (no SQLSTATE: refused, timed out, the pool empty), or the server
+    says it is going away (class 08, 57P): not an answer such as a read-only refusal."""
+    sqlstate = getattr(getattr(exc, "__cause__", None), "sqlstate", None)
+    return sqlstate is None or sqlstate.startswith(("08", "57P"))
+
+
 def database_recently_away() -> bool:
     """The database failed to answer within the last ``DATABASE_AWAY_SECONDS``."""
     return time.monotonic() - _database_failed_at[0] < DATABASE_AWAY_SECONDS
@@ -83,7 +90,7 @@ def outage_part(exc: BaseException | None) -> str | None:
     database refused the transaction for a conflicting one); logged once per answer, with the
     driver's own error, since the 503 itself says nothing of the cause."""
     part = _outage_part(exc)
-    if part == "database":
+    if part == "database" and _unreachable(exc):
         _database_failed_at[0] = time.monotonic()
     if part is not None:
         cause = exc.__cause__ or exc if exc is not None else exc

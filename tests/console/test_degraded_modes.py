@@ -53,7 +53,7 @@ def test_with_redis_down_health_is_503_and_names_redis(client, redis_down):
     assert response.status_code == 503
     body = response.json()
     assert body["redis"]["ok"] is False and body["redis"]["error"]
-    assert body["database"] == {"ok": True}
+    assert body["database"]["ok"] is True  # the database answers; Redis is the part down
     assert body["workers"]["count"] == 0 and body["status"] == "degraded"
 
 

@@ -74,7 +74,7 @@ def test_the_review_page_in_chromium(live_console, flow, tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     facts = json.loads(result.stdout.strip().splitlines()[-1])
-    assert facts["bars"] == 5 and facts["slowest"] == "recover"
+    assert facts["bars"] == 6 and facts["slowest"] == "recover"
     # recover (82 s) is the full bar; brake (8 s) about a tenth of it.
     assert facts["brake_width"] == pytest.approx(facts["slowest_width"] * 8 / 82, rel=0.05)
     assert facts["rows"] == 12 and facts["curve_points"] > 50 and facts["curve_height"] > 100

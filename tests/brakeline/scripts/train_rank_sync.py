@@ -13,6 +13,14 @@ then writes WORK_DIR/rank-R.json: where it was held, its last step, whether it r
 ranks reach each boundary at different moments; ``--no-websocket``: ranks that get commands
 only in heartbeat and metrics replies (BRAKELINE_WEBSOCKET=0 for them), every
 ``--slow-poll`` seconds if given. ``--nan-at 0``: no NaN (the pause comes from a person).
+``--fault``: what turns non-finite at that step on that rank — its loss (``nan-loss``, the
+default), one gradient (``inf-grad``: +Inf in a parameter's gradient before the all-reduce) or
+its input batch (``poisoned-batch``). ``--ddp``: the model in torch's DistributedDataParallel
+(its own all-reduce inside backward), ``--fsdp`` in its fully_shard (each rank keeps a shard,
+gradients reduce-scattered), instead of the hand-made averaging. Each rank's report
+then also says whether the faulty step's update was refused (its weights bit-equal to those
+before that step), whether every weight was finite where it held, and the last step whose
+update its weights hold.
 """
 
 from __future__ import annotations
@@ -42,7 +50,51 @@ def arguments() -> argparse.Namespace:
     # Ranks without a websocket ask the console this often (heartbeats, metrics batches), so
     # a command can reach them after the others are at its step (0: the test's 0.2/0.05 s).
     parser.add_argument("--slow-poll", type=float, default=0.0)
+    parser.add_argument("--fault", choices=FAULTS, default="nan-loss")
+    parser.add_argument("--ddp", action="store_true")
+    parser.add_argument("--fsdp", action="store_true", help="torch's fully_shard (FSDP2)")
     return parser.parse_args()
+
+
+FAULTS = ("nan-loss", "inf-grad", "poisoned-batch")
+
+
+def _inf_gradient(grad: torch.Tensor) -> torch.Tensor:
+    poisoned = grad.clone()
+    poisoned.view(-1)[0] = float("inf")
+    return poisoned
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a sharded (FSDP) parameter, or the tensor itself."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+class Weights:
+    """What the rank's weights hold: the last step whose update changed them, whether the
+    faulty step's update was refused, whether they were finite where the rank held."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.last_applied = 0
+        self.fault_refused: bool | None = None
+        self.finite_at_hold: list[bool] = []
+
+    def snapshot(self) -> list[torch.Tensor]:
+        return [_local(p).detach().clone() for p in self.model.parameters()]
+
+    def after_step(self, step: int, before: list[torch.Tensor], faulty: bool) -> None:
+        params = self.model.parameters()
+        same = all(torch.equal(_local(p), b) for p, b in zip(params, before, strict=True))
+        if faulty:
+            self.fault_refused = same
+        if not same:
+            self.last_applied = step
+
+    def held(self) -> None:
+        self.finite_at_hold.append(
+            all(bool(torch.isfinite(_local(p)).all()) for p in self.model.parameters())
+        )
 
 
 def average_gradients(model: torch.nn.Module) -> None:
@@ -77,31 +129,59 @@ def main() -> None:
     )
     held: list[int] = []
     resumed: list[int] = []
-    run.on_release(lambda info: held.append(info.step))
-    run.on_resume(lambda info: resumed.append(info.step))
     torch.manual_seed(1234)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    if args.ddp:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    elif args.fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(model)
+    weights = Weights(model)
+    run.on_release(lambda info: (held.append(info.step), weights.held()))
+    run.on_resume(lambda info: resumed.append(info.step))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     run.watch(model=model, optimizer=optimizer)
     jitter = random.Random(args.seed * 1000 + rank)
     inputs = torch.randn(64, 8, generator=torch.Generator().manual_seed(7 + rank))
     targets = inputs.sum(dim=1, keepdim=True)
+    first = next(model.parameters())
     step = 0
     for step in range(1, args.max_steps + 1):
+        faulty = step == args.nan_at
+        here = faulty and rank == args.nan_rank  # this rank only; the all-reduce spreads it
+        before = weights.snapshot()
         optimizer.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(inputs), targets)
-        if step == args.nan_at and rank == args.nan_rank:
-            loss = loss * float("nan")  # this rank only; the all_reduce spreads it
+        batch = inputs
+        if here and args.fault == "poisoned-batch":
+            batch = inputs.clone()
+            batch[0, 0] = float("nan")
+        hook = first.register_hook(_inf_gradient) if here and args.fault == "inf-grad" else None
+        loss = torch.nn.functional.mse_loss(model(batch), targets)
+        if here and args.fault == "nan-loss":
+            loss = loss * float("nan")
         loss.backward()
-        average_gradients(model)  # what DDP does, without its seconds-long set-up
+        if hook is not None:
+            hook.remove()
+        if not (args.ddp or args.fsdp):
+            average_gradients(model)  # what DDP does, without its seconds-long set-up
         optimizer.step()
+        weights.after_step(step, before, faulty)
         run.log({"loss": loss}, step=step)
         run.step_boundary(step)
         if resumed:
             break  # every rank resumes where they all held: they stop together
         if args.jitter:
             time.sleep(jitter.uniform(0, args.jitter))
-    report = {"rank": rank, "held_at": held, "last_step": step, "resumed": resumed}
+    report = {
+        "rank": rank,
+        "held_at": held,
+        "last_step": step,
+        "resumed": resumed,
+        "fault_refused": weights.fault_refused,
+        "finite_at_hold": weights.finite_at_hold,
+        "last_applied": weights.last_applied,
+    }
     (args.work / f"rank-{rank}.json").write_text(json.dumps(report))
     run.finish()
     logging.getLogger("brakeline").warning("rank %d finished", rank)
