@@ -5,6 +5,9 @@ processes that no longer exist once the job is final, and no heartbeat or point 
 to resolve it. Left firing, they would page and fill the dashboard for ever. Whatever way the
 job ended (its acknowledgement, its last heartbeat, the executor, a retirement), the watchdog
 resolves them — each with its timeline row saying why — and the incident settles with them.
+Only those: the health and performance layers. A stability alert (a NaN, a rising loss, an
+environment changed across a resume) says something about the training's state that stays
+true after the processes are gone; it waits for a person.
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ from breakers.models import (
 )
 from core.transitions import compare_and_swap
 from incidents.alerts.lifecycle import resolve_alert, settle_incident
-from incidents.models import ACTIVE_ALERT_STATUSES, FINAL_JOB_STATUSES, Alert
+from incidents.models import ACTIVE_ALERT_STATUSES, FINAL_JOB_STATUSES, Alert, Layer
 
 BATCH = 200  # alerts (and commands) per tick: the next tick takes the rest
+# The layers whose alerts are about the job's processes (see the module's doc).
+PROCESS_LAYERS = (Layer.HEALTH, Layer.PERFORMANCE)
 
 
 def settle_final_jobs(now: datetime | None = None) -> int:
@@ -36,7 +41,11 @@ def settle_final_jobs(now: datetime | None = None) -> int:
     now = now or timezone.now()
     close_open_commands(now)
     firing = (
-        Alert.objects.filter(status__in=ACTIVE_ALERT_STATUSES, job__status__in=FINAL_JOB_STATUSES)
+        Alert.objects.filter(
+            status__in=ACTIVE_ALERT_STATUSES,
+            job__status__in=FINAL_JOB_STATUSES,
+            layer__in=PROCESS_LAYERS,
+        )
         .order_by("pk")
         .values_list("pk", "job_id", "job__status")[:BATCH]
     )

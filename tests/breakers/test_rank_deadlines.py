@@ -11,6 +11,7 @@ from breakers.control.commands import acknowledge_command, issue_command
 from breakers.control.heartbeats import check_heartbeats
 from breakers.control.watchdog import watchdog_tick
 from breakers.models import Command
+from incidents.alerts.lifecycle import AlertSignal, raise_or_update_alert
 from incidents.jobs import move_job
 from incidents.models import Alert, Incident, Job, JobStatus, TimelineEntry
 from tests.support.authz import raise_alert
@@ -208,7 +209,7 @@ def test_the_alerts_of_a_job_that_ended_settle_with_a_timeline_row(two_ranks, ev
     agent, clock, _ = two_ranks
     clock.shift(60)
     (silence,) = check_heartbeats()
-    failure = raise_alert(agent.job_id, "L3", rule_key="communication-failure")
+    failure = _communication_failure(agent.job_id)
     if event == "finish":  # (a finish comes from a job that runs, not one pausing)
         Job.objects.filter(pk=agent.job_id).update(status=JobStatus.RUNNING)
     assert move_job(agent.job_id, event)
@@ -220,6 +221,38 @@ def test_the_alerts_of_a_job_that_ended_settle_with_a_timeline_row(two_ranks, ev
         ended = "terminated" if event == "terminate" else "finished"
         assert f"the job is {ended}: none of its processes is left to watch" in row.message
     assert Incident.objects.get(job_id=agent.job_id).status == "resolved"
+
+
+def _communication_failure(job_id: int) -> Alert:
+    """The default pack's communication-failure L4, as the engine raises it (health layer)."""
+    now = timezone.now()
+    signal = AlertSignal(
+        rule_key="communication-failure",
+        rule_name="Communication failure",
+        layer="health",
+        severity="L4",
+        metric="comm.failures",
+        node="node-1",
+        value=1.0,
+        threshold=0.0,
+        description="comm.failures 1 past 0",
+        step=10,
+        time=now,
+        first_step=10,
+        first_time=now,
+    )
+    return raise_or_update_alert(job_id, signal, now=now).alert
+
+
+def test_a_stability_alert_of_a_job_that_ended_waits_for_a_person(two_ranks):
+    """A NaN, a rising loss, an environment changed across a resume: true of the training's
+    state after its processes are gone, so they are not settled with the job."""
+    agent, _, _ = two_ranks
+    changed = raise_alert(agent.job_id, "L1", rule_key="environment-changed-across-resume")
+    Job.objects.filter(pk=agent.job_id).update(status=JobStatus.RUNNING)
+    assert move_job(agent.job_id, "finish")
+    watchdog_tick(lambda command_id: None)
+    assert Alert.objects.get(pk=changed.pk).status == "firing"
 
 
 def test_an_isolate_node_nobody_can_apply_fails_with_why_once_the_job_ended(two_ranks):
