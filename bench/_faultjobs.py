@@ -70,11 +70,19 @@ class SimJob:
         import brakeline
 
         self.run = run = brakeline.init(
-            job=f"faults-{self.job_id}", url=url, token=self.token,
-            spill_dir=str(spill), checkpoint_dir=str(spill / "ckpt"),
-            flush_interval=0.2, heartbeat_interval=0.5, backoff_base=0.2, backoff_cap=1.5,
-            http_timeout=5.0, send_snapshots=False, finish_timeout=60.0,
-        )  # fmt: skip
+            job=f"faults-{self.job_id}",
+            url=url,
+            token=self.token,
+            spill_dir=str(spill),
+            checkpoint_dir=str(spill / "ckpt"),
+            flush_interval=0.2,
+            heartbeat_interval=0.5,
+            backoff_base=0.2,
+            backoff_cap=1.5,
+            http_timeout=5.0,
+            send_snapshots=False,
+            finish_timeout=60.0,
+        )
         run.on_command("checkpoint_and_pause", self._braked)
         self.thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
         self.thread.start()

@@ -28,6 +28,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from bench._stack import celery_command, daphne_command
+
 ROOT = Path(__file__).resolve().parent.parent
 QUEUE = "faults"
 
@@ -165,24 +167,53 @@ class Stack:
         if os.geteuid() == 0:
             shutil.chown(self.dir, "postgres")
         subprocess.run(
-            self._as_postgres(str(pg_bin() / "initdb"), "-D", str(data), "-A", "trust",
-                              "-U", "postgres", "--no-sync"),
-            check=True, stdout=subprocess.DEVNULL,
-        )  # fmt: skip
+            self._as_postgres(
+                str(pg_bin() / "initdb"),
+                "-D",
+                str(data),
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "--no-sync",
+            ),
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         self.start_postgres()
         subprocess.run(
-            ["psql", "-h", "127.0.0.1", "-p", str(self.pg_port), "-U", "postgres", "-qc",
-             "CREATE DATABASE brakeline"],
-            check=True, stdout=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                "psql",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.pg_port),
+                "-U",
+                "postgres",
+                "-qc",
+                "CREATE DATABASE brakeline",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
 
     def _pg_ctl(self, *arguments: str) -> None:
         options = f"-p {self.pg_port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off"
         subprocess.run(
-            self._as_postgres(str(pg_bin() / "pg_ctl"), "-D", str(self.dir / "pg"), "-o", options,
-                              "-l", str(self.dir / "pg.log"), "-w", *arguments),
-            check=True, stdout=subprocess.DEVNULL,
-        )  # fmt: skip
+            self._as_postgres(
+                str(pg_bin() / "pg_ctl"),
+                "-D",
+                str(self.dir / "pg"),
+                "-o",
+                options,
+                "-l",
+                str(self.dir / "pg.log"),
+                "-w",
+                *arguments,
+            ),
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
 
     def start_postgres(self) -> None:
         self._pg_ctl("start")
@@ -205,16 +236,21 @@ class Stack:
 
     def shutdown_redis(self) -> None:
         """``redis-cli shutdown nosave``: everything in it (queues, flags, liveness) is gone."""
-        subprocess.run(["redis-cli", "-p", str(self.redis_port), "shutdown", "nosave"],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        subprocess.run(
+            ["redis-cli", "-p", str(self.redis_port), "shutdown", "nosave"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         self.processes.pop("redis").wait(30)
 
     def watchdog_last_run(self) -> float | None:
         """When the watchdog last ran (epoch seconds; its liveness record in Redis)."""
         said = subprocess.run(
             ["redis-cli", "-p", str(self.redis_port), "get", f"{QUEUE}:liveness:beat"],
-            capture_output=True, text=True, timeout=10,
-        ).stdout.strip()  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         try:
             return float(said)
         except ValueError:
@@ -230,28 +266,48 @@ class Stack:
 
     def manage(self, *arguments: str, stdin: str | None = None) -> str:
         done = subprocess.run(
-            [sys.executable, "manage.py", *arguments], cwd=ROOT, env=self.env, input=stdin,
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+            [sys.executable, "manage.py", *arguments],
+            cwd=ROOT,
+            env=self.env,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         if done.returncode:
             raise RuntimeError(f"manage.py {arguments[0]} failed:\n{done.stderr[-3000:]}")
         return done.stdout
 
     def start_daphne(self) -> None:
-        self._start("daphne", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p",
-                               str(self.web_port), "--access-log", os.devnull,
-                               "config.asgi:application"])  # fmt: skip
+        self._start(
+            "daphne",
+            daphne_command(self.web_port),
+        )
         wait_until(lambda: port_open(self.web_port), "Daphne to listen")
 
     def start_worker(self, name: str) -> None:
-        self._start(name, [sys.executable, "-m", "celery", "-A", "config", "worker",
-                           "--pool", "solo", "--loglevel", "WARNING", "--hostname",
-                           f"{name}@faults", "--without-gossip", "--without-mingle"])  # fmt: skip
+        self._start(
+            name,
+            celery_command(
+                "worker",
+                "--pool",
+                "solo",
+                "--loglevel",
+                "WARNING",
+                "--hostname",
+                f"{name}@faults",
+                "--without-gossip",
+                "--without-mingle",
+            ),
+        )
 
     def start_beat(self, name: str) -> None:
-        self._start(name, [sys.executable, "-m", "celery", "-A", "config", "beat",
-                           "--loglevel", "WARNING", "--schedule",
-                           str(self.dir / f"{name}-schedule")])  # fmt: skip
+        self._start(
+            name,
+            celery_command(
+                "beat", "--loglevel", "WARNING", "--schedule", str(self.dir / f"{name}-schedule")
+            ),
+        )
 
     def leading_beat(self) -> str | None:
         """The running beat that holds the lease (config/beat.py logs each change, with its

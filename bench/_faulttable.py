@@ -101,9 +101,11 @@ def _alerts(stack: Stack, scenario: Scenario) -> tuple[int, list[str]]:
     nan_during = {"non-finite-loss-or-gradients"}
     if scenario.nan_during.checkpoint_fails:
         nan_during.add(FAILED_BRAKE_RULE)
-    expected = {scenario.nan_during.job_id: nan_during,
-                scenario.nan_after.job_id: {"non-finite-loss-or-gradients"},
-                scenario.hung.job_id: {"heartbeat-timeout"}}  # fmt: skip
+    expected = {
+        scenario.nan_during.job_id: nan_during,
+        scenario.nan_after.job_id: {"non-finite-loss-or-gradients"},
+        scenario.hung.job_id: {"heartbeat-timeout"},
+    }
     alerts = stack.sql(
         "SELECT job_id, rule_key, description FROM incidents_alert WHERE job_id = ANY(%s)",
         (ids,),
@@ -171,7 +173,7 @@ def measure(stack: Stack, scenario: Scenario, recovered: float | None) -> dict:
             1
             for job in scenario.jobs
             if job not in (*nan_jobs, scenario.hung) and commands.get(job.job_id, 0)
-        ),  # fmt: skip
+        ),
         "alerts_doubled": alerts_doubled,
         "other_alerts": len(other),
         "other_alert_texts": other,  # said with the failure: which rule, and why
@@ -182,9 +184,18 @@ def measure(stack: Stack, scenario: Scenario, recovered: float | None) -> dict:
 
 
 ZERO_COLUMNS = (
-    "lost", "duplicated", "nan_missed", "nan_doubled", "hung_missed", "commands_doubled",
-    "false_brakes", "alerts_doubled", "other_alerts", "pages_missed", "pages_doubled",
-)  # fmt: skip
+    "lost",
+    "duplicated",
+    "nan_missed",
+    "nan_doubled",
+    "hung_missed",
+    "commands_doubled",
+    "false_brakes",
+    "alerts_doubled",
+    "other_alerts",
+    "pages_missed",
+    "pages_doubled",
+)
 
 
 def failures(result: dict) -> list[str]:
@@ -231,7 +242,7 @@ def table(results: list[tuple[Fault, dict]]) -> str:
             f"{r['pages_doubled']:>4} {r['pages_resent']:>6} "
             f"{'yes' if r['health_red'] else 'NO' if r['health_red'] is False else '—':>4} "
             f"{'yes' if r['health_green'] else 'NO':>5}"
-        )  # fmt: skip
+        )
     lines.append(
         "brake: seconds from the NaN logged to the command in the SDK (during the fault / after "
         "it); recover: seconds from the part's return to a healthy console that braked, "

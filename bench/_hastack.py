@@ -50,10 +50,24 @@ class HAStack(Stack):
         if os.geteuid() == 0:
             shutil.chown(self.dir, "postgres")
         client, peer = f"http://127.0.0.1:{self.etcd_port}", f"http://127.0.0.1:{self.etcd_peer}"
-        self._start("etcd", ["etcd", "--data-dir", str(self.dir / "etcd"),
-                             "--listen-client-urls", client, "--advertise-client-urls", client,
-                             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                             "--initial-cluster", f"default={peer}"])  # fmt: skip
+        self._start(
+            "etcd",
+            [
+                "etcd",
+                "--data-dir",
+                str(self.dir / "etcd"),
+                "--listen-client-urls",
+                client,
+                "--advertise-client-urls",
+                client,
+                "--listen-peer-urls",
+                peer,
+                "--initial-advertise-peer-urls",
+                peer,
+                "--initial-cluster",
+                f"default={peer}",
+            ],
+        )
         wait_until(lambda: port_open(self.etcd_port), "etcd to listen")
         for member in (0, 1):
             self._start_member(member)
@@ -91,7 +105,7 @@ class HAStack(Stack):
                     "host all all 127.0.0.1/32 trust",
                     "host replication all 127.0.0.1/32 trust",
                 ],
-            },  # fmt: skip
+            },
             "postgresql": {
                 "listen": address,
                 "connect_address": address,
@@ -106,7 +120,7 @@ class HAStack(Stack):
                 # Fencing before a promotion takes time in real set-ups; here it also keeps the
                 # moment without a primary long enough for the NaN to be logged inside it.
                 "pre_promote": f"sleep {PROMOTION_PAUSE_SECONDS:g}",
-            },  # fmt: skip
+            },
         }
 
     def _rest(self, member: int, path: str) -> tuple[int, dict]:
@@ -136,10 +150,22 @@ class HAStack(Stack):
         old = self.leader()
         new = "pg1" if old == "pg0" else "pg0"
         subprocess.run(
-            self._as_postgres("patronictl", "-c", str(self.dir / "patroni0.yml"), "switchover",
-                              "--leader", str(old), "--candidate", new, "--force"),
-            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120,
-        )  # fmt: skip
+            self._as_postgres(
+                "patronictl",
+                "-c",
+                str(self.dir / "patroni0.yml"),
+                "switchover",
+                "--leader",
+                str(old),
+                "--candidate",
+                new,
+                "--force",
+            ),
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=120,
+        )
 
     def start_postgres(self) -> None:  # the members restart on their own (Patroni)
         pass
@@ -151,14 +177,21 @@ class HAStack(Stack):
                 self.kill(f"patroni{member}", sig=15)
         subprocess.run(["pkill", "-KILL", "-f", "--", f"{self.dir}/pg"], check=False)
 
-    def sql(self, query: str, parameters: tuple = (), database: str = "brakeline",
-            autocommit: bool = False) -> list[tuple]:  # fmt: skip
+    def sql(
+        self,
+        query: str,
+        parameters: tuple = (),
+        database: str = "brakeline",
+        autocommit: bool = False,
+    ) -> list[tuple]:
         import psycopg
 
         hosts = ",".join("127.0.0.1" for _ in self.pg_ports)
         ports = ",".join(str(p) for p in self.pg_ports)
-        conninfo = (f"host={hosts} port={ports} user=postgres dbname={database} "
-                    "target_session_attrs=read-write connect_timeout=10")  # fmt: skip
+        conninfo = (
+            f"host={hosts} port={ports} user=postgres dbname={database} "
+            "target_session_attrs=read-write connect_timeout=10"
+        )
         with psycopg.connect(conninfo, autocommit=autocommit) as connection:
             cursor = connection.execute(query, parameters)  # type: ignore[arg-type]
             return cursor.fetchall() if cursor.description else []
@@ -182,8 +215,19 @@ class HAStack(Stack):
 
     def _start_redis_server(self, index: int, replica_of: int | None) -> None:
         port = str(self.redis_ports[index])
-        command = ["redis-server", "--bind", "127.0.0.1", "--port", port, "--save", "",
-                   "--appendonly", "no", "--dir", str(self.dir)]  # fmt: skip
+        command = [
+            "redis-server",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            port,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.dir),
+        ]
         if replica_of is not None:
             command += ["--replicaof", "127.0.0.1", str(replica_of)]
         self._start(f"redis{index}", command)
@@ -194,20 +238,25 @@ class HAStack(Stack):
         for port in self.sentinel_ports:
             said = subprocess.run(
                 ["redis-cli", "-p", str(port), "sentinel", "get-master-addr-by-name", MASTER],
-                capture_output=True, text=True, timeout=5,
-            ).stdout.split()  # fmt: skip
+                capture_output=True,
+                text=True,
+                timeout=5,
+            ).stdout.split()
             if len(said) == 2 and said[1].isdigit():
                 return int(said[1])
         return None
 
     def _sentinels_agree(self) -> bool:
         return self.redis_master() == self.redis_ports[0] and all(
-            "num-other-sentinels" in subprocess.run(
+            "num-other-sentinels"
+            in subprocess.run(
                 ["redis-cli", "-p", str(port), "sentinel", "master", MASTER],
-                capture_output=True, text=True, timeout=5,
+                capture_output=True,
+                text=True,
+                timeout=5,
             ).stdout
             for port in self.sentinel_ports
-        )  # fmt: skip
+        )
 
     def kill_redis_master(self) -> int:
         """SIGKILL the master; returns the index of the killed server."""
@@ -219,8 +268,9 @@ class HAStack(Stack):
     def restart_redis_server(self, index: int) -> None:
         """The killed server comes back empty; the sentinels make it a replica of the master."""
         master = self.redis_master()
-        self._start_redis_server(index, replica_of=master if master != self.redis_ports[index]
-                                 else None)  # fmt: skip
+        self._start_redis_server(
+            index, replica_of=master if master != self.redis_ports[index] else None
+        )
 
     def shutdown_redis(self) -> None:
         for name in [n for n in self.processes if n.startswith(("sentinel", "redis"))]:

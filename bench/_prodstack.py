@@ -124,25 +124,10 @@ class Stack:
     def start(self) -> Stack:
         ports = [free_port() for _ in range(self.web_count)]
         for port in ports:
-            self.web.append(
-                spawn(
-                    [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                     "--verbosity", "0", "config.asgi:application"],
-                    self.env,
-                    Path(self._dir) / f"web-{port}.log",
-                )
-            )  # fmt: skip
-        queue = os.environ.get("BRAKELINE_CELERY_QUEUE", "brakeline")
-        self.others["worker"] = spawn(
-            [sys.executable, "-m", "celery", "-A", "config", "worker", "--loglevel", "WARNING",
-             "--queues", f"{queue}-watchdog,{queue},{queue}-ticks"],
-            self.env,
-        )  # fmt: skip
-        self.others["beat"] = spawn(
-            [sys.executable, "-m", "celery", "-A", "config", "beat", "--loglevel", "WARNING",
-             "--schedule", str(Path(self._dir) / "beat-schedule")],
-            self.env,
-        )  # fmt: skip
+            daphne = ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "--verbosity", "0"]
+            command = [sys.executable, *daphne, "config.asgi:application"]
+            self.web.append(spawn(command, self.env, Path(self._dir) / f"web-{port}.log"))
+        self._start_celery()
         for port, process in zip(ports, self.web, strict=True):
             _wait_for_port(port, process, "daphne")
         if not os.path.exists(HAPROXY) and self.web_count == 1:
@@ -151,8 +136,25 @@ class Stack:
             self.urls[1] = f"http://127.0.0.1:{ports[0]}"
             _wait_for_page(f"{self.urls[1]}/login/")
             return self
-        # The balancer only once the web processes listen: its health checks would otherwise
-        # mark them down, and up again only after two checks.
+        self._start_balancer(ports)
+        return self
+
+    def _start_celery(self) -> None:
+        """A prefork worker on the three queues, and the beat."""
+        queue = os.environ.get("BRAKELINE_CELERY_QUEUE", "brakeline")
+        celery = [sys.executable, "-m", "celery", "-A", "config"]
+        queues = f"{queue}-watchdog,{queue},{queue}-ticks"
+        self.others["worker"] = spawn(
+            [*celery, "worker", "--loglevel", "WARNING", "--queues", queues], self.env
+        )
+        schedule = str(Path(self._dir) / "beat-schedule")
+        self.others["beat"] = spawn(
+            [*celery, "beat", "--loglevel", "WARNING", "--schedule", schedule], self.env
+        )
+
+    def _start_balancer(self, ports: list[int]) -> None:
+        """HAProxy, one frontend per count of web processes. Only once they listen: its
+        health checks would otherwise mark them down, and up again only after two checks."""
         frontends = {free_port(): ports[:count] for count in range(1, self.web_count + 1)}
         config = Path(self._dir) / "haproxy.cfg"
         config.write_text(haproxy_config(frontends))
@@ -163,7 +165,6 @@ class Stack:
             _wait_for_port(port, self.others["haproxy"], "haproxy")
             self.urls[count] = f"http://127.0.0.1:{port}"
             _wait_for_page(f"{self.urls[count]}/login/")
-        return self
 
     def stop(self) -> None:
         for process in [*self.web, *self.others.values()]:

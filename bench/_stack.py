@@ -19,6 +19,27 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+def daphne_command(port: int) -> list[str]:
+    """The console's web process on 127.0.0.1:``port``, without an access log."""
+    return [
+        sys.executable,
+        "-m",
+        "daphne",
+        "-b",
+        "127.0.0.1",
+        "-p",
+        str(port),
+        "--access-log",
+        os.devnull,
+        "config.asgi:application",
+    ]
+
+
+def celery_command(*arguments: str) -> list[str]:
+    """A Celery program of the console's app (``worker``, ``beat``, … and its options)."""
+    return [sys.executable, "-m", "celery", "-A", "config", *arguments]
+
+
 def bench_database_url() -> str:
     base = os.environ.get("DATABASE_URL")
     if not base or not base.startswith(("postgres://", "postgresql://")):
@@ -61,18 +82,7 @@ def daphne(extra_env: dict[str, str] | None = None):
     port = free_port()
     env = dict(os.environ, **(extra_env or {}))
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "daphne",
-            "-b",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "--access-log",
-            os.devnull,
-            "config.asgi:application",
-        ],
+        daphne_command(port),
         cwd=ROOT,
         env=env,
     )

@@ -228,8 +228,10 @@ def worker_mid_evaluation(stack: Stack, scenario: Scenario) -> None:
             "WHERE value = 'NaN' LIMIT 1",
             (scenario.nan_during.job_id,),
         ),
-        "the NaN batch to be stored", 20, 0.005,
-    )  # fmt: skip
+        "the NaN batch to be stored",
+        20,
+        0.005,
+    )
     scenario.mark_down()
     for name in stack.worker_names:
         stack.kill(name)
@@ -331,27 +333,58 @@ def faults(beat_seconds: float = 20.0, console_seconds: float = 30.0) -> list[Fa
     return [
         Fault("redis-ingest", "Redis restarted (shutdown nosave) mid-ingest", redis_mid_ingest),
         Fault("redis-brake", "Redis restarted mid-brake", redis_mid_brake),
-        Fault("postgres-ingest", "PostgreSQL restarted (1 s away) mid-ingest", postgres_mid_ingest,
-              red_required=False),
-        Fault("postgres-away", f"PostgreSQL away {PG_AWAY:g} s > the pool's timeout",
-              postgres_away(PG_AWAY), health_wait_within=PG_AWAY_HEALTH_WAIT),
-        Fault("failed-brake", "brake checkpoint fails (read-only directory)", failing_brake,
-              brake_checkpoint_fails=True, red_required=False),
+        Fault(
+            "postgres-ingest",
+            "PostgreSQL restarted (1 s away) mid-ingest",
+            postgres_mid_ingest,
+            red_required=False,
+        ),
+        Fault(
+            "postgres-away",
+            f"PostgreSQL away {PG_AWAY:g} s > the pool's timeout",
+            postgres_away(PG_AWAY),
+            health_wait_within=PG_AWAY_HEALTH_WAIT,
+        ),
+        Fault(
+            "failed-brake",
+            "brake checkpoint fails (read-only directory)",
+            failing_brake,
+            brake_checkpoint_fails=True,
+            red_required=False,
+        ),
         Fault("worker-eval", "Celery workers SIGKILLed mid-evaluation", worker_mid_evaluation),
         Fault("worker-delivery", "Celery workers SIGKILLed mid-delivery", worker_mid_delivery),
-        Fault("beat-down", f"leading beat killed for {beat_seconds:g} s", beat_down(beat_seconds),
-              hung_within=BEAT_TAKEOVER_SECONDS, overlapped=beat_overlap, red_required=False),
+        Fault(
+            "beat-down",
+            f"leading beat killed for {beat_seconds:g} s",
+            beat_down(beat_seconds),
+            hung_within=BEAT_TAKEOVER_SECONDS,
+            overlapped=beat_overlap,
+            red_required=False,
+        ),
         Fault("daphne-killed", "Daphne SIGKILLed and restarted", daphne_killed),
-        Fault("console-down", f"whole console down {console_seconds:g} s",
-              console_down(console_seconds)),
-        Fault("web-down", f"web tier down {web_seconds:g} s > heartbeat deadline",
-              web_down(web_seconds), healthy_timeout=WEB_DOWN_HEALTHY_TIMEOUT,
-              overlapped=web_overlap),
-    ]  # fmt: skip
+        Fault(
+            "console-down",
+            f"whole console down {console_seconds:g} s",
+            console_down(console_seconds),
+        ),
+        Fault(
+            "web-down",
+            f"web tier down {web_seconds:g} s > heartbeat deadline",
+            web_down(web_seconds),
+            healthy_timeout=WEB_DOWN_HEALTHY_TIMEOUT,
+            overlapped=web_overlap,
+        ),
+    ]
 
 
-def run(keys: list[str], jobs: int, beat_seconds: float, console_seconds: float,
-        stack: Stack | None = None) -> list[tuple[Fault, dict]]:  # fmt: skip
+def run(
+    keys: list[str],
+    jobs: int,
+    beat_seconds: float,
+    console_seconds: float,
+    stack: Stack | None = None,
+) -> list[tuple[Fault, dict]]:
     chosen = [f for f in faults(beat_seconds, console_seconds) if not keys or f.key in keys]
     return run_chosen(chosen, jobs, stack, Stack)
 

@@ -36,10 +36,18 @@ def train(url: str | None, token: str | None, work: Path, *args: object) -> subp
     env = {k: v for k, v in os.environ.items() if not k.startswith("BRAKELINE_")}
     if url and token:
         env.update(BRAKELINE_URL=url, BRAKELINE_TOKEN=token)
-    command = [sys.executable, str(HERE / "guard_training.py"), "--work-dir", str(work),
-               "--losses", str(work / "losses.txt"), *map(str, args)]  # fmt: skip
-    return subprocess.Popen(command, cwd=work, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
+    command = [
+        sys.executable,
+        str(HERE / "guard_training.py"),
+        "--work-dir",
+        str(work),
+        "--losses",
+        str(work / "losses.txt"),
+        *map(str, args),
+    ]
+    return subprocess.Popen(
+        command, cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
 
 
 def braked_once(
@@ -119,8 +127,10 @@ def main() -> None:
             mine = [r for r in rows if r[0] == fault and r[1] == guard]
             poisoned = sum(r[2] for r in mine)
             past = sum(r[3] for r in mine)
-            print(f"{fault:<16}{'on' if guard else 'off':<7}{poisoned:>18}{past:>12}"
-                  f"{median([r[4] for r in mine]):>16.3f}")  # fmt: skip
+            print(
+                f"{fault:<16}{'on' if guard else 'off':<7}{poisoned:>18}{past:>12}"
+                f"{median([r[4] for r in mine]):>16.3f}"
+            )
     print(f"clean run with the guard == without it, bit for bit: {agree}")
 
 

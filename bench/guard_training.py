@@ -109,10 +109,14 @@ def main() -> None:
     parser.add_argument("--framework", choices=("loop", "lightning"), default="loop")
     options = parser.parse_args()
     run = brakeline.init(
-        job="bench-guard", spill_dir=f"{options.work_dir}/spill",
-        checkpoint_dir=f"{options.work_dir}/ckpt", heartbeat_interval=0.5,
-        flush_interval=1.0, guard=not options.no_guard, send_snapshots=False,
-    )  # fmt: skip
+        job="bench-guard",
+        spill_dir=f"{options.work_dir}/spill",
+        checkpoint_dir=f"{options.work_dir}/ckpt",
+        heartbeat_interval=0.5,
+        flush_interval=1.0,
+        guard=not options.no_guard,
+        send_snapshots=False,
+    )
     run.seed(1234)
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
     data = torch.randn(1024, 16, generator=torch.Generator().manual_seed(3))

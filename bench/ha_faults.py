@@ -69,8 +69,10 @@ def overlapped(stack: HAStack, scenario: Scenario) -> str:
         return "the fail-over was not observed"
     began, ended = window
     if not began <= nan_at <= ended:
-        return (f"the NaN was logged {nan_at - began:+.2f} s from the loss of the master, "
-                f"outside the {ended - began:.2f} s without one")  # fmt: skip
+        return (
+            f"the NaN was logged {nan_at - began:+.2f} s from the loss of the master, "
+            f"outside the {ended - began:.2f} s without one"
+        )
     return ""
 
 
@@ -85,11 +87,21 @@ def failover_lines(results: list[tuple[Fault, dict]]) -> list[str]:
 
 
 FAULTS = [
-    Fault("sentinel-failover", "Redis master SIGKILLed (Sentinel fails over)",
-          sentinel_failover, overlapped=overlapped, red_required=False),  # type: ignore[arg-type]
-    Fault("patroni-switchover", "PostgreSQL switch-over (Patroni) mid-brake",
-          patroni_switchover, overlapped=overlapped, red_required=False),  # type: ignore[arg-type]
-]  # fmt: skip
+    Fault(
+        "sentinel-failover",
+        "Redis master SIGKILLed (Sentinel fails over)",
+        sentinel_failover,
+        overlapped=overlapped,
+        red_required=False,
+    ),  # type: ignore[arg-type]
+    Fault(
+        "patroni-switchover",
+        "PostgreSQL switch-over (Patroni) mid-brake",
+        patroni_switchover,
+        overlapped=overlapped,
+        red_required=False,
+    ),  # type: ignore[arg-type]
+]
 
 
 def run(keys: list[str], jobs: int, stack: HAStack | None = None) -> list[tuple[Fault, dict]]:

@@ -35,8 +35,11 @@ class RuleAdminForm(forms.ModelForm):
             fields = {n: self.cleaned_data[n] for n in names if n in self.cleaned_data}
             return {"op": "create", "key": self.cleaned_data.get("key"), "fields": fields}
         changed = [n for n in names if n in self.changed_data]
-        return {"op": "update", "key": self.instance.key,
-                "fields": {n: self.cleaned_data[n] for n in changed}}  # fmt: skip
+        return {
+            "op": "update",
+            "key": self.instance.key,
+            "fields": {n: self.cleaned_data[n] for n in changed},
+        }
 
     def clean(self) -> dict[str, Any]:
         """Refused here, on the form, what the service would refuse (nothing half-written)."""
@@ -103,10 +106,15 @@ class RuleAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change) -> None:
         rulesets.change_default_pack(
-            request.user, form.cleaned_data["why"], [form.change()], context=AuditContext(
-                remote_addr=request.META.get("REMOTE_ADDR"), via="admin",
-                user_agent=request.META.get("HTTP_USER_AGENT", "")),
-        )  # fmt: skip
+            request.user,
+            form.cleaned_data["why"],
+            [form.change()],
+            context=AuditContext(
+                remote_addr=request.META.get("REMOTE_ADDR"),
+                via="admin",
+                user_agent=request.META.get("HTTP_USER_AGENT", ""),
+            ),
+        )
         saved = Rule.objects.get(team=None, key=form.change()["key"])
         obj.pk, obj.updated_at = saved.pk, saved.updated_at
 

@@ -353,14 +353,20 @@ def record_set(job_id: int, step: int, report: SetReport) -> CheckpointSet:
     mismatch = _mismatched_shard(job_id, report)
     if mismatch is not None:
         raise InvalidInput("A shard of the set does not match.", fields={"set.shards": mismatch})
-    values = {"step": step, "world_size": report.world_size, "shards": list(report.shards),
-              "reported_at": timezone.now()}  # fmt: skip
+    values = {
+        "step": step,
+        "world_size": report.world_size,
+        "shards": list(report.shards),
+        "reported_at": timezone.now(),
+    }
     try:
         with transaction.atomic():
             row, created = CheckpointSet.objects.get_or_create(
-                job_id=job_id, manifest_path=report.manifest,
-                manifest_sha256=report.manifest_sha256, defaults=values,
-            )  # fmt: skip
+                job_id=job_id,
+                manifest_path=report.manifest,
+                manifest_sha256=report.manifest_sha256,
+                defaults=values,
+            )
     except IntegrityError:  # two ranks reported the same set at once
         row = CheckpointSet.objects.get(
             job_id=job_id, manifest_path=report.manifest, manifest_sha256=report.manifest_sha256
@@ -368,9 +374,14 @@ def record_set(job_id: int, step: int, report: SetReport) -> CheckpointSet:
         created = False
     if created:
         for shard in report.shards[1:]:  # rank 0's row is the report's own
-            fields = {"step": step, "rank": shard["rank"], "bytes": shard["bytes"],
-                      "reason": CheckpointReason.MANUAL, "reported_at": values["reported_at"],
-                      "checkpoint_set_id": row.pk}  # fmt: skip
+            fields = {
+                "step": step,
+                "rank": shard["rank"],
+                "bytes": shard["bytes"],
+                "reason": CheckpointReason.MANUAL,
+                "reported_at": values["reported_at"],
+                "checkpoint_set_id": row.pk,
+            }
             file, made = _get_or_create(job_id, shard["path"], shard["sha256"], fields)
             if not made and file.checkpoint_set_id is None:
                 Checkpoint.objects.filter(pk=file.pk).update(checkpoint_set_id=row.pk)

@@ -127,7 +127,8 @@ def declare_checkpoint_root(
             attempt.check(decide(role_in_team(user, team.pk), Action.MANAGE_MEMBERS))
         root = parse_root(data)
         _refuse_overlap(team_id, root)
-        rows = CheckpointRoot.objects.filter(team_id=team_id, job_id=job_id)
+        rows = CheckpointRoot.objects.filter(team_id=team_id)
+        rows = rows.filter(job_id=job_id) if job_id is not None else rows.filter(job__isnull=True)
         with transaction.atomic():
             rows.delete()
             if root:

@@ -16,33 +16,21 @@ docs/deployment-ha.md describes the set-up and what the fault suite measured wit
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
-
-from django.core.exceptions import ImproperlyConfigured
 
 from core.redis_clients import redis_database
 
 
-def host_ports(name: str, raw: str, default_port: int) -> list[tuple[str, int]]:
-    """``a:1,b:2`` → ``[("a", 1), ("b", 2)]``; a sentence naming the variable otherwise."""
-    pairs = []
-    for item in filter(None, (part.strip() for part in raw.split(","))):
-        host, _, port = item.rpartition(":") if ":" in item else (item, "", str(default_port))
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ImproperlyConfigured(f"{name}: {item!r} is not host:port (e.g. db1:5432).")
-        pairs.append((host, int(port)))
-    return pairs
-
-
-def patroni_database(database: dict[str, Any], hosts: list[tuple[str, int]]) -> dict[str, Any]:
+def patroni_database(database: Mapping[str, Any], hosts: list[tuple[str, int]]) -> dict[str, Any]:
     """The database settings with every member of the cluster, writes to the primary."""
+    settings = dict(database)
     if not hosts:
-        return database
-    database = dict(database)
-    database["HOST"] = ",".join(host for host, _ in hosts)
-    database["PORT"] = ",".join(str(port) for _, port in hosts)
-    database.setdefault("OPTIONS", {})["target_session_attrs"] = "read-write"
-    return database
+        return settings
+    settings["HOST"] = ",".join(host for host, _ in hosts)
+    settings["PORT"] = ",".join(str(port) for _, port in hosts)
+    settings.setdefault("OPTIONS", {})["target_session_attrs"] = "read-write"
+    return settings
 
 
 def channel_layer_host(url: str, sentinels: list[tuple[str, int]], master: str) -> dict:
@@ -52,8 +40,13 @@ def channel_layer_host(url: str, sentinels: list[tuple[str, int]], master: str) 
     if not sentinels:
         return {"address": url, **options}
     db, password = redis_database(url)
-    return {"sentinels": sentinels, "master_name": master, "db": db, "password": password,
-            **options}  # fmt: skip
+    return {
+        "sentinels": sentinels,
+        "master_name": master,
+        "db": db,
+        "password": password,
+        **options,
+    }
 
 
 def celery_broker(url: str, sentinels: list[tuple[str, int]]) -> str:

@@ -22,80 +22,20 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 from kombu import Exchange, Queue
 
-from config.schedule import beat_schedule
-from config.services import (
-    celery_broker,
-    channel_layer_host,
-    host_ports,
-    patroni_database,
+from config.env import (
+    env_bool,
+    env_choice,
+    env_host_ports,
+    env_int,
+    env_seconds,
+    env_seconds_by_kind,
+    env_url,
 )
+from config.schedule import beat_schedule
+from config.services import celery_broker, channel_layer_host, patroni_database
 from core.hardening import refuse_inspection
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-
-
-def _env_bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    if raw.lower() in {"1", "true", "yes", "on"}:
-        return True
-    if raw.lower() in {"0", "false", "no", "off"}:
-        return False
-    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean: set it to true or false.")
-
-
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ImproperlyConfigured(f"{name}={raw!r} is not a whole number.") from None
-
-
-def _seconds(name: str, raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise ImproperlyConfigured(f"{name}={raw!r} is not a number of seconds above 0.")
-    return value
-
-
-def _env_seconds(name: str, default: float) -> float:
-    raw = os.environ.get(name, "").strip()
-    return _seconds(name, raw) if raw else default
-
-
-def _env_seconds_by_kind(name: str, defaults: dict[str, float]) -> dict[str, float]:
-    """``kind=seconds`` pairs, comma-separated, over ``defaults`` (whose keys are the kinds)."""
-    values = dict(defaults)
-    for pair in filter(None, (p.strip() for p in os.environ.get(name, "").split(","))):
-        kind, equals, raw = (part.strip() for part in pair.partition("="))
-        if not equals or kind not in defaults:
-            raise ImproperlyConfigured(
-                f"{name}: {pair!r} is not kind=seconds with kind one of {', '.join(defaults)} "
-                "(e.g. checkpoint_and_pause=600,terminate=180)."
-            )
-        values[kind] = _seconds(f"{name} ({kind})", raw)
-    return values
-
-
-def _env_url(name: str, default: str) -> str:
-    raw = os.environ.get(name, default).strip()
-    if raw and not raw.startswith(("http://", "https://")):
-        raise ImproperlyConfigured(f"{name}={raw!r} is not an http:// or https:// URL.")
-    return raw
-
-
-def _env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
-    raw = os.environ.get(name, "").strip() or default
-    if raw.upper() not in choices:
-        raise ImproperlyConfigured(f"{name}={raw!r} is not one of {', '.join(choices)}.")
-    return raw.upper()
 
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "").strip()
@@ -113,12 +53,8 @@ if bool(DATABASE_URL) != bool(REDIS_URL):
 
 EMBEDDED = not DATABASE_URL
 # The fail-over set-ups (config/services.py): Patroni's members, Redis Sentinel's sentinels.
-DATABASE_HOSTS = host_ports(
-    "BRAKELINE_DATABASE_HOSTS", os.environ.get("BRAKELINE_DATABASE_HOSTS", ""), 5432
-)
-REDIS_SENTINELS = host_ports(
-    "BRAKELINE_REDIS_SENTINELS", os.environ.get("BRAKELINE_REDIS_SENTINELS", ""), 26379
-)
+DATABASE_HOSTS = env_host_ports("BRAKELINE_DATABASE_HOSTS", 5432)
+REDIS_SENTINELS = env_host_ports("BRAKELINE_REDIS_SENTINELS", 26379)
 REDIS_SENTINEL_MASTER = os.environ.get("BRAKELINE_REDIS_SENTINEL_MASTER", "").strip() or "brakeline"
 
 if not EMBEDDED and not DATABASE_URL.startswith(("postgres://", "postgresql://")):
@@ -132,7 +68,7 @@ if not EMBEDDED and not REDIS_URL.startswith(("redis://", "rediss://")):
         f"got scheme {REDIS_URL.split(':', 1)[0]!r}."
     )
 
-DEBUG = _env_bool("BRAKELINE_DEBUG", EMBEDDED)
+DEBUG = env_bool("BRAKELINE_DEBUG", EMBEDDED)
 # Outside the embedded mode the key signs sessions, password resets and CSRF tokens: a missing
 # or short one is refused whatever BRAKELINE_DEBUG says (a debug server reachable from a
 # network must not run on the public development key). BRAKELINE_INSECURE_DEV_KEY=true, said
@@ -141,7 +77,7 @@ MIN_SECRET_KEY_CHARS = 32
 DEVELOPMENT_SECRET_KEY = "brakeline-embedded-development-key-not-for-production"
 SECRET_KEY = os.environ.get("BRAKELINE_SECRET_KEY", "")
 if not EMBEDDED:
-    if not SECRET_KEY and not _env_bool("BRAKELINE_INSECURE_DEV_KEY", False):
+    if not SECRET_KEY and not env_bool("BRAKELINE_INSECURE_DEV_KEY", False):
         raise ImproperlyConfigured(
             "BRAKELINE_SECRET_KEY is not set: set it to a long random string "
             "(python -c 'import secrets; print(secrets.token_urlsafe(50))')."
@@ -216,10 +152,10 @@ AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
-AXES_FAILURE_LIMIT = _env_int("BRAKELINE_LOGIN_FAILURE_LIMIT", 10)
+AXES_FAILURE_LIMIT = env_int("BRAKELINE_LOGIN_FAILURE_LIMIT", 10)
 if AXES_FAILURE_LIMIT < 1:
     raise ImproperlyConfigured(f"BRAKELINE_LOGIN_FAILURE_LIMIT={AXES_FAILURE_LIMIT} is below 1.")
-AXES_COOLOFF_TIME = timedelta(seconds=_env_seconds("BRAKELINE_LOGIN_COOLOFF_SECONDS", 900.0))
+AXES_COOLOFF_TIME = timedelta(seconds=env_seconds("BRAKELINE_LOGIN_COOLOFF_SECONDS", 900.0))
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"], "username"]
 AXES_RESET_ON_SUCCESS = True
 # The cool-off runs from the failure that locked: attempts during the lock-out do not extend it.
@@ -232,15 +168,15 @@ AXES_VERBOSE = False
 # BRAKELINE_TLS_PROXY=true: a reverse proxy terminates TLS and says so in X-Forwarded-Proto
 # (and the client's address in X-Forwarded-For). Either turns on Secure cookies, HSTS and the
 # redirect of http to https (the health check excepted, for probes inside the network).
-TLS_PROXY = _env_bool("BRAKELINE_TLS_PROXY", False)
-SECURE = _env_bool("BRAKELINE_SECURE", False) or TLS_PROXY
+TLS_PROXY = env_bool("BRAKELINE_TLS_PROXY", False)
+SECURE = env_bool("BRAKELINE_SECURE", False) or TLS_PROXY
 if TLS_PROXY:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SESSION_COOKIE_SECURE = SECURE
 CSRF_COOKIE_SECURE = SECURE
 SECURE_SSL_REDIRECT = SECURE
 SECURE_REDIRECT_EXEMPT = [r"^api/v1/health$"]
-SECURE_HSTS_SECONDS = _env_int("BRAKELINE_HSTS_SECONDS", 31_536_000) if SECURE else 0
+SECURE_HSTS_SECONDS = env_int("BRAKELINE_HSTS_SECONDS", 31_536_000) if SECURE else 0
 SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE
 SECURE_HSTS_PRELOAD = SECURE
 SECURE_CONTENT_TYPE_NOSNIFF = True
@@ -307,11 +243,11 @@ else:
     DATABASES["default"]["OPTIONS"] = {
         **DATABASES["default"].get("OPTIONS", {}),
         "pool": {
-            "min_size": _env_int("BRAKELINE_DB_POOL_MIN", 2),
-            "max_size": _env_int("BRAKELINE_DB_POOL_MAX", 20),
-            "timeout": _env_seconds("BRAKELINE_DB_POOL_TIMEOUT", 3.0),
+            "min_size": env_int("BRAKELINE_DB_POOL_MIN", 2),
+            "max_size": env_int("BRAKELINE_DB_POOL_MAX", 20),
+            "timeout": env_seconds("BRAKELINE_DB_POOL_TIMEOUT", 3.0),
         },
-        "connect_timeout": max(1, round(_env_seconds("BRAKELINE_DB_POOL_TIMEOUT", 3.0))),
+        "connect_timeout": max(1, round(env_seconds("BRAKELINE_DB_POOL_TIMEOUT", 3.0))),
     }
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -392,7 +328,7 @@ CELERY_TASK_IGNORE_RESULT = True
 # The worker keeps its PostgreSQL connections: Celery's Django fixup otherwise closes them (and,
 # under prefork, the whole psycopg pool) before and after every task, two new connections per
 # task (issue 22 measured ~20 µs per point of it). Recycled every 2 x 500 tasks instead.
-CELERY_DB_REUSE_MAX = _env_int("BRAKELINE_WORKER_DB_REUSE_MAX", 500)
+CELERY_DB_REUSE_MAX = env_int("BRAKELINE_WORKER_DB_REUSE_MAX", 500)
 DEFAULT_CELERY_QUEUE = "brakeline"  # what docker-compose.yml's worker consumes
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("BRAKELINE_CELERY_QUEUE", DEFAULT_CELERY_QUEUE)
 # The watchdog (heartbeats, hung jobs) has a queue of its own: a backlog of evaluations must
@@ -491,23 +427,23 @@ SPECTACULAR_SETTINGS = {
 }
 
 # --- Agent protocol limits (documented in the README and the OpenAPI schema) --------------
-AGENT_MAX_BATCH_POINTS = _env_int("BRAKELINE_MAX_BATCH_POINTS", 10_000)
+AGENT_MAX_BATCH_POINTS = env_int("BRAKELINE_MAX_BATCH_POINTS", 10_000)
 # /metrics for Prometheus (docs/monitoring.md): a bearer token, or public on an internal port.
 METRICS_TOKEN = os.environ.get("BRAKELINE_METRICS_TOKEN", "")
-METRICS_PUBLIC = _env_bool("BRAKELINE_METRICS_PUBLIC", False)
-AGENT_MAX_BATCH_BYTES = _env_int("BRAKELINE_MAX_BATCH_BYTES", 4 * 1024 * 1024)
-AGENT_MAX_SNAPSHOT_BYTES = _env_int("BRAKELINE_MAX_SNAPSHOT_BYTES", 1024 * 1024)
+METRICS_PUBLIC = env_bool("BRAKELINE_METRICS_PUBLIC", False)
+AGENT_MAX_BATCH_BYTES = env_int("BRAKELINE_MAX_BATCH_BYTES", 4 * 1024 * 1024)
+AGENT_MAX_SNAPSHOT_BYTES = env_int("BRAKELINE_MAX_SNAPSHOT_BYTES", 1024 * 1024)
 # Point and snapshot times further than this from the server's clock are refused (400).
-AGENT_TIME_WINDOW_SECONDS = _env_seconds("BRAKELINE_AGENT_TIME_WINDOW_SECONDS", 24 * 3600.0)
+AGENT_TIME_WINDOW_SECONDS = env_seconds("BRAKELINE_AGENT_TIME_WINDOW_SECONDS", 24 * 3600.0)
 # Metric storage (breakers.storage): raw points for this long, then only their 10 s / 1 min
 # rollups per rank (kept for months); raw points around an incident are never deleted.
-METRIC_RAW_RETENTION_SECONDS = _env_seconds("BRAKELINE_RAW_RETENTION_SECONDS", 72 * 3600.0)
-METRIC_INCIDENT_MARGIN_STEPS = _env_int("BRAKELINE_INCIDENT_MARGIN_STEPS", 1000)
-METRIC_ROLLUP_RETENTION_DAYS = _env_int("BRAKELINE_ROLLUP_RETENTION_DAYS", 180)
+METRIC_RAW_RETENTION_SECONDS = env_seconds("BRAKELINE_RAW_RETENTION_SECONDS", 72 * 3600.0)
+METRIC_INCIDENT_MARGIN_STEPS = env_int("BRAKELINE_INCIDENT_MARGIN_STEPS", 1000)
+METRIC_ROLLUP_RETENTION_DAYS = env_int("BRAKELINE_ROLLUP_RETENTION_DAYS", 180)
 # Raw points are compacted into blocks (~8 B a point) once the evaluator and the rollups are
 # past them and they are this old (or the job logged nothing for this long): the recent tail
 # stays one row per point, and a round's blocks are ~this long a stretch of each rank's steps.
-METRIC_COMPACT_AFTER_SECONDS = _env_seconds("BRAKELINE_COMPACT_AFTER_SECONDS", 600.0)
+METRIC_COMPACT_AFTER_SECONDS = env_seconds("BRAKELINE_COMPACT_AFTER_SECONDS", 600.0)
 if METRIC_INCIDENT_MARGIN_STEPS < 0 or METRIC_ROLLUP_RETENTION_DAYS < 1:
     raise ImproperlyConfigured(
         "BRAKELINE_INCIDENT_MARGIN_STEPS must be ≥ 0 and BRAKELINE_ROLLUP_RETENTION_DAYS ≥ 1."
@@ -518,10 +454,10 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = AGENT_MAX_BATCH_BYTES + 1024
 # Logging: warnings and errors of every part, with their level and origin; the request log
 # (console.request_log) at INFO: people's requests one line each, agent traffic summed up in
 # one line per AGENT_TRAFFIC_LOG_SECONDS. Daphne's own access log is off where we start it.
-LOG_LEVEL = _env_choice(
+LOG_LEVEL = env_choice(
     "BRAKELINE_LOG_LEVEL", "WARNING", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 )
-AGENT_TRAFFIC_LOG_SECONDS = _env_seconds("BRAKELINE_AGENT_TRAFFIC_LOG_SECONDS", 60.0)
+AGENT_TRAFFIC_LOG_SECONDS = env_seconds("BRAKELINE_AGENT_TRAFFIC_LOG_SECONDS", 60.0)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -546,13 +482,13 @@ CELERY_BEAT_SCHEDULER = "config.beat:LeasedScheduler"
 # Jobs on Slurm: where scancel/scontrol/squeue live (empty: PATH), and an optional slurm.conf.
 SLURM_BIN_DIR = os.environ.get("BRAKELINE_SLURM_BIN_DIR", "")
 SLURM_CONF = os.environ.get("SLURM_CONF") or None
-SLURM_COMMAND_TIMEOUT_SECONDS = _env_seconds("BRAKELINE_SLURM_COMMAND_TIMEOUT_SECONDS", 30.0)
-SLURM_CANCEL_WAIT_SECONDS = _env_seconds("BRAKELINE_SLURM_CANCEL_WAIT_SECONDS", 40.0)
+SLURM_COMMAND_TIMEOUT_SECONDS = env_seconds("BRAKELINE_SLURM_COMMAND_TIMEOUT_SECONDS", 30.0)
+SLURM_CANCEL_WAIT_SECONDS = env_seconds("BRAKELINE_SLURM_CANCEL_WAIT_SECONDS", 40.0)
 
 # --- The control plane: deadlines the watchdog enforces ----------------------------------
 # A command not acknowledged in time presumes the job hung. Saving a checkpoint of a large
 # model takes minutes; a learning-rate change takes a step. The keys are the command kinds.
-COMMAND_ACK_TIMEOUT_SECONDS = _env_seconds_by_kind(
+COMMAND_ACK_TIMEOUT_SECONDS = env_seconds_by_kind(
     "BRAKELINE_COMMAND_ACK_TIMEOUT_SECONDS",
     {
         "lower_lr": 120.0,
@@ -565,13 +501,13 @@ COMMAND_ACK_TIMEOUT_SECONDS = _env_seconds_by_kind(
     },
 )
 # Between the executor's polite stop (SIGTERM, Slurm's USR1) and the forced one.
-EXECUTOR_GRACE_SECONDS = _env_seconds("BRAKELINE_EXECUTOR_GRACE_SECONDS", 10.0)
+EXECUTOR_GRACE_SECONDS = env_seconds("BRAKELINE_EXECUTOR_GRACE_SECONDS", 10.0)
 # Multi-rank jobs (breakers.control.apply_at, breakers.control.acks): a command that changes
 # the training state applies at a step this many seconds' worth of steps ahead of the highest
 # step any rank reported (time for it to reach every rank, websocket or not); and a command
 # some ranks acknowledged and others not after this long is a "split job" alert (L3).
-COMMAND_APPLY_MARGIN_SECONDS = _env_seconds("BRAKELINE_COMMAND_APPLY_MARGIN_SECONDS", 3.0)
-COMMAND_SPLIT_SECONDS = _env_seconds("BRAKELINE_COMMAND_SPLIT_SECONDS", 30.0)
+COMMAND_APPLY_MARGIN_SECONDS = env_seconds("BRAKELINE_COMMAND_APPLY_MARGIN_SECONDS", 3.0)
+COMMAND_SPLIT_SECONDS = env_seconds("BRAKELINE_COMMAND_SPLIT_SECONDS", 30.0)
 # Silences and acknowledgement deadlines are judged only up to the web tier's last beacon
 # (breakers.control.hearing): the console's own outage is not the jobs' silence. Not an
 # operator's setting: the test suite's in-process watchdog, whose clock tests move, turns it
@@ -590,25 +526,25 @@ CHECKPOINT_SCHEMES = tuple(
     for scheme in os.environ.get("BRAKELINE_CHECKPOINT_SCHEMES", "s3,gs").split(",")
     if scheme.strip() and scheme.strip() != "file"
 )
-INFERENCE_DRAIN_SECONDS = _env_seconds("BRAKELINE_INFERENCE_DRAIN_SECONDS", 30.0)
+INFERENCE_DRAIN_SECONDS = env_seconds("BRAKELINE_INFERENCE_DRAIN_SECONDS", 30.0)
 # A job's heartbeat deadline: its own timeout, else 8 measured step times but never below the
 # floor (a fast toy job must not be declared hung by one slow garbage collection), and the
 # default until a step time has been measured.
-HEARTBEAT_TIMEOUT_FLOOR_SECONDS = _env_seconds("BRAKELINE_HEARTBEAT_FLOOR_SECONDS", 10.0)
-HEARTBEAT_TIMEOUT_DEFAULT_SECONDS = _env_seconds("BRAKELINE_HEARTBEAT_DEFAULT_SECONDS", 60.0)
+HEARTBEAT_TIMEOUT_FLOOR_SECONDS = env_seconds("BRAKELINE_HEARTBEAT_FLOOR_SECONDS", 10.0)
+HEARTBEAT_TIMEOUT_DEFAULT_SECONDS = env_seconds("BRAKELINE_HEARTBEAT_DEFAULT_SECONDS", 60.0)
 # Fire drills: each team's full drill set is due once per this period (default 30 days), on the
 # beat (breakers.detection.rulesets.due_drills).
-DRILL_INTERVAL_SECONDS = _env_seconds("BRAKELINE_DRILL_INTERVAL_SECONDS", 30 * 86400.0)
+DRILL_INTERVAL_SECONDS = env_seconds("BRAKELINE_DRILL_INTERVAL_SECONDS", 30 * 86400.0)
 # false: the beat starts no drills (a benchmark's or a test's stack: a drill set is nine real
 # PyTorch processes, which would skew what is measured there).
-DRILL_SCHEDULE = _env_bool("BRAKELINE_DRILL_SCHEDULE", True)
+DRILL_SCHEDULE = env_bool("BRAKELINE_DRILL_SCHEDULE", True)
 # A drill still queued or running this long after it was asked for lost its runner (the process
 # died with the machine): the hourly schedule marks it "error", which pages when it was
 # scheduled. A whole drill set takes minutes; an hour leaves room for a slow Slurm queue.
-DRILL_RUN_TIMEOUT_SECONDS = _env_seconds("BRAKELINE_DRILL_RUN_TIMEOUT_SECONDS", 3600.0)
+DRILL_RUN_TIMEOUT_SECONDS = env_seconds("BRAKELINE_DRILL_RUN_TIMEOUT_SECONDS", 3600.0)
 # May a team's admins make their own training command the drill workload? It runs on this
 # machine (or its Slurm) as the console's user, so the operator opts in; off by default.
-DRILL_TEAM_COMMANDS = _env_bool("BRAKELINE_DRILL_TEAM_COMMANDS", False)
+DRILL_TEAM_COMMANDS = env_bool("BRAKELINE_DRILL_TEAM_COMMANDS", False)
 # What a sandbox's environment keeps of the console's: these names only (never its database
 # URL, secret key or provider tokens), plus what the drill sets (docs/drills.md).
 DRILL_ENVIRONMENT_ALLOWLIST = tuple(
@@ -620,12 +556,12 @@ DRILL_ENVIRONMENT_ALLOWLIST = tuple(
     if name.strip()
 )
 # An escalation request nobody decides within this long expires (the next manager is told).
-ESCALATION_DECISION_SECONDS = _env_seconds("BRAKELINE_ESCALATION_DECISION_SECONDS", 15 * 60.0)
+ESCALATION_DECISION_SECONDS = env_seconds("BRAKELINE_ESCALATION_DECISION_SECONDS", 15 * 60.0)
 
 # Notifications: the job links in messages, the SMS/phone provider (a Twilio-style form POST),
 # e-mail. Nothing is required: without a provider, SMS and phone deliveries fail visibly.
-BRAKELINE_PUBLIC_URL = _env_url("BRAKELINE_PUBLIC_URL", "http://127.0.0.1:8000")
-NOTIFY_PROVIDER_BASE_URL = _env_url("BRAKELINE_NOTIFY_PROVIDER_URL", "")
+BRAKELINE_PUBLIC_URL = env_url("BRAKELINE_PUBLIC_URL", "http://127.0.0.1:8000")
+NOTIFY_PROVIDER_BASE_URL = env_url("BRAKELINE_NOTIFY_PROVIDER_URL", "")
 NOTIFY_PROVIDER_ACCOUNT_SID = os.environ.get("BRAKELINE_NOTIFY_PROVIDER_SID", "")
 NOTIFY_PROVIDER_AUTH_TOKEN = os.environ.get("BRAKELINE_NOTIFY_PROVIDER_TOKEN", "")
 NOTIFY_PROVIDER_FROM_NUMBER = os.environ.get("BRAKELINE_NOTIFY_FROM_NUMBER", "")
@@ -633,19 +569,19 @@ NOTIFY_EMAIL_FROM = os.environ.get("BRAKELINE_NOTIFY_EMAIL_FROM", "brakeline@loc
 # Named explicitly, so a test runner's locmem EMAIL_BACKEND never swallows a page.
 NOTIFY_EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
 EMAIL_HOST = os.environ.get("BRAKELINE_SMTP_HOST", "localhost")
-EMAIL_PORT = _env_int("BRAKELINE_SMTP_PORT", 25)
+EMAIL_PORT = env_int("BRAKELINE_SMTP_PORT", 25)
 EMAIL_HOST_USER = os.environ.get("BRAKELINE_SMTP_USER", "")
 EMAIL_HOST_PASSWORD = os.environ.get("BRAKELINE_SMTP_PASSWORD", "")
-EMAIL_USE_TLS = _env_bool("BRAKELINE_SMTP_STARTTLS", False)
-NOTIFY_MAX_ATTEMPTS = _env_int("BRAKELINE_NOTIFY_MAX_ATTEMPTS", 5)
+EMAIL_USE_TLS = env_bool("BRAKELINE_SMTP_STARTTLS", False)
+NOTIFY_MAX_ATTEMPTS = env_int("BRAKELINE_NOTIFY_MAX_ATTEMPTS", 5)
 if NOTIFY_MAX_ATTEMPTS < 1:
     raise ImproperlyConfigured(f"BRAKELINE_NOTIFY_MAX_ATTEMPTS={NOTIFY_MAX_ATTEMPTS} is below 1.")
-NOTIFY_RETRY_BASE_SECONDS = _env_seconds("BRAKELINE_NOTIFY_RETRY_BASE_SECONDS", 2.0)
-NOTIFY_HTTP_TIMEOUT_SECONDS = _env_seconds("BRAKELINE_NOTIFY_HTTP_TIMEOUT_SECONDS", 10.0)
+NOTIFY_RETRY_BASE_SECONDS = env_seconds("BRAKELINE_NOTIFY_RETRY_BASE_SECONDS", 2.0)
+NOTIFY_HTTP_TIMEOUT_SECONDS = env_seconds("BRAKELINE_NOTIFY_HTTP_TIMEOUT_SECONDS", 10.0)
 # A queued delivery not finished by its lease (claimed by a worker that died mid-send, or whose
 # task message was lost with Redis) is re-queued by the sweeper. Far above the HTTP timeout: a
 # live worker's send must end long before its lease does, or it could be sent twice.
-NOTIFY_DELIVERY_LEASE_SECONDS = _env_seconds("BRAKELINE_NOTIFY_LEASE_SECONDS", 120.0)
+NOTIFY_DELIVERY_LEASE_SECONDS = env_seconds("BRAKELINE_NOTIFY_LEASE_SECONDS", 120.0)
 if NOTIFY_DELIVERY_LEASE_SECONDS < 3 * NOTIFY_HTTP_TIMEOUT_SECONDS:
     raise ImproperlyConfigured(
         f"BRAKELINE_NOTIFY_LEASE_SECONDS={NOTIFY_DELIVERY_LEASE_SECONDS:g} must be at least "
@@ -653,7 +589,7 @@ if NOTIFY_DELIVERY_LEASE_SECONDS < 3 * NOTIFY_HTTP_TIMEOUT_SECONDS:
     )
 # A team's chat webhook may point at loopback, link-local and private addresses only when the
 # operator says so (a chat server on the private network; the test suite's own receivers).
-NOTIFY_ALLOW_PRIVATE_URLS = _env_bool("BRAKELINE_NOTIFY_ALLOW_PRIVATE_URLS", False)
+NOTIFY_ALLOW_PRIVATE_URLS = env_bool("BRAKELINE_NOTIFY_ALLOW_PRIVATE_URLS", False)
 # A team's drill command runs as this user when the console runs as root (a name or uid; empty:
 # the console's user, without any capability). Either way it cannot read the console's
 # environment: every console process is made not dumpable here (core.hardening).

@@ -349,7 +349,7 @@ def job_state(user: Any, job: Job) -> dict[str, Any]:
                 "acknowledged_by": acked.get(a.pk),
             }
             for a in alerts
-        ],  # fmt: skip
+        ],
         "incident": incident,
         "silences": list(silences),
         "escalations": [
@@ -428,8 +428,11 @@ def dashboard_rows(user: Any) -> list[dict[str, Any]]:
         confirmer = ""
         if waiting and pause is not None:
             level = pause_level(pause)
-            confirmer = "on-call" if decide("oncall", Action.CONFIRM_PAUSE, level).allowed else (
-                "a manager")  # fmt: skip
+            confirmer = (
+                "on-call"
+                if decide("oncall", Action.CONFIRM_PAUSE, level).allowed
+                else ("a manager")
+            )
         rank, why = attention(status, alerts[job.pk], waiting, confirmer)
         levels = {level: 0 for level in ("L4", "L3", "L2", "L1")}
         for alert in alerts[job.pk]:

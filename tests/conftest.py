@@ -10,12 +10,13 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from bench._stack import daphne_command
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -140,18 +141,7 @@ def live_console(django_db_setup, django_db_blocker):
         # Teams' own drill commands on: the drills page's workload form is in the browser tests.
         env = server_environment(BRAKELINE_DRILL_TEAM_COMMANDS="true")
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "daphne",
-            "-b",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "--access-log",
-            os.devnull,
-            "config.asgi:application",
-        ],
+        daphne_command(port),
         cwd=ROOT,
         env=env,
     )

@@ -46,15 +46,42 @@ from core.errors import InvalidInput
 from core.nodes import HOSTLIST_CHARACTERS
 
 __all__ = [
-    "ACK_STATUSES", "BATCH_ID", "DEFAULT_TIME_WINDOW_SECONDS", "HEARTBEAT_KEYS",
-    "HEARTBEAT_STATUSES", "MAX_ERROR_LENGTH", "MAX_FLOAT_INT", "MAX_JSON_DEPTH",
-    "MAX_NAME_LENGTH", "MAX_RANK", "MAX_REPORTED_ERRORS", "MAX_STEP", "NON_FINITE_STRINGS",
-    "NOT_ONE_NODE", "POINT_KEYS", "PROTOCOL_VERSION", "AckIn", "DuplicateKey", "HeartbeatIn",
-    "MetricsBatchIn", "NonFiniteLiteral", "PointIn", "TimeWindow", "has_unstorable",
-    "heartbeat_from", "is_whole_number", "json_type", "load_json", "parse_ack",
-    "parse_heartbeat", "parse_json_object", "parse_metrics", "parse_metrics_body", "safe_text",
+    "ACK_STATUSES",
+    "BATCH_ID",
+    "DEFAULT_TIME_WINDOW_SECONDS",
+    "HEARTBEAT_KEYS",
+    "HEARTBEAT_STATUSES",
+    "MAX_ERROR_LENGTH",
+    "MAX_FLOAT_INT",
+    "MAX_JSON_DEPTH",
+    "MAX_NAME_LENGTH",
+    "MAX_RANK",
+    "MAX_REPORTED_ERRORS",
+    "MAX_STEP",
+    "NON_FINITE_STRINGS",
+    "NOT_ONE_NODE",
+    "POINT_KEYS",
+    "PROTOCOL_VERSION",
+    "AckIn",
+    "DuplicateKey",
+    "HeartbeatIn",
+    "MetricsBatchIn",
+    "NonFiniteLiteral",
+    "PointIn",
+    "TimeWindow",
+    "has_unstorable",
+    "heartbeat_from",
+    "is_whole_number",
+    "json_type",
+    "load_json",
+    "parse_ack",
+    "parse_heartbeat",
+    "parse_json_object",
+    "parse_metrics",
+    "parse_metrics_body",
+    "safe_text",
     "unstorable_json",
-]  # fmt: skip
+]
 
 # 1: the first protocol. 2: a metrics batch may carry a batch id, stored once. 3: a metrics
 # batch may carry its rank's heartbeat (docs/protocol.md "Versions"); everything of the
@@ -85,10 +112,19 @@ class HeartbeatIn:
 
 
 HEARTBEAT_KEYS = (
-    "step", "status", "pid", "hostname", "rank", "world_size",
-    "slurm_job_id", "slurm_nodelist", "slurm_step_id", *LAUNCHER_KEYS,
-    "sync_step", "compute_seconds",
-)  # fmt: skip
+    "step",
+    "status",
+    "pid",
+    "hostname",
+    "rank",
+    "world_size",
+    "slurm_job_id",
+    "slurm_nodelist",
+    "slurm_step_id",
+    *LAUNCHER_KEYS,
+    "sync_step",
+    "compute_seconds",
+)
 # Slurm job ids are numbers ("123"); step ids are numbers or names ("0", "batch", "1+0").
 _SLURM_JOB_ID = re.compile(r"[0-9]{1,20}")
 _SLURM_STEP_ID = re.compile(r"[0-9A-Za-z+._-]{1,32}")

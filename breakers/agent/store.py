@@ -30,18 +30,7 @@ COPY_METRICS_SQL = (
     "FROM STDIN (FORMAT BINARY)"
 )
 COPY_METRICS_TYPES = ["int8", "varchar", "int8", "timestamptz", "float8", "varchar", "int4"]
-# Ingest leaves last_id to the column's default: the next id of MetricPoint's sequence.
-BLOCK_COLUMNS = (
-    "job_id", "rank", "node", "first_step", "last_step", "first_time", "last_time",
-    "names", "steps", "times", "vals", "tdelta",
-)  # fmt: skip
-COPY_BLOCKS_SQL = (
-    f"COPY {partitions.BLOCKS} ({', '.join(BLOCK_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
-)
-COPY_BLOCK_TYPES = [
-    "int8", "int4", "varchar", "int8", "int8", "timestamptz", "timestamptz",
-    "varchar[]", "int8[]", "timestamptz[]", "float8[]", "int4[]",
-]  # fmt: skip
+COPY_BLOCKS_SQL, COPY_BLOCK_TYPES = partitions.copy_blocks(with_last_id=False)
 # Node and metric names already registered, per job: registering is idempotent, these only
 # spare a write on every batch of a job whose names are all known (caches, never the truth).
 _known_nodes: dict[int, set[str]] = {}

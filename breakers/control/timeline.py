@@ -92,34 +92,10 @@ def record_acknowledged(command: Command) -> None:
         {"status": command.status, "result": result, "error": command.error},
     )
     if command.status != CommandStatus.SUCCEEDED:
-        if command.kind == CommandKind.RESUME and command.params.get("checkpoint"):
-            params = command.params
-            row(
-                TimelineKind.NOTE,
-                f"Roll back to step {params.get('step')} ({params['checkpoint']}) refused by "
-                f"the job: {command.error or 'no reason given'}. The job stays paused, its "
-                "pause to be confirmed again",
-                {"event": "roll_back_refused", "error": command.error, "params": params},
-            )
+        _record_refused_roll_back(command, row)
         return
     if command.kind == CommandKind.CHECKPOINT_AND_PAUSE:
-        holds = result.get("weights_step")
-        through = holds if isinstance(holds, int) else step  # the updates the weights hold
-        clean = isinstance(through, int) and through < incident.first_step
-        row(
-            TimelineKind.CHECKPOINT_SAVED,
-            f"Checkpoint saved at {result.get('path', '?')} ({result.get('bytes', '?')} bytes "
-            f"in {result.get('seconds', '?')} s, sha256 {result.get('sha256', '?')}); "
-            + ("clean: no update from the anomaly on" if clean else "after the anomaly")
-            + "; training paused",
-            {
-                **{key: result.get(key) for key in ("path", "bytes", "seconds", "sha256", "step")},
-                "weights_step": holds,
-                "clean": clean,
-            },
-        )
-        if result.get("released"):
-            row(TimelineKind.RESOURCES_RELEASED, "Accelerators released")
+        _record_checkpoint_saved(command, incident, step, row)
         _mitigate(incident)
     elif command.kind == CommandKind.RESUME:
         _record_resumed(command, row)
@@ -129,9 +105,47 @@ def record_acknowledged(command: Command) -> None:
         _mitigate(incident)
         settle_incident(command.job_id, step if isinstance(step, int) else None, now=at)
     elif command.kind in (CommandKind.LOWER_LR, CommandKind.PAUSE_DATA):
-        # An acknowledged soft mitigation mitigates too (issue 9): the job applied it, though
+        # An acknowledged soft mitigation mitigates too: the job applied it, though
         # the training goes on; the command_acknowledged row above records it.
         _mitigate(incident)
+
+
+def _record_refused_roll_back(command: Command, row: Any) -> None:
+    """A roll back the job refused (a hash that did not match, a missing file): said with
+    its reason, where people look, not only in the command's error."""
+    params = command.params
+    if command.kind != CommandKind.RESUME or not params.get("checkpoint"):
+        return
+    row(
+        TimelineKind.NOTE,
+        f"Roll back to step {params.get('step')} ({params['checkpoint']}) refused by "
+        f"the job: {command.error or 'no reason given'}. The job stays paused, its "
+        "pause to be confirmed again",
+        {"event": "roll_back_refused", "error": command.error, "params": params},
+    )
+
+
+def _record_checkpoint_saved(command: Command, incident: Any, step: Any, row: Any) -> None:
+    """The brake's checkpoint, labelled clean when its weights hold no update from the
+    anomaly's step on; and the accelerators' release, when the job said so."""
+    result = command.result
+    holds = result.get("weights_step")
+    through = holds if isinstance(holds, int) else step  # the updates the weights hold
+    clean = isinstance(through, int) and through < incident.first_step
+    row(
+        TimelineKind.CHECKPOINT_SAVED,
+        f"Checkpoint saved at {result.get('path', '?')} ({result.get('bytes', '?')} bytes "
+        f"in {result.get('seconds', '?')} s, sha256 {result.get('sha256', '?')}); "
+        + ("clean: no update from the anomaly on" if clean else "after the anomaly")
+        + "; training paused",
+        {
+            **{key: result.get(key) for key in ("path", "bytes", "seconds", "sha256", "step")},
+            "weights_step": holds,
+            "clean": clean,
+        },
+    )
+    if result.get("released"):
+        row(TimelineKind.RESOURCES_RELEASED, "Accelerators released")
 
 
 def _record_resumed(command: Command, row: Any) -> None:

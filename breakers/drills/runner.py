@@ -271,8 +271,10 @@ def _observe(
     point = wait_until(lambda: _fault_point(job, injected), "the fault", 60, sandbox)
     if point is None:
         injected.refresh_from_db()
-        raise DrillError(f"the fault never fired (inject_fault {injected.status}: "
-                         f"{injected.error or 'no answer'})")  # fmt: skip
+        raise DrillError(
+            f"the fault never fired (inject_fault {injected.status}: "
+            f"{injected.error or 'no answer'})"
+        )
     _stage(run, "fault fired")
     alert = _wait_for_alert(job, scenario, point)
     _stage(run, "alert seen")

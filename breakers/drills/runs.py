@@ -67,13 +67,18 @@ def request_drills(
         command, verify_command = _workload_commands(team, workload)
         drill_set = uuid.uuid4()
         fields = {
-            "team": team, "drill_set": drill_set, "executor": executor, "requested_by": actor,
-            "corrupt_checkpoint": corrupt_checkpoint, "schedule_key": schedule_key,
-            "command": command, "verify_command": verify_command,
+            "team": team,
+            "drill_set": drill_set,
+            "executor": executor,
+            "requested_by": actor,
+            "corrupt_checkpoint": corrupt_checkpoint,
+            "schedule_key": schedule_key,
+            "command": command,
+            "verify_command": verify_command,
             # The version the drill vouches for ("drilled" is per version: a rule change after
             # this needs the drill again). Read before the runs exist: the one in force.
             "ruleset_version": rulesets.current_version(team).number,
-        }  # fmt: skip
+        }
         runs = _store_set([scenario.name for scenario in chosen], fields, launch)
         attempt.succeeded(f"drill set {drill_set}: {', '.join(s.name for s in chosen)}")
     return runs

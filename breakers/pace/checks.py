@@ -24,12 +24,22 @@ RULE_KEY = "rank-straggler"
 def _signal(score: Score, step: int, now: datetime) -> AlertSignal:
     ratios = [r for r in (score.vs_fastest, score.vs_usual) if r is not None]
     return AlertSignal(
-        rule_key=RULE_KEY, rule_name="Straggler rank", layer=Layer.PERFORMANCE,
-        severity=Severity.L1, metric=f"{score.basis}_time", node=_node(score),
-        value=max(ratios), threshold=SLOW, description=score.describe(), step=step,
-        time=now, first_step=step, first_time=now, nodes=(score.host,) if score.host else (),
+        rule_key=RULE_KEY,
+        rule_name="Straggler rank",
+        layer=Layer.PERFORMANCE,
+        severity=Severity.L1,
+        metric=f"{score.basis}_time",
+        node=_node(score),
+        value=max(ratios),
+        threshold=SLOW,
+        description=score.describe(),
+        step=step,
+        time=now,
+        first_step=step,
+        first_time=now,
+        nodes=(score.host,) if score.host else (),
         runbook_hint="straggler slow rank",
-    )  # fmt: skip
+    )
 
 
 def _node(score: Score) -> str:
@@ -53,20 +63,23 @@ def check_job(job_id: int, now: datetime | None = None) -> list[Score]:
     now = now or timezone.now()
     seats, basis = _timed(list(JobRank.objects.filter(job_id=job_id, status=AgentStatus.RUNNING)))
     with transaction.atomic():
-        history = {h.rank: h for h in RankPaceHistory.objects.select_for_update().filter(
-            job_id=job_id)}  # fmt: skip
+        history = {
+            h.rank: h for h in RankPaceHistory.objects.select_for_update().filter(job_id=job_id)
+        }
         paces = {
             seat.rank: RankPace(
-                seat.rank, seat.hostname,
-                float((seat.compute_seconds if basis == "compute" else seat.step_time_seconds)
-                      or 0.0),
+                seat.rank,
+                seat.hostname,
+                float(
+                    (seat.compute_seconds if basis == "compute" else seat.step_time_seconds) or 0.0
+                ),
                 history[seat.rank].usual_step_time if seat.rank in history else None,
                 history[seat.rank].samples if seat.rank in history else 0,
                 history[seat.rank].flagged if seat.rank in history else False,
                 basis,
             )
             for seat in seats
-        }  # fmt: skip
+        }
         steps = {seat.rank: seat.step for seat in seats}
         found = scores(list(paces.values()))
         for score in found:
@@ -77,10 +90,10 @@ def check_job(job_id: int, now: datetime | None = None) -> list[Score]:
                 _resolve(job_id, score)
             usual, samples = next_usual(pace, score.straggler)
             RankPaceHistory.objects.update_or_create(
-                job_id=job_id, rank=score.rank,
-                defaults={"usual_step_time": usual, "samples": samples,
-                          "flagged": score.straggler},
-            )  # fmt: skip
+                job_id=job_id,
+                rank=score.rank,
+                defaults={"usual_step_time": usual, "samples": samples, "flagged": score.straggler},
+            )
     return found
 
 

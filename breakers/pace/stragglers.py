@@ -80,9 +80,18 @@ def scores(ranks: list[RankPace]) -> list[Score]:
             vs_usual = rank.step_time / rank.usual  # type: ignore[operator]
         limit = CLEAR if rank.flagged else SLOW
         slow = any(ratio is not None and ratio >= limit for ratio in (vs_fastest, vs_usual))
-        out.append(Score(rank.rank, rank.host, rank.step_time, vs_fastest,
-                         None if fastest is None else fastest.rank, vs_usual, slow,
-                         rank.basis))  # fmt: skip
+        out.append(
+            Score(
+                rank.rank,
+                rank.host,
+                rank.step_time,
+                vs_fastest,
+                None if fastest is None else fastest.rank,
+                vs_usual,
+                slow,
+                rank.basis,
+            )
+        )
     return sorted(out, key=lambda s: s.rank)
 
 

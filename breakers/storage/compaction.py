@@ -47,14 +47,7 @@ JOBS = Job._meta.db_table
 
 BATCH_POINTS = 200_000  # per transaction: bounded lock time and memory
 
-COPY_BLOCKS_SQL = (
-    f"COPY {BLOCKS} (job_id, rank, node, first_step, last_step, first_time, last_time, "
-    "last_id, names, steps, times, vals, tdelta) FROM STDIN (FORMAT BINARY)"
-)
-COPY_BLOCK_TYPES = [
-    "int8", "int4", "varchar", "int8", "int8", "timestamptz", "timestamptz", "int8",
-    "varchar[]", "int8[]", "timestamptz[]", "float8[]", "int4[]",
-]  # fmt: skip
+COPY_BLOCKS_SQL, COPY_BLOCK_TYPES = partitions.copy_blocks(with_last_id=True)
 
 # Jobs with points both cursors are past and not compacted yet.
 _DUE_SQL = f"""

@@ -20,6 +20,22 @@ log = logging.getLogger(__name__)
 
 BLOCKS = MetricBlock._meta.db_table
 PREFIX = f"{BLOCKS}_p"
+# The blocks table's columns as COPY writes them (binary), with their PostgreSQL types.
+_BLOCK_COPY_TYPES = {
+    "job_id": "int8",
+    "rank": "int4",
+    "node": "varchar",
+    "first_step": "int8",
+    "last_step": "int8",
+    "first_time": "timestamptz",
+    "last_time": "timestamptz",
+    "last_id": "int8",
+    "names": "varchar[]",
+    "steps": "int8[]",
+    "times": "timestamptz[]",
+    "vals": "float8[]",
+    "tdelta": "int4[]",
+}
 MAX_DAYS = 400  # days one chunk may touch: ingest keeps times within a day of the server's
 
 _LIST_SQL = """
@@ -121,3 +137,12 @@ def _drop_unless_written(table: str, checked_up_to: int | None) -> bool:
         log.info("retention: %s kept for now (%s)", table, error)
         return False
     return True
+
+
+def copy_blocks(*, with_last_id: bool) -> tuple[str, list[str]]:
+    """The COPY statement that writes blocks, and its column types. Ingest leaves ``last_id``
+    to the column's default (the next id of the points' sequence); compaction, which packs
+    points that already have ids, writes it."""
+    columns = [c for c in _BLOCK_COPY_TYPES if with_last_id or c != "last_id"]
+    sql = f"COPY {BLOCKS} ({', '.join(columns)}) FROM STDIN (FORMAT BINARY)"
+    return sql, [_BLOCK_COPY_TYPES[c] for c in columns]

@@ -256,10 +256,15 @@ class IntegrationTokenListView(PersonView):
         )
         token = issued.token
         return Response(
-            {"id": token.pk, "team_id": token.team_id, "name": token.name,
-             "prefix": token.prefix, "token": issued.raw},
+            {
+                "id": token.pk,
+                "team_id": token.team_id,
+                "name": token.name,
+                "prefix": token.prefix,
+                "token": issued.raw,
+            },
             status=201,
-        )  # fmt: skip
+        )
 
 
 class IntegrationTokenView(PersonView):

@@ -133,11 +133,16 @@ class SeriesView(PersonView):
         from_step = _step_param(request, "from_step")
         to_step = _step_param(request, "to_step")
         max_points = int_param(
-            request, "max_points", minimum=2, maximum=history.MAX_POINTS_LIMIT, default=2000,
+            request,
+            "max_points",
+            minimum=2,
+            maximum=history.MAX_POINTS_LIMIT,
+            default=2000,
             blank_is_absent=True,
-        )  # fmt: skip
-        rank = int_param(request, "rank", minimum=0, maximum=MAX_RANK, default=0,
-                         blank_is_absent=True)  # fmt: skip
+        )
+        rank = int_param(
+            request, "rank", minimum=0, maximum=MAX_RANK, default=0, blank_is_absent=True
+        )
         ranks, spread = _ranks(request), _spread(request, job)
         rule = history.band_rule(job.team_id, BAND_METRIC) if BAND_METRIC in names else None
         data = {

@@ -197,8 +197,11 @@ def dispatch_alert(alert_id: int, *, now: datetime | None = None) -> list[int]:
         # rather than fill its timeline with failed deliveries.
         log.warning(
             "team %r (id %s) has no notification policy: %s alert %s pages nobody",
-            alert.job.team.name, alert.job.team_id, alert.severity, alert_id,
-        )  # fmt: skip
+            alert.job.team.name,
+            alert.job.team_id,
+            alert.severity,
+            alert_id,
+        )
         return []
     try:
         with transaction.atomic():
@@ -431,8 +434,12 @@ def _plan_deliveries(
     if not ids:  # the console's banner says so too (incidents.notifications.reach)
         log.warning(
             "team %r (id %s): %s alert %s round %s pages nobody (no address on any channel)",
-            alert.job.team.name, alert.job.team_id, alert.severity, alert.pk, round_.number,
-        )  # fmt: skip
+            alert.job.team.name,
+            alert.job.team_id,
+            alert.severity,
+            alert.pk,
+            round_.number,
+        )
     return ids
 
 

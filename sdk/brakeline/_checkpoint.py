@@ -525,8 +525,13 @@ def gather_set(result: CheckpointResult, directory: str | Path) -> CheckpointSet
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return None
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    entry = {"rank": rank, "path": result.path, "bytes": result.bytes, "sha256": result.sha256,
-             "step": result.step}  # fmt: skip
+    entry = {
+        "rank": rank,
+        "path": result.path,
+        "bytes": result.bytes,
+        "sha256": result.sha256,
+        "step": result.step,
+    }
     entries: list[Any] = [None] * world_size
     dist.all_gather_object(entries, entry)
     made: list[Any] = [None]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench._stack import daphne_command
 from tests.conftest import ROOT, server_environment, wait_for_port
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -134,18 +135,7 @@ class RestartableConsole:
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
-        command = [
-            sys.executable,
-            "-m",
-            "daphne",
-            "-b",
-            "127.0.0.1",
-            "-p",
-            str(self.port),
-            "--access-log",
-            os.devnull,
-            "config.asgi:application",
-        ]
+        command = daphne_command(self.port)
         self.process = subprocess.Popen(command, cwd=ROOT, env=server_environment())
         wait_for_port(self.port, self.process)
 

@@ -20,10 +20,14 @@ import pytest
 
 from breakers.checkpoints import catalogue
 from breakers.control.commands import issue_command
-from breakers.models import Command, CommandAck, CommandKind, CommandStatus
+from breakers.models import CommandKind
 from incidents.models import Job, JobStatus
-from tests.brakeline.live import training_environment, wait_for
-from tests.brakeline.test_integration_live_rank_sync import NAN_AT, torchrun
+from tests.brakeline.live import training_environment
+from tests.brakeline.test_integration_live_rank_sync import (
+    NAN_AT,
+    brake_held_by_every_rank,
+    torchrun,
+)
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -46,18 +50,7 @@ def test_a_fault_on_one_data_parallel_rank_poisons_no_update_and_holds_every_ran
     process = torchrun(tmp_path, env, ranks, f"--{wrapper}", "--fault", fault)
     log = tmp_path / "torchrun.log"
     try:
-        command = wait_for(
-            lambda: Command.objects.filter(
-                job_id=agent.job_id,
-                kind=CommandKind.CHECKPOINT_AND_PAUSE,
-                status__in=[CommandStatus.SUCCEEDED, CommandStatus.FAILED],
-            ).first(),
-            "every rank's acknowledgement of the brake",
-            timeout=180,
-        )
-        assert command.status == CommandStatus.SUCCEEDED, (command.error, log.read_text()[-3000:])
-        steps = dict(CommandAck.objects.filter(command=command).values_list("rank", "step"))
-        assert steps == {rank: command.apply_at_step for rank in range(ranks)}
+        command = brake_held_by_every_rank(agent.job_id, ranks, log, timeout=180)
         assert Job.objects.get(pk=agent.job_id).status == JobStatus.PAUSED
         listed = catalogue(agent.job_id)
         issue_command(agent.job_id, CommandKind.RESUME, reason="checked: resume")

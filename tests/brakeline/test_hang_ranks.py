@@ -35,17 +35,23 @@ def test_the_slow_rank_is_flagged_then_named_when_it_hangs_and_the_job_stops_at_
     Job.objects.filter(pk=agent.job_id).update(heartbeat_timeout_seconds=3)
     run = torchrun(
         tmp_path,
-        "--steps", "100000",
-        "--work-seconds", "0.05",
-        "--more-work-rank", "2",
-        "--more-work-seconds", "0.045",  # 90 % more of its own work
-        "--hang-rank", "2",
-        "--hang-at", str(HANG_AT),
+        "--steps",
+        "100000",
+        "--work-seconds",
+        "0.05",
+        "--more-work-rank",
+        "2",
+        "--more-work-seconds",
+        "0.045",  # 90 % more of its own work
+        "--hang-rank",
+        "2",
+        "--hang-at",
+        str(HANG_AT),
         "--hang-in-work",
         ranks=4,
         console=live_console,
         token=agent.token,
-    )  # fmt: skip
+    )
     try:
         ranks = wait_for(lambda: _timed_ranks(agent.job_id, 30), "4 ranks timed past 30", 120)
         compute = {r.rank: r.compute_seconds for r in ranks}

@@ -47,6 +47,23 @@ def torchrun(tmp_path, env, ranks: int, *args: str) -> subprocess.Popen:
     )
 
 
+def brake_held_by_every_rank(job_id: int, ranks: int, log, timeout: float) -> Command:
+    """The job's checkpoint_and_pause once answered: succeeded, every rank at its one step."""
+    command = wait_for(
+        lambda: Command.objects.filter(
+            job_id=job_id,
+            kind=CommandKind.CHECKPOINT_AND_PAUSE,
+            status__in=[CommandStatus.SUCCEEDED, CommandStatus.FAILED],
+        ).first(),
+        "every rank's acknowledgement of the brake",
+        timeout=timeout,
+    )
+    assert command.status == CommandStatus.SUCCEEDED, (command.error, log.read_text()[-3000:])
+    steps = dict(CommandAck.objects.filter(command=command).values_list("rank", "step"))
+    assert steps == {rank: command.apply_at_step for rank in range(ranks)}
+    return command
+
+
 @pytest.mark.parametrize(
     ("ranks", "without_websocket"),
     # Each case costs ~25 s on a loaded CI machine (torch's imports in every rank): two cases
@@ -66,22 +83,11 @@ def test_a_nan_on_one_rank_holds_every_rank_at_the_same_step(
     )
     log = tmp_path / "torchrun.log"
     try:
-        command = wait_for(
-            lambda: Command.objects.filter(
-                job_id=agent.job_id,
-                kind=CommandKind.CHECKPOINT_AND_PAUSE,
-                status__in=[CommandStatus.SUCCEEDED, CommandStatus.FAILED],
-            ).first(),
-            "every rank's acknowledgement of the brake",
-            timeout=120,
-        )
-        assert command.status == CommandStatus.SUCCEEDED, (command.error, log.read_text()[-3000:])
+        command = brake_held_by_every_rank(agent.job_id, ranks, log, timeout=120)
         # At the NaN step when every rank's "holding" heartbeat was in before the brake was
         # issued (seen with 4 ranks), a margin later when the NaN point won the race (the loss
         # is logged before the boundary where the guard holds): either way one step for all.
         assert command.apply_at_step is not None and command.apply_at_step >= NAN_AT
-        steps = dict(CommandAck.objects.filter(command=command).values_list("rank", "step"))
-        assert steps == {rank: command.apply_at_step for rank in range(ranks)}
         assert command.result["step"] == command.apply_at_step
         assert set(command.result["ranks"]) == {str(rank) for rank in range(ranks)}
         job = Job.objects.get(pk=agent.job_id)

@@ -60,10 +60,20 @@ def _nan_alert(job: Job) -> Alert:
     """The L3 the brake answered, paged first: the failed brake must page all the same."""
     now = timezone.now()
     signal = AlertSignal(
-        rule_key="non-finite-loss-or-gradients", rule_name="Non-finite loss", layer="stability",
-        severity="L3", metric="loss", node="", value=math.nan, threshold=None,
-        description="loss is NaN", step=7, time=now, first_step=7, first_time=now,
-    )  # fmt: skip
+        rule_key="non-finite-loss-or-gradients",
+        rule_name="Non-finite loss",
+        layer="stability",
+        severity="L3",
+        metric="loss",
+        node="",
+        value=math.nan,
+        threshold=None,
+        description="loss is NaN",
+        step=7,
+        time=now,
+        first_step=7,
+        first_time=now,
+    )
     with transaction.atomic():
         alert = raise_or_update_alert(job.pk, signal, now=now).alert
         notify_alert(alert.pk)

@@ -59,15 +59,25 @@ def test_the_check_records_one_finding_per_slow_rank_with_its_node_then_resolves
     Job.objects.filter(pk=job.job_id).update(status="running", world_size=3)
     now = timezone.now()
     for rank, seconds in ((0, 1.0), (1, 1.02), (2, 1.4)):
-        JobRank.objects.create(job_id=job.job_id, rank=rank, hostname=f"gpu-{rank}", step=100,
-                               step_time_seconds=seconds, last_heartbeat_at=now,
-                               status="running")  # fmt: skip
+        JobRank.objects.create(
+            job_id=job.job_id,
+            rank=rank,
+            hostname=f"gpu-{rank}",
+            step=100,
+            step_time_seconds=seconds,
+            last_heartbeat_at=now,
+            status="running",
+        )
     for _ in range(2):  # twice: the same state changes nothing
         found = check_running_jobs()[job.job_id]
     assert [s.rank for s in found if s.straggler] == [2]
     alert = Alert.objects.get(job_id=job.job_id)
     assert (alert.layer, alert.severity, alert.node, alert.nodes) == (
-        "performance", "L1", "gpu-2", ["gpu-2"])  # fmt: skip
+        "performance",
+        "L1",
+        "gpu-2",
+        ["gpu-2"],
+    )
     assert "rank 2 on gpu-2" in alert.description and "40 % slower" in alert.description
     assert not Incident.objects.exists()  # a finding for the digest, never an incident
     JobRank.objects.filter(job_id=job.job_id, rank=2).update(step_time_seconds=1.05)
@@ -90,9 +100,16 @@ def test_under_lockstep_the_rank_doing_more_work_is_flagged_by_its_compute_time(
     Job.objects.filter(pk=job.job_id).update(status="running", world_size=4)
     now = timezone.now()
     for rank in range(4):  # lock-step: 1 ms a step on every rank; rank 2 works 90 % more
-        JobRank.objects.create(job_id=job.job_id, rank=rank, hostname=f"gpu-{rank}", step=100,
-                               step_time_seconds=0.001, last_heartbeat_at=now, status="running",
-                               compute_seconds=0.00095 if rank == 2 else 0.0005)  # fmt: skip
+        JobRank.objects.create(
+            job_id=job.job_id,
+            rank=rank,
+            hostname=f"gpu-{rank}",
+            step=100,
+            step_time_seconds=0.001,
+            last_heartbeat_at=now,
+            status="running",
+            compute_seconds=0.00095 if rank == 2 else 0.0005,
+        )
     found = check_running_jobs()[job.job_id]
     assert [s.rank for s in found if s.straggler] == [2]
     alert = Alert.objects.get(job_id=job.job_id)

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from bench._stack import celery_command
 from config.beat import LEASE_SECONDS, TICK_SECONDS
 from tests.conftest import ROOT
 
@@ -29,11 +29,15 @@ class Beat:
         self.name = name
         self.sent: list[float] = []
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "config", "beat", "--loglevel", "info",
-             "--schedule", str(folder / f"{name}-schedule")],
-            cwd=ROOT, env=server_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            celery_command(
+                "beat", "--loglevel", "info", "--schedule", str(folder / f"{name}-schedule")
+            ),
+            cwd=ROOT,
+            env=server_environment(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             text=True,
-        )  # fmt: skip
+        )
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 

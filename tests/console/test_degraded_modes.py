@@ -230,5 +230,7 @@ def test_a_conflicting_transaction_answers_503_naming_the_conflict_and_logs_the_
     assert response.status_code == 503 and response["Retry-After"] == "1"
     assert "conflicting" in response.data["detail"]
     assert "unreachable" not in response.data["detail"]
-    assert any("conflicting transaction" in r.getMessage() and "refused" in r.getMessage()
-               for r in caplog.records)  # fmt: skip
+    assert any(
+        "conflicting transaction" in r.getMessage() and "refused" in r.getMessage()
+        for r in caplog.records
+    )

@@ -17,6 +17,7 @@ import urllib.request
 
 import pytest
 
+from bench._stack import daphne_command
 from tests.conftest import ROOT, free_port, wait_for_port
 
 pytestmark = pytest.mark.embedded
@@ -72,18 +73,7 @@ def test_embedded_console_takes_metrics_including_nan_on_sqlite(embedded_env, tm
     token = manage(embedded_env, "create_job", "--team", "demo", "--name", "toy").splitlines()[-1]
     port = free_port()
     server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "daphne",
-            "-b",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "--access-log",
-            os.devnull,
-            "config.asgi:application",
-        ],
+        daphne_command(port),
         cwd=ROOT,
         env=embedded_env,
     )

@@ -161,8 +161,9 @@ def test_an_escalation_that_could_never_be_carried_out_is_refused_when_requested
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize(("result", "status"), [({"step": 7, "paused": True}, S.PAUSED),
-                                                ({"step": 7}, S.PAUSING)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("result", "status"), [({"step": 7, "paused": True}, S.PAUSED), ({"step": 7}, S.PAUSING)]
+)
 def test_a_failed_save_that_still_holds_leaves_the_job_paused(scene, result, status):
     """The SDK holds without a checkpoint when its save fails (disk full): the failed ack
     says ``paused``, and the job is paused, not left "pausing" for ever (a fire drill found)."""

@@ -62,8 +62,11 @@ def test_people_of_other_teams_get_the_404_of_a_missing_incident(flow):
     for url in urls(flow.incident_id) + urls(999_999):
         assert client.get(url).status_code == 404, url
     answer = client.get(urls(flow.incident_id)[0]).json()
-    assert answer == {"error": "not_found", "detail": f"There is no incident {flow.incident_id}.",
-                      "fields": {}}  # fmt: skip
+    assert answer == {
+        "error": "not_found",
+        "detail": f"There is no incident {flow.incident_id}.",
+        "fields": {},
+    }
     assert put(client, flow.incident_id, EDIT).status_code == 404
 
 
@@ -192,9 +195,14 @@ def episode(job_id: int, level: str, opened_after: float, brake: float | None) -
     after the alert (None: never)."""
     opened = T0 + timedelta(seconds=opened_after)
     incident = Incident.objects.create(
-        job_id=job_id, title=f"{level} episode", level=level, status="resolved",
-        opened_at=opened, first_step=10, first_time=opened,
-    )  # fmt: skip
+        job_id=job_id,
+        title=f"{level} episode",
+        level=level,
+        status="resolved",
+        opened_at=opened,
+        first_step=10,
+        first_time=opened,
+    )
     append_timeline(incident.pk, "first_anomalous_point", "first", at=opened, step=10)
     append_timeline(incident.pk, "alert_raised", "alert", at=opened + timedelta(seconds=2))
     if brake is not None:

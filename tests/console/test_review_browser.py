@@ -21,9 +21,15 @@ from django.test import Client
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 SCRIPT = r"""
 import json, sys
@@ -68,10 +74,20 @@ def test_the_review_page_in_chromium(live_console, flow, tmp_path):
     shot = Path(os.environ.get("BRAKELINE_SCREENSHOT_DIR") or tmp_path) / "review.png"
     url = f"{live_console}/incidents/{flow.incident_id}/review/"
     result = subprocess.run(
-        [sys.executable, "-c", SCRIPT, url, client.cookies["sessionid"].value, str(shot),
-         CHROMIUM, *ARGS],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            SCRIPT,
+            url,
+            client.cookies["sessionid"].value,
+            str(shot),
+            CHROMIUM,
+            *ARGS,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     facts = json.loads(result.stdout.strip().splitlines()[-1])
     assert facts["bars"] == 6 and facts["slowest"] == "recover"

@@ -78,8 +78,9 @@ class Traffic:
             sent = time.time()
             try:
                 connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
-                connection.request("POST", "/predict", json.dumps({"x": 1.5}),
-                                   {"Content-Type": "application/json"})  # fmt: skip
+                connection.request(
+                    "POST", "/predict", json.dumps({"x": 1.5}), {"Content-Type": "application/json"}
+                )
                 response = connection.getresponse()
                 body = response.read()
                 connection.close()
@@ -100,9 +101,13 @@ class Traffic:
 def start_replica(name: str, port: int, env: dict, log: Path) -> subprocess.Popen:
     # A session of its own, like a service manager starts it: the console's executor refuses
     # to signal a process of its own process group.
-    return subprocess.Popen([sys.executable, str(SERVER), name, str(port)], env=env,
-                            stdout=log.open("ab"), stderr=subprocess.STDOUT,
-                            start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, str(SERVER), name, str(port)],
+        env=env,
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 @pytest.mark.parametrize(
@@ -143,30 +148,44 @@ def test_a_replica_answering_nan_is_drained_restarted_and_put_back(
             time.sleep(0.02)
 
     def context() -> str:
-        return "\n".join(f"--- {n}\n{p.read_text(errors='replace')[-1500:]}"
-                         for n, p in logs.items() if p.exists())  # fmt: skip
+        return "\n".join(
+            f"--- {n}\n{p.read_text(errors='replace')[-1500:]}"
+            for n, p in logs.items()
+            if p.exists()
+        )
 
     try:
         for name in ("r1", "r2"):
             started.append(start_replica(name, ports[name], env, logs[name]))
         haproxy_log = logs["haproxy"].open("ab")
-        haproxy = subprocess.Popen([HAPROXY, "-db", "-f", str(config)], stdout=haproxy_log,
-                                   stderr=subprocess.STDOUT)  # fmt: skip
+        haproxy = subprocess.Popen(
+            [HAPROXY, "-db", "-f", str(config)], stdout=haproxy_log, stderr=subprocess.STDOUT
+        )
         started.append(haproxy)
         wait_for_port(ports["port"], haproxy)
         for name in ("r1", "r2"):
             wait_for_port(ports[name], started[0 if name == "r1" else 1])
         # Registered; from this host, with the start time the local executor checks.
         local = where == "this host"
-        wait_for(lambda: InferenceReplica.objects.filter(
-            job_id=agent.job_id, pid_start_time__isnull=not local).count() == 2,
-            "both replicas registered", context=context)  # fmt: skip
+        wait_for(
+            lambda: (
+                InferenceReplica.objects.filter(
+                    job_id=agent.job_id, pid_start_time__isnull=not local
+                ).count()
+                == 2
+            ),
+            "both replicas registered",
+            context=context,
+        )
         first_pid = InferenceReplica.objects.get(job_id=agent.job_id, name="r1").pid
         caller.start()
         poller = threading.Thread(target=watch_runtime_api, daemon=True)
         poller.start()
-        wait_for(lambda: traffic.served_by("r1") > 5 and traffic.served_by("r2") > 5,
-                 "traffic on both replicas", context=context)  # fmt: skip
+        wait_for(
+            lambda: traffic.served_by("r1") > 5 and traffic.served_by("r2") > 5,
+            "traffic on both replicas",
+            context=context,
+        )
 
         # The fault: r1's model starts answering NaN.
         poison = http.client.HTTPConnection("127.0.0.1", ports["r1"], timeout=5)
@@ -178,8 +197,9 @@ def test_a_replica_answering_nan_is_drained_restarted_and_put_back(
             restarted = replica.restarts == 1 and replica.pid != first_pid
             return replica if restarted and replica.status == ReplicaStatus.SERVING else None
 
-        replica = wait_for(back, "r1 drained, restarted and back in traffic", timeout=120,
-                           context=context)  # fmt: skip
+        replica = wait_for(
+            back, "r1 drained, restarted and back in traffic", timeout=120, context=context
+        )
         back_at = time.time()
         wait_for(lambda: traffic.served_by("r1", since=back_at) > 5, "r1 answering again")
     finally:
@@ -225,8 +245,11 @@ def test_a_replica_answering_nan_is_drained_restarted_and_put_back(
     drained_at = notes["replica_drained"].at.timestamp()
     back_in_at = notes["replica_back"].at.timestamp()
     assert back_in_at - drained_at > 0
-    during = [(replica, output) for sent, done, replica, output in traffic.answers
-              if drained_at < sent and done < back_in_at]  # fmt: skip
+    during = [
+        (replica, output)
+        for sent, done, replica, output in traffic.answers
+        if drained_at < sent and done < back_in_at
+    ]
     assert during and {replica for replica, _ in during} == {"r2"}
     # NaN answers came only from r1, and none once it was drained.
     nan_sent = [sent for sent, _, replica, output in traffic.answers if output == "NaN"]

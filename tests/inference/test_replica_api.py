@@ -21,8 +21,12 @@ def post(client, agent, body):
     import json
 
     headers = {"Authorization": f"Bearer {agent.token}"}
-    return client.post("/api/v1/agent/replicas/heartbeat", json.dumps(body),
-                       content_type="application/json", headers=headers)  # fmt: skip
+    return client.post(
+        "/api/v1/agent/replicas/heartbeat",
+        json.dumps(body),
+        content_type="application/json",
+        headers=headers,
+    )
 
 
 @pytest.mark.parametrize(

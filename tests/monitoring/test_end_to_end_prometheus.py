@@ -5,12 +5,11 @@ on node B and isolates node B, nothing else; the recovery resolves it all."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 
 import pytest
 
+from bench._stack import daphne_command
 from breakers.control.commands import acknowledge_command
 from breakers.models import Command, ExternalAlert, IntegrationToken, NodeBinding
 from incidents.jobs import create_job
@@ -34,8 +33,7 @@ def console(django_db_blocker):
     port = free_port()
     with django_db_blocker.unblock():
         env = server_environment(BRAKELINE_METRICS_TOKEN=METRICS_TOKEN)
-    argv = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-            "--access-log", os.devnull, "config.asgi:application"]  # fmt: skip
+    argv = daphne_command(port)
     process = subprocess.Popen(argv, cwd=ROOT, env=env)
     try:
         wait_for_port(port, process)
@@ -56,9 +54,12 @@ def test_xid_79_on_node_b_brakes_the_job_on_node_b(console, celery_worker, tmp_p
     token = IntegrationToken.issue(Team.objects.get(name="research"), "alertmanager")[1]
     job_b, job_a = jobs["gpu-b"], jobs["gpu-a"]
     with monitoring_stack(
-        tmp_path, nodes=("gpu-a", "gpu-b"), console=console, token=token,
+        tmp_path,
+        nodes=("gpu-a", "gpu-b"),
+        console=console,
+        token=token,
         metrics_token=METRICS_TOKEN,
-    ) as stack:  # fmt: skip
+    ) as stack:
         wait_for(lambda: stack.query('up{job="brakeline"} == 1'), "Prometheus scraping /metrics")
         isolate, _, _ = brake_time(stack, job_b, "gpu-b")
         wait_for(

@@ -21,8 +21,7 @@ EXAMPLES_PER_OPERATION = 12
 TIME_BUDGET_SECONDS = 240.0
 # Not the people API (agents, the provider's receipts, the health probe), or a call that would
 # take the token away from the run (tokens are managed from a session only anyway).
-SKIPPED = ("/api/v1/agent/", "/api/v1/notifications/receipts", "/api/v1/health",
-           "/api/v1/tokens")  # fmt: skip
+SKIPPED = ("/api/v1/agent/", "/api/v1/notifications/receipts", "/api/v1/health", "/api/v1/tokens")
 
 
 # Fuzzed first, whatever the time budget leaves for the rest: the declarations of what is a

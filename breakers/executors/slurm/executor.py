@@ -53,10 +53,20 @@ GONE = "GONE"  # squeue no longer knows the job: it ended long enough ago to be 
 UNKNOWN = "UNKNOWN"  # Slurm could not be asked
 ENDED_STATES = frozenset(
     {
-        "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
-        "OUT_OF_MEMORY", "PREEMPTED", "REVOKED", "SPECIAL_EXIT", "TIMEOUT", GONE,
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "REVOKED",
+        "SPECIAL_EXIT",
+        "TIMEOUT",
+        GONE,
     }
-)  # fmt: skip
+)
 
 
 class SchedulerFailed(ServiceError):

@@ -212,10 +212,20 @@ class Command(BaseCommand):
         line, which every user of the machine reads (`ps`, /proc/PID/cmdline)."""
         data = Path(settings.DATA_DIR)
         command = [
-            sys.executable, "-P", str(TRAINING_SCRIPT), "--url", url, "--job", job_name,
-            "--checkpoint-dir", str(data / "checkpoints" / job_name),
-            "--spill-dir", str(data / "spill"), "--diverge-at", str(options["diverge_at"] or 500),
-        ]  # fmt: skip
+            sys.executable,
+            "-P",
+            str(TRAINING_SCRIPT),
+            "--url",
+            url,
+            "--job",
+            job_name,
+            "--checkpoint-dir",
+            str(data / "checkpoints" / job_name),
+            "--spill-dir",
+            str(data / "spill"),
+            "--diverge-at",
+            str(options["diverge_at"] or 500),
+        ]
         if options["steps"] is not None:
             command += ["--steps", str(options["steps"])]
         # -P keeps console/ off sys.path (its celery.py would shadow Celery); the SDK's source

@@ -68,8 +68,9 @@ def dcp_saver(run, model, optimizer, loader, resume: bool) -> None:
         loaded = {**state(), "data": io.BytesIO()}
         dcp.load(loaded, checkpoint_id=found.shard(dist.get_rank())["path"], no_dist=True)
         loaded["data"].seek(0)
-        set_state_dict(model, optimizer, model_state_dict=loaded["model"],
-                       optim_state_dict=loaded["optimizer"])  # fmt: skip
+        set_state_dict(
+            model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optimizer"]
+        )
         loader.load_state_dict(torch.load(loaded["data"], weights_only=True))
         run.step = found.step
 
@@ -113,6 +114,15 @@ def main() -> None:
     restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT", "?")
     with open(opts.work / "starts.txt", "a") as starts:
         starts.write(f"{rank} {restarts} {os.getpid()} trains\n")
+    model, optimizer, loader = set_up(opts, rank, run)
+    with open(opts.work / f"losses-rank{rank}{opts.losses_suffix}.txt", "a", buffering=1) as losses:
+        train(opts, rank, run, model, optimizer, loader, losses)
+    run.finish()
+    leave()
+
+
+def set_up(opts: argparse.Namespace, rank: int, run: brakeline.Run) -> tuple:
+    """The DDP model, its optimizer and the wrapped loader, restored when resuming."""
     torch.manual_seed(1234)
     ddp_options = {k: v == "true" for k, v in (o.split("=") for o in opts.ddp_option)}
     model = DistributedDataParallel(
@@ -132,7 +142,11 @@ def main() -> None:
         if path is None:
             sys.exit(f"rank {rank}: no complete checkpoint set to resume from")
         run.step = brakeline.restore(path, model=model, optimizer=optimizer, loader=loader).step
-    losses = open(opts.work / f"losses-rank{rank}{opts.losses_suffix}.txt", "a", buffering=1)  # noqa: SIM115
+    return model, optimizer, loader
+
+
+def train(opts, rank, run, model, optimizer, loader, losses) -> None:
+    """Steps until ``opts.steps``, with the hangs, checkpoints and roll back asked for."""
     while run.step < opts.steps:
         for batch, target in loader:
             step = run.step + 1
@@ -158,8 +172,9 @@ def main() -> None:
                 time.sleep(opts.step_seconds)
             if run.step >= opts.steps:
                 break
-    losses.close()
-    run.finish()
+
+
+def leave() -> None:
     # Every rank done with its collectives before any tears gloo down: a rank destroying its
     # group while the other still had one in flight aborted in gloo's threads ("terminate
     # called without an active exception", SIGABRT) in about half the DCP runs.

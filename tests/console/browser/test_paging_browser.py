@@ -141,8 +141,10 @@ def test_oncall_sees_who_confirms_a_pause_asks_for_it_and_a_manager_sees_one_res
         page.fill("#act-fields textarea[name=note]", "please have a look")
         page.click("#act-submit")
         expect(page.locator("#act-dialog")).to_be_hidden()
-        wait_for(lambda: in_thread(lambda: Delivery.objects.filter(purpose="confirmation")
-                                   .exists()), "the managers' page")  # fmt: skip
+        wait_for(
+            lambda: in_thread(lambda: Delivery.objects.filter(purpose="confirmation").exists()),
+            "the managers' page",
+        )
         context.close()
         context = browser.new_context(viewport={"width": 1400, "height": 1000})
         page = context.new_page()
@@ -196,7 +198,13 @@ def test_the_pending_approvals_badge_follows_requests_live(
     badge = page.locator("#pending-badge")
     expect(badge).to_be_hidden()
     expect(page.locator("#live-indicator")).to_have_text("live")
-    in_thread(request_escalation, olga, agent.job_id, kind="checkpoint_and_pause",
-              reason="loss keeps climbing", alert_id=alert.alert.pk)  # fmt: skip
+    in_thread(
+        request_escalation,
+        olga,
+        agent.job_id,
+        kind="checkpoint_and_pause",
+        reason="loss keeps climbing",
+        alert_id=alert.alert.pk,
+    )
     expect(badge).to_have_text("1")  # no reload: the escalation event refreshed it
     assert page.evaluate("window.__sameDocument === true")
