@@ -19,8 +19,12 @@ from django.db.models import Q
 from django.utils import timezone
 
 from breakers.checkpoints import catalogue
-from breakers.control.confirmations import awaits_confirmation, pause_confirmation
-from breakers.control.job_actions import CONFIRMABLE, latest_pause, pause_level
+from breakers.control.confirmations import (
+    pause_awaiting_confirmation,
+    pause_confirmation,
+    pauses_awaiting_confirmation,
+)
+from breakers.control.job_actions import latest_pause, pause_level
 from breakers.control.job_state import ACCEPTED_IN
 from breakers.metrics import recent_points
 from breakers.models import Command, CommandKind
@@ -29,6 +33,7 @@ from incidents import silences as silencing
 from incidents.alerts.lifecycle import alert_payload
 from incidents.models import (
     ACTIVE_ALERT_STATUSES,
+    LIVE_JOB_STATUSES,
     Alert,
     AlertStatus,
     EscalationRequest,
@@ -78,16 +83,18 @@ def roles_by_team(user: Any) -> dict[int, str]:
 
 
 def display_status(job: Job, now: datetime | None = None) -> str:
-    """The job's status, or "silent" when a live job is past its heartbeat deadline."""
+    """The job's status, or "silent" when a live job (a paused one included: its ranks
+    heartbeat while they hold) is past its heartbeat deadline, as the watchdog judges it."""
     now = now or timezone.now()
-    live = job.status in (JobStatus.RUNNING, JobStatus.PAUSING)
+    live = job.status in LIVE_JOB_STATUSES
     if live and job.heartbeat_deadline is not None and job.heartbeat_deadline < now:
         return "silent"
     return job.status
 
 
-def job_buttons(role: str | None, job: Job, pause: Command | None = None) -> list[Button]:
-    """Pause / resume / terminate / confirm buttons this person may press on this job now."""
+def job_buttons(role: str | None, job: Job, awaiting_pause: Command | None = None) -> list[Button]:
+    """Pause / resume / terminate / confirm buttons this person may press on this job now
+    (``awaiting_pause``: the job's pause awaiting confirmation, if any)."""
     base = f"/api/v1/jobs/{job.pk}"
     buttons = []
     if (
@@ -103,8 +110,11 @@ def job_buttons(role: str | None, job: Job, pause: Command | None = None) -> lis
                 title=f"Checkpoint and pause {job.name}",
             )
         )
-    awaiting = pause is not None and job.status == JobStatus.PAUSED and not _confirmed(pause)
-    confirms = awaiting and decide(role, Action.CONFIRM_PAUSE, pause_level(pause)).allowed
+    awaiting = awaiting_pause is not None
+    confirms = (
+        awaiting_pause is not None
+        and decide(role, Action.CONFIRM_PAUSE, pause_level(awaiting_pause)).allowed
+    )
     if confirms:
         buttons += _confirm_buttons(base, job)
     elif awaiting and decide(role, Action.PAUSE_JOB).allowed:
@@ -196,10 +206,6 @@ def _confirm_buttons(base: str, job: Job) -> list[Button]:
             )
         )
     return buttons
-
-
-def _confirmed(pause: Command) -> bool:
-    return not awaits_confirmation(pause.pk)
 
 
 def alert_buttons(role: str | None, alert: Alert) -> list[Button]:
@@ -340,7 +346,7 @@ def job_state(user: Any, job: Job) -> dict[str, Any]:
         "job": JobSerializer(job).data,
         "status": display_status(job),
         "role": role,
-        "buttons": job_buttons(role, job, pause),
+        "buttons": job_buttons(role, job, pause_awaiting_confirmation(job)),
         "pause": pause_progress(pause),
         "alerts": [
             {
@@ -420,11 +426,12 @@ def dashboard_rows(user: Any) -> list[dict[str, Any]]:
     for alert in Alert.objects.filter(job_id__in=ids, status__in=ACTIVE_ALERT_STATUSES):
         alerts[alert.job_id].append(alert)
     losses = recent_loss(ids)
+    awaiting = pauses_awaiting_confirmation(jobs)
     rows = []
     for job in jobs:
         status = display_status(job)
-        pause = latest_pause(job.pk) if job.status in CONFIRMABLE else None
-        waiting = job.status == JobStatus.PAUSED and pause is not None and not _confirmed(pause)
+        pause = awaiting.get(job.pk)
+        waiting = pause is not None
         confirmer = ""
         if waiting and pause is not None:
             level = pause_level(pause)

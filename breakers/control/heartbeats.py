@@ -27,14 +27,14 @@ from breakers.detection.evaluation import report_failing_breakers
 from core.transient import TRANSIENT_ERRORS
 from incidents.alerts.lifecycle import AlertSignal, raise_or_update_alert
 from incidents.jobs import HEARTBEAT_RULE_KEY, heartbeat_timeout_seconds
-from incidents.models import Job, JobRank, JobStatus
+from incidents.models import LIVE_JOB_STATUSES, Job, JobRank, JobStatus
 from incidents.notifications.delivery import notify_alert
 
 log = logging.getLogger(__name__)
 
 # Paused jobs too: a paused rank goes on heartbeating ("paused"), so silence there is a rank
 # that died or hung in a collective while the others hold.
-WATCHED_STATUSES = (JobStatus.RUNNING, JobStatus.PAUSING, JobStatus.PAUSED)
+WATCHED_STATUSES = LIVE_JOB_STATUSES
 
 
 @dataclass(frozen=True)

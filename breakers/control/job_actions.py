@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from breakers.checkpoints import roll_back_params, roll_back_target
 from breakers.control.commands import issue_command
-from breakers.control.confirmations import pause_confirmation
+from breakers.control.confirmations import CONFIRMABLE, pause_confirmation
 from breakers.control.timeline import active_incident
 from breakers.executors.scheduler import slurm_binding
 from breakers.executors.slurm import executor as slurm
@@ -38,14 +38,11 @@ from incidents.models import (
     PauseConfirmation,
     PauseDecision,
     TimelineKind,
-    job_statuses_for,
 )
 from incidents.teams.access import role_in_team, scoped_get
 from incidents.teams.audit import Attempt, AuditContext, audited
 from incidents.teams.authority import Action, action_for_command, decide
 
-# A pause can be confirmed (kept, ended, rolled back) while the job can be resumed.
-CONFIRMABLE = job_statuses_for("resume")
 MITIGATIONS = (CommandKind.LOWER_LR, CommandKind.PAUSE_DATA)
 
 

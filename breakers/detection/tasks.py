@@ -21,14 +21,14 @@ from breakers.detection import evaluation, rulesets
 from core.errors import Conflict
 from core.redis_clients import redis_client
 from core.transient import TRANSIENT_ERRORS
-from incidents.models import Job, JobStatus
+from incidents.models import UNHELD_JOB_STATUSES, Job
 
 log = logging.getLogger(__name__)
 
 QUEUED_TTL_SECONDS = 60
 # Jobs that get periodic ticks: node-failure windows and silences are judged even when no
 # point arrives. A paused job's open alerts stay open: nothing has shown them to clear.
-TICKED_JOB_STATUSES = (JobStatus.RUNNING, JobStatus.PAUSING)
+TICKED_JOB_STATUSES = UNHELD_JOB_STATUSES
 
 
 @cache

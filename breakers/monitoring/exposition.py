@@ -42,11 +42,11 @@ from incidents.jobs import HEARTBEAT_RULE_KEY
 from incidents.models import (
     ACTIVE_ALERT_STATUSES,
     TRAINING_JOB_STATUSES,
+    UNHELD_JOB_STATUSES,
     ActorKind,
     Alert,
     Delivery,
     Job,
-    JobStatus,
 )
 
 BRAKE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -125,7 +125,7 @@ def _brake_latency() -> Metric:
 
 def _evaluation_lag() -> Iterator[Metric]:
     """Per running job: the age of its oldest point not yet evaluated (0 when caught up)."""
-    running = (*TRAINING_JOB_STATUSES, JobStatus.PAUSING)
+    running = {*TRAINING_JOB_STATUSES, *UNHELD_JOB_STATUSES}
     cursors = EvaluationState.objects.filter(job__status__in=running)
     now = timezone.now()
     lags = []

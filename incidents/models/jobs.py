@@ -106,6 +106,26 @@ def job_statuses_for(event: str) -> tuple[str, ...]:
 FINAL_JOB_STATUSES: tuple[str, ...] = tuple(s for s, out in JOB_TRANSITIONS.items() if not out)
 # Statuses in which the job trains (and so can be paused, or mitigated).
 TRAINING_JOB_STATUSES: tuple[str, ...] = job_statuses_for("pause")
+# Statuses whose agents have not acknowledged a hold yet: their points still flow, so the
+# detectors' periodic ticks judge them.
+UNHELD_JOB_STATUSES: tuple[str, ...] = job_statuses_for("paused")
+
+
+def _after_start() -> set[str]:
+    reached, todo = set(), list(JOB_EVENTS["start"].values())
+    while todo:
+        status = todo.pop()
+        if status not in reached:
+            reached.add(status)
+            todo.extend(JOB_TRANSITIONS[status])
+    return reached
+
+
+# Statuses in which the job's processes exist and heartbeat (a held rank says "paused"): from
+# its start until a final status. Silence in any of them is a rank that died or hung.
+LIVE_JOB_STATUSES: tuple[str, ...] = tuple(
+    s for s in JobStatus.values if s in _after_start() and s not in FINAL_JOB_STATUSES
+)
 
 
 class AgentStatus(models.TextChoices):

@@ -49,6 +49,7 @@ from brakeline._guard_device import (
     primary_device,
     takes_found_inf,
 )
+from brakeline._shards import agree, local, mesh_groups
 
 logger = logging.getLogger("brakeline")
 
@@ -61,13 +62,31 @@ HOLDING_SAID_SECONDS = 2.0
 
 
 def _gradients(optimizer: Any) -> list[Any]:
+    """The gradients the optimizer is about to use; of a sharded parameter, this rank's shard
+    (brakeline._shards)."""
     grads = []
     for group in optimizer.param_groups:
         for parameter in group["params"]:
             grad = getattr(parameter, "grad", None)
             if grad is not None:
+                grad = local(grad)
                 grads.append(grad.coalesce().values() if grad.is_sparse else grad)
     return grads
+
+
+class _Agreement:
+    """How an optimizer's ranks agree on a flag: over the meshes its parameters are sharded
+    on (found once per optimizer), or not at all (every rank has the whole gradients)."""
+
+    def __init__(self, optimizer: Any) -> None:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        self.groups = mesh_groups(params)
+        self.device = local(params[0]).device if self.groups else None
+
+    def __call__(self, flags: list[Any]) -> list[Any]:
+        if not self.groups:
+            return flags
+        return agree(flags, self.groups, self.device)
 
 
 def _nonfinite_flag(tensors: list[Any]) -> list[Any]:
@@ -113,6 +132,7 @@ class StepGuard:
         self._loss_flags: list[Any] = []
         self._pending: list[_Pending] = []  # device flags of past steps, read one step late
         self._wrapped: set[int] = set()
+        self._agreements: dict[int, _Agreement] = {}  # per optimizer
         self._grad_counters: list[Any] = []  # NonFiniteCounters the guard counts for
         self._schedulers: list[Any] = []
         # (scheduler, its state before the skipped step, its optimizer's lrs): rewound at the
@@ -183,7 +203,7 @@ class StepGuard:
         if closure is not None:
             evaluations = _Evaluations(closure, self, optimizer)
             evaluations.first()
-        flags = _nonfinite_flag(_gradients(optimizer)) + self._loss_flags
+        flags = self.agreed(optimizer, _nonfinite_flag(_gradients(optimizer)) + self._loss_flags)
         self._loss_flags = []
         if earlier_trip:  # a refused update seen only now: this one is refused with it
             self._skip(optimizer, step)
@@ -208,6 +228,14 @@ class StepGuard:
                 return evaluations.loss
         self.weights_step = step
         return result
+
+    def agreed(self, optimizer: Any, flags: list[Any]) -> list[Any]:
+        """``flags``, or, where the optimizer's parameters are sharded, the flag every rank
+        holding a shard of them agrees on (brakeline._shards)."""
+        agreement = self._agreements.get(id(optimizer))
+        if agreement is None:
+            agreement = self._agreements[id(optimizer)] = _Agreement(optimizer)
+        return agreement(flags)
 
     def _let_through(self, step: int) -> None:
         self.weights_step = step
@@ -394,7 +422,8 @@ class _Evaluations:
             return self.loss
         loss = self._closure()
         tensors = [] if loss is None or not hasattr(loss, "detach") else [loss.detach()]
-        self.later_flags.extend(_nonfinite_flag(tensors + _gradients(self._optimizer)))
+        flags = _nonfinite_flag(tensors + _gradients(self._optimizer))
+        self.later_flags.extend(self._guard.agreed(self._optimizer, flags))
         return loss
 
 

@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from brakeline._shards import local
+
 
 def any_flag(flags: list[Any], device: Any) -> Any:
     """One 0-d bool tensor on ``device``: True if any of ``flags`` is (device copies only)."""
@@ -102,7 +104,9 @@ class DeviceMask:
         self._state: list[tuple[Any, dict[str, Any]]] = []
         with torch.no_grad():
             for parameter in _parameters(optimizer):
-                self._params.append((parameter, parameter.detach().clone()))
+                # A sharded parameter: this rank's shard, masked in place (no collective).
+                shard = local(parameter.detach())
+                self._params.append((shard, shard.clone()))
                 state = optimizer.state.get(parameter)
                 self.host.keep(parameter, state, device)
                 if state is None:
@@ -112,7 +116,7 @@ class DeviceMask:
                     (
                         parameter,
                         {
-                            key: value.detach().clone()
+                            key: local(value.detach()).clone()
                             for key, value in state.items()
                             if hasattr(value, "device") and not _on_host(value, device)
                         },
@@ -134,9 +138,10 @@ class DeviceMask:
             for parameter, before in self._params:
                 parameter.copy_(torch.where(flag_on(parameter.device), before, parameter))
             for parameter, before_state in self._state:
-                for key, value in self._optimizer.state.get(parameter, {}).items():
-                    if not hasattr(value, "device") or _on_host(value, self._device):
+                for key, state_value in self._optimizer.state.get(parameter, {}).items():
+                    if not hasattr(state_value, "device") or _on_host(state_value, self._device):
                         continue
+                    value = local(state_value.detach())
                     before = before_state.get(key)
                     if before is None:  # created by this step: as a fresh optimizer has it
                         before = torch.zeros_like(value)

@@ -11,9 +11,13 @@ from typing import Any
 
 import torch
 
+from brakeline._shards import local
+
 
 def count_nonfinite(tensor: torch.Tensor) -> torch.Tensor:
-    """Number of NaN/Inf elements, as a 0-d tensor on the tensor's device (no host sync)."""
+    """Number of NaN/Inf elements, as a 0-d tensor on the tensor's device (no host sync); of a
+    sharded tensor, in this rank's shard (no collective)."""
+    tensor = local(tensor)
     if tensor.is_sparse:
         tensor = tensor.coalesce().values()
     if not (tensor.is_floating_point() or tensor.is_complex()):

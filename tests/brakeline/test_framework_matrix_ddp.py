@@ -39,8 +39,20 @@ pytestmark = [
 @pytest.mark.parametrize(
     ("wrapper", "ranks", "fault"),
     # ~15-30 s each on a loaded machine (torch's imports and DDP's set-up in every rank).
-    [("ddp", 2, "nan-loss"), ("ddp", 2, "inf-grad"), ("ddp", 4, "poisoned-batch")],
-    ids=["ddp-2-ranks-nan-loss", "ddp-2-ranks-inf-gradient", "ddp-4-ranks-poisoned-batch"],
+    [
+        ("ddp", 2, "nan-loss"),
+        ("ddp", 2, "inf-grad"),
+        ("ddp", 4, "poisoned-batch"),
+        ("fsdp", 2, "inf-grad"),
+        ("fsdp", 2, "nan-loss"),
+    ],
+    ids=[
+        "ddp-2-ranks-nan-loss",
+        "ddp-2-ranks-inf-gradient",
+        "ddp-4-ranks-poisoned-batch",
+        "fsdp-2-ranks-inf-in-one-shard",
+        "fsdp-2-ranks-nan-loss",
+    ],
 )
 def test_a_fault_on_one_data_parallel_rank_poisons_no_update_and_holds_every_rank(
     live_console, agent, tmp_path, settings, wrapper, ranks, fault

@@ -82,6 +82,26 @@ def test_what_needs_me_is_on_top(client, member, make_agent):
     assert '<span class="chip level-L3">1 L3</span>' in html
 
 
+def test_a_paused_job_whose_ranks_fell_silent_shows_as_silent(client, member, make_agent):
+    """A held rank heartbeats "paused": the watchdog alerts when every rank of a paused job
+    falls silent (gone or hung), and the dashboard says the same, not "paused"."""
+    held = make_agent(team="vision", name="held")
+    gone = make_agent(team="vision", name="gone")
+    Job.objects.filter(pk__in=[held.job_id, gone.job_id]).update(
+        status=JobStatus.PAUSED, heartbeat_deadline=timezone.now() + timedelta(seconds=30)
+    )
+    Job.objects.filter(pk=gone.job_id).update(
+        heartbeat_deadline=timezone.now() - timedelta(seconds=30)
+    )
+    client.force_login(member("ana", "vision"))
+    html = client.get("/").content.decode()
+    order = re.findall(r'class="jobname" href="/jobs/\d+/">([^<]+)<', html)
+    assert order == ["gone", "held"]
+    assert html.count("status-silent") == 1 and "silent: no heartbeat" in html
+    page = client.get(f"/jobs/{gone.job_id}/").content.decode()
+    assert "status-silent" in page
+
+
 def test_the_job_page_shows_buttons_by_role(client, member, make_agent):
     job = make_agent(team="vision", name="vit")
     store_points(job.job_id, [PointIn("loss", 1, 2.0, None, None)])  # now running
@@ -107,7 +127,10 @@ def test_pausing_then_paused_with_the_checkpoint_and_confirm_buttons(client, mem
     client.force_login(member("olga", "vision", Role.ONCALL))
     state = client.get(f"/jobs/{job.job_id}/?partial=state").content.decode()
     assert 'data-status="pausing"' in state and "Pausing…" in state
-    assert buttons(state.encode()) == ["Acknowledge"]  # nothing to pause; the alert fires
+    # Nothing to pause; the alert fires. The pause may be confirmed already: confirm_pause
+    # takes a pausing job (its decision is carried out after the checkpoint). No checkpoint
+    # in the catalogue yet: nothing to roll back to.
+    assert buttons(state.encode()) == ["Keep paused", "Confirm &amp; resume", "Acknowledge"]
     acknowledge_command(
         job.job_id, command.pk, status="succeeded",
         result={"path": "/ckpt/step-10.pt", "bytes": 2_500_000, "seconds": 1.5, "step": 10,
@@ -155,3 +178,28 @@ def test_static_files_are_served_with_uplot(client):
     for path in ["/static/vendor/uplot/uPlot.iife.min.js", "/static/console/job.js"]:
         response = client.get(path)
         assert response.status_code == 200, path
+
+
+def test_the_dashboard_asks_as_many_queries_for_six_paused_jobs_as_for_two(
+    client, member, make_agent
+):
+    """Whether a pause awaits confirmation is decided for every row at once, not per row."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def paused_jobs(names: list[str]) -> None:
+        for name in names:
+            job = make_agent(team="vision", name=name)
+            issue_command(job.job_id, "checkpoint_and_pause", reason="held")
+            Job.objects.filter(pk=job.job_id).update(status=JobStatus.PAUSED)
+
+    client.force_login(member("ana", "vision"))
+    counts = []
+    for names in (["a", "b"], ["c", "d", "e", "f"]):
+        paused_jobs(names)
+        client.get("/")  # what a first visit caches (the session, the user's teams) is not counted
+        with CaptureQueriesContext(connection) as queries:
+            html = client.get("/").content.decode()
+        counts.append(len(queries))
+    assert html.count("confirms keep / resume / roll back") == 6
+    assert counts[0] == counts[1], counts

@@ -14,13 +14,14 @@ ranks reach each boundary at different moments; ``--no-websocket``: ranks that g
 only in heartbeat and metrics replies (BRAKELINE_WEBSOCKET=0 for them), every
 ``--slow-poll`` seconds if given. ``--nan-at 0``: no NaN (the pause comes from a person).
 ``--fault``: what turns non-finite at that step on that rank — its loss (``nan-loss``, the
-default), one gradient (``inf-grad``: +Inf in a parameter's gradient before the all-reduce) or
-its input batch (``poisoned-batch``). ``--ddp``: the model in torch's DistributedDataParallel
-(its own all-reduce inside backward), ``--fsdp`` in its fully_shard (each rank keeps a shard,
-gradients reduce-scattered), instead of the hand-made averaging. Each rank's report
-then also says whether the faulty step's update was refused (its weights bit-equal to those
-before that step), whether every weight was finite where it held, and the last step whose
-update its weights hold.
+default), one gradient (``inf-grad``: +Inf in a parameter's gradient before the all-reduce;
+under ``--fsdp`` in the rank's own shard of it after the reduce-scatter, where no other rank
+sees it) or its input batch (``poisoned-batch``). ``--ddp``: the model in torch's
+DistributedDataParallel (its own all-reduce inside backward), ``--fsdp`` in its fully_shard
+(each rank keeps a shard, gradients reduce-scattered), instead of the hand-made averaging. Each
+rank's report then also says whether the faulty step's update was refused (its weights bit-equal
+to those before that step), whether every weight was finite where it held, and the last step
+whose update its weights hold.
 """
 
 from __future__ import annotations
@@ -156,13 +157,16 @@ def main() -> None:
         if here and args.fault == "poisoned-batch":
             batch = inputs.clone()
             batch[0, 0] = float("nan")
-        hook = first.register_hook(_inf_gradient) if here and args.fault == "inf-grad" else None
+        inf_grad = here and args.fault == "inf-grad"
+        hook = first.register_hook(_inf_gradient) if inf_grad and not args.fsdp else None
         loss = torch.nn.functional.mse_loss(model(batch), targets)
         if here and args.fault == "nan-loss":
             loss = loss * float("nan")
         loss.backward()
         if hook is not None:
             hook.remove()
+        if inf_grad and args.fsdp:  # in this rank's shard only, after the reduce-scatter
+            _local(first.grad).view(-1)[0] = float("inf")
         if not (args.ddp or args.fsdp):
             average_gradients(model)  # what DDP does, without its seconds-long set-up
         optimizer.step()
