@@ -132,15 +132,23 @@ def _image(snapshot: Mapping[str, Any]) -> dict[str, Any] | None:
     return {"reference": reference, "digest": digest}
 
 
-def _hardware(snapshot: Mapping[str, Any]) -> dict[str, Any] | None:
+def accelerators_seen(snapshot: Mapping[str, Any]) -> list[Any]:
+    """The names of the accelerators the snapshot's process saw on its host, one per device."""
     hardware = _section(snapshot, "hardware")
     resources = _section(snapshot, "resources")
-    if not isinstance(hardware, Mapping):
-        return None
-    accelerators = hardware.get("accelerators")
+    accelerators = hardware.get("accelerators") if isinstance(hardware, Mapping) else None
     if not accelerators and isinstance(resources, Mapping):
         accelerators = resources.get("accelerators")
-    names = [item.get("name") for item in accelerators or [] if isinstance(item, Mapping)]
+    if not isinstance(accelerators, list):
+        return []
+    return [item.get("name") for item in accelerators if isinstance(item, Mapping)]
+
+
+def _hardware(snapshot: Mapping[str, Any]) -> dict[str, Any] | None:
+    hardware = _section(snapshot, "hardware")
+    if not isinstance(hardware, Mapping):
+        return None
+    names = accelerators_seen(snapshot)
     return {
         "accelerators": ", ".join(f"{names.count(n)}× {n}" for n in dict.fromkeys(names)) or None,
         "nvidia_driver": hardware.get("nvidia_driver"),

@@ -40,8 +40,11 @@ from breakers.agent.protocol import (
 )
 from breakers.models import EnvironmentSnapshot, SnapshotKind
 from breakers.models.snapshots import KINDS_WITH_CHECKPOINT
+from breakers.snapshots.diff import accelerators_seen
 from breakers.snapshots.resume import check_resume
 from core.errors import InvalidInput, PayloadTooLarge
+from incidents.job_size import report_job_size
+from incidents.models import JobRank
 
 # A snapshot with every installed package of a large environment is ~50 KB; 1 MiB leaves
 # room for any real one and keeps a runaway agent from filling the table.
@@ -266,6 +269,20 @@ def record_snapshot(job_id: int, raw_body: bytes) -> tuple[EnvironmentSnapshot, 
             if row.kind == SnapshotKind.RESUME:
                 # Once per stored resume (a retried upload is the IntegrityError below).
                 check_resume(row)
+            _report_size(job_id, snapshot.data)
     except IntegrityError:
         return EnvironmentSnapshot.objects.get(**fields), False
     return row, True
+
+
+def _report_size(job_id: int, data: dict[str, Any]) -> None:
+    """The job's size as its own reports tell it: the hosts its ranks heartbeat from, and the
+    accelerators the snapshot's process saw on its host (one launcher per host, each host
+    alike). Nothing is reported for a job that saw no accelerator: it occupies none."""
+    names = accelerators_seen(data)
+    if not names:
+        return
+    hosts = JobRank.objects.filter(job_id=job_id).exclude(hostname="")
+    nodes = hosts.values("hostname").distinct().count()
+    name = next((n for n in names if isinstance(n, str)), "")
+    report_job_size(job_id, nodes=max(1, nodes), per_node=len(names), accelerator=name)

@@ -4,7 +4,9 @@ of ``breakers.declarations``.
 - ``GET/PUT /api/v1/jobs/{id}/inference-servers``: the load balancer servers of an inference
   job, the only ones the traffic executor acts on for it;
 - ``GET/PUT /api/v1/teams/{id}/checkpoint-root`` and ``/api/v1/jobs/{id}/checkpoint-root``:
-  where the team's (or one job's) checkpoints must live.
+  where the team's (or one job's) checkpoints must live;
+- ``GET/PUT /api/v1/jobs/{id}/size``: what the job occupies, for a review's accelerator-hours
+  (``incidents.job_size``; declared by a manager, else reported by the job).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from breakers import declarations
 from breakers.executors.targets import declared_root
 from breakers.models import CheckpointRoot
 from console.api.person_auth import PersonView, audit_context, error_responses
-from incidents.models import Job, Team
+from incidents.job_size import declare_job_size_as, size_out
+from incidents.models import Job, JobSize, Team
 from incidents.teams.access import scoped_get
 
 ServerDoc = inline_serializer(
@@ -32,6 +35,35 @@ ServerDoc = inline_serializer(
 )
 ServersDoc = inline_serializer(
     "InferenceServers", {"servers": serializers.ListField(child=ServerDoc, max_length=1000)}
+)
+SizeInDoc = inline_serializer(
+    "JobSizeIn",
+    {
+        "nodes": serializers.IntegerField(min_value=1, max_value=100_000),
+        "gpus_per_node": serializers.IntegerField(
+            min_value=0, max_value=1024, help_text="Accelerators per node."
+        ),
+        "accelerator": serializers.CharField(
+            max_length=100, required=False, allow_blank=True, help_text="e.g. H100 80GB"
+        ),
+    },
+)
+SizeOutDoc = inline_serializer(
+    "JobSize",
+    {
+        "size": inline_serializer(
+            "JobSizeOut",
+            {
+                "nodes": serializers.IntegerField(),
+                "gpus_per_node": serializers.IntegerField(),
+                "accelerator": serializers.CharField(),
+                "accelerators": serializers.IntegerField(help_text="nodes × gpus_per_node"),
+                "source": serializers.ChoiceField(choices=["declared", "reported"]),
+            },
+            allow_null=True,
+            help_text="null: neither declared nor reported (accelerator-hours not measured).",
+        )
+    },
 )
 RootInDoc = inline_serializer(
     "CheckpointRootIn",
@@ -127,3 +159,27 @@ class JobCheckpointRootView(PersonView):
         )
         job = _job(request, pk)
         return Response(_root_out(job.team_id, job))
+
+
+def _size_out(job: Job) -> dict[str, Any]:
+    return {"size": size_out(JobSize.objects.filter(job=job).first())}
+
+
+class JobSizeView(PersonView):
+    @extend_schema(
+        tags=["jobs"],
+        summary="What the job occupies, declared or reported (members)",
+        responses={200: SizeOutDoc, **error_responses(401, 404)},
+    )
+    def get(self, request: Request, pk: int) -> Response:
+        return Response(_size_out(_job(request, pk)))
+
+    @extend_schema(
+        tags=["jobs"],
+        summary="Declare what the job occupies (manager); replaces a reported size",
+        request=SizeInDoc,
+        responses={200: SizeOutDoc, **error_responses(400, 401, 403, 404)},
+    )
+    def put(self, request: Request, pk: int) -> Response:
+        declare_job_size_as(request.user, pk, request.data, context=audit_context(request))
+        return Response(_size_out(_job(request, pk)))

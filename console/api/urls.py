@@ -253,6 +253,7 @@ declaration_routes = [
         declarations.JobCheckpointRootView.as_view(),
         name="job-checkpoint-root",
     ),
+    path(f"{V1}/jobs/<int:pk>/size", declarations.JobSizeView.as_view(), name="job-size"),
     path(
         f"{V1}/teams/<int:pk>/checkpoint-root",
         declarations.TeamCheckpointRootView.as_view(),

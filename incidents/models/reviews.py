@@ -17,19 +17,29 @@ __all__ = [
     "REVIEW_TRANSITIONS",
     "FollowUp",
     "JobSize",
+    "JobSizeSource",
     "Review",
     "ReviewRevision",
     "ReviewStatus",
 ]
 
 
+class JobSizeSource(models.TextChoices):
+    DECLARED = "declared", "Declared"  # by a person: what the job was given; always wins
+    REPORTED = "reported", "Reported"  # by the job: its hosts and the accelerators it saw
+
+
 class JobSize(models.Model):
-    """What the job declares it occupies: the accelerators a late brake keeps burning."""
+    """What the job occupies: the accelerators a late brake keeps burning
+    (``incidents.job_size``)."""
 
     job = models.OneToOneField(Job, on_delete=models.CASCADE, primary_key=True, related_name="size")
     nodes = models.PositiveIntegerField()
     gpus_per_node = models.PositiveIntegerField()
     accelerator = models.CharField(max_length=100, blank=True, help_text="e.g. H100 80GB")
+    source = models.CharField(
+        max_length=16, choices=JobSizeSource.choices, default=JobSizeSource.DECLARED
+    )
     declared_at = models.DateTimeField(auto_now=True)
 
     class Meta:

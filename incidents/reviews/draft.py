@@ -123,10 +123,13 @@ def _impact(durations: Durations) -> str:
         parts.append(
             f"Between the first anomalous point and the brake the job held "
             f"{durations.accelerators} accelerators: {durations.accelerator_hours:.2f} "
-            "accelerator-hours spent on a faulty run."
+            f"accelerator-hours spent on a faulty run (its size {_size_source(durations)})."
         )
     elif brake.measured:
-        parts.append("The job's size is not declared, so accelerator-hours are not measured.")
+        parts.append(
+            "The job's size is neither declared nor reported (it saw no accelerator), so "
+            "accelerator-hours are not measured."
+        )
     return " ".join(parts)
 
 
@@ -171,3 +174,7 @@ def _went_well(rows: Sequence[Row], durations: Durations) -> list[str]:
 
 def _bullets(lines: Sequence[str]) -> str:
     return "\n".join(f"- {line}" for line in lines)
+
+
+def _size_source(durations: Durations) -> str:
+    return "declared" if durations.size_source == "declared" else "as the job reported it"

@@ -115,10 +115,12 @@ class Link:
 
 @dataclass(frozen=True)
 class DeclaredSize:
-    """The job's declared size (``incidents.models.JobSize``), as plain data."""
+    """The job's size (``incidents.models.JobSize``), as plain data: declared by a person, or
+    reported by the job (``source``)."""
 
     nodes: int
     gpus_per_node: int
+    source: str = "declared"
 
     @property
     def accelerators(self) -> int:
@@ -128,8 +130,9 @@ class DeclaredSize:
 @dataclass(frozen=True)
 class Durations:
     links: tuple[Link, ...]
-    accelerator_hours: float | None  # first anomalous point → brake, at the declared size
+    accelerator_hours: float | None  # first anomalous point → brake, at the job's size
     accelerators: int | None
+    size_source: str | None = None  # "declared" or "reported"; None: no size known
 
     def link(self, key: str) -> Link:
         return next(link for link in self.links if link.key == key)
@@ -147,7 +150,14 @@ class Durations:
             "slowest": slowest.key if slowest else None,
             "accelerator_hours": self.accelerator_hours,
             "accelerators": self.accelerators,
+            "size_source": self.size_source,
         }
+
+    @property
+    def size_phrase(self) -> str:
+        """ "8 accelerators, declared" (or "reported by the job")."""
+        source = "declared" if self.size_source == "declared" else "reported by the job"
+        return f"{self.accelerators} accelerators, {source}"
 
 
 def measure(
@@ -177,7 +187,9 @@ def measure(
     hours = None
     if size is not None and stop is not None:
         hours = size.accelerators * (stop.at - first_at).total_seconds() / 3600.0
-    return Durations(tuple(links), hours, size.accelerators if size else None)
+    if size is None:
+        return Durations(tuple(links), hours, None)
+    return Durations(tuple(links), hours, size.accelerators, size.source)
 
 
 def _measure_link(

@@ -73,7 +73,11 @@ def durations_from_document(document: Mapping[str, Any]) -> Durations:
     """Measure the chain again from the document's own rows, first point and job size."""
     first = document["incident"]["first_anomalous_point"]
     size = document.get("job_size")
-    declared = DeclaredSize(size["nodes"], size["gpus_per_node"]) if size else None
+    declared = (
+        DeclaredSize(size["nodes"], size["gpus_per_node"], size.get("source", "declared"))
+        if size
+        else None
+    )
     return measure(rows_from_document(document), parse_iso(first["at"]), first["step"], declared)
 
 
@@ -130,7 +134,10 @@ def _facts(document: Mapping[str, Any]) -> list[str]:
         + (f", last edited by {review['updated_by']}" if review.get("updated_by") else ""),
     ]
     if size:
-        facts.append(f"- Declared size: {size['nodes']} nodes × {size['gpus_per_node']} GPUs")
+        source = "Declared" if size.get("source", "declared") == "declared" else "Reported"
+        what = f"{size['nodes']} nodes × {size['gpus_per_node']} accelerators"
+        named = f" ({size['accelerator']})" if size.get("accelerator") else ""
+        facts.append(f"- {source} size: {what}{named}")
     return facts
 
 
@@ -145,11 +152,7 @@ def _durations(durations: Mapping[str, Any]) -> list[str]:
     lines += [
         "",
         "Accelerator-hours from the first anomalous point to the brake: "
-        + (
-            f"{hours:.2f} ({durations['accelerators']} accelerators)"
-            if hours is not None
-            else "not measured"
-        )
+        + (f"{hours:.2f} ({_size_phrase(durations)})" if hours is not None else NOT_MEASURED)
         + ".",
     ]
     return lines
@@ -168,3 +171,11 @@ def _timeline(document: Mapping[str, Any]) -> list[str]:
 
 def _clock(text: str | None) -> str:
     return clock(parse_iso(text)) if text else ""
+
+
+NOT_MEASURED = "not measured (no size declared, and the job reported no accelerator)"
+
+
+def _size_phrase(durations: Mapping[str, Any]) -> str:
+    source = "declared" if durations.get("size_source") == "declared" else "reported by the job"
+    return f"{durations['accelerators']} accelerators, {source}"

@@ -1,5 +1,5 @@
 """Post-incident reviews: reading one (timeline, durations, write-up), editing the write-up,
-marking it final (the incident becomes reviewed), and declaring a job's size.
+marking it final (the incident becomes reviewed).
 
 Who may do what: every member of the incident's team reads (anyone else gets the 404 of an
 incident that does not exist); on-call and above edit (``incidents.teams.authority``, action
@@ -101,7 +101,9 @@ def timeline_rows(incident_ids: list[int]) -> dict[int, list[tuple[int, Row]]]:
 
 
 def declared(size: JobSize | None) -> DeclaredSize | None:
-    return DeclaredSize(size.nodes, size.gpus_per_node) if size is not None else None
+    if size is None:
+        return None
+    return DeclaredSize(size.nodes, size.gpus_per_node, size.source)
 
 
 def facts_of(incident: Incident) -> IncidentFacts:
@@ -164,6 +166,7 @@ def review_document(data: ReviewData) -> dict[str, Any]:
                 "nodes": data.size.nodes,
                 "gpus_per_node": data.size.gpus_per_node,
                 "accelerator": data.size.accelerator,
+                "source": data.size.source,
             }
             if data.size
             else None
@@ -367,18 +370,3 @@ def _finalize(review: Review, incident: Incident, user: User, now: datetime) -> 
         data={"event": "review_final", "review_id": review.pk, "revision": review.revision},
     )
     review.refresh_from_db()
-
-
-def declare_job_size(
-    job_id: int, *, nodes: int, gpus_per_node: int, accelerator: str = ""
-) -> JobSize:
-    """Record what the job occupies (accelerator-hours of a review are computed from it)."""
-    if nodes < 1 or gpus_per_node < 0:
-        raise InvalidInput(
-            "Bad job size.", fields={"nodes": "at least 1", "gpus_per_node": "0 or more"}
-        )
-    size, _ = JobSize.objects.update_or_create(
-        job_id=job_id,
-        defaults={"nodes": nodes, "gpus_per_node": gpus_per_node, "accelerator": accelerator},
-    )
-    return size

@@ -10,10 +10,10 @@ import pytest
 from django.test import Client
 
 from incidents.alerts.lifecycle import append_timeline
+from incidents.job_size import declare_job_size
 from incidents.jobs import create_job
 from incidents.models import AuditEntry, Incident, TimelineEntry
 from incidents.reviews.export import durations_from_document, rows_from_document
-from incidents.reviews.writeup import declare_job_size
 from tests.support.review import T0, Team
 
 pytestmark = pytest.mark.django_db
@@ -160,7 +160,12 @@ def test_the_json_export_rebuilds_the_timeline_and_its_durations(flow):
         "alert_raised",
         "checkpoint_saved",
     )
-    assert document["job_size"] == {"nodes": 4, "gpus_per_node": 8, "accelerator": "H100"}
+    assert document["job_size"] == {
+        "nodes": 4,
+        "gpus_per_node": 8,
+        "accelerator": "H100",
+        "source": "declared",
+    }
     assert document["review"]["root_cause"] == "A corrupt shard."
     assert document["review"]["follow_ups"][0]["text"] == "Validate shards"
     assert [r["number"] for r in document["revisions"]] == [1, 2]

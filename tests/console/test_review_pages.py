@@ -44,7 +44,7 @@ def test_the_page_shows_the_chain_the_timeline_and_the_curve(flow):
     assert 'style="width: 100.0%"' in html and "1 min 22 s" in html and "8 s" in html
     # Each link names the events it runs between, timed from the first anomalous point.
     assert "first anomalous point (+0 ms) → alert raised (+3 s)" in html
-    assert '<strong id="accelerator-hours">0.10 (32 accelerators)</strong>' in html
+    assert '<strong id="accelerator-hours">0.10 (32 accelerators, declared)</strong>' in html
     # Every timeline row, in order, with its actor.
     kinds = re.findall(r'<tr class="row kind-\w+" data-kind="(\w+)">', html)
     assert kinds[:3] == ["first_anomalous_point", "alert_raised", "command_issued"]

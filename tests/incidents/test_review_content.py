@@ -149,7 +149,7 @@ def test_the_markdown_export_has_durations_write_up_follow_ups_and_timeline():
     assert text.startswith("# Incident #7 review: NaN | Inf\n")
     assert "| Time to recover (slowest) | 1 min 22 s | 0 |" in text
     assert "| Time to notify | not measured |  |" in text
-    assert "to the brake: 0.10 (32 accelerators)." in text
+    assert "to the brake: 0.10 (32 accelerators, declared)." in text
     assert "## Root cause\n\n_Not written yet._" in text
     assert "| [x] | Clip gradients | ana | 2026-02-01 |" in text
     # A pipe inside a cell is escaped, so the table keeps its columns.

@@ -92,8 +92,8 @@ def run_flow(team: Team) -> Flow:
     from breakers.detection.rules import install_default_pack
     from breakers.models import Command
     from incidents.alerts.acknowledge import acknowledge_alert
+    from incidents.job_size import declare_job_size
     from incidents.models import Alert
-    from incidents.reviews.writeup import declare_job_size
 
     job_id = team.job_id
     install_default_pack()

@@ -27,11 +27,13 @@ from django.db import transaction
 
 from breakers.declarations import declare_own_root
 from console.simulator import SimulatedRun
+from incidents.job_size import declare_job_size
 from incidents.jobs import create_job, retire_job, revoke_agent_tokens
 from incidents.models import Job, Membership, Role, Team
 
 DEMO_TEAM = "demo"
 DEMO_JOB = "demo-run"
+DEMO_ACCELERATOR = "H100 80GB (the demo's declared stand-in: it trains on the CPU)"
 DEMO_PASSWORD = "brakeline-demo"
 RETIRED = "the demo was started again; this run's training process ended with the earlier demo"
 DEMO_USERS = {
@@ -76,6 +78,9 @@ def set_up_demo_data() -> tuple[str, str]:
         checkpoints = settings.DATA_DIR / "checkpoints"
         checkpoints.mkdir(parents=True, exist_ok=True)
         declare_own_root(created.job, str(checkpoints))
+        # The tiny CPU run stands for one node of eight accelerators, and says so: declared,
+        # the review measures the accelerator-hours a late brake would have burnt.
+        declare_job_size(created.job.pk, nodes=1, gpus_per_node=8, accelerator=DEMO_ACCELERATOR)
     return name, created.raw_token
 
 
