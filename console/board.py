@@ -418,8 +418,9 @@ def attention(
 
 
 def dashboard_rows(user: Any) -> list[dict[str, Any]]:
-    """Every job of the user's teams, what needs them on top."""
-    jobs = list(visible_jobs(user))
+    """Every job of the user's teams, what needs them on top. A drill's sandbox jobs are not
+    the team's work: they are on the drill's own page, marked."""
+    jobs = list(visible_jobs(user).filter(drill_sandbox=False))
     roles = roles_by_team(user)
     ids = [job.pk for job in jobs]
     alerts: dict[int, list[Alert]] = {job_id: [] for job_id in ids}

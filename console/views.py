@@ -39,8 +39,10 @@ def _partial(request: HttpRequest) -> str:
 @login_required
 def dashboard(request: HttpRequest) -> HttpResponse:
     rows = board.dashboard_rows(request.user)
-    template = "partials/dashboard_rows.html" if _partial(request) else "dashboard.html"
-    return render(request, template, {"rows": rows})
+    if _partial(request):
+        return render(request, "partials/dashboard_rows.html", {"rows": rows})
+    drills = visible_jobs(request.user).filter(drill_sandbox=True).count()
+    return render(request, "dashboard.html", {"rows": rows, "drill_jobs": drills})
 
 
 @login_required

@@ -37,6 +37,8 @@ class JobSerializer(serializers.ModelSerializer):
             "heartbeat_deadline",
             "world_size",
             "latest_loss",
+            # A fire drill's sandbox: its alerts page nobody; the drill pages list it.
+            "drill_sandbox",
         ]
 
 

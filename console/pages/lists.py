@@ -73,7 +73,10 @@ def silences_page(request: HttpRequest) -> HttpResponse:
         "past": [s for s in silences if s.ends_at <= now][:30],
         "can_end": set(managed),
         "teams": Team.objects.filter(pk__in=managed).order_by("name"),
-        "jobs": Job.objects.filter(team_id__in=managed).order_by("team__name", "name"),
+        # A drill's sandbox jobs page nobody: nothing there to silence.
+        "jobs": Job.objects.filter(team_id__in=managed, drill_sandbox=False).order_by(
+            "team__name", "name"
+        ),
         "durations": DURATIONS,
     }
     return render(request, "silences.html", context)

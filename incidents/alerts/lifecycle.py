@@ -483,7 +483,12 @@ def alert_payload(alert: Alert) -> dict[str, Any]:
         "status": alert.status,
         "severity": alert.severity,
         "layer": alert.layer,
-        "job": {"id": job.pk, "name": job.name, "team_id": job.team_id},
+        "job": {
+            "id": job.pk,
+            "name": job.name,
+            "team_id": job.team_id,
+            "drill_sandbox": job.drill_sandbox,
+        },
         "node": alert.node or None,
         "nodes": alert.nodes,
         "rule": {"key": alert.rule_key, "name": alert.rule_name},

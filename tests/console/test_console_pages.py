@@ -203,3 +203,22 @@ def test_the_dashboard_asks_as_many_queries_for_six_paused_jobs_as_for_two(
         counts.append(len(queries))
     assert html.count("confirms keep / resume / roll back") == 6
     assert counts[0] == counts[1], counts
+
+
+def test_drill_sandboxes_stay_off_the_dashboard_and_are_marked_where_they_show(
+    client, member, make_agent
+):
+    real = make_agent(team="vision", name="vit")
+    drill = make_agent(team="vision", name="drill-nan_loss-1")
+    Job.objects.filter(pk=drill.job_id).update(drill_sandbox=True)
+    raise_or_update_alert(drill.job_id, signal("L3"))
+    client.force_login(member("ana", "vision", Role.MANAGER))
+    html = client.get("/").content.decode()
+    names = re.findall(r'class="jobname" href="/jobs/\d+/">([^<]+)<', html)
+    assert names == ["vit"] and "1 drill sandbox job not listed" in html
+    rows = client.get("/?partial=rows").content.decode()
+    assert "drill-nan_loss-1" not in rows and f"&quot;job&quot;,{real.job_id}" in rows
+    assert "drill-nan_loss-1" not in client.get("/silences/").content.decode()
+    for page in [f"/jobs/{drill.job_id}/", "/alerts/", "/incidents/"]:
+        assert 'class="chip drill"' in client.get(page).content.decode(), page
+    assert 'class="chip drill"' not in client.get(f"/jobs/{real.job_id}/").content.decode()
