@@ -513,6 +513,9 @@ COMMAND_SPLIT_SECONDS = env_seconds("BRAKELINE_COMMAND_SPLIT_SECONDS", 30.0)
 # operator's setting: the test suite's in-process watchdog, whose clock tests move, turns it
 # off (tests/conftest.py), since the beacon is written by web processes on the real clock.
 JUDGE_SILENCE_BY_BEACON = True
+# A web process that started this recently and has not heard the watchdog beat yet answers
+# its health check "starting" (503, no error logged) rather than "degraded".
+HEALTH_STARTING_SECONDS = env_seconds("BRAKELINE_HEALTH_STARTING_SECONDS", 15.0)
 # Inference jobs (breakers.control.inference): HAProxy's runtime API (a UNIX socket path or
 # host:port; empty: no traffic executor), and how long a drained replica's requests in
 # flight may take to finish before it is put in maintenance anyway.

@@ -49,6 +49,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # runs on clocks the tests move. Its own tests turn it back on (tests/breakers/
     # test_console_hearing.py); subprocess stacks keep the production setting.
     settings.JUDGE_SILENCE_BY_BEACON = False
+    # The suite's process started long ago as far as health is concerned: a stale beat is
+    # "degraded" at once (tests/console/test_health.py turns "starting" back on).
+    settings.HEALTH_STARTING_SECONDS = 0.0
     # The suite's jobs write checkpoints in temporary folders: the operator's default root is
     # "/" here (and in the consoles and workers it starts), unless a test declares its own.
     os.environ.setdefault("BRAKELINE_CHECKPOINT_ROOT", "/")

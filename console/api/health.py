@@ -4,6 +4,7 @@ makes the answer 503 naming it, never a 500)."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 from celery import current_app
@@ -25,7 +26,11 @@ from console.api.errors import database_recently_away, outage_part
 from incidents.models import ACTIVE_ALERT_STATUSES, Alert
 
 BEAT_STALE_SECONDS = 5.0
+# A console that has just started has not heard its beat yet: for HEALTH_STARTING_SECONDS it
+# answers "starting" (503: not ready, as a readiness probe expects) without an error logged.
+_STARTED_AT = time.monotonic()
 _worker_cache: dict[str, float] = {}
+log = logging.getLogger(__name__)
 
 
 def worker_count() -> int:
@@ -113,7 +118,19 @@ def health_report(workers: int | None = None) -> tuple[dict, bool]:
     # A job whose breakers fail degrades the status; the answer stays 200 (503 says that
     # nothing watches at all, and a load balancer must not take the console away for it).
     report["status"] = "ok" if healthy and not report["failing_breakers"] else "degraded"
+    if not healthy and _starting(report):
+        report["status"] = "starting"
     return report, healthy
+
+
+def _starting(report: dict) -> bool:
+    """This process started moments ago and its database and Redis answer: only the beat (or
+    a worker) has not been heard yet."""
+    return (
+        time.monotonic() - _STARTED_AT < settings.HEALTH_STARTING_SECONDS
+        and report["database"]["ok"]
+        and report["redis"]["ok"]
+    )
 
 
 class HealthView(APIView):
@@ -130,4 +147,9 @@ class HealthView(APIView):
     )
     def get(self, request: Request) -> Response:
         report, healthy = health_report()
-        return Response(report, status=200 if healthy else 503)
+        response = Response(report, status=200 if healthy else 503)
+        if report["status"] == "starting":
+            # Expected at every start: not an error (Django logs every 5xx as one).
+            response._has_been_logged = True  # type: ignore[attr-defined]
+            log.info("health: starting (the watchdog beat has not run yet)")
+        return response

@@ -34,6 +34,25 @@ def test_no_beat_ever_is_503_and_says_so(client):
     assert body["queue"]["depth"] >= 0
 
 
+def test_a_console_that_just_started_says_starting_without_an_error(
+    client, settings, monkeypatch, caplog
+):
+    """Before its first beat, a fresh web process is not ready (503) but nothing is wrong: no
+    error line in the log. After the grace a missing beat is "degraded" and logged."""
+    settings.HEALTH_STARTING_SECONDS = 15.0
+    monkeypatch.setattr(health, "_STARTED_AT", time.monotonic() - 2)
+    with caplog.at_level("INFO"):
+        response = client.get("/api/v1/health")
+    assert response.status_code == 503 and response.json()["status"] == "starting"
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
+    monkeypatch.setattr(health, "_STARTED_AT", time.monotonic() - 20)
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        response = client.get("/api/v1/health")
+    assert response.status_code == 503 and response.json()["status"] == "degraded"
+    assert [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
+
+
 def test_a_stale_beat_is_503_with_its_age(client):
     liveness.record(BEAT, time.time() - 60)
     body = client.get("/api/v1/health").json()

@@ -36,6 +36,7 @@ DEMO_JOB = "demo-run"
 DEMO_ACCELERATOR = "H100 80GB (the demo's declared stand-in: it trains on the CPU)"
 DEMO_PASSWORD = "brakeline-demo"
 RETIRED = "the demo was started again; this run's training process ended with the earlier demo"
+STOPPED = "the demo was stopped, and its training process with it"
 DEMO_USERS = {
     "admin": Role.ADMIN,
     "manager": Role.MANAGER,
@@ -82,6 +83,12 @@ def set_up_demo_data() -> tuple[str, str]:
         # the review measures the accelerator-hours a late brake would have burnt.
         declare_job_size(created.job.pk, nodes=1, gpus_per_node=8, accelerator=DEMO_ACCELERATOR)
     return name, created.raw_token
+
+
+def retire_demo_run(job_name: str) -> None:
+    job = Job.objects.filter(team__name=DEMO_TEAM, name=job_name).first()
+    if job is not None:
+        retire_job(job.pk, STOPPED)
 
 
 def demo_job_name(taken: set[str]) -> str:
@@ -200,6 +207,9 @@ class Command(BaseCommand):
             self.stdout.write("\nStopping the demo.")
         finally:
             timer.cancel()
+            # Its process is gone: the run is over, not silent. Left "running", the next console
+            # on this var/ would raise a heartbeat alert for it, and page for it.
+            retire_demo_run(job_name)
             stop_process(server)
 
     def simulate(self, url: str, token: str, options: dict) -> None:
