@@ -12,13 +12,17 @@ the report is a 400 naming the field. The catalogue and a roll back offer only s
 *Clean*, seen from an incident: the checkpoint's weights hold no optimizer update from the
 incident's first anomalous step on (``weights_step < first_step``; without ``weights_step``,
 its ``step``). The SDK's step guard skips the update of a non-finite step, so the brake's own
-checkpoint is usually clean; without the guard it is "after the anomaly".
+checkpoint is usually clean; without the guard it is "after the anomaly". After a roll back that
+the job carried out (its resume acknowledged), the run trains again from the restored state and
+numbers its steps on from it: a checkpoint reported since then descends from that state, so it
+is clean exactly when the restored checkpoint was, whatever its step.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, TypeGuard
 
 from django.db import IntegrityError, transaction
@@ -29,7 +33,14 @@ from breakers.executors.targets import (
     checkpoint_refusal,
     checkpoints_in_root,
 )
-from breakers.models import Checkpoint, CheckpointReason, CheckpointSet
+from breakers.models import (
+    Checkpoint,
+    CheckpointReason,
+    CheckpointSet,
+    Command,
+    CommandKind,
+    CommandStatus,
+)
 from core.errors import InvalidInput
 from incidents.models import Incident, Job
 
@@ -178,14 +189,47 @@ def record_from_acknowledgement(job_id: int, command_id: int, result: dict[str, 
     record_checkpoint(job_id, report, command_id=command_id)
 
 
-def is_clean(checkpoint: Checkpoint, anomaly_step: int | None) -> bool:
-    return anomaly_step is None or checkpoint.holds_updates_through < anomaly_step
+@dataclass(frozen=True)
+class Lineage:
+    """What "clean" is judged by: the first anomalous step of the job's latest incident, and
+    the roll back carried out since its first point, if any (when, and whether what it
+    restored was clean)."""
+
+    first_step: int | None
+    restored_at: datetime | None = None
+    restored_clean: bool = True
 
 
-def anomaly_step(job_id: int) -> int | None:
-    """The first anomalous step of the job's latest incident (what "clean" is judged by)."""
+def is_clean(checkpoint: Checkpoint, lineage: Lineage) -> bool:
+    if lineage.first_step is None:
+        return True
+    if lineage.restored_at is not None and checkpoint.reported_at > lineage.restored_at:
+        return lineage.restored_clean  # saved since the roll back: from the restored state
+    return checkpoint.holds_updates_through < lineage.first_step
+
+
+def lineage(job_id: int) -> Lineage:
+    """The job's latest incident's first anomalous step, and the latest roll back the job
+    carried out after that point (a resume naming a catalogue entry, acknowledged)."""
     incident = Incident.objects.filter(job_id=job_id).order_by("-opened_at", "-pk").first()
-    return incident.first_step if incident is not None else None
+    if incident is None:
+        return Lineage(None)
+    roll_back = (
+        Command.objects.filter(
+            job_id=job_id,
+            kind=CommandKind.RESUME,
+            status=CommandStatus.SUCCEEDED,
+            params__has_key="catalogue_id",
+            acknowledged_at__gt=incident.first_time,
+        )
+        .order_by("-acknowledged_at", "-pk")
+        .first()
+    )
+    if roll_back is None:
+        return Lineage(incident.first_step)
+    restored = Checkpoint.objects.filter(pk=roll_back.params.get("catalogue_id")).first()
+    clean = restored is not None and restored.holds_updates_through < incident.first_step
+    return Lineage(incident.first_step, roll_back.acknowledged_at, clean)
 
 
 def catalogue(job_id: int, *, limit: int = 50) -> list[dict[str, Any]]:
@@ -193,11 +237,11 @@ def catalogue(job_id: int, *, limit: int = 50) -> list[dict[str, Any]]:
     clean one is ``preselected`` (what a roll back offers first). A multi-rank job's are its
     complete sets only (each as its rank-0 file with ``set``): a rank's lone file is no
     state the job can resume from."""
-    first_step = anomaly_step(job_id)
+    judged_by = lineage(job_id)
     rows = list(catalogued(job_id).order_by("-step", "-pk")[:limit])
     allowed = checkpoints_in_root(job_id, [row.path for row in rows])
     rows = [row for row in rows if row.path in allowed]
-    entries = [checkpoint_out(row, first_step) for row in rows]
+    entries = [checkpoint_out(row, judged_by) for row in rows]
     for entry in entries:
         if entry["clean"]:
             entry["preselected"] = True
@@ -205,7 +249,7 @@ def catalogue(job_id: int, *, limit: int = 50) -> list[dict[str, Any]]:
     return entries
 
 
-def checkpoint_out(row: Checkpoint, first_step: int | None) -> dict[str, Any]:
+def checkpoint_out(row: Checkpoint, judged_by: Lineage) -> dict[str, Any]:
     return {
         "id": row.pk,
         "path": row.path,
@@ -216,7 +260,7 @@ def checkpoint_out(row: Checkpoint, first_step: int | None) -> dict[str, Any]:
         "bytes": row.bytes,
         "reason": row.reason,
         "reported_at": row.reported_at,
-        "clean": is_clean(row, first_step),
+        "clean": is_clean(row, judged_by),
         "preselected": False,
         "set": set_out(row.checkpoint_set) if row.checkpoint_set is not None else None,
     }

@@ -11,9 +11,9 @@ charts are worth watching), with a checkpoint every CHECKPOINT_EVERY steps. At -
 "bad learning-rate schedule" multiplies the learning rate by 1.08 every step: the loss climbs,
 then the gradients overflow to Inf and the loss to NaN. The console's L3 rule issues
 checkpoint_and_pause; the SDK stops at the step boundary, saves, acknowledges and holds,
-heartbeating as paused. Resumed from the console, the run rolls its weights back to its last
-healthy checkpoint (what the runbook says to do) with the schedule fixed and trains on;
-terminated, it exits with brakeline.EXIT_TERMINATED (75).
+heartbeating as paused. Resumed from the console, it trains on with the schedule fixed: from the
+checkpoint a person rolled back to (the SDK restores it, and the steps go on from its step), or
+from the held state; terminated, it exits with brakeline.EXIT_TERMINATED (75).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import torch
 import brakeline
 
 CHECKPOINT_EVERY = 200
+BASE_LR = 0.02
 LR_GROWTH = 1.08
 BATCH = 32
 
@@ -37,7 +38,7 @@ BATCH = 32
 def build(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.utils.data.DataLoader]:
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=BASE_LR, momentum=0.9)
     generator = torch.Generator().manual_seed(seed)
     inputs = torch.randn(4096, 8, generator=generator)
     noise = 0.1 * torch.randn(4096, 1, generator=generator)
@@ -61,24 +62,22 @@ class DemoRun:
         self.model, self.optimizer, loader = build(options.seed)
         self.loader = self.run.wrap_loader(loader)
         self.run.watch(model=self.model, optimizer=self.optimizer)
-        self.run.on_resume(self.roll_back)
-        self.healthy: brakeline.CheckpointResult | None = None
+        self.run.on_resume(self.fix_schedule)
         self.schedule_fixed = False
         self.step = 0
 
-    def roll_back(self, info: brakeline.PauseInfo) -> None:
+    def fix_schedule(self, info: brakeline.PauseInfo) -> None:
+        """The run resumes with its schedule fixed: the learning rate back to its base. A roll
+        back the console's confirmation named was restored by the SDK before this (weights,
+        optimizer, ``run.step``); a plain resume trains on from the held state, which the step
+        guard kept finite."""
         self.schedule_fixed = True
-        if self.healthy is not None:
-            brakeline.restore(
-                self.healthy.path,
-                model=self.model,
-                optimizer=self.optimizer,
-                expected_sha256=self.healthy.sha256,
-            )
-            print(f"demo training: rolled back to the checkpoint of step {self.healthy.step}")
+        for group in self.optimizer.param_groups:
+            group["lr"] = BASE_LR
+        print(f"demo training: resumed at step {self.run.step} with the schedule fixed")
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
-        self.step += 1
+        self.step = self.run.step + 1  # the run's step: a roll back moves it back
         if self.step >= self.options.diverge_at and not self.schedule_fixed:
             for group in self.optimizer.param_groups:
                 group["lr"] *= LR_GROWTH  # the bug this demo is about
@@ -100,7 +99,7 @@ class DemoRun:
         )
         healthy = self.step < self.options.diverge_at or self.schedule_fixed
         if self.step % CHECKPOINT_EVERY == 0 and healthy and math.isfinite(loss.item()):
-            self.healthy = self.run.checkpoint(self.step)
+            self.run.checkpoint(self.step)
         self.run.step_boundary(self.step)
 
     def train(self) -> None:

@@ -161,6 +161,7 @@ def chain_bars(durations: Durations) -> list[dict[str, Any]]:
             "label": link.label,
             "text": format_seconds(link.seconds),
             "steps": link.steps,
+            "steps_phrase": link.steps_phrase,
             "measured": link.measured,
             "end_kind": (link.end_kind or "").replace("_", " "),
             "span": link_span(link, origin),

@@ -71,7 +71,7 @@ class AgentCheckpointView(AgentView):
         job = request.user.job
         report = catalogue.parse_report_body(self.raw_body(request))
         row, created = catalogue.record_checkpoint(job.pk, report)
-        body = catalogue.checkpoint_out(row, catalogue.anomaly_step(job.pk))
+        body = catalogue.checkpoint_out(row, catalogue.lineage(job.pk))
         return Response(body, status=201 if created else 200)
 
 

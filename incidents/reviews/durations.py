@@ -83,6 +83,16 @@ LINKS: tuple[LinkSpec, ...] = (
 LINK_KEYS: tuple[str, ...] = tuple(spec.key for spec in LINKS)
 
 
+def steps_phrase(steps: int | None) -> str:
+    """ "40 steps", or, for a link that ends at an earlier step (a roll back went back past
+    where training stopped), "157 steps rolled back"; "" when not measured."""
+    if steps is None:
+        return ""
+    if steps < 0:
+        return f"{-steps} steps rolled back"
+    return f"{steps} steps"
+
+
 @dataclass(frozen=True)
 class Link:
     """One measured link; ``seconds`` None means "not measured" (an end row never came)."""
@@ -99,6 +109,10 @@ class Link:
     @property
     def measured(self) -> bool:
         return self.seconds is not None
+
+    @property
+    def steps_phrase(self) -> str:
+        return steps_phrase(self.steps)
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -14,7 +14,14 @@ from typing import Any, overload
 
 from incidents.reviews.content import TEXT_FIELDS
 from incidents.reviews.draft import actor_name, clock
-from incidents.reviews.durations import DeclaredSize, Durations, Row, format_seconds, measure
+from incidents.reviews.durations import (
+    DeclaredSize,
+    Durations,
+    Row,
+    format_seconds,
+    measure,
+    steps_phrase,
+)
 
 FORMAT = "brakeline.review/1"
 SECTION_TITLES = {
@@ -145,8 +152,10 @@ def _durations(durations: Mapping[str, Any]) -> list[str]:
     rows = []
     for link in durations["links"]:
         mark = " (slowest)" if link["key"] == durations["slowest"] else ""
-        steps = "" if link["steps"] is None else link["steps"]
-        rows.append([link["label"] + mark, format_seconds(link["seconds"]), steps])
+        steps = link["steps"]
+        steps = steps_phrase(steps) if steps is not None and steps < 0 else steps
+        cell = "" if steps is None else steps
+        rows.append([link["label"] + mark, format_seconds(link["seconds"]), cell])
     lines = _table(["link", "time", "steps"], rows)
     hours = durations["accelerator_hours"]
     lines += [

@@ -17,6 +17,7 @@ from breakers.models import Command
 from incidents.models import (
     AuditEntry,
     EscalationRequest,
+    Incident,
     Job,
     JobStatus,
     OnCallShift,
@@ -459,3 +460,34 @@ def test_make_member_helper_gives_roles_only_in_that_team(scene):
     stranger = scene.person(None)
     assert not stranger.memberships.filter(team=scene.team).exists()
     assert make_member(scene.team, "viewer").memberships.get().role == "viewer"
+
+
+@pytest.mark.parametrize(
+    ("target", "descendants_clean"),
+    [("/ck/4000", True), ("/ck/4600", False)],
+    ids=["to-a-clean-checkpoint", "to-one-after-the-anomaly"],
+)
+def test_checkpoints_saved_after_a_roll_back_descend_from_what_it_restored(
+    scene, target, descendants_clean
+):
+    """The run trains on from the restored step (4001…): a checkpoint it saves since is clean
+    exactly when what it restored was, though its step is past the anomaly's."""
+    pause = automatic_l3_pause(scene)
+    Incident.objects.filter(job_id=scene.job_id).update(first_step=4550)
+    brake = {"path": "/ck/4600", "sha256": "b" * 64, "step": 4600, "weights_step": 4600}
+    acknowledge_command(scene.job_id, pause.pk, status="succeeded", result=brake)
+    record_checkpoint(scene.job_id, CheckpointReport(path="/ck/4000", sha256="a" * 64, step=4000))
+    oncall = scene.api("oncall")
+    decided = oncall.post(
+        f"/api/v1/jobs/{scene.job_id}/confirm-pause",
+        {"decision": "roll_back", "checkpoint": target},
+    ).json()
+    acknowledge_command(scene.job_id, decided["command"]["id"], status="succeeded", result={})
+    later = CheckpointReport(path="/ck/4800-after", sha256="c" * 64, step=4800, weights_step=4800)
+    record_checkpoint(scene.job_id, later)
+    listed = oncall.get(f"/api/v1/jobs/{scene.job_id}/checkpoints").json()
+    clean = {e["path"]: e["clean"] for e in listed}
+    assert clean == {"/ck/4800-after": descendants_clean, "/ck/4600": False, "/ck/4000": True}
+    assert next(e["path"] for e in listed if e.get("preselected")) == (
+        "/ck/4800-after" if descendants_clean else "/ck/4000"
+    )

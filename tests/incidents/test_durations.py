@@ -244,3 +244,13 @@ def test_link_stats_count_only_incidents_where_the_link_was_measured():
 )
 def test_durations_read_as_people_say_them(seconds, text):
     assert format_seconds(seconds) == text
+
+
+@pytest.mark.parametrize(
+    ("steps", "phrase"),
+    [(None, ""), (0, "0 steps"), (40, "40 steps"), (-157, "157 steps rolled back")],
+)
+def test_a_link_that_ends_at_an_earlier_step_says_how_far_it_rolled_back(steps, phrase):
+    from incidents.reviews.durations import steps_phrase
+
+    assert steps_phrase(steps) == phrase
