@@ -12,11 +12,23 @@ from django.core.exceptions import DisallowedHost
 from django.http import HttpRequest, HttpResponse
 from django.utils.decorators import sync_and_async_middleware
 
+# The one inline <style> element Swagger UI (drf-spectacular-sidecar's bundle) writes into the
+# API docs page at run time; allowed there by its hash, nowhere else. A new bundle that writes
+# another one shows as a CSP error in tests/console/browser/test_api_docs_browser.py.
+SWAGGER_UI_STYLE = "'sha256-MMpT0iDxyjALd9PdfepImGX3DBfJPXZ4IlDWdPAgtn0='"
+
 
 def _policy(request: HttpRequest) -> str:
     host = request.get_host()
     websocket = f"wss://{host}" if request.is_secure() else f"ws://{host} wss://{host}"
     return str(settings.CONTENT_SECURITY_POLICY).format(websocket=websocket)
+
+
+def api_docs_policy(request: HttpRequest) -> str:
+    """The pages' policy, with Swagger UI's own inline style allowed by its hash."""
+    return _policy(request).replace(
+        "style-src-elem 'self'", f"style-src-elem 'self' {SWAGGER_UI_STYLE}", 1
+    )
 
 
 def _add_policy(request: HttpRequest, response: HttpResponse) -> HttpResponse:

@@ -8,13 +8,17 @@ template, and every button decided by the server: see ``console.board``).
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
+from drf_spectacular.views import SpectacularSwaggerSplitView
 
 from breakers import metrics as history
 from console import board
 from console.api.jobs import visible_jobs
+from console.security import api_docs_policy
 from incidents import silences as silencing
 from incidents.alerts.lifecycle import alert_payload
 from incidents.models import (
@@ -121,3 +125,12 @@ def incident_page(request: HttpRequest, pk: int) -> HttpResponse:
     }
     template = "partials/incident_live.html" if _partial(request) else "incident.html"
     return render(request, template, context)
+
+
+class ApiDocsView(SpectacularSwaggerSplitView):
+    """Swagger UI for the schema, under a policy that allows its one inline style."""
+
+    def get(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        response = super().get(request, *args, **kwargs)
+        response["Content-Security-Policy"] = api_docs_policy(request)
+        return response
