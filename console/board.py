@@ -153,9 +153,10 @@ def job_buttons(role: str | None, job: Job, awaiting_pause: Command | None = Non
 
 
 def _roll_back_choices(job: Job) -> list[tuple[int, str]]:
-    """The catalogue, the last clean checkpoint first (what the dialog preselects)."""
-    entries = catalogue(job.pk)
-    entries.sort(key=lambda entry: not entry["preselected"])
+    """The catalogue's clean checkpoints, newest step first (the first is what the dialog
+    preselects: the last clean one), then those after the anomaly, newest step first."""
+    entries = catalogue(job.pk)  # newest step first
+    entries.sort(key=lambda entry: not entry["clean"])  # stable: each group keeps its order
     return [
         (
             entry["id"],

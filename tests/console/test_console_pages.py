@@ -222,3 +222,26 @@ def test_drill_sandboxes_stay_off_the_dashboard_and_are_marked_where_they_show(
     for page in [f"/jobs/{drill.job_id}/", "/alerts/", "/incidents/"]:
         assert 'class="chip drill"' in client.get(page).content.decode(), page
     assert 'class="chip drill"' not in client.get(f"/jobs/{real.job_id}/").content.decode()
+
+
+def test_roll_back_choices_list_clean_checkpoints_newest_first_then_the_others(make_agent):
+    from breakers.checkpoints import CheckpointReport, record_checkpoint
+    from console.board import _roll_back_choices
+    from incidents.models import Incident
+
+    job = make_agent(team="vision", name="vit")
+    raise_or_update_alert(job.job_id, signal("L3"))
+    Incident.objects.filter(job_id=job.job_id).update(first_step=500)
+    for step, weights in [(600, 600), (400, 400), (555, 499), (200, 200), (520, 520)]:
+        digest = f"{step:064d}"
+        report = CheckpointReport(f"/ck/{step}", digest, step, weights_step=weights)
+        record_checkpoint(job.job_id, report)
+    choices = _roll_back_choices(Job.objects.get(pk=job.job_id))
+    labels = [label.split(" · ")[:2] for _, label in choices]
+    assert labels == [
+        ["step 555", "clean"],
+        ["step 400", "clean"],
+        ["step 200", "clean"],
+        ["step 600", "after the anomaly"],
+        ["step 520", "after the anomaly"],
+    ]
