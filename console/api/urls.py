@@ -215,6 +215,16 @@ other_routes = [
         notifications.ReceiptView.as_view(),
         name="notification-receipts",
     ),
+    path(
+        f"{V1}/notifications/replies/sms",
+        notifications.SmsReplyView.as_view(),
+        name="notification-reply-sms",
+    ),
+    path(
+        f"{V1}/notifications/replies/phone",
+        notifications.PhoneReplyView.as_view(),
+        name="notification-reply-phone",
+    ),
 ]
 
 # The cluster's monitoring (docs/monitoring.md).

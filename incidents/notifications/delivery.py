@@ -57,6 +57,7 @@ from incidents.models import (
 )
 from incidents.notifications import grouping
 from incidents.notifications import senders as channels
+from incidents.notifications.reply_codes import REPLY_CHANNELS, ack_link, new_reply_code
 from incidents.notifications.routing import (
     DIGEST,
     FIRST_LINE_LENGTH,
@@ -426,6 +427,7 @@ def _plan_deliveries(
                 first_line=fit(message.first_line, FIRST_LINE_LENGTH),
                 body=body,
                 lease_until=lease(now),
+                reply_code=new_reply_code() if channel in REPLY_CHANNELS else "",
             )
             if not address:
                 _finish(delivery, "failed", f"no {channel} address for {person}", None, now)
@@ -516,6 +518,10 @@ def attempt_delivery(
         Message(delivery.first_line, delivery.body),
         policy.chat_format,
         idempotency_key=f"brakeline-delivery-{delivery.pk}",
+        reply_code=delivery.reply_code,
+        ack_link=ack_link(delivery.pk)
+        if delivery.reply_code and delivery.channel == "chat"
+        else "",
     )
     result = channels.send(outgoing)
     max_attempts = int(settings.NOTIFY_MAX_ATTEMPTS)
