@@ -24,8 +24,10 @@ from incidents.models import (
     EscalationRequest,
     EscalationStatus,
     Incident,
+    Team,
 )
 from incidents.teams.access import visible_team_ids
+from incidents.teams.oncall import on_call_summary
 
 RECENT = 50
 # Charts every training job has, shown (empty) before its first point so they can grow live.
@@ -39,8 +41,16 @@ def _partial(request: HttpRequest) -> str:
 @login_required
 def dashboard(request: HttpRequest) -> HttpResponse:
     rows = board.dashboard_rows(request.user)
-    template = "partials/dashboard_rows.html" if _partial(request) else "dashboard.html"
-    return render(request, template, {"rows": rows})
+    if _partial(request):
+        return render(request, "partials/dashboard_rows.html", {"rows": rows})
+    on_call = on_call_now_and_next(request)
+    return render(request, "dashboard.html", {"rows": rows, "on_call": on_call})
+
+
+def on_call_now_and_next(request: HttpRequest) -> list[dict]:
+    """Per team of the user: who is on call now, and who next from when."""
+    teams = Team.objects.filter(pk__in=visible_team_ids(request.user)).order_by("name")
+    return [{"team": team, "summary": on_call_summary(team)} for team in teams]
 
 
 @login_required

@@ -34,18 +34,13 @@ def _team_id(team: Team | int) -> int:
     return team.pk if isinstance(team, Team) else int(team)
 
 
+def rotation_spec(row: OnCallRotation) -> rotation.Rotation:
+    people, zone = tuple(int(p) for p in row.people), row.time_zone
+    return rotation.Rotation(people, row.length_days, row.handoff_time, zone, row.starts_on)
+
+
 def _rotations(team_id: int) -> list[rotation.Rotation]:
-    rows = OnCallRotation.objects.filter(team_id=team_id).order_by("id")
-    return [
-        rotation.Rotation(
-            tuple(int(p) for p in row.people),
-            row.length_days,
-            row.handoff_time,
-            row.time_zone,
-            row.starts_on,
-        )
-        for row in rows
-    ]
+    return [rotation_spec(row) for row in OnCallRotation.objects.filter(team_id=team_id)]
 
 
 def _overrides(shifts: QuerySet, limit: int | None = None) -> list[rotation.Override]:

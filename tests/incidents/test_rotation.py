@@ -143,3 +143,34 @@ def test_paging_and_the_summary_follow_the_rotation_and_its_overrides(scene):
             starts_on=date(2026, 3, 23),
         )
     assert refused.value.fields == {"time_zone": "an IANA time zone"}
+
+
+@pytest.mark.django_db
+def test_a_manager_arranges_a_rotation_on_the_paging_page_and_the_dashboard_says_who(scene, client):
+    first, second = scene.extra("first", "oncall"), scene.extra("second", "oncall")
+    client.force_login(scene.person("manager"))
+    page = f"/teams/{scene.team.pk}/paging/"
+    form = {
+        "form": "rotation",
+        "name": "primary",
+        "people": f"{first.username}, {second.username}",
+        "length_days": "7",
+        "handoff_time": "09:00",
+        "time_zone": "Europe/Paris",
+        "starts_on": "2026-03-23",
+    }
+    for field, bad in [("time_zone", "Paris"), ("people", "nobody"), ("handoff_time", "9h")]:
+        refused = client.post(page, {**form, field: bad}, follow=True)
+        assert f"({field}: " in refused.content.decode()
+    assert not OnCallRotation.objects.exists()
+    with time_machine.travel(utc(2026, 3, 25, 12), tick=False):
+        added = client.post(page, form, follow=True).content.decode()
+        assert "Rotation added." in added and f"{first.username} → {second.username}" in added
+        dashboard = client.get("/").content.decode()
+    strip = dashboard[dashboard.index('id="on-call"') :]
+    strip = strip[: strip.index("</section>")]
+    assert f'on call now <span class="on-call-now"><b>{first.username}</b>' in strip
+    assert f"<b>{second.username}</b></span> from 2026-03-30 07:00" in strip
+    rotation_id = OnCallRotation.objects.get().pk
+    client.post(page, {"form": "delete_rotation", "rotation_id": rotation_id})
+    assert not OnCallRotation.objects.exists()
