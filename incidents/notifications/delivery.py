@@ -57,7 +57,8 @@ from incidents.models import (
 )
 from incidents.notifications import grouping
 from incidents.notifications import senders as channels
-from incidents.notifications.reply_codes import REPLY_CHANNELS, ack_link, new_reply_code
+from incidents.notifications.outgoing import outgoing_of
+from incidents.notifications.reply_codes import REPLY_CHANNELS, new_reply_code
 from incidents.notifications.routing import (
     DIGEST,
     FIRST_LINE_LENGTH,
@@ -511,18 +512,7 @@ def attempt_delivery(
             stop_notifications(alert.pk)  # acknowledged or resolved: nothing more goes out
         return None
     delivery.attempts += 1
-    policy = policy_for(delivery.team_id)
-    outgoing = channels.Outgoing(
-        delivery.channel,
-        delivery.address,
-        Message(delivery.first_line, delivery.body),
-        policy.chat_format,
-        idempotency_key=f"brakeline-delivery-{delivery.pk}",
-        reply_code=delivery.reply_code,
-        ack_link=ack_link(delivery.pk)
-        if delivery.reply_code and delivery.channel == "chat"
-        else "",
-    )
+    outgoing = outgoing_of(delivery, policy_for(delivery.team_id).chat_format)
     result = channels.send(outgoing)
     max_attempts = int(settings.NOTIFY_MAX_ATTEMPTS)
     if result.outcome == "failed" and result.transient and delivery.attempts < max_attempts:

@@ -17,15 +17,21 @@ def keypress_url(code: str) -> str:
     return f"{base}/api/v1/notifications/replies/phone?" + urllib.parse.urlencode({"code": code})
 
 
-def call_script(outgoing: Outgoing) -> str:
+def spoken(outgoing: Outgoing) -> str:
     said = f"Brakeline alert. {outgoing.message.first_line}."
     if not outgoing.reply_code:
-        return f"<Response><Say>{escape(said + ' Acknowledge it in the console.')}</Say></Response>"
+        return f"{said} Acknowledge it in the console."
+    return f"{said} Press 1 to acknowledge."
+
+
+def call_script(outgoing: Outgoing) -> str:
+    words = escape(spoken(outgoing))
+    if not outgoing.reply_code:
+        return f"<Response><Say>{words}</Say></Response>"
     action = escape(keypress_url(outgoing.reply_code))
-    ask = escape(f"{said} Press 1 to acknowledge.")
     return (
         f'<Response><Gather numDigits="1" method="POST" action="{action}">'
-        f"<Say>{ask}</Say></Gather></Response>"
+        f"<Say>{words}</Say></Gather></Response>"
     )
 
 
