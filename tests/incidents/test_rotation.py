@@ -174,3 +174,32 @@ def test_a_manager_arranges_a_rotation_on_the_paging_page_and_the_dashboard_says
     rotation_id = OnCallRotation.objects.get().pk
     client.post(page, {"form": "delete_rotation", "rotation_id": rotation_id})
     assert not OnCallRotation.objects.exists()
+
+
+@pytest.mark.django_db
+def test_rotations_through_the_api_and_who_is_on_call_next(scene):
+    first, second = scene.extra("first", "oncall"), scene.extra("second", "oncall")
+    manager, viewer = scene.api("manager"), scene.api("viewer")
+    path = f"/api/v1/teams/{scene.team.pk}/rotations"
+    body = {
+        "name": "primary",
+        "people": [first.pk, second.pk],
+        "length_days": 7,
+        "handoff_time": "09:00",
+        "time_zone": "Europe/Paris",
+        "starts_on": "2026-03-23",
+    }
+    assert viewer.post(path, body).status_code == 403
+    for field, bad in [("time_zone", "Nowhere/Atall"), ("length_days", 0), ("people", [])]:
+        refused = manager.post(path, {**body, field: bad})
+        assert refused.status_code == 400 and field in refused.json()["fields"], refused.json()
+    created = manager.post(path, body)
+    assert created.status_code == 201, created.content
+    assert manager.post(path, body).status_code == 409  # one name per team
+    assert [r["name"] for r in viewer.get(path).json()] == ["primary"]
+    now = viewer.get(f"/api/v1/teams/{scene.team.pk}/oncall", at="2026-03-25T12:00:00Z").json()
+    assert [p["username"] for p in now["people"]] == [first.username]
+    assert now["next"]["at"] == "2026-03-30T07:00:00+00:00"
+    assert [p["username"] for p in now["next"]["people"]] == [second.username]
+    assert manager.delete(f"{path}/{created.json()['id']}").status_code == 204
+    assert viewer.get(path).json() == []
