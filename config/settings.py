@@ -565,9 +565,7 @@ NOTIFY_PROVIDER_BASE_URL = env_url("BRAKELINE_NOTIFY_PROVIDER_URL", "")
 NOTIFY_PROVIDER_ACCOUNT_SID = os.environ.get("BRAKELINE_NOTIFY_PROVIDER_SID", "")
 NOTIFY_PROVIDER_AUTH_TOKEN = os.environ.get("BRAKELINE_NOTIFY_PROVIDER_TOKEN", "")
 NOTIFY_PROVIDER_FROM_NUMBER = os.environ.get("BRAKELINE_NOTIFY_FROM_NUMBER", "")
-# Two-way paging (docs/security.md "Answers to a page"): the secret the provider signs replies
-# and keypresses with (none: every reply is refused), how old a signed reply or a chat
-# message's acknowledge link may be, and the demo's outbox instead of a provider.
+# Answers to a page (docs/security.md; no secret: replies refused) and the demo's Outbox.
 NOTIFY_REPLY_SECRET = os.environ.get("BRAKELINE_NOTIFY_REPLY_SECRET", "")
 NOTIFY_REPLY_MAX_AGE_SECONDS = env_seconds("BRAKELINE_NOTIFY_REPLY_MAX_AGE_SECONDS", 300.0)
 NOTIFY_ACK_LINK_MAX_AGE_SECONDS = env_seconds("BRAKELINE_NOTIFY_ACK_LINK_MAX_AGE_SECONDS", 86400.0)
