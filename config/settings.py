@@ -568,6 +568,11 @@ NOTIFY_PROVIDER_BASE_URL = env_url("BRAKELINE_NOTIFY_PROVIDER_URL", "")
 NOTIFY_PROVIDER_ACCOUNT_SID = os.environ.get("BRAKELINE_NOTIFY_PROVIDER_SID", "")
 NOTIFY_PROVIDER_AUTH_TOKEN = os.environ.get("BRAKELINE_NOTIFY_PROVIDER_TOKEN", "")
 NOTIFY_PROVIDER_FROM_NUMBER = os.environ.get("BRAKELINE_NOTIFY_FROM_NUMBER", "")
+# Answers to a page (docs/security.md; no secret: replies refused) and the demo's Outbox.
+NOTIFY_REPLY_SECRET = os.environ.get("BRAKELINE_NOTIFY_REPLY_SECRET", "")
+NOTIFY_REPLY_MAX_AGE_SECONDS = env_seconds("BRAKELINE_NOTIFY_REPLY_MAX_AGE_SECONDS", 300.0)
+NOTIFY_ACK_LINK_MAX_AGE_SECONDS = env_seconds("BRAKELINE_NOTIFY_ACK_LINK_MAX_AGE_SECONDS", 86400.0)
+NOTIFY_OUTBOX = env_bool("BRAKELINE_NOTIFY_OUTBOX", False)
 NOTIFY_EMAIL_FROM = os.environ.get("BRAKELINE_NOTIFY_EMAIL_FROM", "brakeline@localhost")
 # Named explicitly, so a test runner's locmem EMAIL_BACKEND never swallows a page.
 NOTIFY_EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"

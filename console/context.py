@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpRequest
 from django.utils.functional import SimpleLazyObject
 
@@ -39,6 +40,7 @@ def _frame(user: Any) -> dict[str, Any]:
             "pending_approvals": pending,
             "audit": any(audit_read_refusal(r) is None for r in roles.values()),
             "admin": user.is_staff,
+            "outbox": bool(settings.NOTIFY_OUTBOX),
             "report_team": min(teams) if len(teams) == 1 else None,
             "notify_alerts": any(
                 decide(r, Action.ACKNOWLEDGE_ALERT).allowed for r in roles.values()

@@ -14,7 +14,7 @@ from console import (
     snapshot_views,
     views,
 )
-from console.pages import lists, rules, teams
+from console.pages import acknowledge, lists, outbox, rules, teams
 
 urlpatterns = [
     path("", include("console.api.urls")),
@@ -41,4 +41,6 @@ urlpatterns = [
     path("silences/", lists.silences_page, name="silences-page"),
     path("incidents/", lists.incidents_page, name="incidents-page"),
     path("audit/", lists.audit_page, name="audit-page"),
+    path("outbox/", outbox.outbox_page, name="outbox-page"),
+    path("ack/<str:token>/", acknowledge.acknowledge_link_page, name="acknowledge-link"),
 ]

@@ -28,8 +28,10 @@ from incidents.models import (
     EscalationRequest,
     EscalationStatus,
     Incident,
+    Team,
 )
 from incidents.teams.access import visible_team_ids
+from incidents.teams.oncall import on_call_summary
 
 RECENT = 50
 # Charts every training job has, shown (empty) before its first point so they can grow live.
@@ -46,7 +48,15 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     if _partial(request):
         return render(request, "partials/dashboard_rows.html", {"rows": rows})
     drills = visible_jobs(request.user).filter(drill_sandbox=True).count()
-    return render(request, "dashboard.html", {"rows": rows, "drill_jobs": drills})
+    on_call = on_call_now_and_next(request)
+    context = {"rows": rows, "drill_jobs": drills, "on_call": on_call}
+    return render(request, "dashboard.html", context)
+
+
+def on_call_now_and_next(request: HttpRequest) -> list[dict]:
+    """Per team of the user: who is on call now, and who next from when."""
+    teams = Team.objects.filter(pk__in=visible_team_ids(request.user)).order_by("name")
+    return [{"team": team, "summary": on_call_summary(team)} for team in teams]
 
 
 @login_required

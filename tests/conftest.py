@@ -142,7 +142,11 @@ def live_console(django_db_setup, django_db_blocker):
     port = free_port()
     with django_db_blocker.unblock():
         # Teams' own drill commands on: the drills page's workload form is in the browser tests.
-        env = server_environment(BRAKELINE_DRILL_TEAM_COMMANDS="true")
+        # The stand-in SMS/phone provider's reply secret (tests.support.notify.REPLY_SECRET).
+        env = server_environment(
+            BRAKELINE_DRILL_TEAM_COMMANDS="true",
+            BRAKELINE_NOTIFY_REPLY_SECRET="stand-in-provider-reply-secret",
+        )
     process = subprocess.Popen(
         daphne_command(port),
         cwd=ROOT,

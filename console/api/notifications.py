@@ -25,6 +25,12 @@ from incidents.notifications.policy import (
     set_contact,
 )
 from incidents.notifications.receipts import last_delivered, record_receipt
+from incidents.notifications.replies import (
+    acknowledge_by_keypress,
+    acknowledge_by_sms,
+    verify_provider_request,
+)
+from incidents.notifications.reply_codes import SIGNATURE_HEADER, TIMESTAMP_HEADER
 from incidents.notifications.routing import CHANNELS
 from incidents.notifications.senders import provider_signature, receipt_url
 from incidents.teams.access import role_in_team, scoped_get
@@ -271,3 +277,62 @@ class ReceiptView(APIView):
         state = form.get("MessageStatus") or form.get("CallStatus") or ""
         record_receipt(provider_id, state)
         return Response(status=204)
+
+
+class ProviderReplyView(APIView):
+    """An answer to a page posted by the SMS/phone provider, signed with the shared secret
+    (docs/security.md "Answers to a page"); the person is the one the page was sent to."""
+
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+    parser_classes = [FormParser]
+
+    def proof(self, request: Request) -> str:
+        body = request.body  # the raw bytes, read before the form is parsed
+        return verify_provider_request(
+            str(settings.NOTIFY_REPLY_SECRET),
+            request.headers.get(TIMESTAMP_HEADER, ""),
+            request.headers.get(SIGNATURE_HEADER, ""),
+            request.get_full_path(),
+            body,
+        )
+
+    @staticmethod
+    def answered(alert: Alert) -> Response:
+        return Response({"alert": alert.pk, "status": alert.status}, status=200)
+
+
+class SmsReplyView(ProviderReplyView):
+    @extend_schema(
+        tags=["notifications"],
+        summary='An SMS reply to a page ("1" or "1 CODE" acknowledges; signed by the provider)',
+        request=None,
+        responses={200: None, **error_responses(400, 403, 404, 409)},
+    )
+    def post(self, request: Request) -> Response:
+        proof = self.proof(request)
+        form = request.POST
+        alert = acknowledge_by_sms(
+            form.get("From", ""), form.get("Body", ""), proof, audit_context(request)
+        )
+        return self.answered(alert)
+
+
+class PhoneReplyView(ProviderReplyView):
+    @extend_schema(
+        tags=["notifications"],
+        summary="The key pressed during a page's call (1 acknowledges; signed by the provider)",
+        request=None,
+        responses={200: None, **error_responses(400, 403, 404, 409)},
+    )
+    def post(self, request: Request) -> Response:
+        proof = self.proof(request)
+        form = request.POST
+        alert = acknowledge_by_keypress(
+            form.get("To", ""),
+            request.GET.get("code", ""),
+            form.get("Digits", ""),
+            proof,
+            audit_context(request),
+        )
+        return self.answered(alert)

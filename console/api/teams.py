@@ -1,4 +1,5 @@
-"""On-call shifts of a team: who is on call, from when to when (managers arrange them)."""
+"""On-call rotations and shifts of a team: who is on call, from when to when, and who next
+(managers arrange them)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,16 @@ from rest_framework.response import Response
 
 from console.api.params import parse_moment
 from console.api.person_auth import PersonView, audit_context, error_responses
-from incidents.models import OnCallShift, Team
+from incidents.models import OnCallRotation, OnCallShift, Team
 from incidents.teams.access import scoped_get
-from incidents.teams.oncall import create_shift, delete_shift, team_shifts, who_is_on_call
+from incidents.teams.oncall import (
+    create_rotation,
+    create_shift,
+    delete_rotation,
+    delete_shift,
+    on_call_summary,
+    team_shifts,
+)
 
 
 class ShiftIn(serializers.Serializer):
@@ -38,9 +46,50 @@ class PersonOut(serializers.Serializer):
     username = serializers.CharField()
 
 
+class NextOut(serializers.Serializer):
+    at = serializers.DateTimeField()
+    people = PersonOut(many=True)
+
+
 class OnCallOut(serializers.Serializer):
     at = serializers.DateTimeField()
-    people = PersonOut(many=True, help_text="Most recent shift first: paged first.")
+    people = PersonOut(
+        many=True, help_text="Shifts (overrides) first, latest start first; then the rotations."
+    )
+    next = NextOut(allow_null=True, help_text="When the people on call change next, and to whom.")
+
+
+class RotationIn(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+    people = serializers.ListField(
+        child=serializers.IntegerField(), max_length=50, help_text="User ids, in turn order."
+    )
+    length_days = serializers.IntegerField(help_text="Days per turn (7: weekly).")
+    handoff_time = serializers.TimeField(help_text="Wall-clock hand-off time in time_zone.")
+    time_zone = serializers.CharField(max_length=64, help_text="IANA, e.g. Europe/Paris.")
+    starts_on = serializers.DateField(help_text="The first person's turn begins that day.")
+
+
+class RotationOut(RotationIn):
+    id = serializers.IntegerField()
+    team_id = serializers.IntegerField()
+
+
+def rotation_out(row: OnCallRotation) -> dict[str, Any]:
+    return {
+        "id": row.pk,
+        "team_id": row.team_id,
+        "name": row.name,
+        "people": list(row.people),
+        "length_days": row.length_days,
+        "handoff_time": row.handoff_time.strftime("%H:%M:%S"),
+        "time_zone": row.time_zone,
+        "starts_on": row.starts_on.isoformat(),
+    }
+
+
+def _people(people: list[Any]) -> list[dict[str, Any]]:
+    return [{"id": p.pk, "username": p.get_username()} for p in people]
 
 
 def shift_out(shift: OnCallShift) -> dict[str, Any]:
@@ -123,10 +172,46 @@ class OnCallNowView(PersonView):
     def get(self, request: Request, pk: int) -> Response:
         team = _my_team(request, pk)
         at = _time_param(request, "at") or timezone.now()
-        people = who_is_on_call(team, at)
-        return Response(
-            {
-                "at": at.isoformat(),
-                "people": [{"id": p.pk, "username": p.get_username()} for p in people],
-            }
+        summary = on_call_summary(team, at)
+        following = (
+            {"at": summary.next_at.isoformat(), "people": _people(summary.next)}
+            if summary.next_at is not None
+            else None
         )
+        return Response({"at": at.isoformat(), "people": _people(summary.now), "next": following})
+
+
+class RotationListView(PersonView):
+    @extend_schema(
+        tags=["on-call"],
+        summary="The team's rotations (members)",
+        responses={200: RotationOut(many=True), **error_responses(401, 404)},
+    )
+    def get(self, request: Request, pk: int) -> Response:
+        team = _my_team(request, pk)
+        return Response([rotation_out(r) for r in OnCallRotation.objects.filter(team=team)])
+
+    @extend_schema(
+        tags=["on-call"],
+        summary="Add a rotation (manager and above)",
+        request=RotationIn,
+        responses={201: RotationOut, **error_responses(400, 401, 403, 404, 409)},
+    )
+    def post(self, request: Request, pk: int) -> Response:
+        body = RotationIn(data=request.data)
+        body.is_valid(raise_exception=True)
+        row = create_rotation(
+            request.user, pk, **body.validated_data, context=audit_context(request)
+        )
+        return Response(rotation_out(row), status=201)
+
+
+class RotationDetailView(PersonView):
+    @extend_schema(
+        tags=["on-call"],
+        summary="Remove a rotation (manager and above)",
+        responses={204: None, **error_responses(401, 403, 404)},
+    )
+    def delete(self, request: Request, pk: int, rotation_id: int) -> Response:
+        delete_rotation(request.user, pk, rotation_id, context=audit_context(request))
+        return Response(status=204)

@@ -155,6 +155,12 @@ team_routes = [
         name="team-shift-detail",
     ),
     path(f"{V1}/teams/<int:pk>/oncall", teams.OnCallNowView.as_view(), name="team-oncall"),
+    path(f"{V1}/teams/<int:pk>/rotations", teams.RotationListView.as_view(), name="team-rotations"),
+    path(
+        f"{V1}/teams/<int:pk>/rotations/<int:rotation_id>",
+        teams.RotationDetailView.as_view(),
+        name="team-rotation-detail",
+    ),
     path(
         f"{V1}/teams/<int:pk>/incident-report",
         reviews.TeamIncidentReportView.as_view(),
@@ -214,6 +220,16 @@ other_routes = [
         f"{V1}/notifications/receipts",
         notifications.ReceiptView.as_view(),
         name="notification-receipts",
+    ),
+    path(
+        f"{V1}/notifications/replies/sms",
+        notifications.SmsReplyView.as_view(),
+        name="notification-reply-sms",
+    ),
+    path(
+        f"{V1}/notifications/replies/phone",
+        notifications.PhoneReplyView.as_view(),
+        name="notification-reply-phone",
     ),
 ]
 

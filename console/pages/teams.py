@@ -3,7 +3,8 @@ a "send a test page" button (issue 23: until now an API only)."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from collections.abc import Callable
+from datetime import date, datetime, time, timedelta
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
@@ -14,13 +15,23 @@ from django.utils import timezone
 from console.api.notifications import delivery_out, is_admin, policy_out
 from console.api.reviews import audit_context
 from console.pages.forms import attempt, int_field, utc_field
-from incidents.models import Contact, Delivery, DrillDelivery, Membership, Team
+from core.errors import InvalidInput
+from incidents.models import Contact, Delivery, DrillDelivery, Membership, OnCallRotation, Team
 from incidents.notifications.policy import save_policy, send_test_notification, set_contact
 from incidents.notifications.reach import paging_reach
 from incidents.notifications.routing import CHANNELS, DIGEST, LEVELS
 from incidents.teams.access import role_in_team, visible_team_ids
 from incidents.teams.authority import Action, decide
-from incidents.teams.oncall import create_shift, delete_shift, team_shifts, who_is_on_call
+from incidents.teams.oncall import (
+    create_rotation,
+    create_shift,
+    delete_rotation,
+    delete_shift,
+    rotation_spec,
+    team_shifts,
+    who_is_on_call,
+)
+from incidents.teams.rotation import rotation_person
 
 GRID_LAYERS = ("health", "stability")
 GRID_CHANNELS = {"health": CHANNELS, "stability": CHANNELS}
@@ -105,11 +116,75 @@ def _post(request: HttpRequest, team: Team) -> None:
     elif form == "delete_shift":
         attempt(request, "Shift removed.", lambda: delete_shift(
             user, team.pk, int_field(request, "shift_id") or 0, context=context))  # fmt: skip
+    elif form == "rotation":
+        attempt(request, "Rotation added.", lambda: _create_rotation(request, team))
+    elif form == "delete_rotation":
+        rotation_id = int_field(request, "rotation_id") or 0
+        attempt(
+            request,
+            "Rotation removed.",
+            lambda: delete_rotation(user, team.pk, rotation_id, context=context),
+        )
     elif form == "test":
         attempt(request, "Test page queued: its delivery is listed below.", lambda:
                 send_test_notification(user, team.pk, int_field(request, "user_id") or 0,
                                        request.POST.get("channel", ""),
                                        context=context))  # fmt: skip
+
+
+def _people_by_name(team: Team, names: str) -> list[int]:
+    """ "alice, bob, carol" (turn order) into the members' ids; InvalidInput naming a stranger."""
+    ids = dict(Membership.objects.filter(team=team).values_list("user__username", "user_id"))
+    wanted = [name.strip() for name in names.split(",") if name.strip()]
+    unknown = [name for name in wanted if name not in ids]
+    if unknown:
+        raise InvalidInput(
+            f"Not members of {team.name}: {', '.join(unknown)}.",
+            fields={"people": "usernames of the team's members, comma-separated"},
+        )
+    return [ids[name] for name in wanted]
+
+
+def _create_rotation(request: HttpRequest, team: Team) -> None:
+    post = request.POST
+    handoff = _parsed(post.get("handoff_time", ""), time.fromisoformat, "handoff_time", "HH:MM")
+    starts_on = _parsed(post.get("starts_on", ""), date.fromisoformat, "starts_on", "a date")
+    length = post.get("length_days", "").strip()
+    create_rotation(
+        request.user,
+        team.pk,
+        name=post.get("name", ""),
+        people=_people_by_name(team, post.get("people", "")),
+        length_days=int(length) if length.isdigit() else 0,
+        handoff_time=handoff,
+        time_zone=post.get("time_zone", "").strip(),
+        starts_on=starts_on,
+        context=audit_context(request),
+    )
+
+
+def _parsed(raw: str, parse: Callable[[str], Any], name: str, expected: str) -> Any:
+    try:
+        return parse(raw.strip())
+    except ValueError:
+        raise InvalidInput(f"{name} must be {expected}.", fields={name: expected}) from None
+
+
+def rotation_rows(team: Team, now: datetime) -> list[dict[str, Any]]:
+    """The team's rotations as the page lists them: people in turn order, whose turn it is."""
+    names = dict(Membership.objects.filter(team=team).values_list("user_id", "user__username"))
+    rows = []
+    for row in OnCallRotation.objects.filter(team=team).order_by("id"):
+        spec = rotation_spec(row)
+        current = rotation_person(spec, now)
+        rows.append(
+            {
+                "rotation": row,
+                "people": [names.get(p, f"#{p} (left)") for p in row.people],
+                "current": names.get(current, "") if current is not None else "",
+            }
+        )
+    return rows
 
 
 @login_required
@@ -153,6 +228,7 @@ def paging_page(request: HttpRequest, pk: int) -> HttpResponse:
                  for m in members],
         on_call=who_is_on_call(team.pk, now),
         shifts=team_shifts(team, ending_after=now),
+        rotations=rotation_rows(team, now),
         shift_start=now.strftime("%Y-%m-%dT%H:%M"),
         shift_end=(now + timedelta(hours=12)).strftime("%Y-%m-%dT%H:%M"),
     )  # fmt: skip

@@ -19,6 +19,7 @@ __all__ = [
     "DrillDelivery",
     "NotificationPolicy",
     "NotificationRound",
+    "PageReply",
     "ROUND_TRANSITIONS",
     "RoundStatus",
 ]
@@ -174,6 +175,9 @@ class Delivery(models.Model):
     # attempt; past it, the sweeper re-queues the delivery (incidents.notifications.delivery).
     lease_until = models.DateTimeField(null=True, blank=True)
     provider_id = models.CharField(max_length=200, blank=True)
+    # The short code an alert's page carries ("reply 1 K7Q2P"): with the address it was sent
+    # to, it names this page in the person's reply (incidents.notifications.replies).
+    reply_code = models.CharField(max_length=8, blank=True)
     provider_response = models.TextField(blank=True)
     latency_ms = models.FloatField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -185,6 +189,7 @@ class Delivery(models.Model):
         indexes = [
             models.Index(fields=["alert", "status"], name="delivery_alert_status"),
             models.Index(fields=["team", "channel", "status"], name="delivery_team_channel"),
+            models.Index(fields=["address", "reply_code"], name="delivery_reply"),
             # the sweeper's "queued, lease run out"
             models.Index(
                 fields=["lease_until"],
@@ -196,3 +201,17 @@ class Delivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.channel} to {self.address or '?'} ({self.status})"
+
+
+class PageReply(models.Model):
+    """One authenticated answer to a page (an SMS reply, a call's keypress, a chat link), kept
+    so that the same signed request or one-time link is refused the second time: ``digest``
+    is the SHA-256 of its signature (or link token), unique."""
+
+    channel = models.CharField(max_length=8)
+    digest = models.CharField(max_length=64, unique=True)
+    delivery = models.ForeignKey(Delivery, on_delete=models.CASCADE, related_name="replies")
+    received_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.channel} reply to delivery {self.delivery_id}"

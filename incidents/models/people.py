@@ -24,6 +24,7 @@ __all__ = [
     "AuditEntry",
     "EscalationRequest",
     "EscalationStatus",
+    "OnCallRotation",
     "OnCallShift",
     "OnExpiry",
     "PauseConfirmation",
@@ -36,6 +37,13 @@ __all__ = [
 PERSONAL_TOKEN_PREFIX = "bkp_"
 
 
+def created_by_field() -> models.ForeignKey:
+    """Who arranged an on-call shift or rotation (kept when they leave)."""
+    return models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+
+
 class OnCallShift(models.Model):
     """Who is on call for a team, from when to when. A shift decides who is paged first; it
     grants no authority (that is the person's role in the team)."""
@@ -46,13 +54,7 @@ class OnCallShift(models.Model):
     )
     starts_at = models.DateTimeField()
     ends_at = models.DateTimeField()
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL,
-        on_delete=models.SET_NULL,
-        null=True,
-        blank=True,
-        related_name="+",
-    )
+    created_by = created_by_field()
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -66,6 +68,34 @@ class OnCallShift(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} on call for {self.team} {self.starts_at:%Y-%m-%d %H:%M}–{self.ends_at}"
+
+
+class OnCallRotation(models.Model):
+    """People taking the pager in turn, ``length_days`` each (7: weekly), handing it over at
+    ``handoff_time`` in the IANA zone ``time_zone``, the first turn beginning on ``starts_on``
+    (incidents.teams.rotation). Shifts (OnCallShift) override it: "I take Tuesday night"."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="rotations")
+    name = models.CharField(max_length=100)
+    # User ids in turn order (a JSON list: SQLite and PostgreSQL alike); people who left the
+    # team or can no longer acknowledge are skipped when the pager is theirs.
+    people = models.JSONField(default=list)
+    length_days = models.PositiveIntegerField(default=7)
+    handoff_time = models.TimeField()
+    time_zone = models.CharField(max_length=64, default="UTC")
+    starts_on = models.DateField()
+    created_by = created_by_field()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(length_days__gte=1), name="rotation_turn_length"),
+            models.UniqueConstraint(fields=["team", "name"], name="one_rotation_name_per_team"),
+        ]
+
+    def __str__(self) -> str:
+        return f"rotation {self.name!r} of {self.team}"
 
 
 class EscalationStatus(models.TextChoices):

@@ -57,6 +57,8 @@ from incidents.models import (
 )
 from incidents.notifications import grouping
 from incidents.notifications import senders as channels
+from incidents.notifications.outgoing import outgoing_of
+from incidents.notifications.reply_codes import REPLY_CHANNELS, new_reply_code
 from incidents.notifications.routing import (
     DIGEST,
     FIRST_LINE_LENGTH,
@@ -426,6 +428,7 @@ def _plan_deliveries(
                 first_line=fit(message.first_line, FIRST_LINE_LENGTH),
                 body=body,
                 lease_until=lease(now),
+                reply_code=new_reply_code() if channel in REPLY_CHANNELS else "",
             )
             if not address:
                 _finish(delivery, "failed", f"no {channel} address for {person}", None, now)
@@ -509,14 +512,7 @@ def attempt_delivery(
             stop_notifications(alert.pk)  # acknowledged or resolved: nothing more goes out
         return None
     delivery.attempts += 1
-    policy = policy_for(delivery.team_id)
-    outgoing = channels.Outgoing(
-        delivery.channel,
-        delivery.address,
-        Message(delivery.first_line, delivery.body),
-        policy.chat_format,
-        idempotency_key=f"brakeline-delivery-{delivery.pk}",
-    )
+    outgoing = outgoing_of(delivery, policy_for(delivery.team_id).chat_format)
     result = channels.send(outgoing)
     max_attempts = int(settings.NOTIFY_MAX_ATTEMPTS)
     if result.outcome == "failed" and result.transient and delivery.attempts < max_attempts:

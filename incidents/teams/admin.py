@@ -7,7 +7,13 @@ plain data; tokens are shown by prefix only and can be revoked through the API.
 from django.contrib import admin
 
 from incidents.admin import ReadOnlyAdmin
-from incidents.models import AuditEntry, EscalationRequest, OnCallShift, PersonalToken
+from incidents.models import (
+    AuditEntry,
+    EscalationRequest,
+    OnCallRotation,
+    OnCallShift,
+    PersonalToken,
+)
 
 
 @admin.register(AuditEntry)
@@ -36,6 +42,13 @@ class EscalationRequestAdmin(ReadOnlyAdmin):
 class OnCallShiftAdmin(admin.ModelAdmin):
     list_display = ["team", "user", "starts_at", "ends_at"]
     list_filter = ["team"]
+
+
+@admin.register(OnCallRotation)
+class OnCallRotationAdmin(ReadOnlyAdmin):
+    """Read-only: rotations are arranged on the team's Paging page (audited, validated)."""
+
+    list_display = ("team", "name", "length_days", "handoff_time", "time_zone", "starts_on")
 
 
 @admin.register(PersonalToken)

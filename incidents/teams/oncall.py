@@ -1,13 +1,16 @@
-"""On-call shifts per team, and who is on call at a given moment.
+"""On-call rotations and shifts per team, and who is on call at a given moment.
 
-The notifications issue pages ``who_is_on_call(team)`` first. A shift grants no authority: the
+Notifications page ``who_is_on_call(team)`` first: the shifts covering the moment (one-off
+overrides, "I take Tuesday night"), then each rotation's person (incidents.teams.rotation,
+the pure rule). A rotation or a shift grants no authority: the
 person's role does, and only someone whose role lets them acknowledge alerts can hold a shift
 (paging a person who may not act on the page would only lose time).
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import date, datetime, time
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -15,39 +18,80 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from core.errors import InvalidInput, NotFound
-from incidents.models import Membership, OnCallShift, Team
+from core.errors import Conflict, InvalidInput, NotFound
+from incidents.models import Membership, OnCallRotation, OnCallShift, Team
+from incidents.teams import rotation
 from incidents.teams.access import role_in_team, scoped_get
-from incidents.teams.audit import AuditContext, audited
+from incidents.teams.audit import Attempt, AuditContext, audited
 from incidents.teams.authority import Action, decide
 from incidents.teams.users import User
+
+# How many of a team's coming shifts "who is on call next" considers.
+UPCOMING_SHIFTS = 200
 
 
 def _team_id(team: Team | int) -> int:
     return team.pk if isinstance(team, Team) else int(team)
 
 
-def who_is_on_call(team: Team | int, at: datetime | None = None) -> list[Any]:
-    """The people on call for ``team`` at ``at`` (now by default), most recent shift first.
+def rotation_spec(row: OnCallRotation) -> rotation.Rotation:
+    people, zone = tuple(int(p) for p in row.people), row.time_zone
+    return rotation.Rotation(people, row.length_days, row.handoff_time, zone, row.starts_on)
 
-    Only people who are still members able to acknowledge alerts count: a shift outlives a
-    role change, the authority does not.
-    """
-    at = at or timezone.now()
-    shifts = (
-        OnCallShift.objects.filter(team_id=_team_id(team), starts_at__lte=at, ends_at__gt=at)
-        .select_related("user")
-        .order_by("-starts_at", "-id")
-    )
-    roles = dict(Membership.objects.filter(team_id=_team_id(team)).values_list("user_id", "role"))
-    people, seen = [], set()
-    for shift in shifts:
-        role = roles.get(shift.user_id)
-        if shift.user_id in seen or not decide(role, Action.ACKNOWLEDGE_ALERT).allowed:
-            continue
-        seen.add(shift.user_id)
-        people.append(shift.user)
-    return people
+
+def _rotations(team_id: int) -> list[rotation.Rotation]:
+    return [rotation_spec(row) for row in OnCallRotation.objects.filter(team_id=team_id)]
+
+
+def _overrides(shifts: QuerySet, limit: int | None = None) -> list[rotation.Override]:
+    rows = shifts.order_by("-starts_at", "-id").values_list("user_id", "starts_at", "ends_at")
+    return [rotation.Override(*row) for row in (rows[:limit] if limit else rows)]
+
+
+def _able(team_id: int, ids: list[int]) -> list[Any]:
+    """The people of ``ids`` (in order) still members able to acknowledge alerts: a shift or a
+    rotation outlives a role change, the authority does not."""
+    roles = dict(Membership.objects.filter(team_id=team_id).values_list("user_id", "role"))
+    able = [i for i in ids if decide(roles.get(i), Action.ACKNOWLEDGE_ALERT).allowed]
+    users = get_user_model().objects.in_bulk(able)
+    return [users[i] for i in able if i in users]
+
+
+def who_is_on_call(team: Team | int, at: datetime | None = None) -> list[Any]:
+    """The people on call for ``team`` at ``at`` (now by default): its shifts covering ``at``
+    (the latest-starting first: an override), then each rotation's person
+    (incidents.teams.rotation, the one rule)."""
+    at, team_id = at or timezone.now(), _team_id(team)
+    shifts = OnCallShift.objects.filter(team_id=team_id, starts_at__lte=at, ends_at__gt=at)
+    ids = rotation.on_call_at(_rotations(team_id), _overrides(shifts), at)
+    return _able(team_id, ids)
+
+
+@dataclass(frozen=True)
+class OnCallSummary:
+    now: list[Any]
+    next: list[Any]
+    next_at: datetime | None
+
+
+def on_call_summary(team: Team | int, at: datetime | None = None) -> OnCallSummary:
+    """Who is on call now, and who next from when (the dashboard's line)."""
+    at, team_id = at or timezone.now(), _team_id(team)
+    rotations = _rotations(team_id)
+    shifts = OnCallShift.objects.filter(team_id=team_id, ends_at__gt=at)
+    overrides = _overrides(shifts, UPCOMING_SHIFTS)
+    handover = rotation.next_on_call(rotations, overrides, at)
+    current = _able(team_id, rotation.on_call_at(rotations, overrides, at))
+    if handover is None:
+        return OnCallSummary(current, [], None)
+    return OnCallSummary(current, _able(team_id, handover.people), handover.at)
+
+
+def _managed_team(user: User, team_id: int, attempt: Attempt) -> Team:
+    """The team whose shifts and rotations ``user`` arranges (404 / 403 otherwise)."""
+    team = scoped_get(Team.objects, user, team_id, team_path="id", noun="team", attempt=attempt)
+    attempt.check(decide(role_in_team(user, team.pk), Action.MANAGE_SHIFTS))
+    return team
 
 
 def team_shifts(team: Team | int, *, ending_after: datetime | None = None) -> QuerySet:
@@ -69,8 +113,7 @@ def create_shift(
 ) -> OnCallShift:
     """Put ``person_id`` on call for the team from ``starts_at`` to ``ends_at``."""
     with audited(user, Action.MANAGE_SHIFTS, "team", team_id, context) as attempt:
-        team = scoped_get(Team.objects, user, team_id, team_path="id", noun="team", attempt=attempt)
-        attempt.check(decide(role_in_team(user, team.pk), Action.MANAGE_SHIFTS))
+        team = _managed_team(user, team_id, attempt)
         if ends_at <= starts_at:
             raise InvalidInput(
                 "A shift must end after it starts.", fields={"ends_at": "must be after starts_at"}
@@ -101,8 +144,7 @@ def delete_shift(
 ) -> None:
     """Remove a shift (plans change; the audit trail keeps who removed what)."""
     with audited(user, Action.MANAGE_SHIFTS, "shift", shift_id, context) as attempt:
-        team = scoped_get(Team.objects, user, team_id, team_path="id", noun="team", attempt=attempt)
-        attempt.check(decide(role_in_team(user, team.pk), Action.MANAGE_SHIFTS))
+        team = _managed_team(user, team_id, attempt)
         with transaction.atomic():
             shift = OnCallShift.objects.filter(pk=shift_id, team=team).first()
             if shift is None:
@@ -110,3 +152,81 @@ def delete_shift(
             description = str(shift)
             shift.delete()
             attempt.succeeded(f"shift #{shift_id} removed: {description}")
+
+
+ROTATION_MAX_PEOPLE = 50
+ROTATION_MAX_DAYS = 366
+
+
+def _rotation_fields(
+    name: str, people: list[int], length_days: int, time_zone: str
+) -> dict[str, Any]:
+    if not name.strip() or len(name.strip()) > 100:
+        raise InvalidInput("A rotation needs a name.", fields={"name": "1 to 100 characters"})
+    if not people or len(people) > ROTATION_MAX_PEOPLE:
+        raise InvalidInput(
+            "A rotation needs people.", fields={"people": f"1 to {ROTATION_MAX_PEOPLE} members"}
+        )
+    if not 1 <= length_days <= ROTATION_MAX_DAYS:
+        raise InvalidInput(
+            "A turn lasts 1 to 366 days.", fields={"length_days": "1 to 366 (7: weekly)"}
+        )
+    try:
+        rotation.check_zone(time_zone)
+    except ValueError as error:
+        raise InvalidInput(str(error), fields={"time_zone": "an IANA time zone"}) from None
+    return {"name": name.strip(), "people": list(people), "length_days": length_days}
+
+
+def _check_people(team: Team, people: list[int]) -> None:
+    roles = dict(Membership.objects.filter(team=team).values_list("user_id", "role"))
+    for person_id in people:
+        if not decide(roles.get(person_id), Action.ACKNOWLEDGE_ALERT).allowed:
+            raise InvalidInput(
+                f"User {person_id} cannot be on call for team {team.name!r}.",
+                fields={"people": "members able to acknowledge alerts (on-call or above)"},
+            )
+
+
+def create_rotation(
+    user: User,
+    team_id: int,
+    *,
+    name: str,
+    people: list[int],
+    length_days: int,
+    handoff_time: time,
+    time_zone: str,
+    starts_on: date,
+    context: AuditContext | None = None,
+) -> OnCallRotation:
+    """People taking the pager in turn (incidents.teams.rotation)."""
+    with audited(user, Action.MANAGE_SHIFTS, "team", team_id, context) as attempt:
+        team = _managed_team(user, team_id, attempt)
+        fields = _rotation_fields(name, people, length_days, time_zone)
+        _check_people(team, people)
+        if OnCallRotation.objects.filter(team=team, name=fields["name"]).exists():
+            raise Conflict(f"Team {team.name!r} has a rotation {fields['name']!r} already.")
+        with transaction.atomic():
+            row = OnCallRotation.objects.create(
+                team=team,
+                handoff_time=handoff_time,
+                time_zone=time_zone,
+                starts_on=starts_on,
+                created_by=user,
+                **fields,
+            )
+            attempt.succeeded(f"rotation #{row.pk} {row.name!r}: {len(people)} people")
+    return row
+
+
+def delete_rotation(
+    user: User, team_id: int, rotation_id: int, *, context: AuditContext | None = None
+) -> None:
+    with audited(user, Action.MANAGE_SHIFTS, "rotation", rotation_id, context) as attempt:
+        team = _managed_team(user, team_id, attempt)
+        with transaction.atomic():
+            deleted, _ = OnCallRotation.objects.filter(pk=rotation_id, team=team).delete()
+            if not deleted:
+                raise NotFound(f"Team {team.name!r} has no rotation {rotation_id}.")
+            attempt.succeeded(f"rotation #{rotation_id} removed")

@@ -7,14 +7,21 @@ infrastructure is mocked.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+import urllib.error
 import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+
+# The secret the stand-in provider and the console under test share (tests/conftest.py gives
+# it to the live console too).
+REPLY_SECRET = "stand-in-provider-reply-secret"
 
 
 @dataclass
@@ -40,6 +47,39 @@ class Receiver:
 
     def to(self, path_end: str) -> list[Received]:
         return [r for r in self.requests if r.path.endswith(path_end)]
+
+    def answer(
+        self, url: str, form: dict[str, str], secret: str = REPLY_SECRET, **signed: str
+    ) -> tuple[int, dict]:
+        """The provider posting a person's answer (an SMS reply, a keypress) to the console,
+        signed as the console expects; ``signed`` overrides the timestamp or signature."""
+        return post_signed(url, urllib.parse.urlencode(form).encode(), secret, **signed)
+
+
+def post_signed(
+    url: str, body: bytes, secret: str, *, timestamp: str = "", signature: str = ""
+) -> tuple[int, dict]:
+    from incidents.notifications.reply_codes import (
+        SIGNATURE_HEADER,
+        TIMESTAMP_HEADER,
+        reply_signature,
+    )
+
+    parts = urllib.parse.urlsplit(url)
+    path = parts.path + (f"?{parts.query}" if parts.query else "")
+    timestamp = timestamp or str(int(time.time()))
+    signature = signature or reply_signature(secret, timestamp, path, body)
+    headers = {
+        "Content-Type": "application/x-www-form-urlencoded",
+        TIMESTAMP_HEADER: timestamp,
+        SIGNATURE_HEADER: signature,
+    }
+    request = urllib.request.Request(url, data=body, method="POST", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"{}")
 
 
 def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
@@ -87,6 +127,7 @@ def sms_provider(receiver: Receiver, settings) -> Receiver:
     settings.NOTIFY_PROVIDER_ACCOUNT_SID = "AC1"
     settings.NOTIFY_PROVIDER_AUTH_TOKEN = "secret"
     settings.NOTIFY_PROVIDER_FROM_NUMBER = "+15550000000"
+    settings.NOTIFY_REPLY_SECRET = REPLY_SECRET
     return receiver
 
 

@@ -17,6 +17,8 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import time as dt_time
+from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
@@ -24,12 +26,21 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
+from django.utils import timezone
 
 from breakers.declarations import declare_own_root
 from console.simulator import SimulatedRun
 from incidents.job_size import declare_job_size
 from incidents.jobs import create_job, retire_job, revoke_agent_tokens
-from incidents.models import Job, Membership, Role, Team
+from incidents.models import (
+    Contact,
+    Job,
+    Membership,
+    NotificationPolicy,
+    OnCallRotation,
+    Role,
+    Team,
+)
 
 DEMO_TEAM = "demo"
 DEMO_JOB = "demo-run"
@@ -71,6 +82,7 @@ def set_up_demo_data() -> tuple[str, str]:
             revoke_agent_tokens(job)
             retire_job(job.pk, RETIRED)
         earlier.update(heartbeat_deadline=None, agent_pid=None)
+        set_up_demo_paging(team)
         name = demo_job_name(set(earlier.values_list("name", flat=True)))
         created = create_job(DEMO_TEAM, name)
         # The demo's runs write their checkpoints under var/checkpoints: the console chose that
@@ -89,6 +101,38 @@ def retire_demo_run(job_name: str) -> None:
     job = Job.objects.filter(team__name=DEMO_TEAM, name=job_name).first()
     if job is not None:
         retire_job(job.pk, STOPPED)
+
+
+# Where the demo's people are reached. Nothing is sent there: the demo turns the Outbox on
+# (BRAKELINE_NOTIFY_OUTBOX), and the console's Outbox page shows what would have gone out.
+DEMO_PHONES = {"oncall": "+15550100001", "manager": "+15550100002", "admin": "+15550100003"}
+DEMO_CHAT_WEBHOOK = "https://chat.demo.invalid/brakeline"
+
+
+def set_up_demo_paging(team: Team) -> None:
+    """A policy, phones and e-mail addresses, and a weekly rotation (oncall, then manager)
+    handing over at 09:00 UTC: the demo's pages reach someone, and a drill's "paged" line
+    passes, without a provider."""
+    User = get_user_model()
+    for username, phone in DEMO_PHONES.items():
+        user = User.objects.get(username=username)
+        User.objects.filter(pk=user.pk).update(email=f"{username}@demo.invalid")
+        Contact.objects.update_or_create(user=user, defaults={"phone": phone})
+    NotificationPolicy.objects.update_or_create(
+        team=team, defaults={"chat_webhook_url": DEMO_CHAT_WEBHOOK}
+    )
+    people = [User.objects.get(username=name).pk for name in ("oncall", "manager")]
+    OnCallRotation.objects.update_or_create(
+        team=team,
+        name="demo",
+        defaults={
+            "people": people,
+            "length_days": 7,
+            "handoff_time": dt_time(9, 0),
+            "time_zone": "UTC",
+            "starts_on": timezone.now().date() - timedelta(days=1),
+        },
+    )
 
 
 def demo_job_name(taken: set[str]) -> str:
@@ -169,6 +213,8 @@ class Command(BaseCommand):
             )
             simulator = True
         refuse_a_busy_port(host, port)
+        # The console keeps the demo's pages in its Outbox (set for Daphne, which sends them).
+        os.environ.setdefault("BRAKELINE_NOTIFY_OUTBOX", "true")
         # Stopped from outside (kill, a supervisor's SIGTERM): end like Ctrl-C, so the console
         # and the training run below are stopped too instead of being left running.
         signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -271,6 +317,10 @@ class Command(BaseCommand):
             else "A real PyTorch training run (CPU, brakeline SDK)"
         )
         when = "a minute" if simulator else "half a minute"
+        self.stdout.write(
+            f"Its pages (SMS, phone, chat, e-mail) are kept in the console's Outbox: "
+            f"http://{host}:{port}/outbox/ — log in as oncall to answer them."
+        )
         self.stdout.write(
             f"{what} ({DEMO_TEAM}/{job_name}) streams metrics now; it diverges on purpose "
             f"after about {when} and the console brakes it. Ctrl-C stops everything.\n"

@@ -23,6 +23,10 @@ class Outgoing:
     # The same on every attempt of one delivery: a provider that honours the Idempotency-Key
     # header then pages once even when a worker died between its send and its record.
     idempotency_key: str = ""
+    # How this page is answered (an alert's page only): the SMS's reply code, which also rides
+    # in a call's keypress callback, and a chat message's one-time acknowledge link.
+    reply_code: str = ""
+    ack_link: str = ""
 
     def key_header(self) -> dict[str, str]:
         return {"Idempotency-Key": self.idempotency_key} if self.idempotency_key else {}

@@ -14,14 +14,17 @@ from incidents.notifications.senders.base import DeliveryResult, Outgoing, http_
 def chat_payload(outgoing: Outgoing) -> dict[str, Any]:
     message = outgoing.message
     if outgoing.chat_format == "slack":
-        return {
-            "text": message.first_line,
-            "blocks": [
-                {"type": "header", "text": {"type": "plain_text", "text": message.first_line}},
-                {"type": "section", "text": {"type": "mrkdwn", "text": message.body}},
-            ],
-        }
-    return {"title": message.first_line, "text": message.body}
+        blocks: list[dict[str, Any]] = [
+            {"type": "header", "text": {"type": "plain_text", "text": message.first_line}},
+            {"type": "section", "text": {"type": "mrkdwn", "text": message.body}},
+        ]
+        if outgoing.ack_link:
+            button = {"type": "plain_text", "text": "Acknowledge"}
+            element = {"type": "button", "text": button, "url": outgoing.ack_link}
+            blocks.append({"type": "actions", "elements": [element]})
+        return {"text": message.first_line, "blocks": blocks}
+    generic = {"title": message.first_line, "text": message.body}
+    return {**generic, "acknowledge_url": outgoing.ack_link} if outgoing.ack_link else generic
 
 
 def send_chat(outgoing: Outgoing) -> DeliveryResult:
