@@ -14,7 +14,7 @@ from breakers.drills import runs, workloads
 from breakers.drills.launch import slurm_available
 from breakers.drills.scenarios import SCENARIOS
 from breakers.models import DrillRun, DrillWorkload
-from console.api.reviews import audit_context
+from console.api.person_auth import audit_context
 from console.pages.forms import attempt
 from incidents.models import Team
 from incidents.teams.access import role_in_team, visible_team_ids

@@ -14,7 +14,8 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
 from breakers.metrics import points_between
-from console.api.reviews import audit_context, report_period
+from console.api.person_auth import audit_context
+from console.api.reviews import report_period
 from console.review_chart import Chart, chart
 from core.errors import Forbidden, InvalidInput, NotFound, ServiceError
 from incidents.models import Membership

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
+from django.http import HttpRequest
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework.authentication import (
@@ -107,13 +108,11 @@ class PersonView(APIView):
                 raise InvalidInput("A NUL character is not allowed.", fields={field_name: "no NUL"})
 
 
-def audit_context(request: Request) -> AuditContext:
-    """Who asked from where, for the audit row."""
-    via = (
-        "token"
-        if isinstance(request.successful_authenticator, PersonalTokenAuthentication)
-        else "session"
-    )
+def audit_context(request: Request | HttpRequest) -> AuditContext:
+    """Who asked from where, for the audit row: the API's requests and the pages' forms alike
+    (a page's request has no DRF authenticator: a session)."""
+    authenticator = getattr(request, "successful_authenticator", None)
+    via = "token" if isinstance(authenticator, PersonalTokenAuthentication) else "session"
     address = request.META.get("REMOTE_ADDR") or None
     try:
         address = str(ipaddress.ip_address(address)) if address else None
@@ -124,13 +123,15 @@ def audit_context(request: Request) -> AuditContext:
     )
 
 
-def error_responses(*codes: int) -> dict[int, OpenApiResponse]:
-    """The error body (docs/protocol.md "Errors") for each of ``codes``, for extend_schema."""
-    texts = {
+def error_responses(*codes: int, texts: dict[int, str] | None = None) -> dict[int, OpenApiResponse]:
+    """The error body (docs/protocol.md "Errors") for each of ``codes``, for extend_schema;
+    ``texts``: an endpoint's own descriptions of some of them."""
+    described = {
         400: "Invalid body; `fields` says which field and why.",
         401: "Not logged in, or an unknown or revoked token.",
         403: "Refused by the authority matrix (`detail` says why), or a missing CSRF token.",
         404: "No such object in your teams (another team's ids look like missing ones).",
         409: "Somebody changed it first (already decided, already paused, …).",
     }
-    return {code: OpenApiResponse(ErrorDoc, description=texts[code]) for code in codes}
+    described.update(texts or {})
+    return {code: OpenApiResponse(ErrorDoc, description=described[code]) for code in codes}

@@ -7,10 +7,9 @@ check on PUT, or a personal token; nobody logged in is a 401.
 
 from __future__ import annotations
 
-import ipaddress
 from datetime import datetime, timedelta
 
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -18,9 +17,9 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from console.api.agent_schema import ErrorDoc
 from console.api.params import parse_moment
-from console.api.person_auth import PersonView
+from console.api.person_auth import PersonView, audit_context
+from console.api.person_auth import error_responses as person_errors
 from core.errors import InvalidInput
 from incidents.models import ReviewStatus
 from incidents.reviews.content import MAX_FOLLOW_UP_TEXT, MAX_FOLLOW_UPS, MAX_TEXT
@@ -28,12 +27,11 @@ from incidents.reviews.durations import LINK_KEYS
 from incidents.reviews.export import to_markdown
 from incidents.reviews.report import team_incident_report
 from incidents.reviews.writeup import load_review, may_edit, review_document, save_review
-from incidents.teams.audit import AuditContext
 
 REPORT_DEFAULT_DAYS = 30
+# What the review endpoints' errors mean, where it is more than what every endpoint says.
 _ERRORS = {
     400: "Invalid body or parameters; `fields` says which and why.",
-    401: "Not logged in, or an unknown or revoked token.",
     403: "Refused: only on-call and above edit a review (`detail` says why), or no CSRF token.",
     404: "No such incident or team in your teams (other teams' ids look like missing ones).",
     409: "Somebody saved first (reload), the review is final, or the incident is not resolved.",
@@ -41,23 +39,7 @@ _ERRORS = {
 
 
 def error_responses(*codes: int) -> dict[int, OpenApiResponse]:
-    return {code: OpenApiResponse(ErrorDoc, description=_ERRORS[code]) for code in codes}
-
-
-def audit_context(request: HttpRequest) -> AuditContext:
-    """Where the edit came from, for its audit row (the page's form uses it too)."""
-    address = request.META.get("REMOTE_ADDR") or None
-    try:
-        address = str(ipaddress.ip_address(address)) if address else None
-    except ValueError:
-        address = None  # a unix socket path behind a proxy
-    authenticator = getattr(request, "successful_authenticator", None)
-    via = (
-        "session" if authenticator is None or "Session" in type(authenticator).__name__ else "token"
-    )
-    return AuditContext(
-        remote_addr=address, user_agent=request.META.get("HTTP_USER_AGENT", ""), via=via
-    )
+    return person_errors(*codes, texts=_ERRORS)
 
 
 class FollowUpSerializer(serializers.Serializer):

@@ -8,7 +8,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_http_methods
 
-from console.api.reviews import audit_context
+from console.api.person_auth import audit_context
 from core.errors import ServiceError
 from incidents.notifications.replies import acknowledge_by_link, link_state, page_of_link
 

@@ -9,7 +9,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 
-from console.api.reviews import audit_context
+from console.api.person_auth import audit_context
 from console.board import roles_by_team
 from console.pages.forms import attempt, int_field, utc_field
 from core.errors import NotFound
@@ -17,7 +17,7 @@ from incidents.models import AuditEntry, Incident, Job, Team
 from incidents.silences import create_silence, end_silence, visible_silences
 from incidents.teams.access import visible_team_ids
 from incidents.teams.audit import audit_read_refusal
-from incidents.teams.authority import Action, decide
+from incidents.teams.authority import Action, decide, role_rank
 
 PAGE = 200
 DURATIONS = [("1", "1 hour"), ("2", "2 hours"), ("4", "4 hours"), ("12", "12 hours"),
@@ -98,15 +98,10 @@ def audit_page(request: HttpRequest) -> HttpResponse:
     roles = roles_by_team(request.user)
     readable = [t for t, role in roles.items() if audit_read_refusal(role) is None]
     if not readable:
-        refusal = audit_read_refusal(max(roles.values(), default=None, key=_rank)) or ""
+        refusal = audit_read_refusal(max(roles.values(), default=None, key=role_rank)) or ""
         return render(request, "audit.html", {"refusal": refusal}, status=403)
     entries = AuditEntry.objects.filter(team_id__in=readable).select_related("user", "team")
     only = request.GET.get("allowed")
     if only in ("true", "false"):
         entries = entries.filter(allowed=only == "true")
     return render(request, "audit.html", {"entries": entries[:PAGE], "only": only})
-
-
-def _rank(role: str) -> int:
-    return ["viewer", "oncall", "manager", "admin"].index(role) if role in (
-        "viewer", "oncall", "manager", "admin") else -1  # fmt: skip

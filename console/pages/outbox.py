@@ -7,7 +7,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
-from console.api.reviews import audit_context
+from console.api.person_auth import audit_context
 from console.pages.forms import attempt, int_field
 from incidents.notifications.outbox import answer_from_outbox, outbox, outbox_enabled
 from incidents.teams.access import visible_team_ids

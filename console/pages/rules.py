@@ -12,7 +12,7 @@ from django.shortcuts import redirect, render
 
 from breakers.detection import ruleset_core, rulesets
 from breakers.detection.engine import ACTIONS, LAYERS, SEVERITIES
-from console.api.reviews import audit_context
+from console.api.person_auth import audit_context
 from console.pages.forms import attempt
 from console.pages.teams import _team
 from core.errors import InvalidInput

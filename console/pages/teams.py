@@ -13,7 +13,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 
 from console.api.notifications import delivery_out, is_admin, policy_out
-from console.api.reviews import audit_context
+from console.api.person_auth import audit_context
 from console.pages.forms import attempt, int_field, utc_field
 from core.errors import InvalidInput
 from incidents.models import Contact, Delivery, DrillDelivery, Membership, OnCallRotation, Team

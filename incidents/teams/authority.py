@@ -351,6 +351,15 @@ def parse_level(level: str | None) -> Level | None:
         ) from None
 
 
+def role_rank(role: str | None) -> int:
+    """Where ``role`` stands in ``ROLE_ORDER`` (0 for a viewer); -1 for no role, ``SYSTEM`` or
+    anything that is not a team role. What sorts people's roles, lowest first."""
+    try:
+        return _RANK[Role(role)] if role is not None else -1
+    except ValueError:
+        return -1
+
+
 def role_at_least(role: str | None, minimum: str) -> bool:
     """True when ``role`` ranks at or above ``minimum`` in a team.
 

@@ -363,3 +363,14 @@ def test_markdown_table_says_what_decide_says() -> None:
             for actor, mark in zip((*TEAM_ROLES, SYSTEM), marks, strict=True):
                 assert mark == ("yes" if expected_allowed(action, level, actor) else "no")
     assert covered == {(action, level) for action in EXPECTED for level in LEVELS}
+
+
+def test_the_role_order_has_one_home_and_the_model_follows_it():
+    """The team role a membership stores (the model's choices) is the authority's, in its
+    order; every ranking of roles (the audit page's refusal, role_at_least) reads ROLE_ORDER."""
+    from incidents.models import Role as StoredRole
+    from incidents.teams.authority import ROLE_ORDER, role_rank
+
+    assert [role.value for role in StoredRole] == [role.value for role in ROLE_ORDER]
+    assert [role_rank(role.value) for role in StoredRole] == list(range(len(ROLE_ORDER)))
+    assert role_rank(None) == role_rank("system") == role_rank("owner") == -1

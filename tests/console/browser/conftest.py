@@ -20,7 +20,15 @@ import pytest
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 ROOT = Path(__file__).resolve().parents[3]
-SCREENSHOTS = ROOT / "docs" / "screenshots"
+# Where the tests save what they saw: var/screenshots (untracked) for every run, to look at;
+# docs/screenshots, the pictures the docs show, only when asked for on purpose
+# (BRAKELINE_UPDATE_SCREENSHOTS=1 make test PYTEST_ARGS=tests/console/browser).
+DOC_SCREENSHOTS = ROOT / "docs" / "screenshots"
+SCREENSHOTS = (
+    DOC_SCREENSHOTS
+    if os.environ.get("BRAKELINE_UPDATE_SCREENSHOTS") == "1"
+    else Path(os.environ.get("BRAKELINE_SCREENSHOTS_DIR", ROOT / "var" / "screenshots"))
+)
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
