@@ -115,3 +115,10 @@ def test_through_daphne_the_hot_path_skips_django_and_the_rest_does_not(live_con
     assert status == 400 and "step" in answer["fields"] and "X-Frame-Options" not in headers
     status, headers, answer = post("/api/v1/agent/snapshots", {"kind": "start"})
     assert status == 400 and headers["X-Frame-Options"] == "DENY"
+
+
+@pytest.mark.parametrize("wait", [1, 30])
+def test_the_lean_429_says_what_the_drf_throttle_says(wait):
+    from rest_framework.exceptions import Throttled
+
+    assert agent_endpoints.RateLimited(wait).detail == str(Throttled(wait).detail)
