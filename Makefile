@@ -51,6 +51,7 @@ lint: install
 # Benchmarks print their figures (medians, ratios to a baseline measured in the same run).
 bench: install
 	cd bench && $(TEST_ENV) ../$(BIN)/python ingest.py
+	cd bench && $(TEST_ENV) ../$(BIN)/python agent_path.py
 	cd bench && $(TEST_ENV) ../$(BIN)/python detectors.py
 	cd bench && $(TEST_ENV) ../$(BIN)/python evaluation.py
 	cd bench && $(TEST_ENV) ../$(BIN)/python brake.py

@@ -79,6 +79,14 @@ def free_port() -> int:
 
 @contextmanager
 def daphne(extra_env: dict[str, str] | None = None):
+    """Daphne serving the console; yields its URL."""
+    with daphne_server(extra_env) as (url, _pid):
+        yield url
+
+
+@contextmanager
+def daphne_server(extra_env: dict[str, str] | None = None):
+    """Daphne serving the console; yields its URL and its process id (for its CPU)."""
     port = free_port()
     env = dict(os.environ, **(extra_env or {}))
     process = subprocess.Popen(
@@ -93,7 +101,7 @@ def daphne(extra_env: dict[str, str] | None = None):
                 if probe.connect_ex(("127.0.0.1", port)) == 0:
                     break
             time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", process.pid
     finally:
         process.terminate()
         process.wait(timeout=10)

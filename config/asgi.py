@@ -14,7 +14,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set u
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 
-from console.agent_gate import AgentRequestGate  # noqa: E402
+from console.agent_lean import agent_http_stack  # noqa: E402
 from console.routing import websocket_urlpatterns  # noqa: E402
 
 if settings.EMBEDDED:
@@ -30,8 +30,9 @@ start_beacon()
 
 application = ProtocolTypeRouter(
     {
-        # Agent requests are authenticated before their body is read, and bounded.
-        "http": AgentRequestGate(django_asgi_application),
+        # Agent requests are authenticated before their body is read, and bounded; the hot
+        # path's are then answered without Django's middleware and DRF.
+        "http": agent_http_stack(django_asgi_application),
         "websocket": AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
     }
 )

@@ -432,6 +432,8 @@ AGENT_MAX_BATCH_POINTS = env_int("BRAKELINE_MAX_BATCH_POINTS", 10_000)
 METRICS_TOKEN = os.environ.get("BRAKELINE_METRICS_TOKEN", "")
 METRICS_PUBLIC = env_bool("BRAKELINE_METRICS_PUBLIC", False)
 AGENT_MAX_BATCH_BYTES = env_int("BRAKELINE_MAX_BATCH_BYTES", 4 * 1024 * 1024)
+# The hot path's POSTs skip Django's middleware and DRF (console/agent_lean.py); 0: all DRF.
+AGENT_LEAN = env_bool("BRAKELINE_AGENT_LEAN", True)
 AGENT_MAX_SNAPSHOT_BYTES = env_int("BRAKELINE_MAX_SNAPSHOT_BYTES", 1024 * 1024)
 # Point and snapshot times further than this from the server's clock are refused (400).
 AGENT_TIME_WINDOW_SECONDS = env_seconds("BRAKELINE_AGENT_TIME_WINDOW_SECONDS", 24 * 3600.0)

@@ -7,9 +7,11 @@ for a while, a body of any size without a token. For ``POST /api/v1/agent/…`` 
 1. authenticates the bearer token from the headers alone (401 otherwise, body unread);
 2. refuses a declared ``Content-Length`` above ``AGENT_MAX_BATCH_BYTES`` (413, body unread);
 3. reads the body itself, stopping one byte past the limit (413: a chunked body that lies);
-4. hands Django the body it read, so the views see the request unchanged.
+4. hands the body it read on: to the lean route of the hot path (console/agent_lean.py), or
+   to Django, so the views see the request unchanged.
 
-The views check the same limits; this only decides whether the body is read at all. DRF's
+Its refusals are counted in the request log's agent traffic summary. The views check the same
+limits; this only decides whether the body is read at all. DRF's
 authentication takes the job this gate authenticated (scope[GATE_AUTHENTICATED]) rather than
 looking the same token up twice. Answers use the API's error format (docs/protocol.md "Errors").
 """
@@ -17,6 +19,8 @@ looking the same token up twice. Answers use the API's error format (docs/protoc
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -24,51 +28,48 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from console.api.agent_auth import GATE_AUTHENTICATED, required_bearer_token
+from console.api.agent_endpoints import AGENT_PREFIX, TOO_LARGE
 from console.api.errors import database_recently_away, outage_body, outage_part
 from console.api.params import length_exceeds
+from console.request_log import agent_traffic
 from core.errors import PayloadTooLarge, ServiceError
 from incidents.jobs import authenticate_agent
 from incidents.models import Job
 
-AGENT_PREFIX = "/api/v1/agent/"
 
-
-def _header(scope: dict, name: bytes) -> bytes | None:
+def header(scope: dict, name: bytes) -> bytes | None:
     for key, value in scope.get("headers", ()):
         if key.lower() == name:
             return value
     return None
 
 
-async def _answer(send: Any, error: ServiceError) -> None:
-    body = json.dumps(error.as_body()).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if error.status == 401:
-        headers.append((b"www-authenticate", b'Bearer realm="brakeline"'))
-    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+async def send_json(
+    send: Any, status: int, body: bytes, headers: Sequence[tuple[bytes, bytes]] = ()
+) -> None:
+    """One whole JSON answer over ASGI."""
+    start = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": [*start, *headers]})
     await send({"type": "http.response.body", "body": body})
+
+
+async def _answer(send: Any, error: ServiceError) -> None:
+    agent_traffic().record(error.status)  # the request log's summary counts the gate's refusals
+    headers = [(b"www-authenticate", b'Bearer realm="brakeline"')] if error.status == 401 else []
+    await send_json(send, error.status, json.dumps(error.as_body()).encode(), headers)
 
 
 async def _unavailable(send: Any, part: str) -> None:
-    body = json.dumps(outage_body(part)).encode()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        (b"retry-after", b"1"),
-    ]
-    await send({"type": "http.response.start", "status": 503, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    agent_traffic().record(503)
+    await send_json(send, 503, json.dumps(outage_body(part)).encode(), [(b"retry-after", b"1")])
 
 
 def _too_large(limit: int) -> PayloadTooLarge:
-    return PayloadTooLarge(
-        f"A request body holds at most {limit} bytes. Split the batch.",
-        fields={"body": f"at most {limit} bytes"},
-    )
+    return PayloadTooLarge(TOO_LARGE.format(limit=limit), fields={"body": f"at most {limit} bytes"})
 
 
 async def _authenticate(scope: dict) -> None:
-    token = required_bearer_token(_header(scope, b"authorization"))
+    token = required_bearer_token(header(scope, b"authorization"))
     job = await sync_to_async(_check_token, thread_sensitive=True)(token)
     # The view's authentication takes the job from here instead of asking PostgreSQL again:
     # same request, same token, milliseconds later (it was a quarter of the web process's CPU
@@ -77,11 +78,18 @@ async def _authenticate(scope: dict) -> None:
 
 
 def _check_token(token: str) -> Job:
-    """The token's job, if it exists and the token is not revoked (Unauthenticated otherwise).
-    Runs outside Django's request cycle, so it closes its connections the way that cycle would."""
+    """The token's job, if it exists and the token is not revoked (Unauthenticated otherwise)."""
+    with own_connections():
+        return authenticate_agent(token)
+
+
+@contextmanager
+def own_connections() -> Iterator[None]:
+    """Database work outside Django's request cycle: its connections are closed (given back to
+    the pool) before and after, the way that cycle's signals would."""
     close_old_connections()
     try:
-        return authenticate_agent(token)
+        yield
     finally:
         close_old_connections()
 
@@ -123,7 +131,7 @@ class AgentRequestGate:
             return
         try:
             await _authenticate(scope)
-            declared = (_header(scope, b"content-length") or b"0").decode("latin-1")
+            declared = (header(scope, b"content-length") or b"0").decode("latin-1")
             if length_exceeds(declared, limit):  # "²" or 5,000 digits: no int() error
                 raise _too_large(limit)
             body = await _read_bounded(receive, limit)

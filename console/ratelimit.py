@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from functools import cache
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 
 from core.redis_clients import redis_client
+
+if TYPE_CHECKING:
+    from incidents.models import Job
+
+log = logging.getLogger(__name__)
 
 PERIODS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hour": 3600, "d": 86400, "day": 86400}
 
@@ -87,3 +94,17 @@ def rate_counter() -> RedisRateCounter | MemoryRateCounter:
     if settings.EMBEDDED:
         return MemoryRateCounter()
     return RedisRateCounter(settings.CHANNEL_PREFIX)
+
+
+def agent_wait_seconds(job: Job) -> float:
+    """Count one agent request of ``job``: 0 when allowed, else the seconds until its window
+    ends (``agent_rate``). One Redis INCR on the process's connection pool.
+
+    Fails open: with Redis down, metrics and heartbeats still land in PostgreSQL (and heartbeat
+    replies still carry commands); a rate limit is not worth a NaN."""
+    limit, period = agent_rate(job.world_size)
+    try:
+        return rate_counter().hit(f"agent:{job.pk}", limit, period)
+    except Exception as error:  # redis-py's errors: the counter lives in Redis
+        log.warning("agent rate limit not counted (Redis: %s); request allowed", error)
+        return 0.0

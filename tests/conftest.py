@@ -7,6 +7,7 @@ services. The few tests of the embedded mode run it in a subprocess of their own
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import subprocess
@@ -102,13 +103,41 @@ def agent(make_agent) -> Agent:
     return make_agent()
 
 
+@pytest.fixture(autouse=True)
+def _no_database_outage_from_before(request: pytest.FixtureRequest) -> None:
+    """An outage an earlier test simulated is not this one's: for a second after it, the agent
+    gate answers 503 without asking the database (console.api.errors.database_recently_away)."""
+    if request.config.pluginmanager.has_plugin("django"):
+        from console.api import errors
+
+        errors._database_failed_at[0] = -math.inf
+
+
 @pytest.fixture
-def agent_post(client, agent):
+def agent_door() -> str:
+    """How agent_post reaches the console: "lean" (the ASGI route Daphne serves agents with) or
+    "drf" (the test client and the DRF views): tests/support/agent_doors.py."""
+    return "lean"
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "agent_door" in metafunc.fixturenames and getattr(metafunc.module, "BOTH_AGENT_DOORS", 0):
+        metafunc.parametrize("agent_door", ["lean", "drf"])
+
+
+@pytest.fixture
+def agent_post(client, agent, agent_door):
     """POST a body (dict → JSON, or raw bytes/str) to an agent endpoint with the token."""
+    from console.api.agent_endpoints import resolve
+    from tests.support.agent_doors import lean_post
 
     def post(path: str, body, *, token: str | None = None, content_type="application/json"):
         data = body if isinstance(body, bytes | str) else json.dumps(body)
         headers = {"Authorization": f"Bearer {token or agent.token}"} if token != "" else {}
+        if agent_door == "lean" and resolve(path) is not None:
+            typed = {"Content-Type": content_type} if content_type else {}
+            raw = data.encode() if isinstance(data, str) else data
+            return lean_post(path, raw, headers | typed)
         return client.post(path, data=data, content_type=content_type, headers=headers)
 
     return post

@@ -1,4 +1,7 @@
-"""The agent protocol's HTTP endpoints (docs/protocol.md)."""
+"""The agent protocol's endpoints as DRF views (docs/protocol.md): what the OpenAPI schema
+documents, and what serves agent requests that reach Django (the test client, WSGI,
+``BRAKELINE_AGENT_LEAN=0``). Under Daphne the hot path's requests take the lean route
+(console/agent_lean.py) to the same handlers (console/api/agent_endpoints.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +15,16 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from breakers.agent import service as breaker_services
 from breakers.agent.protocol import PROTOCOL_VERSION
 from console.api.agent_auth import AgentRateThrottle, AgentTokenAuthentication
+from console.api.agent_endpoints import (
+    TOO_LARGE,
+    body_is_typed,
+    check_content_type,
+    command_ack,
+    heartbeat,
+    metrics,
+)
 from console.api.agent_schema import (
     AckDoc,
     AckedDoc,
@@ -25,7 +35,7 @@ from console.api.agent_schema import (
     MetricsBatchDoc,
 )
 from console.api.params import length_exceeds
-from core.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
+from core.errors import PayloadTooLarge
 
 ERRORS = {
     code: OpenApiResponse(ErrorDoc, description=text)
@@ -46,27 +56,6 @@ class RawJSONParser(BaseParser):
 
     def parse(self, stream, media_type=None, parser_context=None):  # pragma: no cover
         return stream.read()
-
-
-def check_content_type(header: str) -> None:
-    """``application/json``, optionally with ``charset=utf-8``; 415 for anything else."""
-    media_type, _, parameters = header.partition(";")
-    if media_type.strip().lower() != "application/json":
-        raise UnsupportedMediaType(
-            f"Send the body as application/json, not {header[:60]!r}.",
-            fields={"Content-Type": "must be application/json"},
-        )
-    for parameter in parameters.split(";"):
-        name, _, value = parameter.partition("=")
-        if name.strip().lower() == "charset" and value.strip().strip('"').lower() not in (
-            "utf-8",
-            "utf8",
-        ):
-            raise InvalidInput(
-                "The body must be JSON encoded as UTF-8.",
-                fields={"Content-Type": "charset must be utf-8"},
-                code="malformed_json",
-            )
 
 
 def declares_more_than(request: Request, limit: int) -> bool:
@@ -112,12 +101,8 @@ class AgentView(APIView):
         """The request body, read only now: after authentication, permission and the rate
         limit (DRF's ``initial``), and only when it is JSON within the byte limit."""
         declared = request.META.get("CONTENT_LENGTH") or "0"
-        # An empty body carries no type: it is refused as malformed JSON later.
-        return read_json_body(
-            request,
-            "A request body holds at most {limit} bytes. Split the batch.",
-            typed=declared != "0" or bool(request.META.get("CONTENT_TYPE")),
-        )
+        typed = body_is_typed(declared, request.META.get("CONTENT_TYPE", ""))
+        return read_json_body(request, TOO_LARGE, typed=typed)
 
 
 class MetricsView(AgentView):
@@ -129,10 +114,8 @@ class MetricsView(AgentView):
         summary="Upload a batch of metric points",
     )
     def post(self, request: Request) -> Response:
-        reply = breaker_services.metrics_reply(request.user.job, self.raw_body(request))
-        # A retried batch (same id) gets the same answer as its first copy: nothing tells the
-        # agent apart from the first reply, so an agent has no duplicate case to handle.
-        return Response(reply, status=202)
+        status, reply = metrics(request.user.job, self.raw_body(request), None)
+        return Response(reply, status=status)
 
 
 class HeartbeatView(AgentView):
@@ -144,9 +127,8 @@ class HeartbeatView(AgentView):
         summary="Report that the training process is alive",
     )
     def post(self, request: Request) -> Response:
-        job = request.user.job
-        commands = breaker_services.heartbeat_reply(job.pk, self.raw_body(request))
-        return Response({"commands": commands})
+        status, reply = heartbeat(request.user.job, self.raw_body(request), None)
+        return Response(reply, status=status)
 
 
 class CommandAckView(AgentView):
@@ -162,8 +144,5 @@ class CommandAckView(AgentView):
         summary="Acknowledge a command with its result (twice is harmless)",
     )
     def post(self, request: Request, command_id: int) -> Response:
-        job = request.user.job
-        command = breaker_services.receive_acknowledgement(
-            job.pk, command_id, self.raw_body(request)
-        )
-        return Response({"id": command.pk, "status": command.status})
+        status, reply = command_ack(request.user.job, self.raw_body(request), command_id)
+        return Response(reply, status=status)

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.throttling import BaseThrottle
 
-from console.ratelimit import agent_rate, rate_counter
+from console.ratelimit import agent_wait_seconds
 from core.errors import Unauthenticated
 from incidents.jobs import authenticate_agent
 from incidents.models import Job
 
-log = logging.getLogger(__name__)
 # The ASGI scope key under which console.agent_gate leaves (token, job) once it has
 # authenticated a request's token; nothing outside the server process can set a scope key.
 GATE_AUTHENTICATED = "brakeline.agent_authenticated"
@@ -97,14 +95,7 @@ class AgentRateThrottle(BaseThrottle):
         principal = request.user
         if not isinstance(principal, AgentPrincipal):
             return True
-        limit, period = agent_rate(principal.job.world_size)
-        try:
-            self.wait_seconds = rate_counter().hit(f"agent:{principal.job.pk}", limit, period)
-        except Exception as error:  # redis-py's errors: the counter lives in Redis
-            # Fails open: with Redis down, metrics and heartbeats still land in PostgreSQL
-            # (and heartbeat replies still carry commands); a rate limit is not worth a NaN.
-            log.warning("agent rate limit not counted (Redis: %s); request allowed", error)
-            self.wait_seconds = 0.0
+        self.wait_seconds = agent_wait_seconds(principal.job)
         return self.wait_seconds == 0
 
     def wait(self) -> float | None:

@@ -9,8 +9,8 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from breakers.control.replicas import record_replica_heartbeat
 from console.api.agent import ERRORS, AgentView
+from console.api.agent_endpoints import replica_heartbeat
 
 ReplicaHeartbeatDoc = inline_serializer(
     "ReplicaHeartbeat",
@@ -48,4 +48,5 @@ class ReplicaHeartbeatView(AgentView):
         summary="Heartbeat of one replica of an inference job, with its health",
     )
     def post(self, request: Request) -> Response:
-        return Response(record_replica_heartbeat(request.user.job, self.raw_body(request)))
+        status, reply = replica_heartbeat(request.user.job, self.raw_body(request), None)
+        return Response(reply, status=status)

@@ -12,6 +12,9 @@ from console.ratelimit import rate_counter
 from incidents.jobs import revoke_agent_tokens
 from incidents.models import Job, JobStatus, Node
 
+# Each test runs through the lean route and through the DRF views (tests/support/agent_doors.py).
+BOTH_AGENT_DOORS = True
+
 URL = "/api/v1/agent/metrics"
 pytestmark = pytest.mark.django_db
 

@@ -19,6 +19,9 @@ from breakers.models import MetricBatch
 from breakers.storage.points import stored_points
 from tests.support.waiting import wait_for
 
+# Each test runs through the lean route and through the DRF views (tests/support/agent_doors.py).
+BOTH_AGENT_DOORS = True
+
 URL = "/api/v1/agent/metrics"
 
 

@@ -8,6 +8,9 @@ import pytest
 from breakers.storage.points import stored_points
 from incidents.models import Job, JobRank
 
+# Each test runs through the lean route and through the DRF views (tests/support/agent_doors.py).
+BOTH_AGENT_DOORS = True
+
 URL = "/api/v1/agent/metrics"
 pytestmark = pytest.mark.django_db
 

@@ -19,6 +19,9 @@ from breakers.models import Command, EnvironmentSnapshot
 from breakers.storage.points import any_points_stored, stored_points
 from incidents.models import Job
 
+# Each test runs through the lean route and through the DRF views (tests/support/agent_doors.py).
+BOTH_AGENT_DOORS = True
+
 pytestmark = pytest.mark.django_db
 
 METRICS = "/api/v1/agent/metrics"

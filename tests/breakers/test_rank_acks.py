@@ -15,6 +15,9 @@ from breakers.control.unapplied import UNAPPLIED_STEPS, flag_unapplied_commands
 from breakers.models import Command, CommandAck, CommandStatus
 from incidents.models import Alert, Job, JobStatus
 
+# Each test runs through the lean route and through the DRF views (tests/support/agent_doors.py).
+BOTH_AGENT_DOORS = True
+
 HEARTBEAT = "/api/v1/agent/heartbeat"
 METRICS = "/api/v1/agent/metrics"
 pytestmark = pytest.mark.django_db

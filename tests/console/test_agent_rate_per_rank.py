@@ -7,6 +7,9 @@ import pytest
 
 from console.ratelimit import MAX_RATED_RANKS, agent_rate, rate_counter
 
+# Each test runs through the lean route and through the DRF views (tests/support/agent_doors.py).
+BOTH_AGENT_DOORS = True
+
 pytestmark = pytest.mark.django_db
 METRICS = "/api/v1/agent/metrics"
 

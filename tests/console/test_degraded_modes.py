@@ -22,8 +22,8 @@ from django.utils import timezone
 from breakers.control import liveness
 from breakers.control.commands import issue_command
 from breakers.storage.points import stored_points
-from console import agent_gate
-from console.api import agent_auth, health
+from console import agent_gate, ratelimit
+from console.api import health
 from console.api.errors import exception_handler, server_error
 from console.ratelimit import RedisRateCounter
 from incidents.alerts.lifecycle import raise_or_update_alert
@@ -34,6 +34,9 @@ from incidents.notifications.sweep import sweep_deliveries, undispatched_alerts
 from tests.conftest import free_port
 from tests.incidents.test_notifications import nan_signal
 
+# Each test runs through the lean route and through the DRF views (tests/support/agent_doors.py).
+BOTH_AGENT_DOORS = True
+
 pytestmark = pytest.mark.django_db
 
 
@@ -42,7 +45,7 @@ def redis_down(monkeypatch) -> str:
     url = f"redis://127.0.0.1:{free_port()}/0"
     dead = redis.Redis.from_url(url, socket_connect_timeout=0.5)
     monkeypatch.setattr(liveness, "_redis", lambda: dead)
-    monkeypatch.setattr(agent_auth, "rate_counter", lambda: RedisRateCounter(url, "dead"))
+    monkeypatch.setattr(ratelimit, "rate_counter", lambda: RedisRateCounter(url, "dead"))
     health._worker_cache.clear()
     yield url
     health._worker_cache.clear()

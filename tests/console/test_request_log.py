@@ -24,6 +24,9 @@ from console import request_log
 from console.request_log import AgentTraffic
 from tests.conftest import ROOT, free_port, wait_for_port
 
+# Each test runs through the lean route and through the DRF views (tests/support/agent_doors.py).
+BOTH_AGENT_DOORS = True
+
 METRICS = "/api/v1/agent/metrics"
 HEARTBEAT = "/api/v1/agent/heartbeat"
 

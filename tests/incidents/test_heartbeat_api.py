@@ -12,6 +12,9 @@ from django.utils import timezone
 from incidents.jobs import record_heartbeat
 from incidents.models import Job, JobStatus
 
+# Each test runs through the lean route and through the DRF views (tests/support/agent_doors.py).
+BOTH_AGENT_DOORS = True
+
 URL = "/api/v1/agent/heartbeat"
 pytestmark = pytest.mark.django_db
 

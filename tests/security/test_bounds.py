@@ -22,6 +22,9 @@ from breakers.models import Command
 from breakers.storage import rollups
 from incidents.models import Alert, Job
 
+# Each test runs through the lean route and through the DRF views (tests/support/agent_doors.py).
+BOTH_AGENT_DOORS = True
+
 pytestmark = pytest.mark.django_db
 HUGE = 2**63 - 1
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
