@@ -324,9 +324,11 @@ def record_heartbeat(
         job = Job.objects.select_for_update().get(pk=job_id)
         if job.status in FINAL_JOB_STATUSES and status == AgentStatus.RUNNING:
             _refuse_a_new_run(job, rank or 0, pid)
-        if world_size is not None:
+        if world_size is not None and world_size != job.world_size:
+            # A smaller restart leaves seats above its size: gone once, when the size changes
+            # (not a DELETE with every heartbeat of a steady job).
             job.world_size = world_size
-            JobRank.objects.filter(job=job, rank__gte=world_size).delete()  # a smaller restart
+            JobRank.objects.filter(job=job, rank__gte=world_size).delete()
         seat, new_process = _record_rank(job, rank or 0, step, status, pid, hostname, now, pace)
         job.last_heartbeat_at = now
         if seat.rank == 0 or not JobRank.objects.filter(job=job, rank=0).exists():
