@@ -141,7 +141,7 @@ class EvaluationStateAdmin(admin.ModelAdmin):
         return False
 
 
-# --- Jobs on Slurm (issue 10) ---------------------------------------------------------------
+# --- Jobs on Slurm --------------------------------------------------------------------------
 
 from breakers.models import NodeDrain, SchedulerBinding  # noqa: E402
 
@@ -177,7 +177,7 @@ class NodeDrainAdmin(admin.ModelAdmin):
         return False
 
 
-# --- Rule set versions (issue 19) -----------------------------------------------------------
+# --- Rule set versions -------------------------------------------------------------------
 
 from breakers.models import RuleSetVersion  # noqa: E402
 

@@ -327,7 +327,7 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
 # The worker keeps its PostgreSQL connections: Celery's Django fixup otherwise closes them (and,
 # under prefork, the whole psycopg pool) before and after every task, two new connections per
-# task (issue 22 measured ~20 µs per point of it). Recycled every 2 x 500 tasks instead.
+# task (~20 µs per point of it, measured by bench/ingest.py). Recycled every 2 x 500 tasks instead.
 CELERY_DB_REUSE_MAX = env_int("BRAKELINE_WORKER_DB_REUSE_MAX", 500)
 DEFAULT_CELERY_QUEUE = "brakeline"  # what docker-compose.yml's worker consumes
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("BRAKELINE_CELERY_QUEUE", DEFAULT_CELERY_QUEUE)

@@ -1,4 +1,4 @@
-"""Rule sets under version control (issue 19, part 4): the services.
+"""Rule sets under version control: the services.
 
 Every change to what a team's jobs are braked by is a new immutable ``RuleSetVersion``:
 

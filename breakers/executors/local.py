@@ -62,12 +62,9 @@ def _wait_for_exit(pid: int, seconds: float) -> bool:
     return not process_is_running(pid)
 
 
-def _refused(why: str) -> ExecutorOutcome:
-    return ExecutorOutcome(LocalProcessExecutor.name, False, detail=f"refused: {why}")
-
-
-def _console_processes() -> set[int]:
-    return {1, os.getpid(), os.getppid()}
+def is_the_consoles_own(pid: int) -> bool:
+    """PID 1, this process, its parent, or any process of its group: never a job's."""
+    return pid in {1, os.getpid(), os.getppid()} or process_group(pid) == os.getpgid(0)
 
 
 def identity_refusal(job: Job, pid: int) -> str | None:
@@ -93,7 +90,7 @@ def identity_refusal(job: Job, pid: int) -> str | None:
             f"{socket.gethostname()}; a local signal cannot be aimed at it (use the scheduler's "
             "executor)"
         )
-    if pid in _console_processes() or process_group(pid) == os.getpgid(0):
+    if is_the_consoles_own(pid):
         return f"process {pid} is PID 1 or one of the console's own processes"
     if job.agent_pid_start_time is None:
         return (

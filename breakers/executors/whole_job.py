@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 from breakers.executors.local import (
     ExecutorOutcome,
-    _console_processes,
     _environment_refusal,
+    is_the_consoles_own,
     process_is_running,
 )
 from breakers.models import JobLauncher
@@ -51,7 +51,7 @@ class Target:
         """Why this process must not be signalled now, None when it may (or is gone)."""
         if self.start_time is None:
             return f"{self.label} was never verified from this host (no start time recorded)"
-        if self.pid in _console_processes() or process_group(self.pid) == os.getpgid(0):
+        if is_the_consoles_own(self.pid):
             return f"{self.label} is PID 1 or one of the console's own processes"
         started = process_start_time(self.pid)
         if started is None:

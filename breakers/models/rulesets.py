@@ -1,4 +1,4 @@
-"""Versions of a team's rule set (issue 19, part 4): one immutable row per change."""
+"""Versions of a team's rule set: one immutable row per change."""
 
 from __future__ import annotations
 

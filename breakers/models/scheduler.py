@@ -1,4 +1,4 @@
-"""Where a job runs and what the console did to its nodes through the scheduler (issue 10).
+"""Where a job runs and what the console did to its nodes through the scheduler.
 
 ``SchedulerBinding`` is the job's setting "which executor stops it": local process by default,
 Slurm once its heartbeats report a ``SLURM_JOB_ID`` (or when an admin says so). ``NodeDrain`` is

@@ -1,5 +1,5 @@
 """Teams and their paging: who the next L3 reaches, the policy, contacts, on-call shifts and
-a "send a test page" button (issue 23: until now an API only)."""
+a "send a test page" button (the same service as the API's)."""
 
 from __future__ import annotations
 

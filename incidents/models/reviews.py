@@ -1,5 +1,5 @@
 """The post-incident review's records: the job's declared size, the write-up, its follow-ups and
-every revision of it (docs/design.md "Reviews and measured durations"; issue 9).
+every revision of it (docs/design.md "Reviews and measured durations").
 
 Imported at the end of ``incidents.models`` so Django registers them with the app.
 """

@@ -1,5 +1,5 @@
 """The audit trail: every attempt to act, allowed or refused, with who, what, when, from where
-and the outcome (issue 6; docs/design.md "The authorisation chain": a refused action is a clear
+and the outcome (docs/design.md "The authorisation chain": a refused action is a clear
 403 that also shows in the audit trail).
 
 Every person-facing service wraps its work in ``audited(...)``:

@@ -73,7 +73,7 @@ def test_people_of_other_teams_get_the_404_of_a_missing_incident(flow):
 def test_nobody_reads_it_without_logging_in(flow):
     anonymous = Client()
     for url in urls(flow.incident_id)[:3]:
-        assert anonymous.get(url).status_code in (401, 403), url
+        assert anonymous.get(url).status_code == 401, url  # as the API documents
     assert anonymous.get(urls(flow.incident_id)[3]).status_code == 302  # to the login page
 
 
