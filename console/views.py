@@ -15,6 +15,7 @@ from django.shortcuts import get_object_or_404, render
 from breakers import metrics as history
 from console import board
 from console.api.jobs import visible_jobs
+from console.ranks_table import RanksQuery, ranks_page
 from incidents import silences as silencing
 from incidents.alerts.lifecycle import alert_payload
 from incidents.models import (
@@ -46,6 +47,9 @@ def dashboard(request: HttpRequest) -> HttpResponse:
 @login_required
 def job_page(request: HttpRequest, pk: int) -> HttpResponse:
     job = get_object_or_404(visible_jobs(request.user), pk=pk)
+    if _partial(request) == "ranks":  # a page, a sort or a search of the ranks table
+        table = ranks_page(job.pk, RanksQuery.parse(request.GET))
+        return render(request, "partials/job_ranks.html", {"table": table})
     state = board.job_state(request.user, job)
     if _partial(request) == "state":
         return render(request, "partials/job_state.html", state)
