@@ -29,12 +29,17 @@ def loss(step: int, rank: int) -> float:
     return 3.0 / (1.0 + step / 50.0) + (rank % 17) * 0.004 + (step % 5) * 0.002
 
 
+def silent_of(world: int) -> tuple[int, ...]:
+    """The silent ranks of a job of ``world`` ranks: SILENT's, else its last rank."""
+    return tuple(r for r in SILENT if r < world) or (world - 1,)
+
+
 def _ranks(job_id: int, world: int, steps: int, now: datetime) -> list:
     from incidents.models import AgentStatus, JobRank
 
     rows = []
     for rank in range(world):
-        silent = rank in SILENT
+        silent = rank in silent_of(world)
         at = now - timedelta(seconds=90 if silent else 2)
         step_time = 0.5 if rank in STRAGGLERS else 0.31 + (rank % 13) * 0.001
         rows.append(
@@ -61,7 +66,7 @@ def _store_loss(job_id: int, world: int, steps: int, now: datetime) -> None:
 
     start = now - timedelta(seconds=steps * 0.31)
     for rank in range(world):
-        last = steps - 40 if rank in SILENT else steps
+        last = steps - 40 if rank in silent_of(world) else steps
         points = [
             PointIn("loss", s, loss(s, rank), start + timedelta(seconds=s * 0.31), None, rank)
             for s in range(last)
@@ -84,8 +89,9 @@ def seed_thousand(team: str, name: str, *, world: int = WORLD, steps: int = 200)
     RankPaceHistory.objects.bulk_create(
         RankPaceHistory(job_id=job.pk, rank=r, usual_step_time=0.31, samples=20, flagged=True)
         for r in STRAGGLERS
+        if r < world
     )
-    earliest = min(now - timedelta(seconds=90), now) + timedelta(seconds=30)
+    earliest = now - timedelta(seconds=60)  # the silent ranks' deadline
     Job.objects.filter(pk=job.pk).update(
         world_size=world,
         status=JobStatus.RUNNING,

@@ -9,7 +9,7 @@ import re
 import pytest
 from django.contrib.auth import get_user_model
 
-from bench._thousand import SILENT, STRAGGLERS, seed_thousand
+from bench._thousand import SILENT, STRAGGLERS, loss, seed_thousand
 from incidents.models import Alert, Job, Membership, Role
 
 pytestmark = pytest.mark.django_db
@@ -87,3 +87,8 @@ def test_the_series_is_one_ranks_line_over_the_band_of_all(client, thousand):
     spread = loss["spread"]
     assert spread["steps"] == list(range(60)) and len(spread["low"]) == 60
     assert spread["low"][0] < spread["high"][0]
+
+
+def test_the_jobs_latest_loss_is_rank_0s_not_any_of_a_thousand(client, thousand):
+    job = client.get(f"/api/v1/jobs/{thousand.job_id}").json()
+    assert job["latest_loss"] == pytest.approx(loss(59, 0))
