@@ -25,8 +25,9 @@ class Seeded:
 
 
 def loss(step: int, rank: int) -> float:
-    """A falling loss, each rank a little apart, a straggler no different in value."""
-    return 3.0 / (1.0 + step / 50.0) + (rank % 17) * 0.004 + (step % 5) * 0.002
+    """A falling loss, each rank a little apart (the band of all ranks a band), a straggler
+    no different in value."""
+    return 3.0 / (1.0 + step / 50.0) + (rank % 17) * 0.015 + ((step + rank) % 5) * 0.004
 
 
 def silent_of(world: int) -> tuple[int, ...]:
@@ -52,7 +53,9 @@ def _ranks(job_id: int, world: int, steps: int, now: datetime) -> list:
                 step_time_seconds=step_time,
                 compute_seconds=step_time * 0.8,
                 last_heartbeat_at=at,
-                heartbeat_deadline=at + timedelta(seconds=30),
+                # The silent a minute past theirs; the others' minutes away, however long a
+                # loaded machine takes to open the page.
+                heartbeat_deadline=at + timedelta(seconds=30 if silent else 600),
                 status=AgentStatus.RUNNING,
                 sync_step=None,
             )
@@ -83,8 +86,9 @@ def seed_thousand(team: str, name: str, *, world: int = WORLD, steps: int = 200)
     from incidents.jobs import create_job
     from incidents.models import Alert, Job, JobRank, JobStatus
 
-    now = timezone.now()
     job = create_job(team, name).job
+    _store_loss(job.pk, world, steps, timezone.now())
+    now = timezone.now()
     JobRank.objects.bulk_create(_ranks(job.pk, world, steps, now), batch_size=500)
     RankPaceHistory.objects.bulk_create(
         RankPaceHistory(job_id=job.pk, rank=r, usual_step_time=0.31, samples=20, flagged=True)
@@ -101,7 +105,6 @@ def seed_thousand(team: str, name: str, *, world: int = WORLD, steps: int = 200)
         heartbeat_deadline=earliest,
         step_time_seconds=0.31,
     )
-    _store_loss(job.pk, world, steps, now)
     check_heartbeats(now)
     alert = Alert.objects.filter(job_id=job.pk).order_by("-pk").first()
     return Seeded(job.pk, alert and alert.pk, alert and alert.incident_id)
