@@ -221,7 +221,7 @@ def series(
         if other != rank:
             found = _line(reading.read(job.pk, name, source, rank=other, **grid), {})
             others[str(other)] = {key: found[key] for key in ("steps", "times", "values")}
-    everyone = reading.read(job.pk, name, source, rank=None, **grid) if spread else None
+    everyone = reading.read_spread(job.pk, name, source, **grid) if spread else None
     return {
         **empty,
         "bucket_steps": width,
