@@ -67,11 +67,20 @@ def _store_loss(job_id: int, world: int, steps: int, now: datetime) -> None:
     from breakers.agent.protocol import PointIn
     from breakers.agent.store import store_points
 
+    # Each rank logs a step a microsecond after the one before it: the last to log a step is
+    # never rank 0.
     start = now - timedelta(seconds=steps * 0.31)
     for rank in range(world):
         last = steps - 40 if rank in silent_of(world) else steps
         points = [
-            PointIn("loss", s, loss(s, rank), start + timedelta(seconds=s * 0.31), None, rank)
+            PointIn(
+                "loss",
+                s,
+                loss(s, rank),
+                start + timedelta(seconds=s * 0.31, microseconds=rank),
+                None,
+                rank,
+            )
             for s in range(last)
         ]
         store_points(job_id, points, job_is_pending=False)
