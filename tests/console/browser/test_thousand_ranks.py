@@ -4,11 +4,14 @@ band of every rank, never a thousand lines). Screenshots land in docs/screenshot
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 from playwright.sync_api import expect
 
 from bench._thousand import SILENT, seed_thousand
-from incidents.models import Role
+from incidents.models import JobRank, Role
 from tests.console.browser.conftest import SCREENSHOTS
 from tests.console.browser.test_live_console import in_thread
 from tests.console.browser.test_phone import PHONE, sideways
@@ -59,6 +62,21 @@ def picks_a_rank(page) -> None:
     expect(figure).to_have_attribute("data-rank", "5")
 
 
+def stays_live(page, job_id: int) -> None:
+    """Rank 5 falls silent while the page is open: the table says so by itself."""
+    expect(page.locator("#ranks-counts")).to_contain_text("· 7 silent ·")
+    in_thread(_silence, job_id, 5)
+    expect(page.locator("#ranks-counts")).to_contain_text("· 8 silent ·", timeout=30_000)
+    expect(page.locator('#ranks tr[data-rank="5"]')).to_contain_text("silent")
+    in_thread(_silence, job_id, 5, back=True)
+    expect(page.locator("#ranks-counts")).to_contain_text("· 7 silent ·", timeout=30_000)
+
+
+def _silence(job_id: int, rank: int, back: bool = False) -> None:
+    deadline = timezone.now() + timedelta(seconds=600 if back else -1)
+    JobRank.objects.filter(job_id=job_id, rank=rank).update(heartbeat_deadline=deadline)
+
+
 def test_the_job_page_of_a_thousand_ranks_pages_its_table_and_picks_a_rank(
     browser, live_console, people, log_in
 ):
@@ -70,6 +88,8 @@ def test_the_job_page_of_a_thousand_ranks_pages_its_table_and_picks_a_rank(
         try:
             log_in(page, "olga")
             page.goto(f"{live_console}/jobs/{seeded.job_id}/")
+            if name == "desktop":
+                stays_live(page, seeded.job_id)
             pages_sorts_and_searches(page)
             picks_a_rank(page)
             if name == "phone":
