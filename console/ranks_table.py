@@ -2,8 +2,8 @@
 request, sorted in SQL by what a person looks for (the silent first, the slowest, the furthest
 behind), filtered by a rank number or a host, with the counts of the whole job on top.
 
-One query counts (ranks, silent, stragglers), one reads the page; the straggler flags are the
-pace check's (``breakers.pace``), read for the page's ranks only.
+A few small queries however many ranks: the counts (ranks and silent in one, stragglers),
+the page's rows, and the straggler flags (the pace check's, ``breakers.pace``) of those rows.
 """
 
 from __future__ import annotations

@@ -121,7 +121,12 @@
 
   // One uPlot table per shown series; columns described in `meta` (what each is, its raw values).
   function groupData(figure) {
-    const shown = names(figure).filter(function (n) { return state.series[n] && state.series[n].steps.length; });
+    // A picked rank that logged nothing here (many jobs log on rank 0 only) still shows the
+    // band of the ranks that did, its own line empty.
+    const shown = names(figure).filter(function (n) {
+      const s = state.series[n];
+      return s && (s.steps.length || (s.spread && s.spread.steps.length));
+    });
     if (!shown.length) return { names: [], data: null };
     const tables = [], meta = [];
     shown.forEach(function (name, i) {

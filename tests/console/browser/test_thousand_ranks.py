@@ -11,6 +11,7 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from bench._thousand import SILENT, seed_thousand
+from breakers.models import MetricBlock
 from incidents.models import JobRank, Role
 from tests.console.browser.conftest import SCREENSHOTS
 from tests.console.browser.test_live_console import in_thread
@@ -57,6 +58,11 @@ def picks_a_rank(page) -> None:
     kinds = page.evaluate(KINDS)
     assert kinds.count("value") == 1 and {"ranks-low", "ranks-high"} <= set(kinds)
     assert len(kinds) < 10  # one rank's line and the band (and the rule's), never 1,000
+    page.fill("#rank-pick", "998")  # it logged no loss at all: the band of the others
+    page.press("#rank-pick", "Enter")
+    expect(figure).to_have_attribute("data-rank", "998")
+    expect(figure.locator(".u-legend")).to_contain_text("loss · rank 998")
+    assert {"ranks-low", "ranks-high"} <= set(page.evaluate(KINDS))
     page.fill("#rank-pick", "5")
     page.press("#rank-pick", "Enter")
     expect(figure).to_have_attribute("data-rank", "5")
@@ -77,10 +83,15 @@ def _silence(job_id: int, rank: int, back: bool = False) -> None:
     JobRank.objects.filter(job_id=job_id, rank=rank).update(heartbeat_deadline=deadline)
 
 
+def _forget_points(job_id: int, rank: int) -> None:
+    MetricBlock.objects.filter(job_id=job_id, rank=rank).delete()
+
+
 def test_the_job_page_of_a_thousand_ranks_pages_its_table_and_picks_a_rank(
     browser, live_console, people, log_in
 ):
     seeded = in_thread(seed_thousand, "vision", "llm-1k", steps=120)
+    in_thread(_forget_points, seeded.job_id, 998)
     people("olga", "vision", Role.VIEWER)
     for name, options in VIEWS.items():
         context = browser.new_context(**options)
