@@ -19,7 +19,7 @@ PYTEST_ARGS ?=
 # Options of `manage.py demo`, e.g. make demo DEMO_ARGS="--port 8001" (--host, --simulator...).
 DEMO_ARGS ?=
 
-.PHONY: install demo test lint bench bench-fleet clean faults
+.PHONY: install demo test lint bench bench-fleet bench-ranks clean faults
 
 # Two distributions, both editable: the SDK (sdk/, `brakeline`) and the console with its test
 # dependencies (`brakeline-console[dev]`).
@@ -56,6 +56,7 @@ bench: install
 	cd bench && $(TEST_ENV) ../$(BIN)/python evaluation.py
 	cd bench && $(TEST_ENV) ../$(BIN)/python brake.py
 	cd bench && $(TEST_ENV) ../$(BIN)/python page.py
+	cd bench && $(TEST_ENV) ../$(BIN)/python ranks_console.py
 	cd bench && $(TEST_ENV) ../$(BIN)/python storage.py
 	cd bench && $(TEST_ENV) ../$(BIN)/python sdk_overhead.py
 	cd bench && $(TEST_ENV) ../$(BIN)/python guard.py
@@ -67,6 +68,10 @@ bench: install
 FLEET_ARGS ?=
 bench-fleet: install
 	cd bench && $(TEST_ENV) ../$(BIN)/python fleet.py $(FLEET_ARGS)
+
+# The console at 1,000 ranks: each page's server time and size against a 2-rank job.
+bench-ranks: install
+	cd bench && $(TEST_ENV) ../$(BIN)/python ranks_console.py
 
 clean:
 	rm -rf $(VENV) var

@@ -221,7 +221,7 @@ def series(
         if other != rank:
             found = _line(reading.read(job.pk, name, source, rank=other, **grid), {})
             others[str(other)] = {key: found[key] for key in ("steps", "times", "values")}
-    everyone = reading.read(job.pk, name, source, rank=None, **grid) if spread else None
+    everyone = reading.read_spread(job.pk, name, source, **grid) if spread else None
     return {
         **empty,
         "bucket_steps": width,
@@ -425,14 +425,15 @@ def points_between(
 
 
 def latest_value(name: str) -> Func | Subquery:
-    """The newest value of metric ``name`` of the outer query's job (an annotation)."""
+    """The newest value of metric ``name`` of rank 0 of the outer query's job (an annotation):
+    one rank's, as the sparkline's, so a thousand ranks' last batches are not all read."""
     if connection.vendor == "postgresql":
-        # brakeline_latest_value (migration breakers 0022): raw rows, else compacted blocks.
+        # brakeline_latest_value (migrations breakers 0022, 0026): raw rows, else blocks.
         return Func(
             F("pk"), Value(name), function="brakeline_latest_value", output_field=FloatField()
         )
     newest = (
-        MetricPoint.objects.filter(job=OuterRef("pk"), name=name)
+        MetricPoint.objects.filter(job=OuterRef("pk"), name=name, rank=0)
         .order_by("-step", "-time")
         .values("value")[:1]
     )

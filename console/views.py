@@ -18,6 +18,7 @@ from drf_spectacular.views import SpectacularSwaggerSplitView
 from breakers import metrics as history
 from console import board
 from console.api.jobs import visible_jobs
+from console.ranks_table import RanksQuery, ranks_page
 from console.security import api_docs_policy
 from incidents import silences as silencing
 from incidents.alerts.lifecycle import alert_payload
@@ -62,6 +63,9 @@ def on_call_now_and_next(request: HttpRequest) -> list[dict]:
 @login_required
 def job_page(request: HttpRequest, pk: int) -> HttpResponse:
     job = get_object_or_404(visible_jobs(request.user), pk=pk)
+    if _partial(request) == "ranks":  # a page, a sort or a search of the ranks table
+        table = ranks_page(job.pk, RanksQuery.parse(request.GET))
+        return render(request, "partials/job_ranks.html", {"table": table})
     state = board.job_state(request.user, job)
     if _partial(request) == "state":
         return render(request, "partials/job_state.html", state)

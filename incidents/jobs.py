@@ -483,28 +483,6 @@ def _register_process(seat: JobRank, pid: int, hostname: str) -> None:
     seat.pid_start_time = process_start_time(pid) if hostname == this_host() else None
 
 
-@dataclass(frozen=True)
-class RanksView:
-    ranks: list[JobRank]  # each with ``silent``: past its deadline now
-    world_size: int | None
-    missing: list[int]  # ranks below the world size that never heartbeated
-
-
-def job_ranks(job_id: int, now: datetime | None = None) -> RanksView:
-    """The job's ranks as its page shows them."""
-    now = now or timezone.now()
-    ranks = list(JobRank.objects.filter(job_id=job_id).order_by("rank")[:MAX_RANKS_SHOWN])
-    for seat in ranks:
-        seat.silent = seat.heartbeat_deadline is not None and seat.heartbeat_deadline < now
-    world_size = Job.objects.filter(pk=job_id).values_list("world_size", flat=True).first()
-    seen = {seat.rank for seat in ranks}
-    missing = [r for r in range(min(world_size or 0, MAX_RANKS_SHOWN)) if r not in seen]
-    return RanksView(ranks, world_size, missing)
-
-
-MAX_RANKS_SHOWN = 512  # a page, not a census: thousands of ranks are summed up by the alert
-
-
 def _end_heartbeat_silence(job: Job, now: datetime) -> None:
     """Heartbeats are back: clear the edge trigger and resolve the watchdog's alert."""
     Job.objects.filter(pk=job.pk).update(heartbeat_overdue_since=None)

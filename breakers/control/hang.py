@@ -56,26 +56,32 @@ class Hang:
         else:
             state = f"at step {self.hung[0].step}, behind the others"
             wait = f"at step {max(w.step for w in self.waiting)}"
+        hung, hosts = name_ranks(self.hung), name_hosts(self.hung)
         return (
-            f"{_ranks(self.hung)} of {self.world_size} {verb} hung ({_where(self.hung)}): "
-            f"{state}; {_ranks(self.waiting)} {'wait' if len(self.waiting) > 1 else 'waits'} "
+            f"{hung} of {self.world_size:,} {verb} hung ({hosts}): "
+            f"{state}; {name_ranks(self.waiting)} {'wait' if len(self.waiting) > 1 else 'waits'} "
             f"on {'them' if many else 'it'} {wait}"
         )
 
 
-def _where(places: Sequence[RankPlace]) -> str:
+def name_hosts(places: Sequence[RankPlace], limit: int = MAX_NAMED) -> str:
+    """One place's host and pid, else the distinct hosts, ``limit`` of them named."""
     if len(places) == 1:
         one = places[0]
         return f"{one.host or 'unknown host'}{f', pid {one.pid}' if one.pid else ''}"
-    hosts = list(dict.fromkeys(p.host or "unknown host" for p in places))
-    more = f" and {len(hosts) - MAX_NAMED} more" if len(hosts) > MAX_NAMED else ""
-    return ", ".join(hosts[:MAX_NAMED]) + more
+    return _some(list(dict.fromkeys(p.host or "unknown host" for p in places)), limit)
 
 
-def _ranks(places: Sequence[RankPlace]) -> str:
-    named = ", ".join(str(p.rank) for p in places[:MAX_NAMED])
-    more = f" and {len(places) - MAX_NAMED} more" if len(places) > MAX_NAMED else ""
-    return f"rank{'s' if len(places) > 1 else ''} {named}{more}"
+def name_ranks(places: Sequence[RankPlace], limit: int = MAX_NAMED) -> str:
+    """ "rank 7", "ranks 0, 1, 3", "ranks 12, 713 and 5 more": a thousand ranks in one line."""
+    return f"rank{'s' if len(places) > 1 else ''} {_some([str(p.rank) for p in places], limit)}"
+
+
+def _some(names: list[str], limit: int) -> str:
+    # "and 1 more" says no less than the one name it stands for: all are named then.
+    if len(names) <= limit + 1:
+        return ", ".join(names)
+    return f"{', '.join(names[:limit])} and {len(names) - limit:,} more"
 
 
 def attribute_hang(places: Sequence[RankPlace], world_size: int | None = None) -> Hang | None:

@@ -21,7 +21,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from breakers.control.braking import brake_for_alert
-from breakers.control.hang import Hang, RankPlace, attribute_hang
+from breakers.control.hang import Hang, RankPlace, attribute_hang, name_hosts, name_ranks
 from breakers.control.hearing import heard_until
 from breakers.detection.evaluation import report_failing_breakers
 from core.transient import TRANSIENT_ERRORS
@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 # Paused jobs too: a paused rank goes on heartbeating ("paused"), so silence there is a rank
 # that died or hung in a collective while the others hold.
 WATCHED_STATUSES = LIVE_JOB_STATUSES
+# Silent ranks (and their hosts) named in the alert; the rest are counted: the ranks table
+# sorts the silent first for the whole list.
+SILENT_NAMED = 2
 
 
 @dataclass(frozen=True)
@@ -94,19 +97,23 @@ def _place(seat: JobRank) -> RankPlace:
 
 
 def _who(silence: Silence, job: Job) -> str:
-    """ "rank 2 of 4 is hung (…); ranks 0, 1, 3 wait on it …", else the silent ranks named
-    ("rank 1 (gpu-2, pid 77); 2 other rank(s) still heartbeating"), or "" for one process."""
+    """ "rank 2 of 4 is hung (…); ranks 0, 1, 3 wait on it …", else the silent ranks counted
+    against the job's size, a few named ("rank 713 of 1,000 is silent (gpu-89, pid 77); 999
+    other ranks still heartbeating", "ranks 12, 713 and 5 more of 1,000 are silent (…)"), or
+    "" for one process. A thousand silent ranks make one line, not a thousand names."""
     if not silence.ranks or ((job.world_size or 1) == 1 and silence.ranks[0].rank == 0):
         return ""
     if silence.hang is not None:
         return f"{silence.hang.describe()}: "
-    named = ", ".join(
-        f"rank {r.rank} ({r.hostname or 'unknown host'}{f', pid {r.pid}' if r.pid else ''})"
-        for r in silence.ranks[:8]
+    places = [_place(r) for r in silence.ranks]
+    world = max(job.world_size or 0, len(silence.ranks) + silence.others)
+    verb = "are" if len(places) > 1 else "is"
+    others = silence.others
+    rest = (
+        f"; {others:,} other rank{'s' if others > 1 else ''} still heartbeating" if others else ""
     )
-    more = f" and {len(silence.ranks) - 8} more" if len(silence.ranks) > 8 else ""
-    rest = f"; {silence.others} other rank(s) still heartbeating" if silence.others else ""
-    return f"{named}{more}{rest}: "
+    named, hosts = name_ranks(places, SILENT_NAMED), name_hosts(places, SILENT_NAMED)
+    return f"{named} of {world:,} {verb} silent ({hosts}){rest}: "
 
 
 def heartbeat_signal(job: Job, now: datetime) -> AlertSignal:

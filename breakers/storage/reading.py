@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from django.db import connection
 
 from breakers.models import MetricBlock
-from breakers.storage.buckets import ROLLUPS, TABLE, Bucket, fetch_buckets
+from breakers.storage.buckets import ROLLUPS, TABLE, Bucket, fetch_buckets, fetch_spread
 from breakers.storage.rollups import CURSORS
 from breakers.storage.rollups import supported as rollups_supported
 
@@ -149,6 +149,14 @@ def read(job_id: int, name: str, source: Source, *, rank: int | None, **grid) ->
     tail_grid = {**grid, "low": max(grid["low"], source.tail_step)}
     tail = fetch_buckets(job_id, name, rank=rank, after=source.cursor, **tail_grid)
     return merge_buckets(rolled, tail)
+
+
+def read_spread(job_id: int, name: str, source: Source, **grid) -> list[Bucket]:
+    """Every rank's buckets on the grid for the spread: raw points by the lighter scan
+    (``fetch_spread``), rollups as any read."""
+    if source.seconds is None:
+        return fetch_spread(job_id, name, **grid)
+    return read(job_id, name, source, rank=None, **grid)
 
 
 def merge_buckets(first: list[Bucket], second: list[Bucket]) -> list[Bucket]:

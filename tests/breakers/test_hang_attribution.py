@@ -69,7 +69,7 @@ def test_thousands_of_waiting_ranks_are_summed_up():
     found = attribute_hang(places(*rows), 2000)
     assert found is not None and [p.rank for p in found.hung] == [1234]
     text = found.describe()
-    assert "ranks 0, 1, 2, 3, 4, 5, 6, 7 and 1991 more wait on it" in text
+    assert "ranks 0, 1, 2, 3, 4, 5, 6, 7 and 1,991 more wait on it" in text
     assert len(text) < 300
 
 

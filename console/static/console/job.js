@@ -12,9 +12,15 @@
   const COLORS = ["#6cb6ff", "#3ccf91", "#ffb000", "#c792ea", "#ff8c42", "#7fdbca", "#f78c6c", "#e8edf2"];
   const FONT = "12px system-ui, sans-serif";
   const state = {
-    x: "step", y: "healthy", smoothing: 0, compare: "", range: null, rankLines: false,
+    x: "step", y: "healthy", smoothing: 0, compare: "", range: null, rankLines: false, rank: pickedRank(),
     series: {}, markers: { alerts: [], commands: [] }, charts: {}, other: null,
   };
+  // The rank whose line is drawn over every rank's min/max band: ?rank= (a link of the ranks
+  // table), else rank 0. A thousand ranks are one band from the server, never a thousand lines.
+  function pickedRank() {
+    const r = parseInt(new URLSearchParams(window.location.search).get("rank"), 10);
+    return r >= 0 && r < worldSize ? r : 0;
+  }
   const known = new Set();
   figures.forEach(function (f) { names(f).forEach(function (n) { known.add(n); }); });
 
@@ -115,7 +121,12 @@
 
   // One uPlot table per shown series; columns described in `meta` (what each is, its raw values).
   function groupData(figure) {
-    const shown = names(figure).filter(function (n) { return state.series[n] && state.series[n].steps.length; });
+    // A picked rank that logged nothing here (many jobs log on rank 0 only) still shows the
+    // band of the ranks that did, its own line empty.
+    const shown = names(figure).filter(function (n) {
+      const s = state.series[n];
+      return s && (s.steps.length || (s.spread && s.spread.steps.length));
+    });
     if (!shown.length) return { names: [], data: null };
     const tables = [], meta = [];
     shown.forEach(function (name, i) {
@@ -126,7 +137,7 @@
         cols.push(values); meta.push(Object.assign({ kind: kind, name: name, color: color }, extra || {}));
       };
       if (isCount(name, shown)) { add("count", s.values.map(num)); tables.push(gapped(cols)); return; }
-      add("value", s.values);
+      add("value", s.values, worldSize > 1 ? { rank: s.rank } : {});
       if (state.smoothing) add("smooth", s.values);
       if (s.band) { add("lower", s.band.lower, { band: s.band }); add("upper", s.band.upper, { band: s.band }); }
       tables.push(gapped(cols));
@@ -284,7 +295,8 @@
       // A line needs two points: a series of one or two (a fresh job, a rare metric) gets dots.
       const base = { spanGaps: false, points: { show: fewPoints, size: 8 }, value: raw };
       if (m.kind === "value") {
-        series.push(Object.assign(base, { label: m.name, stroke: state.smoothing ? fade(m.color, 0.35) : m.color, width: 1.5 }));
+        const whose = m.rank === undefined ? "" : " · rank " + m.rank;
+        series.push(Object.assign(base, { label: m.name + whose, stroke: state.smoothing ? fade(m.color, 0.35) : m.color, width: 1.5 }));
       } else if (m.kind === "smooth") {
         series.push(Object.assign(base, { label: m.name + " (smoothed)", stroke: m.color, width: 2,
           value: function (u, v) { return M.formatNumber(v); } }));
@@ -377,7 +389,7 @@
     const key = figure.dataset.group;
     if (!g.data && !g.raw) { plot.innerHTML = '<p class="empty">No points yet.</p>'; return; }
     const view = viewOf(g);
-    const shape = g.meta.map(function (m) { return m.kind + ":" + m.name; }).join(",") + "|" + state.x + "|" + state.y + "|" + state.compare;
+    const shape = g.meta.map(function (m) { return m.kind + ":" + m.name + (m.rank === undefined ? "" : "@" + m.rank); }).join(",") + "|" + state.x + "|" + state.y + "|" + state.compare;
     let chart = state.charts[key];
     if (chart && chart.shape === shape) {
       chart.g = g; chart.view = view;
@@ -391,6 +403,7 @@
     const last = lastStep(g.names[0]);
     figure.dataset.lastStep = last === null ? "" : last;
     figure.dataset.points = state.series[g.names[0]].steps.length;
+    figure.dataset.rank = state.series[g.names[0]].rank;
     caption(figure, g, view);
   }
 
@@ -412,6 +425,7 @@
     const params = new URLSearchParams({ names: names.join(","), max_points: MAX_POINTS });
     if (fromStep !== null && fromStep !== undefined) params.set("from_step", fromStep);
     if (toStep !== null && toStep !== undefined) params.set("to_step", toStep);
+    if (!job && worldSize > 1) params.set("rank", state.rank);
     if (state.rankLines && !job) {
       params.set("ranks", Array.from({ length: Math.min(worldSize, 16) }, function (_, r) { return r; }).join(","));
       params.set("spread", "0");
@@ -570,6 +584,19 @@
   document.getElementById("zoom-reset").addEventListener("click", function () { state.range = null; loadAll(); });
   const rankView = document.getElementById("rank-view");
   if (rankView) rankView.addEventListener("change", function () { state.rankLines = rankView.value === "lines"; loadAll(); });
+  const rankPick = document.getElementById("rank-pick");
+  if (rankPick) {
+    rankPick.value = state.rank;
+    rankPick.addEventListener("change", function () {
+      const r = parseInt(rankPick.value, 10);
+      if (r >= 0 && r < worldSize) pickRank(r); else rankPick.value = state.rank;
+    });
+  }
+  function pickRank(rank) {
+    state.rank = rank;
+    if (rankPick) rankPick.value = rank;
+    return loadAll();
+  }
   let resizeTimer = null;
   window.addEventListener("resize", function () {
     clearTimeout(resizeTimer);
@@ -582,7 +609,7 @@
   });
 
   window.BrakelineCharts = {
-    state: state, lastStep: lastStep, compareWith: compareWith,
+    state: state, lastStep: lastStep, compareWith: compareWith, pickRank: pickRank,
     ready: Promise.all([loadAll(), loadMarkers(), loadJobs()]),
   };
 })();

@@ -46,7 +46,7 @@ def test_the_job_page_lists_its_ranks_and_marks_the_silent_one(
             log_in(page, "olga")
             page.goto(f"{live_console}/jobs/{agent.job_id}/")
             ranks = page.locator("#ranks")
-            expect(ranks).to_contain_text("3 of 4 reported")
+            expect(ranks).to_contain_text("3 of 4 ranks reported · 1 silent · 0 stragglers")
             expect(ranks).to_contain_text("never heard from: 3")
             expect(ranks.locator("tbody tr")).to_have_count(3)
             expect(ranks.locator('tr[data-rank="2"]')).to_contain_text("silent")
