@@ -345,6 +345,7 @@ class RisingDetector(Detector):
 
     kind = "rising"
     Config = RisingConfig
+    describe_reads_state = True  # the window means so far
     state_fields = ("cur", "prev", "rises", "run_step", "run_time", "means")
 
     def __init__(self, config: RisingConfig) -> None:
