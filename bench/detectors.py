@@ -6,6 +6,13 @@ Each step emits loss, grad_norm, lr and three performance metrics (6 points) thr
 default rule pack, and a tick(now) every 100 steps. The baseline is the
 same loop building the same points without evaluating them, so the ratio shows what the
 evaluation itself costs. Single process, single thread: the figure is per core.
+
+Then the worker's step over one chunk (``breakers.detection.evaluation``: rows as the database
+returns them, sorted, the evaluator restored from its JSON state, the chunk evaluated, the
+state saved), point by point (``JobEvaluator.feed``) against as arrays (``feed_batch``), in
+CPU µs per point (``time.process_time``), median of ``--rounds`` alternating rounds: one rank
+(5,000 loss and grad_norm points), and 1,000 ranks with a few points each, both after the
+windows have filled.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from breakers.detection.batch import PointBatch, feed_batch  # noqa: E402
 from breakers.detection.engine import JobEvaluator, Point  # noqa: E402
 from breakers.detection.rulepack import default_rules  # noqa: E402
 
@@ -106,10 +114,65 @@ def state_figures(rows: list[tuple[float, ...]]) -> tuple[int, float, float]:
     return len(text), saved, time.perf_counter() - start
 
 
+CHUNK_POINTS = 5_000  # breakers.detection.evaluation.CHUNK_POINTS
+
+
+def worker_rows(ranks: int, steps: int, first: int, seed: int) -> list[tuple]:
+    """(id, name, step, time, value, node, rank) rows as read_points returns them."""
+    rng = random.Random(seed)
+    rows: list[tuple] = []
+    for step in range(first, first + steps):
+        for rank in range(ranks):
+            loss = (2.0 + 0.1 * rank) * (1.0 + 0.03 * rng.gauss(0, 1))
+            for name, value in (("loss", loss), ("grad_norm", abs(rng.gauss(1.0, 0.2)))):
+                rows.append((len(rows), name, step, T0 + step, value, f"node-{rank // 8}", rank))
+    return rows
+
+
+def worker_step(state: dict, rows: list[tuple], batched: bool) -> float:
+    """CPU seconds of one chunk's evaluation as the worker runs it."""
+    started = time.process_time()
+    rows = sorted(rows, key=lambda row: (row[2], row[0]))
+    evaluator = JobEvaluator.from_state(default_rules(), json.loads(json.dumps(state)))
+    if batched:
+        feed_batch(evaluator, PointBatch.from_rows(row[1:] for row in rows), lambda f: None)
+    else:
+        for _, name, step, epoch, value, node, rank in rows:
+            evaluator.feed(Point(name, step, epoch, value, node, rank))
+    json.dumps(evaluator.to_state(), allow_nan=False)
+    return time.process_time() - started
+
+
+def worker_comparison(ranks: int, rounds: int) -> tuple[float, float]:
+    """Median CPU µs per point of a chunk, point by point and as arrays, for `ranks` ranks."""
+    warm = JobEvaluator(default_rules())
+    for _, name, step, epoch, value, node, rank in worker_rows(ranks, 520, 0, seed=2):
+        warm.feed(Point(name, step, epoch, value, node, rank))  # the 500-point windows full
+    state = warm.to_state()
+    steps = max(1, CHUNK_POINTS // (2 * ranks))
+    rows = worker_rows(ranks, steps, 520, seed=3)
+    costs: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(rounds):
+        for batched in (False, True):
+            costs[batched].append(worker_step(state, rows, batched) / len(rows) * 1e6)
+    return statistics.median(costs[False]), statistics.median(costs[True])
+
+
+def print_worker_comparison(rounds: int) -> None:
+    print(f"worker step over one chunk (restore, evaluate, save), CPU, median of {rounds}:")
+    for ranks in (1, 1000):
+        old, new = worker_comparison(ranks, rounds)
+        print(
+            f"  {ranks:>5} rank(s): per point {old:6.2f} µs/point, as arrays {new:6.2f} "
+            f"µs/point, ratio {old / new:4.2f} ×"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=7, help="worker-step rounds")
     args = parser.parse_args()
     rows = make_series(args.steps)
     baseline = median_rate(rows, evaluate=False, repeat=args.repeat)
@@ -132,6 +195,7 @@ def main() -> None:
         f"  state: {size / 1024:,.0f} KiB JSON; save {saved * 1e3:.1f} ms, "
         f"restore {restored * 1e3:.1f} ms"
     )
+    print_worker_comparison(args.rounds)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from itertools import islice, repeat
+from itertools import repeat
 
 import numpy as np
 
@@ -63,71 +63,74 @@ def usable(values: np.ndarray) -> np.ndarray:
 
 
 @dataclass
-class RollingRow:
-    """One series of a `deviation`/`sustained` rule with a window in points, and its points.
+class RollingRows:
+    """The series of one `deviation`/`sustained` rule (window in points) and their points.
 
-    `values` are the usable values in order, `sample(j)` builds the point of the j-th; the
-    judged codes and the verdicts that are not singletons fill `codes` and `verdicts`."""
+    Row r holds a series' usable values in order (`x[r, :lengths[r]]`, NaN after);
+    `sample(r, j)` builds the point of its j-th value. Judging fills `codes` and, for the
+    verdicts that are not singletons, `verdicts[(r, j)]`."""
 
-    detector: DeviationDetector
-    values: np.ndarray
-    sample: Callable[[int], Sample]
-    done: int = 0
+    detectors: list[DeviationDetector]
+    x: np.ndarray
+    lengths: list[int]
+    sample: Callable[[int, int], Sample]
+    done: list[int] = field(init=False)
     codes: np.ndarray = field(init=False)
-    verdicts: dict[int, Verdict] = field(default_factory=dict)
+    verdicts: dict[tuple[int, int], Verdict] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.codes = np.full(len(self.values), CODE_UNKNOWN, dtype=np.int8)
+        self.done = [0] * len(self.detectors)
+        self.codes = np.full(self.x.shape, CODE_UNKNOWN, dtype=np.int8)
 
-    @property
-    def left(self) -> int:
-        return len(self.values) - self.done
+    def left(self, r: int) -> int:
+        return self.lengths[r] - self.done[r]
 
-    def vectorisable(self) -> bool:
+    def vectorisable(self, r: int) -> bool:
         """An empty window restarts its reference at the next value, a frozen one expires
         nothing: both are left to `observe` until the baseline moves plainly again."""
-        return self.detector.stats.count > 0 and not self.detector.frozen_points
+        detector = self.detectors[r]
+        return bool(detector.stats.values) and not detector.frozen_points
 
-    def observe_next(self) -> None:
-        j = self.done
-        verdict = self.detector.observe(self.sample(j))
-        self.codes[j] = CODES[verdict.state]
+    def observe_next(self, r: int) -> None:
+        j = self.done[r]
+        verdict = self.detectors[r].observe(self.sample(r, j))
+        self.codes[r, j] = CODES[verdict.state]
         if verdict.state == ANOMALOUS:
-            self.verdicts[j] = verdict
-        self.done += 1
+            self.verdicts[(r, j)] = verdict
+        self.done[r] = j + 1
 
 
-def judge_rolling(rows: Sequence[RollingRow]) -> None:
+def judge_rolling(rows: RollingRows) -> None:
     """Judge every row's points: arrays for the plain stretches, `observe` for the rest.
 
     Each round first walks the rows whose baseline is frozen or empty point by point until it
     is not, then advances all the others together as far as their first recomputation of
     the sums (or, for a freezing baseline, their first deviating point), which `observe` then
     takes. A round advances every row by at least one point."""
-    active = [row for row in rows if row.left]
+    active = [r for r in range(len(rows.detectors)) if rows.left(r)]
     while active:
-        for row in active:
-            while row.left and not row.vectorisable():
-                row.observe_next()
-        ready = [row for row in active if row.left]
-        if sum(row.left for row in ready) < MIN_ROLLING_POINTS:
-            for row in ready:
-                while row.left:
-                    row.observe_next()
+        for r in active:
+            while rows.left(r) and not rows.vectorisable(r):
+                rows.observe_next(r)
+        ready = [r for r in active if rows.left(r)]
+        if sum(rows.left(r) for r in ready) < MIN_ROLLING_POINTS:
+            for r in ready:
+                while rows.left(r):
+                    rows.observe_next(r)
             return
-        _advance_together(ready)
-        for row in ready:
-            if row.left:
-                row.observe_next()  # the event that ended its stretch
-        active = [row for row in ready if row.left]
+        _advance_together(rows, ready)
+        for r in ready:
+            if rows.left(r):
+                rows.observe_next(r)  # the event that ended its stretch
+        active = [r for r in ready if rows.left(r)]
 
 
 @dataclass
 class _Sums:
-    """The rows' window sums through the next L points, as `RollingStats` would update them.
+    """The rows' window sums through the next `span` points, as `RollingStats` updates them.
 
-    Columns of the op arrays: a drop (the oldest value leaves a full window) then an add per
-    point; a column without an operation adds -0.0, which changes no sum."""
+    Op columns: a drop (the oldest value leaves a full window) then an add per point; a
+    column without an operation adds -0.0, which changes no sum."""
 
     count: np.ndarray  # values in the window before each point
     s1: np.ndarray  # S1 after each op, column 0 the starting value
@@ -138,43 +141,45 @@ class _Sums:
     recompute: np.ndarray  # whether one of a point's ops triggers the exact recomputation
 
 
-def _advance_together(rows: Sequence[RollingRow]) -> None:
-    config = rows[0].detector.config
-    width = config.window or 0
-    span = min(max(row.left for row in rows), 2 * width + 66)
-    x = np.full((len(rows), span), np.nan)
-    for r, row in enumerate(rows):
-        stretch = row.values[row.done : row.done + span]
-        x[r, : len(stretch)] = stretch
-    lengths = np.array([min(row.left, span) for row in rows])
-    valid = np.arange(span) < lengths[:, None]
-    stats = [row.detector.stats for row in rows]
+def _advance_together(rows: RollingRows, ready: list[int]) -> None:
+    detectors = [rows.detectors[r] for r in ready]
+    config = detectors[0].config
+    left = np.array([rows.left(r) for r in ready])
+    span = int(min(left.max(), 2 * (config.window or 0) + 66))
+    columns = np.array([rows.done[r] for r in ready])[:, None] + np.arange(span)
+    valid = np.arange(span) < left[:, None]
+    x = np.take_along_axis(rows.x[ready], np.minimum(columns, rows.x.shape[1] - 1), axis=1)
+    x[~valid] = np.nan
+    stats = [detector.stats for detector in detectors]
     shift = np.array([s.shift for s in stats])[:, None]
-    sums = _window_sums(stats, x, valid, width)
+    sums = _window_sums(stats, x, valid, config.window or 0)
     mean, sigma, z = _baseline(config, shift, sums, x)
-    warm = sums.count < rows[0].detector.min_points
+    warm = sums.count < detectors[0].min_points
     deviating = _deviating(config.direction, config.k, z) & ~warm & valid
-    stop = sums.recompute | (deviating if rows[0].detector.freeze else False)
-    for r, row in enumerate(rows):
-        hits = np.flatnonzero(stop[r, : lengths[r]])
-        end = int(hits[0]) if len(hits) else int(lengths[r])
-        _settle(row, end, warm[r], deviating[r], (mean[r], sigma[r], z[r]))
-        _store(row.detector.stats, sums, r, end, x[r, :end])
-        row.done += end
+    stop = (sums.recompute | (deviating if detectors[0].freeze else False)) & valid
+    ends = np.where(stop.any(axis=1), stop.argmax(axis=1), np.minimum(left, span))
+    taken = np.arange(span) < ends[:, None]
+    codes = np.where(warm, CODE_UNKNOWN, CODE_HEALTHY).astype(np.int8)
+    row_of = np.broadcast_to(np.array(ready)[:, None], columns.shape)
+    rows.codes[row_of[taken], columns[taken]] = codes[taken]
+    runs = np.flatnonzero((deviating & taken).any(axis=1)).tolist()
+    runs = sorted(set(runs) | {i for i, d in enumerate(detectors) if d.run_len})
+    for i in runs:
+        _settle(rows, ready[i], int(ends[i]), warm[i], deviating[i], (mean[i], sigma[i], z[i]))
+    _store(stats, sums, ends, x)
+    for i, r in enumerate(ready):
+        rows.done[r] += int(ends[i])
 
 
 def _window_sums(
     stats: Sequence[RollingStats], x: np.ndarray, valid: np.ndarray, width: int
 ) -> _Sums:
-    rows, span = x.shape
-    count0 = np.array([s.count for s in stats])[:, None]
+    n_rows, span = x.shape
+    count0 = np.array([len(s.values) for s in stats])[:, None]
     shift = np.array([s.shift for s in stats])[:, None]
     before = np.minimum(count0 + np.arange(span), width)
     dropped = (before >= width) & valid
-    heads = [list(islice(s.values, 0, min(s.count, span))) for s in stats]
-    head = np.full((rows, max(len(h) for h in heads) or 1), np.nan)
-    for r, values in enumerate(heads):
-        head[r, : len(values)] = values
+    head = _heads(stats, span)
     oldest = count0 + np.arange(span) - width  # index of the dropped value in window + new
     from_head = np.take_along_axis(head, np.clip(oldest, 0, head.shape[1] - 1), axis=1)
     from_new = np.take_along_axis(x, np.clip(oldest - count0, 0, span - 1), axis=1)
@@ -185,23 +190,38 @@ def _window_sums(
         [np.where(dropped, -(gone * gone), -0.0), np.where(valid, added * added, -0.0)], axis=2
     )
     start = [np.array([getattr(s, name) for s in stats])[:, None] for name in ("s1", "s2")]
-    s1 = np.add.accumulate(np.hstack([start[0], ops1.reshape(rows, 2 * span)]), axis=1)
-    s2 = np.add.accumulate(np.hstack([start[1], ops2.reshape(rows, 2 * span)]), axis=1)
-    real = np.stack([dropped, valid], axis=2).reshape(rows, 2 * span)
-    is_add = np.zeros((rows, span, 2), dtype=bool)
+    s1 = np.add.accumulate(np.hstack([start[0], ops1.reshape(n_rows, 2 * span)]), axis=1)
+    s2 = np.add.accumulate(np.hstack([start[1], ops2.reshape(n_rows, 2 * span)]), axis=1)
+    real = np.stack([dropped, valid], axis=2).reshape(n_rows, 2 * span)
+    is_add = np.zeros((n_rows, span, 2), dtype=bool)
     is_add[:, :, 1] = valid
-    peaks = np.where(is_add.reshape(rows, 2 * span), s2[:, 1:], -np.inf)
+    peaks = np.where(is_add.reshape(n_rows, 2 * span), s2[:, 1:], -np.inf)
     peak0 = np.array([s.peak for s in stats])[:, None]
     peak = np.maximum.accumulate(np.hstack([peak0, peaks]), axis=1)
     ops0 = np.array([s.ops for s in stats])[:, None]
     ops = np.hstack([ops0, ops0 + np.cumsum(real, axis=1)])
-    after = np.stack([before - 1, np.minimum(before + 1, width)], axis=2).reshape(rows, 2 * span)
-    after = np.where(real, after, 1)
+    after = np.stack([before - 1, np.minimum(before + 1, width)], axis=2)
+    after = np.where(real, after.reshape(n_rows, 2 * span), 1)
     centred = s2[:, 1:] - s1[:, 1:] * (s1[:, 1:] / after)
     cancelled = centred < RollingStats.CANCELLATION_RATIO * peak[:, 1:]
     trigger = real & ((ops[:, 1:] > 2 * after + 64) | cancelled)
-    recompute = trigger.reshape(rows, span, 2).any(axis=2)
+    recompute = trigger.reshape(n_rows, span, 2).any(axis=2)
     return _Sums(before, s1, s2, peak, ops, dropped, recompute)
+
+
+def _heads(stats: Sequence[RollingStats], span: int) -> np.ndarray:
+    """The oldest `span` values of each window (the ones the stretch may drop)."""
+    if span <= 64:  # indexing a deque near its left end is O(1)
+        heads = [[s.values[i] for i in range(min(len(s.values), span))] for s in stats]
+    else:
+        heads = [list(s.values)[:span] for s in stats]
+    width = max(len(h) for h in heads) or 1
+    if all(len(h) == width for h in heads):
+        return np.array(heads, dtype=np.float64)
+    head = np.full((len(heads), width), np.nan)
+    for r, values in enumerate(heads):
+        head[r, : len(values)] = values
+    return head
 
 
 def _baseline(
@@ -229,21 +249,17 @@ def _deviating(direction: str, k: float, z: np.ndarray) -> np.ndarray:
 
 
 def _settle(
-    row: RollingRow,
+    rows: RollingRows,
+    r: int,
     end: int,
     warm: np.ndarray,
     deviating: np.ndarray,
     baseline: tuple[np.ndarray, np.ndarray, np.ndarray],
 ) -> None:
-    """Verdicts of a row's first `end` points of the stretch. A point that deviates (a baseline
-    that absorbs) or one inside a run goes through the detector's own run bookkeeping."""
-    first = row.done
-    codes = row.codes[first : first + end]
-    codes[:] = np.where(warm[:end], CODE_UNKNOWN, CODE_HEALTHY)
-    detector = row.detector
+    """Verdicts of a row's points inside a run or deviating (a baseline that absorbs): the
+    detector's own run bookkeeping, with the baseline the arrays computed."""
+    first, detector = rows.done[r], rows.detectors[r]
     marks = np.flatnonzero(deviating[:end])
-    if not len(marks) and not detector.run_len:
-        return
     mean, sigma, z = baseline
     j = 0 if detector.run_len else int(marks[0])
     while j < end:
@@ -251,27 +267,33 @@ def _settle(
             j += 1
             continue
         if deviating[j]:
-            point = row.sample(first + j)
+            point = rows.sample(r, first + j)
             verdict = detector._extend_run(point, float(mean[j]), float(sigma[j]), float(z[j]))
         else:
             verdict = detector._continue_or_break_run()
-        codes[j] = CODES[verdict.state]
+        rows.codes[r, first + j] = CODES[verdict.state]
         if verdict.state == ANOMALOUS:
-            row.verdicts[first + j] = verdict
+            rows.verdicts[(r, first + j)] = verdict
         j += 1
         if not detector.run_len:
             later = marks[marks >= j]
             j = int(later[0]) if len(later) else end
 
 
-def _store(stats: RollingStats, sums: _Sums, r: int, end: int, added: np.ndarray) -> None:
-    """The window as RollingStats holds it after the stretch's first `end` points."""
-    column = 2 * end
-    values = stats.values
-    values.extend(added.tolist())
-    for _ in repeat(None, int(np.count_nonzero(sums.dropped[r, :end]))):
-        values.popleft()
-    stats.s1 = float(sums.s1[r, column])
-    stats.s2 = float(sums.s2[r, column])
-    stats.peak = float(sums.peak[r, column])
-    stats.ops = int(sums.ops[r, column])
+def _store(stats: Sequence[RollingStats], sums: _Sums, ends: np.ndarray, x: np.ndarray) -> None:
+    """Each window as RollingStats holds it after its row's stretch."""
+    picked = np.arange(len(stats)), 2 * ends
+    s1, s2 = sums.s1[picked].tolist(), sums.s2[picked].tolist()
+    peak, ops = sums.peak[picked].tolist(), sums.ops[picked].tolist()
+    taken = np.arange(x.shape[1]) < ends[:, None]
+    drops = np.count_nonzero(sums.dropped & taken, axis=1).tolist()
+    added = x.tolist()
+    for i, s in enumerate(stats):
+        end = int(ends[i])
+        if not end:
+            continue
+        values = s.values
+        values.extend(added[i][:end])
+        for _ in repeat(None, drops[i]):
+            values.popleft()
+        s.s1, s.s2, s.peak, s.ops = s1[i], s2[i], peak[i], int(ops[i])

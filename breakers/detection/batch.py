@@ -30,7 +30,7 @@ from breakers.detection.arrays import (
     CODE_ANOMALOUS,
     CODE_UNKNOWN,
     CODES,
-    RollingRow,
+    RollingRows,
     judge_rolling,
     non_finite_codes,
     threshold_codes,
@@ -49,7 +49,7 @@ from breakers.detection.engine import Finding, JobEvaluator, Point, RuleSpec, Se
 SINGLE_VERDICTS = (UNKNOWN_VERDICT, HEALTHY_VERDICT, PENDING_VERDICT)
 # Below this many points per series (a thousand ranks' few points each) moving a rolling
 # window's state into arrays and back costs more than `observe` on each point.
-ROLLING_POINTS_PER_SERIES = 8
+ROLLING_POINTS_PER_SERIES = 2
 
 
 @dataclass
@@ -148,8 +148,9 @@ def feed_batch(
 
 
 def _codes(values: Sequence[Any]) -> np.ndarray:
-    seen: dict[Any, int] = {}
-    return np.array([seen.setdefault(value, len(seen)) for value in values], dtype=np.int64)
+    """Small integers standing for the values (equal values, equal codes)."""
+    index = {value: code for code, value in enumerate(dict.fromkeys(values))}
+    return np.fromiter(map(index.__getitem__, values), dtype=np.int64, count=len(values))
 
 
 def _groups(evaluator: JobEvaluator, batch: PointBatch) -> list[_RuleGroups]:
@@ -157,10 +158,11 @@ def _groups(evaluator: JobEvaluator, batch: PointBatch) -> list[_RuleGroups]:
     names = _codes(batch.names)
     nodes, ranks = _codes(batch.nodes), _codes(batch.ranks)
     first_of = {name: i for i, name in reversed(list(enumerate(batch.names)))}
+    matched = {name: {id(rule) for rule in evaluator._rules_for(name)} for name in first_of}
     size = len(batch)
     out: list[_RuleGroups] = []
     for pos, rule in enumerate(evaluator.rules):
-        wanted = [names[i] for name, i in first_of.items() if rule in evaluator._rules_for(name)]
+        wanted = [names[i] for name, i in first_of.items() if id(rule) in matched[name]]
         if not wanted:
             continue
         idx = np.flatnonzero(np.isin(names, wanted))
@@ -268,27 +270,30 @@ def _observed(
 
 
 def _rolling(evaluator: JobEvaluator, batch: PointBatch, rule: _RuleGroups) -> None:
-    """Rolling windows in points: the rule's series advanced together as arrays; a value
-    that may not enter the statistics (non-finite, absurd) has no opinion."""
-    rows, places = [], []
-    for g, key in enumerate(rule.keys):
+    """Rolling windows in points: the rule's series advanced together as arrays, one row
+    each; a value that may not enter the statistics (non-finite, absurd) has no opinion."""
+    detectors = []
+    for key in rule.keys:
         detector = evaluator._series[key].detector
         assert isinstance(detector, DeviationDetector)
-        start, end = rule.bounds(g)
-        values = batch.array[rule.idx[start:end]]
-        place = start + np.flatnonzero(usable(values))
-        points = rule.idx[place]
-        rows.append(RollingRow(detector, batch.array[points], _sampler(batch, points)))
-        places.append(place)
+        detectors.append(detector)
+    values = batch.array[rule.idx]
+    kept = np.flatnonzero(usable(values))  # positions in rule order, series after series
+    row = rule.group[kept]
+    lengths = np.bincount(row, minlength=len(detectors))
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    column = np.arange(len(kept)) - offsets[row]
+    x = np.full((len(detectors), int(lengths.max(initial=0)) or 1), np.nan)
+    x[row, column] = values[kept]
+    points, starts = rule.idx[kept].tolist(), offsets.tolist()
+    rows = RollingRows(
+        detectors, x, lengths.tolist(), lambda r, j: batch.point(points[starts[r] + j])
+    )
     judge_rolling(rows)
     rule.codes[:] = CODE_UNKNOWN
-    for row, place in zip(rows, places, strict=True):
-        rule.codes[place] = row.codes
-        rule.verdicts.update({int(place[j]): verdict for j, verdict in row.verdicts.items()})
-
-
-def _sampler(batch: PointBatch, points: np.ndarray) -> Callable[[int], Point]:
-    return lambda j: batch.point(int(points[j]))
+    rule.codes[kept] = rows.codes[row, column]
+    for (r, j), verdict in rows.verdicts.items():
+        rule.verdicts[int(kept[starts[r] + j])] = verdict
 
 
 def _edges(

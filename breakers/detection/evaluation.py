@@ -33,7 +33,8 @@ from typing import Any
 from django.db import connection, transaction
 
 from breakers.control.braking import brake_for_alert
-from breakers.detection.engine import Finding, JobEvaluator, Point, RuleSpec
+from breakers.detection.batch import PointBatch, feed_batch
+from breakers.detection.engine import Finding, JobEvaluator, RuleSpec
 from breakers.detection.rulepack import ruleset_fingerprint
 from breakers.detection.rules import rules_for_job
 from breakers.models import EvaluationState, MetricPoint
@@ -253,12 +254,10 @@ class _Run:
 
     def feed(self, rows: list[tuple]) -> None:
         rows.sort(key=lambda row: (row[2], row[0]))  # step order within the chunk (see above)
-        feed, apply = self.evaluator.feed, self._apply
-        for _, name, step, epoch, value, node, rank in rows:
-            findings = feed(Point(name, step, epoch, value, node, rank))
-            if findings:  # rare: only episode edges produce findings
-                for finding in findings:
-                    apply(finding)
+        # The chunk judged as arrays (breakers.detection.batch): the findings, in their order,
+        # are those of the points fed one by one, each applied before the next point's.
+        batch = PointBatch.from_rows(row[1:] for row in rows)
+        feed_batch(self.evaluator, batch, self._apply)
         self.report.points += len(rows)
 
     def tick(self, now: float) -> None:

@@ -18,6 +18,7 @@ import pytest
 
 from breakers.detection import arrays
 from breakers.detection.batch import PointBatch, feed_batch
+from breakers.detection.detectors import DeviationDetector
 from breakers.detection.engine import JobEvaluator, Point, RuleSpec
 from breakers.detection.rulepack import default_rules
 
@@ -219,23 +220,18 @@ def test_a_resumed_state_judged_as_arrays_continues_exactly():
     assert [f for f in head + tail if f not in expected] == []
 
 
-def test_the_arrays_take_the_plain_stretches():
-    """Most points of a quiet series are judged by the arrays, not by `observe`."""
+@pytest.mark.parametrize("ranks", [1, 40])
+def test_the_arrays_take_the_plain_stretches(monkeypatch, ranks):
+    """Most points of quiet series are judged by the arrays, not by `observe`."""
     evaluator = JobEvaluator(default_rules())
-    points = [p for p in stream(41, 1, 2000, "noise") if p.name == "loss"]
-    calls = {"observe": 0}
-    original = arrays.RollingRow.observe_next
-
-    def counting(row):
-        calls["observe"] += 1
-        original(row)
-
-    arrays.RollingRow.observe_next = counting
-    try:
-        feed_batch(evaluator, PointBatch.from_points(points))
-    finally:
-        arrays.RollingRow.observe_next = original
-    assert calls["observe"] < len(points) // 10
+    points = [p for p in stream(41, ranks, 1200, "noise") if p.name == "loss"]
+    calls = []
+    observe = DeviationDetector.observe
+    monkeypatch.setattr(
+        DeviationDetector, "observe", lambda self, point: calls.append(1) or observe(self, point)
+    )
+    feed_batch(evaluator, PointBatch.from_points(points))
+    assert len(calls) < 2 * len(points) // 10  # two rolling rules on the loss
 
 
 def test_threshold_and_non_finite_codes():
