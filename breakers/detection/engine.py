@@ -51,8 +51,10 @@ ACTIONS = (
     "record",
 )
 # 2: series keys carry the rank. A version-1 state (no ranks) is read as rank 0's series.
-STATE_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+# 3: rolling windows as packed doubles (breakers.detection.rolling.pack_floats); 1 and 2 kept
+# them as lists of numbers, which are still read.
+STATE_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 
 # (rule key, metric name or "*" when pooled, node or None when pooled, rank or None when pooled)
 SeriesKey = tuple[str, str, str | None, int | None]

@@ -20,6 +20,7 @@ from breakers.detection import arrays
 from breakers.detection.batch import PointBatch, feed_batch
 from breakers.detection.detectors import DeviationDetector
 from breakers.detection.engine import JobEvaluator, Point, RuleSpec
+from breakers.detection.rolling import unpack_floats
 from breakers.detection.rulepack import default_rules
 
 NAN, INF = math.nan, math.inf
@@ -240,3 +241,25 @@ def test_threshold_and_non_finite_codes():
     config = RuleSpec("t", "t", "health", "m", "threshold", params).config
     assert arrays.threshold_codes(config, values).tolist() == [0, 4, 1, 4, 4, 1]
     assert arrays.non_finite_codes(values).tolist() == [4, 4, 4, 1, 1, 1]
+
+
+def test_windows_travel_packed_and_the_former_lists_still_load():
+    """A rolling window is stored as base64 of its doubles (exact, NaN-free by construction);
+    a state written as a JSON list of numbers resumes identically."""
+    evaluator = JobEvaluator(default_rules())
+    feed_batch(evaluator, PointBatch.from_points(stream(51, 2, 700, "noise")))
+    state = json.loads(json.dumps(evaluator.to_state(), allow_nan=False))
+    windows = [e["detector"]["stats"] for e in state["series"] if "stats" in e["detector"]]
+    assert windows and all(isinstance(w["values"], str) for w in windows)
+    as_lists = json.loads(json.dumps(state))
+    for entry in as_lists["series"]:
+        stats = entry["detector"].get("stats")
+        if stats:
+            stats["values"] = list(unpack_floats(stats["values"]))
+            stats["times"] = list(unpack_floats(stats["times"]))
+    again = JobEvaluator.from_state(default_rules(), as_lists).to_state()
+    assert json.dumps(again) == json.dumps(state)
+    tail = stream(52, 2, 300, "shift")
+    a = JobEvaluator.from_state(default_rules(), state)
+    b = JobEvaluator.from_state(default_rules(), as_lists)
+    assert per_point(a, [tail], False) == per_point(b, [tail], False)

@@ -272,7 +272,7 @@ def test_a_state_stored_before_ranks_resumes_its_open_episodes(agent):
     store(agent.job_id, losses(range(11, 21)))
     # Read as rank 0's series, the open NaN episode clears: a fresh start would never clear it.
     assert evaluate_job(agent.job_id).resolved == 1
-    assert EvaluationState.objects.get(job_id=agent.job_id).state["version"] == 2
+    assert EvaluationState.objects.get(job_id=agent.job_id).state["version"] == 3
 
 
 def test_an_unreadable_state_restarts_the_evaluation_instead_of_failing(agent, caplog):
