@@ -288,10 +288,10 @@ def _store(stats: Sequence[RollingStats], sums: _Sums, ends: np.ndarray, x: np.n
     taken = np.arange(x.shape[1]) < ends[:, None]
     drops = np.count_nonzero(sums.dropped & taken, axis=1).tolist()
     added = x.tolist()
-    for i, s in enumerate(stats):
-        end = int(ends[i])
+    for i, end in enumerate(ends.tolist()):
         if not end:
             continue
+        s = stats[i]
         values = s.values
         values.extend(added[i][:end])
         for _ in repeat(None, drops[i]):

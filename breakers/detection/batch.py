@@ -44,7 +44,14 @@ from breakers.detection.detectors import (
     DeviationDetector,
     Verdict,
 )
-from breakers.detection.engine import Finding, JobEvaluator, Point, RuleSpec, SeriesKey
+from breakers.detection.engine import (
+    DETECTOR_KINDS,
+    Finding,
+    JobEvaluator,
+    Point,
+    RuleSpec,
+    SeriesKey,
+)
 
 SINGLE_VERDICTS = (UNKNOWN_VERDICT, HEALTHY_VERDICT, PENDING_VERDICT)
 # Below this many points per series (a thousand ranks' few points each) moving a rolling
@@ -216,11 +223,11 @@ def _judge(evaluator: JobEvaluator, batch: PointBatch, rule: _RuleGroups) -> Non
         _rolling(evaluator, batch, rule)
     else:
         _observed(evaluator, batch, rule, range(len(rule.idx)))
+    if not DETECTOR_KINDS[spec.detector].time_based:
+        return
     for g, key in enumerate(rule.keys):
-        series = evaluator._series[key]
-        if series.detector.time_based:
-            last = int(rule.idx[rule.bounds(g)[1] - 1])
-            series.last = [batch.names[last], batch.steps[last], batch.nodes[last]]
+        last = int(rule.idx[rule.bounds(g)[1] - 1])
+        evaluator._series[key].last = [batch.names[last], batch.steps[last], batch.nodes[last]]
 
 
 def _movers(rule: _RuleGroups, firing: set[SeriesKey]) -> list[_Judged]:
