@@ -79,7 +79,7 @@ class PointBatch:
         """From (name, step, time, value, node, rank) rows."""
         columns = [list(column) for column in zip(*rows, strict=True)] or [[]] * 6
         names, steps, times, values, nodes, ranks = columns
-        return cls(names, steps, times, values, nodes, [rank or 0 for rank in ranks])
+        return cls(names, steps, times, values, nodes, ranks)
 
     @classmethod
     def from_points(cls, points: Iterable[Point]) -> PointBatch:
