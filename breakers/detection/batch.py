@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -53,6 +53,7 @@ from breakers.detection.engine import (
     SeriesKey,
 )
 
+T = TypeVar("T")
 SINGLE_VERDICTS = (UNKNOWN_VERDICT, HEALTHY_VERDICT, PENDING_VERDICT)
 # Below this many points per series (a thousand ranks' few points each) moving a rolling
 # window's state into arrays and back costs more than `observe` on each point.
@@ -233,15 +234,24 @@ def _judge(evaluator: JobEvaluator, batch: PointBatch, rule: _RuleGroups) -> Non
 def _movers(rule: _RuleGroups, firing: set[SeriesKey]) -> list[_Judged]:
     """The rule's series that can move an episode: an anomalous verdict, or one open."""
     anomalous = set(rule.group[rule.codes == CODE_ANOMALOUS].tolist())
+    verdicts, described = _by_series(rule, rule.verdicts), _by_series(rule, rule.described)
     out = []
     for g, key in enumerate(rule.keys):
         if g in anomalous or key in firing:
             start, end = rule.bounds(g)
-            verdicts = {p - start: v for p, v in rule.verdicts.items() if start <= p < end}
-            described = {p - start: d for p, d in rule.described.items() if start <= p < end}
             idx, codes = rule.idx[start:end], rule.codes[start:end]
-            out.append(_Judged(key, rule.rule_pos, idx, codes, verdicts, described))
+            found = verdicts.get(g, {}), described.get(g, {})
+            out.append(_Judged(key, rule.rule_pos, idx, codes, *found))
     return out
+
+
+def _by_series(rule: _RuleGroups, by_position: dict[int, T]) -> dict[int, dict[int, T]]:
+    """Items keyed by position in the rule's points, regrouped by series and local position."""
+    grouped: dict[int, dict[int, T]] = {}
+    for pos, item in by_position.items():
+        g = int(rule.group[pos])
+        grouped.setdefault(g, {})[pos - rule.starts[g]] = item
+    return grouped
 
 
 def _screened(
