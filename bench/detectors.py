@@ -13,7 +13,8 @@ state saved) in CPU µs per point (``time.process_time``), median of ``--rounds`
 rounds: "before", point by point (``JobEvaluator.feed``) with the windows stored as JSON lists
 of numbers; point by point with the windows packed (``rolling.pack_floats``); as arrays
 (``feed_batch``) with packed windows. One rank (5,000 loss and grad_norm points), and 1,000
-ranks with a few points each, both after the windows have filled.
+ranks with a few points each (5,000 points) and with the chunk the worker reads for a job of
+that many series (``batch.chunk_points``), all after the windows have filled.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from breakers.detection.batch import PointBatch, feed_batch  # noqa: E402
+from breakers.detection.batch import CHUNK_POINTS, PointBatch, chunk_points, feed_batch  # noqa: E402
 from breakers.detection.engine import JobEvaluator, Point  # noqa: E402
 from breakers.detection.rolling import unpack_floats  # noqa: E402
 from breakers.detection.rulepack import default_rules  # noqa: E402
@@ -116,9 +117,6 @@ def state_figures(rows: list[tuple[float, ...]]) -> tuple[int, float, float]:
     return len(text), saved, time.perf_counter() - start
 
 
-CHUNK_POINTS = 5_000  # breakers.detection.evaluation.CHUNK_POINTS
-
-
 def worker_rows(ranks: int, steps: int, first: int, seed: int) -> list[tuple]:
     """(id, name, step, time, value, node, rank) rows as read_points returns them."""
     rng = random.Random(seed)
@@ -164,16 +162,21 @@ def worker_step(text: str, rows: list[tuple], mode: str) -> float:
 MODES = ("before", "points", "arrays")
 
 
-def worker_comparison(ranks: int, rounds: int) -> dict[str, float]:
-    """Median CPU µs per point of a chunk for `ranks` ranks: point by point with the windows
-    stored as lists ("before"), point by point with packed windows, as arrays."""
+def warm_state(ranks: int) -> dict:
+    """The engine's state once the 500-point windows of every rank are full."""
     warm = JobEvaluator(default_rules())
     for _, name, step, epoch, value, node, rank in worker_rows(ranks, 520, 0, seed=2):
-        warm.feed(Point(name, step, epoch, value, node, rank))  # the 500-point windows full
-    texts = {"before": json.dumps(as_lists(warm.to_state()))}
-    texts["points"] = texts["arrays"] = json.dumps(warm.to_state())
-    steps = max(1, CHUNK_POINTS // (2 * ranks))
-    rows = worker_rows(ranks, steps, 520, seed=3)
+        warm.feed(Point(name, step, epoch, value, node, rank))
+    return warm.to_state()
+
+
+def worker_comparison(state: dict, ranks: int, points: int, rounds: int) -> dict[str, float]:
+    """Median CPU µs per point of a chunk of `points` points of `ranks` ranks: point by point
+    with the windows stored as lists ("before"), point by point with packed windows, as
+    arrays."""
+    texts = {"before": json.dumps(as_lists(state))}
+    texts["points"] = texts["arrays"] = json.dumps(state)
+    rows = worker_rows(ranks, max(1, points // (2 * ranks)), 520, seed=3)
     costs: dict[str, list[float]] = {mode: [] for mode in MODES}
     for _ in range(rounds):
         for mode in MODES:
@@ -185,14 +188,17 @@ def print_worker_comparison(rounds: int) -> None:
     print(
         f"worker step over one chunk (restore, evaluate, save), CPU µs/point, median of {rounds}:"
     )
-    print("  ranks   before  per point  as arrays   before/arrays  per point/arrays")
+    print("  ranks  chunk    before  per point  as arrays   before/arrays  per point/arrays")
     for ranks in (1, 1000):
-        cost = worker_comparison(ranks, rounds)
-        before, points, arrays = (cost[mode] for mode in MODES)
-        print(
-            f"  {ranks:>5} {before:8.2f} {points:10.2f} {arrays:10.2f} "
-            f"{before / arrays:12.2f} × {points / arrays:13.2f} ×"
-        )
+        state = warm_state(ranks)
+        sized = chunk_points(len(state["series"]))
+        for points in sorted({CHUNK_POINTS, sized}):
+            cost = worker_comparison(state, ranks, points, rounds)
+            before, each, arrays = (cost[mode] for mode in MODES)
+            print(
+                f"  {ranks:>5} {points:>6} {before:9.2f} {each:10.2f} {arrays:10.2f} "
+                f"{before / arrays:12.2f} × {each / arrays:13.2f} ×"
+            )
 
 
 def main() -> None:

@@ -53,6 +53,16 @@ from breakers.detection.engine import (
     SeriesKey,
 )
 
+# Points per evaluation transaction (breakers.detection.evaluation): bounds the lock time and
+# the memory of one step while sharing the restore and save of the engine's state among many
+# points. That state grows with the job's series (every rank's rolling windows: ~700,000
+# values for a thousand ranks), so a chunk also gives each stored series POINTS_PER_SERIES
+# points on average, up to MAX_CHUNK_POINTS (bench/detectors.py: a thousand ranks' chunk of
+# 5,000 points spent ~70 µs per point on that round trip).
+CHUNK_POINTS = 5_000
+POINTS_PER_SERIES = 8
+MAX_CHUNK_POINTS = 50_000
+
 T = TypeVar("T")
 SINGLE_VERDICTS = (UNKNOWN_VERDICT, HEALTHY_VERDICT, PENDING_VERDICT)
 # Below this many points per series (a thousand ranks' few points each) moving a rolling
@@ -135,6 +145,11 @@ class _Judged:
 
     def verdict(self, pos: int) -> Verdict:
         return self.verdicts.get(pos) or SINGLE_VERDICTS[self.codes[pos]]
+
+
+def chunk_points(series: int) -> int:
+    """Points of the next chunk of a job whose stored state holds `series` series."""
+    return min(MAX_CHUNK_POINTS, max(CHUNK_POINTS, POINTS_PER_SERIES * series))
 
 
 def feed_batch(
