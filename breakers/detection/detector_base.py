@@ -101,6 +101,8 @@ class Detector:
 
     kind: ClassVar[str] = ""
     time_based: ClassVar[bool] = False  # True: the engine must call tick(now) on it
+    # True: `describe` reads the detector's state, so it must be called as the verdict is given.
+    describe_reads_state: ClassVar[bool] = False
     Config: ClassVar[type] = object
     state_fields: ClassVar[tuple[str, ...]] = ()
 

@@ -8,7 +8,8 @@ Every detector
 * updates in O(1) per point (amortised: windows evict what they added, and exact
   recomputations are paid for by the updates before them);
 * keeps its whole state in plain JSON-able values: `to_state()` / `load_state()` round-trip
-  exactly (floats survive `json` bit for bit), so a restarted worker resumes where it stopped;
+  exactly (floats survive `json` bit for bit; rolling windows travel as packed IEEE doubles,
+  `breakers.detection.rolling.pack_floats`), so a restarted worker resumes where it stopped;
 * ignores non-finite values in its statistics (the `non_finite` detector reports them).
 """
 
@@ -345,6 +346,7 @@ class RisingDetector(Detector):
 
     kind = "rising"
     Config = RisingConfig
+    describe_reads_state = True  # the window means so far
     state_fields = ("cur", "prev", "rises", "run_step", "run_time", "means")
 
     def __init__(self, config: RisingConfig) -> None:

@@ -51,8 +51,10 @@ ACTIONS = (
     "record",
 )
 # 2: series keys carry the rank. A version-1 state (no ranks) is read as rank 0's series.
-STATE_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+# 3: rolling windows as packed doubles (breakers.detection.rolling.pack_floats); 1 and 2 kept
+# them as lists of numbers, which are still read.
+STATE_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 
 # (rule key, metric name or "*" when pooled, node or None when pooled, rank or None when pooled)
 SeriesKey = tuple[str, str, str | None, int | None]
@@ -324,11 +326,7 @@ class JobEvaluator:
 
     def feed(self, point: Point) -> list[Finding]:
         """Evaluate one point against every enabled rule whose selector matches its name."""
-        rules = self._matches.get(point.name)
-        if rules is None:
-            rules = self._matches[point.name] = tuple(
-                rule for rule in self.rules if rule.matches(point.name)
-            )
+        rules = self._rules_for(point.name)
         if point.rank and not self.multi_rank:
             self.multi_rank = True
         findings: list[Finding] = []
@@ -349,6 +347,13 @@ class JobEvaluator:
             if finding is not None:
                 findings.append(finding)
         return findings
+
+    def _rules_for(self, name: str) -> tuple[RuleSpec, ...]:
+        """The enabled rules whose selector matches a metric name, in rule order."""
+        rules = self._matches.get(name)
+        if rules is None:
+            rules = self._matches[name] = tuple(rule for rule in self.rules if rule.matches(name))
+        return rules
 
     def feed_many(self, points: Iterable[Point]) -> list[Finding]:
         findings: list[Finding] = []
@@ -396,8 +401,12 @@ class JobEvaluator:
             self._timed[key] = series
         return series
 
-    def _advance(self, series: _Series, verdict: Verdict, point: Point) -> Finding | None:
-        """Edge trigger + hysteresis: fire once, stay quiet while firing, clear once."""
+    def _advance(
+        self, series: _Series, verdict: Verdict, point: Point, described: str | None = None
+    ) -> Finding | None:
+        """Edge trigger + hysteresis: fire once, stay quiet while firing, clear once.
+        `described`: the detector's description, when it was taken as the verdict was given
+        (a batch judges its points before it walks their edges)."""
         episode = series.episode
         state = verdict.state
         if state in (ANOMALOUS, PENDING):
@@ -408,7 +417,7 @@ class JobEvaluator:
             episode.first_step = point.step if verdict.since_step is None else verdict.since_step
             episode.first_time = point.time if verdict.since_time is None else verdict.since_time
             episode.threshold = verdict.threshold
-            return self._finding("fire", series, verdict, point)
+            return self._finding("fire", series, verdict, point, described)
         if state != HEALTHY:
             return None  # no opinion: neither extends nor clears the episode
         if episode.healthy == 0:
@@ -424,14 +433,23 @@ class JobEvaluator:
         series.episode = _Episode()
         return finding
 
-    def _finding(self, kind: str, series: _Series, verdict: Verdict, point: Point) -> Finding:
+    def _finding(
+        self,
+        kind: str,
+        series: _Series,
+        verdict: Verdict,
+        point: Point,
+        described: str | None = None,
+    ) -> Finding:
         rule, episode = series.rule, series.episode
         value = verdict.observed if verdict.observed is not None else point.value
         duration = point.time - episode.first_time
         rank = series.key[3]
         who = f"rank {rank}: " if self.multi_rank and rank is not None else ""
         if kind == "fire":
-            description = who + series.detector.describe(point.name, value, verdict)
+            if described is None:
+                described = series.detector.describe(point.name, value, verdict)
+            description = who + described
             action, action_params = rule.action, dict(rule.action_params)
         else:
             description = who + (

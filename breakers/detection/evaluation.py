@@ -3,7 +3,7 @@
 ``evaluate_job(job_id)`` runs in transactions that each
 1. lock the job's ``EvaluationState`` row (``SELECT … FOR UPDATE``, blocking: a second worker
    for the same job waits, then continues from the cursor the first one advanced);
-2. read about ``CHUNK_POINTS`` points with ``id > cursor`` in id order (``read_points``: raw
+2. read about ``batch.chunk_points`` points with ``id > cursor`` in id order (``read_points``: raw
    rows and ingest's blocks, a block whole — ``breakers.storage.points``);
 3. feed them to the pure engine, restored from the stored state;
 4. apply the findings (alerts, incident, timeline rows — ``incidents.alerts.lifecycle``);
@@ -33,7 +33,8 @@ from typing import Any
 from django.db import connection, transaction
 
 from breakers.control.braking import brake_for_alert
-from breakers.detection.engine import Finding, JobEvaluator, Point, RuleSpec
+from breakers.detection.batch import PointBatch, chunk_points, feed_batch
+from breakers.detection.engine import Finding, JobEvaluator, RuleSpec
 from breakers.detection.rulepack import ruleset_fingerprint
 from breakers.detection.rules import rules_for_job
 from breakers.models import EvaluationState, MetricPoint
@@ -52,9 +53,6 @@ from incidents.notifications.delivery import notify_alert
 
 log = logging.getLogger(__name__)
 
-# Points per transaction: bounds the lock time and the memory of one evaluation step, while
-# amortising the state load/save (tens of kB of JSON) over many points.
-CHUNK_POINTS = 5_000
 
 # One engine series of an alert's fingerprint: (metric name or "*" when pooled, rank or None).
 Series = tuple[str, int | None]
@@ -134,10 +132,11 @@ def clear_failing_breakers(job_id: int) -> None:
 
 
 def evaluate_job(
-    job_id: int, *, tick_at: float | None = None, chunk_size: int = CHUNK_POINTS
+    job_id: int, *, tick_at: float | None = None, chunk_size: int | None = None
 ) -> EvaluationReport:
     """Evaluate every point of the job not evaluated yet; with ``tick_at`` (epoch seconds),
-    then also judge the time-based detectors at that moment (silence, node-failure windows)."""
+    then also judge the time-based detectors at that moment (silence, node-failure windows).
+    ``chunk_size``: points per transaction, by default ``batch.chunk_points`` of the state."""
     report = EvaluationReport(job_id)
     if not EvaluationState.objects.filter(job_id=job_id).exists():
         if not Job.objects.filter(pk=job_id).exists():
@@ -146,7 +145,8 @@ def evaluate_job(
     while True:
         with transaction.atomic():
             state = EvaluationState.objects.select_for_update().get(job_id=job_id)
-            rows, more = read_points(job_id, state.cursor, chunk_size)
+            size = chunk_size or chunk_points(len((state.state or {}).get("series", ())))
+            rows, more = read_points(job_id, state.cursor, size)
             last_chunk = not more
             if not rows and tick_at is None:
                 report.cursor = state.cursor
@@ -253,12 +253,10 @@ class _Run:
 
     def feed(self, rows: list[tuple]) -> None:
         rows.sort(key=lambda row: (row[2], row[0]))  # step order within the chunk (see above)
-        feed, apply = self.evaluator.feed, self._apply
-        for _, name, step, epoch, value, node, rank in rows:
-            findings = feed(Point(name, step, epoch, value, node, rank))
-            if findings:  # rare: only episode edges produce findings
-                for finding in findings:
-                    apply(finding)
+        # The chunk judged as arrays (breakers.detection.batch): the findings, in their order,
+        # are those of the points fed one by one, each applied before the next point's.
+        batch = PointBatch.from_rows(row[1:] for row in rows)
+        feed_batch(self.evaluator, batch, self._apply)
         self.report.points += len(rows)
 
     def tick(self, now: float) -> None:

@@ -7,9 +7,12 @@ sums, exact recomputation on cancellation) are the delicate part and are tested 
 
 from __future__ import annotations
 
+import base64
 import math
+import sys
+from array import array
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 
@@ -121,14 +124,34 @@ class RollingStats:
 
     def to_state(self) -> dict[str, Any]:
         return {
-            "values": list(self.values),
-            "times": list(self.times),
+            "values": pack_floats(self.values),
+            "times": pack_floats(self.times),
             "sums": [self.shift, self.s1, self.s2, self.peak, self.ops],
         }
 
     def load_state(self, state: Mapping[str, Any]) -> None:
-        self.values = deque(float(v) for v in state["values"])
-        self.times = deque(float(t) for t in state["times"])
+        self.values = deque(unpack_floats(state["values"]))
+        self.times = deque(unpack_floats(state["times"]))
         shift, s1, s2, peak, ops = state["sums"]
         self.shift, self.s1, self.s2, self.peak = float(shift), float(s1), float(s2), float(peak)
         self.ops = int(ops)
+
+
+def pack_floats(values: Iterable[float]) -> str:
+    """A window as base64 of its IEEE doubles (little-endian): exact, and a thousand ranks'
+    windows (about a million values) encode and decode at memory speed where a JSON list of
+    numbers costs a repr and a parse per value."""
+    packed = array("d", values)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return base64.b64encode(packed.tobytes()).decode("ascii")
+
+
+def unpack_floats(state: str | list[float]) -> array:
+    """`pack_floats` reversed; a list of numbers (the states written before) is read too."""
+    if isinstance(state, list):
+        return array("d", (float(v) for v in state))
+    packed = array("d", base64.b64decode(state))
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return packed

@@ -146,7 +146,7 @@ def test_round_trip_mid_stream_keeps_every_rank_s_state():
     first = JobEvaluator(RULES)
     findings = first.feed_many(points[:500])
     state = json.loads(json.dumps(first.to_state(), allow_nan=False))
-    assert state["version"] == 2
+    assert state["version"] == 3
     assert {(s["rule"], s["rank"]) for s in state["series"]} >= {
         ("loss-spike", 0),
         ("loss-spike", 1),

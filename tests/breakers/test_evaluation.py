@@ -11,7 +11,7 @@ from django.db import transaction
 
 from breakers.agent.protocol import PointIn
 from breakers.agent.store import store_points
-from breakers.detection import evaluation
+from breakers.detection import batch, evaluation
 from breakers.detection.evaluation import evaluate_job
 from breakers.models import EvaluationState, Rule
 from breakers.storage.points import stored_points
@@ -272,7 +272,7 @@ def test_a_state_stored_before_ranks_resumes_its_open_episodes(agent):
     store(agent.job_id, losses(range(11, 21)))
     # Read as rank 0's series, the open NaN episode clears: a fresh start would never clear it.
     assert evaluate_job(agent.job_id).resolved == 1
-    assert EvaluationState.objects.get(job_id=agent.job_id).state["version"] == 2
+    assert EvaluationState.objects.get(job_id=agent.job_id).state["version"] == 3
 
 
 def test_an_unreadable_state_restarts_the_evaluation_instead_of_failing(agent, caplog):
@@ -285,3 +285,26 @@ def test_an_unreadable_state_restarts_the_evaluation_instead_of_failing(agent, c
     assert evaluate_job(agent.job_id).raised == 1
     assert "unreadable, restarting it" in caplog.text
     assert not Alert.objects.filter(rule_key=evaluation.BREAKERS_FAILING_RULE).exists()
+
+
+def test_a_chunk_gives_every_stored_series_its_points(agent, monkeypatch):
+    """The engine's state (every series' windows) is restored and saved once per chunk: a
+    job with many series reads POINTS_PER_SERIES points per stored series at a time, not a
+    fixed count, so that round trip is shared by many points."""
+    monkeypatch.setattr(batch, "CHUNK_POINTS", 10)
+    limits = []
+    read = evaluation.read_points
+
+    def reading(job_id, after_id, limit):
+        limits.append(limit)
+        return read(job_id, after_id, limit)
+
+    monkeypatch.setattr(evaluation, "read_points", reading)
+    for first in range(0, 200, 10):
+        for rank in (0, 1):
+            store_ranks(agent.job_id, rank, losses(range(first, first + 10)))
+    assert evaluate_job(agent.job_id).points == 400
+    series = len(EvaluationState.objects.get(job_id=agent.job_id).state["series"])
+    assert limits[0] == 10  # no state yet
+    assert max(limits) == batch.POINTS_PER_SERIES * series > 10
+    assert len(limits) < 400 // 10
