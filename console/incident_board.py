@@ -61,7 +61,7 @@ def incident_buttons(
     if len(firing) > (1 if on_job_page else 0) and _acknowledges_all(role, firing):
         buttons.append(
             Button(
-                f"Acknowledge incident ({len(firing)} alerts)",
+                f"Acknowledge incident ({len(firing)} alert{'s' if len(firing) > 1 else ''})",
                 f"{base}/acknowledge",
                 "primary",
                 title=f"Acknowledge every firing alert of incident #{incident.pk}",

@@ -154,3 +154,30 @@ def test_snoozing_an_alert_is_bounded_and_for_firing_alerts_only(scene):
     assert "60 min" in row.message and row.actor == oncall.user
     scene.api("oncall").post(f"/api/v1/alerts/{alert.pk}/acknowledge", {})
     assert oncall.post(url, {"minutes": 15}).status_code == 409  # it pages no more anyway
+
+
+# --- The pages ------------------------------------------------------------------------------------
+
+
+def test_the_pages_show_who_handles_an_incident_its_notes_and_buttons_by_role(scene, client):
+    from tests.console.test_console_pages import buttons
+
+    incident_id = raise_alert(scene.job_id, "L3").incident_id
+    raise_alert(scene.job_id, "L3")
+    oncall = scene.api("oncall")
+    oncall.post(f"/api/v1/incidents/{incident_id}/assign", {})
+    oncall.post(f"/api/v1/incidents/{incident_id}/notes", {"text": "looking at the shard"})
+    client.force_login(scene.person("viewer"))
+    page = client.get(f"/incidents/{incident_id}/").content
+    assert f"Handled by <b>{oncall.user}</b>".encode() in page
+    assert b"looking at the shard" in page and b"note-form" not in page
+    assert buttons(page) == []
+    listed = client.get("/incidents/").content.decode()
+    assert f'class="assignee">{oncall.user}</td>' in listed
+    client.force_login(oncall.user)
+    page = client.get(f"/incidents/{incident_id}/").content
+    assert b"Handled by <b>you</b>" in page and b"note-form" in page
+    assert buttons(page) == ["Acknowledge incident (2 alerts)", "Assign…"]
+    state = client.get(f"/jobs/{scene.job_id}/?partial=state").content
+    assert b"handled by you" in state
+    assert buttons(state)[:2] == ["Acknowledge incident (2 alerts)", "Pause"]

@@ -85,6 +85,7 @@ def test_oncall_acknowledges_one_nan_as_one_incident_takes_it_notes_it_and_snooz
         log_in(page, "olga")
         page.goto(f"{live_console}/jobs/{agent.job_id}/")
         expect(page.locator("#job-state li.alert")).to_have_count(2)
+        shoot(page, "oncall-job-two-alerts.png")
         page.click("#job-state button.act:has-text('Acknowledge incident (2 alerts)')")
         acked = page.locator("#job-state li.alert", has_text="acknowledged by olga")
         expect(acked).to_have_count(2)
@@ -99,6 +100,7 @@ def test_oncall_acknowledges_one_nan_as_one_incident_takes_it_notes_it_and_snooz
         page.click("#act-submit")
         expect(card).to_contain_text("Pages snoozed until")
         expect(card).to_contain_text("by olga. Brakes are not.")
+        shoot(page, "oncall-job-acknowledged.png")
 
         page.goto(f"{live_console}/incidents/{nan.incident_id}/")
         expect(page.locator("#incident-assignee")).to_contain_text("Nobody has taken")
