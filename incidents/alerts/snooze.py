@@ -5,7 +5,8 @@ On-call, paged at night for an alert they are already looking at, holds its next
 paging for good). Like a silence, a snooze is consulted only where a notification round is
 about to page (``incidents.silences.hold_back``): the evaluation, the alert, its incident and
 the automatic L3/L4 command are untouched. Whether an alert is snoozed is a matter of the clock
-(``snoozed_until``), so it has no status of its own; each held-back page is a timeline note.
+(``snoozed_until``), so it has no status of its own; each held-back page is a timeline note. A
+snooze holds the level it was given at: the alert rising above it pages at once.
 """
 
 from __future__ import annotations
@@ -31,7 +32,11 @@ PAGE_SNOOZED = "page_snoozed"  # the audit action of a held-back page (system, n
 
 
 def snoozed(alert: Alert, at: datetime | None = None) -> bool:
-    return alert.snoozed_until is not None and alert.snoozed_until > (at or timezone.now())
+    """Whether the alert's pages wait at ``at``: snoozed until later, and not risen above the
+    level it was snoozed at (an L2 snoozed that turns L3 pages at once)."""
+    if alert.snoozed_until is None or alert.snoozed_until <= (at or timezone.now()):
+        return False
+    return alert.severity <= alert.snoozed_level
 
 
 def clean_minutes(minutes: object) -> timedelta:
@@ -68,7 +73,7 @@ def snooze_alert(
             # Only a firing alert pages: an acknowledged one already stopped, a resolved one is
             # over. Conditional, so a concurrent acknowledgement wins cleanly.
             if not Alert.objects.filter(pk=alert.pk, status=AlertStatus.FIRING).update(
-                snoozed_until=until, snoozed_by=user
+                snoozed_until=until, snoozed_by=user, snoozed_level=alert.severity
             ):
                 alert.refresh_from_db()
                 raise Conflict(f"Alert {alert.pk} is {alert.status}: only a firing alert pages.")

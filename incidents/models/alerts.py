@@ -148,8 +148,10 @@ class Alert(models.Model):
     acknowledged_at = models.DateTimeField(null=True, blank=True)
     resolved_at = models.DateTimeField(null=True, blank=True)
     # No page for this alert until then (incidents.alerts.snooze): a matter of the clock, like a
-    # silence, so no status of its own; the brakes never look at it.
+    # silence, so no status of its own; the brakes never look at it. Only at the level it was
+    # snoozed at: a rise in severity pages.
     snoozed_until = models.DateTimeField(null=True, blank=True)
+    snoozed_level = models.CharField(max_length=2, choices=Severity.choices, blank=True)
     snoozed_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         on_delete=models.PROTECT,

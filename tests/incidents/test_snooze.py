@@ -62,3 +62,16 @@ def test_a_snooze_is_bounded_on_call_only_and_for_firing_alerts(paging):  # noqa
     assert Membership.objects.filter(user=viewer).exists()
     refused = AuditEntry.objects.filter(action="snooze_alert", allowed=False)
     assert refused.filter(user=viewer).exists()
+
+
+def test_a_snoozed_alert_that_rises_in_severity_pages_at_once(paging):  # noqa: F811
+    job, _, alice, _ = paging
+    with time_machine.travel(T0, tick=False):
+        alert = raise_or_update_alert(job.pk, signal(severity="L2"), now=T0).alert
+        dispatch_alert(alert.pk)
+        snooze_alert(alice, alert.pk, minutes=240)
+    with time_machine.travel(T0 + timedelta(minutes=2), tick=False):
+        risen = raise_or_update_alert(job.pk, signal(severity="L3"), now=T0).alert
+        assert (risen.pk, risen.severity, risen.snoozed_level) == (alert.pk, "L3", "L2")
+        assert dispatch_alert(alert.pk) != []  # the L3 round pages despite the snooze
+    assert not TimelineEntry.objects.filter(alert=alert, data__notification="snoozed").exists()
