@@ -266,7 +266,7 @@
   }
 
   // POST a body; "" when it was accepted (the live regions are refreshed), else why not.
-  async function send(url, body) {
+  async function postAction(url, body) {
     try {
       const response = await fetch(url, {
         method: "POST",
@@ -294,7 +294,7 @@
     const button = pending;
     const error = document.getElementById("act-error");
     error.textContent = "Sending…";
-    error.textContent = await send(button.dataset.url, bodyFrom(button, form));
+    error.textContent = await postAction(button.dataset.url, bodyFrom(button, form));
     if (!error.textContent) dialog.close();
   }
 
@@ -309,7 +309,7 @@
       button.after(note);
     }
     note.textContent = "";
-    note.textContent = await send(button.dataset.url, JSON.parse(button.dataset.body || "{}"));
+    note.textContent = await postAction(button.dataset.url, JSON.parse(button.dataset.body || "{}"));
     button.disabled = false;
   }
 
@@ -322,7 +322,7 @@
     form.querySelectorAll("[name]").forEach(function (input) { body[input.name] = input.value; });
     const error = form.querySelector(".act-error");
     error.textContent = "Sending…";
-    error.textContent = await send(form.dataset.url, body);
+    error.textContent = await postAction(form.dataset.url, body);
     if (!error.textContent) form.reset();
   }
 
