@@ -11,7 +11,6 @@ and the fields to ask for; its JavaScript holds no rule.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -24,13 +23,16 @@ from breakers.control.confirmations import (
     pause_confirmation,
     pauses_awaiting_confirmation,
 )
-from breakers.control.job_actions import latest_pause, pause_level
+from breakers.control.job_actions import added_pause_reasons, latest_pause, pause_level
 from breakers.control.job_state import ACCEPTED_IN
 from breakers.metrics import recent_points
 from breakers.models import Command, CommandKind
 from console.api.jobs import JobSerializer, visible_jobs
+from console.buttons import Button
+from console.incident_board import incident_buttons
 from incidents import silences as silencing
 from incidents.alerts.lifecycle import alert_payload
+from incidents.alerts.snooze import SNOOZE_CHOICES, snoozed
 from incidents.models import (
     ACTIVE_ALERT_STATUSES,
     LIVE_JOB_STATUSES,
@@ -51,6 +53,12 @@ from incidents.teams.authority import Action, decide, decide_on_escalation
 SPARK_POINTS = 120
 REASON = {"name": "reason", "label": "Reason (kept in the audit trail)", "required": True}
 NOTE = {"name": "note", "label": "Reason", "required": True}
+SNOOZE = {
+    "name": "minutes",
+    "label": "Hold its pages for (the brakes still act)",
+    "required": True,
+    "choices": SNOOZE_CHOICES,
+}
 # A choice is [value, label] or [value, label, body]: the body is merged into the request when
 # that choice is picked (the escalation API takes lower_lr's factor in command.params).
 LOWER_LR_FACTOR = 0.5
@@ -63,19 +71,6 @@ ESCALATE_KINDS = [
     ],
     ["pause_data", "Pause data loading"],
 ]
-
-
-@dataclass
-class Button:
-    label: str
-    url: str
-    style: str = "plain"  # primary | danger | plain
-    body: dict[str, Any] = field(default_factory=dict)  # sent as is, with the asked fields
-    ask: list[dict[str, Any]] = field(default_factory=list)  # fields the dialog asks for
-    title: str = ""  # the dialog's heading
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def roles_by_team(user: Any) -> dict[int, str]:
@@ -101,13 +96,14 @@ def job_buttons(role: str | None, job: Job, awaiting_pause: Command | None = Non
         job.status in ACCEPTED_IN[CommandKind.CHECKPOINT_AND_PAUSE]
         and decide(role, Action.PAUSE_JOB).allowed
     ):
+        # One click (docs/design.md "one-click authorised pause"): the reason is added after.
         buttons.append(
             Button(
                 "Pause",
                 f"{base}/pause",
                 "danger",
-                ask=[REASON],
                 title=f"Checkpoint and pause {job.name}",
+                now=True,
             )
         )
     awaiting = awaiting_pause is not None
@@ -224,6 +220,19 @@ def alert_buttons(role: str | None, alert: Alert) -> list[Button]:
                 title=f"Acknowledge {alert.severity} {alert.rule_name}",
             )
         )
+    if (
+        alert.status == AlertStatus.FIRING
+        and decide(role, Action.SNOOZE_ALERT, alert.severity).allowed
+    ):
+        buttons.append(
+            Button(
+                "Snooze pages",
+                f"/api/v1/alerts/{alert.pk}/snooze",
+                "plain",
+                ask=[SNOOZE],
+                title=f"Snooze the pages of {alert.severity} {alert.rule_name} (never its brakes)",
+            )
+        )
     open_ = alert.status in ACTIVE_ALERT_STATUSES
     if open_ and decide(role, Action.REQUEST_ESCALATION, alert.severity).allowed:
         kind = {
@@ -243,6 +252,13 @@ def alert_buttons(role: str | None, alert: Alert) -> list[Button]:
             )
         )
     return buttons
+
+
+def snooze_of(alert: Alert) -> dict[str, Any] | None:
+    """Until when and by whom the alert's pages are snoozed, None when they are not."""
+    if alert.status != AlertStatus.FIRING or not snoozed(alert):
+        return None
+    return {"until": alert.snoozed_until, "by": alert.snoozed_by or "someone"}
 
 
 def acknowledged_by(alert_ids: list[int]) -> dict[int, str]:
@@ -304,7 +320,20 @@ def pause_progress(pause: Command | None) -> dict[str, Any] | None:
         # What was decided and what the job made of it (a refused roll back, with its reason).
         "confirmation": confirmation.as_dict() if confirmation is not None else None,
         "confirmers": who_confirms(pause),
+        "issued_by_id": pause.issued_by_id,
+        "step": pause_step(pause),
+        "added_reasons": added_pause_reasons(pause),
     }
+
+
+def pause_step(pause: Command) -> int | None:
+    """The step the pause holds at: the job's checkpoint step once acknowledged, else the
+    step boundary it was set for or the step it reached the job at; None before that."""
+    result = pause.result if isinstance(pause.result, dict) else {}
+    for step in (result.get("step"), pause.apply_at_step, pause.delivered_step):
+        if isinstance(step, int) and not isinstance(step, bool):
+            return step
+    return None
 
 
 def who_confirms(pause: Command) -> str:
@@ -329,7 +358,7 @@ def job_state(user: Any, job: Job) -> dict[str, Any]:
     pause = latest_pause(job.pk)
     alerts = list(
         Alert.objects.filter(job=job, status__in=ACTIVE_ALERT_STATUSES)
-        .select_related("job")
+        .select_related("job", "snoozed_by")
         .order_by("-severity", "-raised_at")
     )
     acked = acknowledged_by([a.pk for a in alerts])
@@ -339,7 +368,9 @@ def job_state(user: Any, job: Job) -> dict[str, Any]:
         .filter(Q(job__isnull=True) | Q(job_id=job.pk))
         .select_related("created_by")
     )
-    incident = Incident.objects.filter(job=job).order_by("-opened_at").first()
+    incident = (
+        Incident.objects.filter(job=job).select_related("assignee").order_by("-opened_at").first()
+    )
     escalations = EscalationRequest.objects.filter(
         job=job, status=EscalationStatus.PENDING
     ).select_related("job", "requested_by")
@@ -354,10 +385,12 @@ def job_state(user: Any, job: Job) -> dict[str, Any]:
                 "alert": alert_payload(a),
                 "buttons": alert_buttons(role, a),
                 "acknowledged_by": acked.get(a.pk),
+                "snoozed": snooze_of(a),
             }
             for a in alerts
         ],
         "incident": incident,
+        "incident_buttons": incident_buttons(user, role, incident, alerts, on_job_page=True),
         "silences": list(silences),
         "escalations": [
             {"request": r, "buttons": escalation_buttons(user, role, r)} for r in escalations

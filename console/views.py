@@ -18,6 +18,7 @@ from drf_spectacular.views import SpectacularSwaggerSplitView
 from breakers import metrics as history
 from console import board
 from console.api.jobs import visible_jobs
+from console.incident_board import incident_state
 from console.ranks_table import RanksQuery, ranks_page
 from console.security import api_docs_policy
 from incidents import silences as silencing
@@ -78,7 +79,7 @@ def job_page(request: HttpRequest, pk: int) -> HttpResponse:
 def alerts_page(request: HttpRequest) -> HttpResponse:
     teams = visible_team_ids(request.user)
     roles = board.roles_by_team(request.user)
-    visible = Alert.objects.filter(job__team_id__in=teams).select_related("job")
+    visible = Alert.objects.filter(job__team_id__in=teams).select_related("job", "snoozed_by")
     active = visible.filter(status__in=ACTIVE_ALERT_STATUSES).order_by("-severity", "-raised_at")
     resolved = visible.filter(status=AlertStatus.RESOLVED).order_by("-resolved_at")[:RECENT]
 
@@ -91,7 +92,7 @@ def alerts_page(request: HttpRequest) -> HttpResponse:
             {"alert": alert_payload(a), "buttons": board.alert_buttons(roles.get(a.job.team_id), a),
              "silence": None if a.status == AlertStatus.RESOLVED
              else silencing.matching(silences, a),
-             "acknowledged_by": acked.get(a.pk)}
+             "acknowledged_by": acked.get(a.pk), "snoozed": board.snooze_of(a)}
             for a in alerts
         ]  # fmt: skip
 
@@ -128,15 +129,11 @@ def approvals_page(request: HttpRequest) -> HttpResponse:
 @login_required
 def incident_page(request: HttpRequest, pk: int) -> HttpResponse:
     incident = get_object_or_404(
-        Incident.objects.select_related("job", "job__team"),
+        Incident.objects.select_related("job", "job__team", "assignee"),
         pk=pk,
         job__team_id__in=visible_team_ids(request.user),
     )
-    context = {
-        "incident": incident,
-        "timeline": incident.timeline.select_related("actor").order_by("at", "id"),
-        "alerts": [alert_payload(a) for a in incident.alerts.select_related("job")],
-    }
+    context = incident_state(request.user, incident)
     template = "partials/incident_live.html" if _partial(request) else "incident.html"
     return render(request, template, context)
 

@@ -18,6 +18,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from core.errors import InvalidInput, NotFound
+from incidents.alerts import snooze
 from incidents.alerts.lifecycle import append_timeline
 from incidents.models import (
     Alert,
@@ -77,19 +78,29 @@ def matching(silences: Iterable[Silence], alert: Alert) -> Silence | None:
 
 
 def hold_back(alert: Alert, round_: NotificationRound, now: datetime) -> bool:
-    """True when a silence covers the alert at ``now``: the round pages nobody and is put off
-    until the silence ends, looked at again every RECHECK meanwhile (a silence ended early
-    lets the page out within that). An alert still firing when the silence is over pages
-    then. The first hold-back of each round is recorded. Call under the alert's row lock."""
+    """True when the alert is snoozed, or a silence covers it, at ``now``: the round pages
+    nobody and is put off until the snooze or silence ends, looked at again every RECHECK
+    meanwhile (a silence ended early lets the page out within that). An alert still firing
+    when it is over pages then. The first hold-back of each round is recorded. Call under the
+    alert's row lock."""
+    if alert.snoozed_until is not None and snooze.snoozed(alert, now):
+        # One alert snoozed by on-call: the same hold, bounded by the snooze (4 h at most).
+        _put_off(round_, alert.snoozed_until, now)
+        snooze.record_snoozed(alert, round_.number, now)
+        return True
     silence = silence_for(alert, now)
     if silence is None:
         return False
-    NotificationRound.objects.filter(pk=round_.pk, status=RoundStatus.SCHEDULED).update(
-        due_at=min(silence.ends_at, now + RECHECK)
-    )
+    _put_off(round_, silence.ends_at, now)
     if not _recorded(alert, silence, round_.number):
         record_silenced(alert, silence, round_.number, now)
     return True
+
+
+def _put_off(round_: NotificationRound, until: datetime, now: datetime) -> None:
+    NotificationRound.objects.filter(pk=round_.pk, status=RoundStatus.SCHEDULED).update(
+        due_at=min(until, now + RECHECK)
+    )
 
 
 def _recorded(alert: Alert, silence: Silence, round_number: int) -> bool:

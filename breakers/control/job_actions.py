@@ -33,6 +33,7 @@ from incidents.escalations import clean_requested_action
 from incidents.models import (
     ActorKind,
     Alert,
+    AuditEntry,
     Job,
     Node,
     PauseConfirmation,
@@ -44,6 +45,9 @@ from incidents.teams.audit import Attempt, AuditContext, audited
 from incidents.teams.authority import Action, action_for_command, decide
 
 MITIGATIONS = (CommandKind.LOWER_LR, CommandKind.PAUSE_DATA)
+NO_REASON = "one-click pause"  # a pause's reason when the person gave none (yet)
+# A reason given after the pause: a pause_job audit row whose outcome starts with this.
+PAUSE_REASON_PREFIX = "reason for pause #{}: "
 
 
 def _job_and_alert(
@@ -120,20 +124,71 @@ def pause_job(
     user: Any,
     job_id: int,
     *,
-    reason: str,
+    reason: str = "",
     alert_id: int | None = None,
     context: AuditContext | None = None,
 ) -> Command:
-    """One click: checkpoint and pause the job, with the person as actor and their reason."""
+    """One click: checkpoint and pause the job, with the person as actor. The reason is
+    optional (waiting for one is what a pause exists to avoid); ``add_pause_reason`` adds it
+    afterwards."""
 
     return _command_verb(
         user,
         job_id,
         CommandKind.CHECKPOINT_AND_PAUSE,
-        reason=reason,
+        reason=reason.strip() or f"{NO_REASON} by {user}",
         alert_id=alert_id,
         context=context,
     )
+
+
+def add_pause_reason(
+    user: Any, job_id: int, *, reason: str, context: AuditContext | None = None
+) -> Command:
+    """The reason of the job's latest pause, said after the click: kept in the audit trail
+    (which the job page reads back) and on the incident's timeline. The command itself, already
+    on its way to the job, is not rewritten."""
+    with audited(user, Action.PAUSE_JOB, "job", job_id, context) as attempt:
+        job = scoped_get(
+            Job.objects, user, job_id, team_path="team_id", noun="job", attempt=attempt
+        )
+        attempt.check(decide(role_in_team(user, job.team_id), Action.PAUSE_JOB))
+        reason = (reason or "").strip()
+        if not reason or len(reason) > 2000:
+            raise InvalidInput("Say why in 1 to 2000 characters.", fields={"reason": "required"})
+        pause = latest_pause(job.pk)
+        if pause is None:
+            raise Conflict(f"Job {job.name!r} has no pause to give a reason for.")
+        with transaction.atomic():
+            incident = active_incident(job.pk)
+            if incident is not None:
+                append_timeline(
+                    incident.pk,
+                    TimelineKind.NOTE,
+                    f"Reason for pause #{pause.pk}, given by {user}: {reason}",
+                    alert_id=pause.alert_id,
+                    actor_kind=ActorKind.PERSON,
+                    actor=user,
+                    data={"event": "pause_reason", "pause_command_id": pause.pk},
+                )
+            attempt.succeeded(f"{PAUSE_REASON_PREFIX.format(pause.pk)}{reason}")
+    return pause
+
+
+def added_pause_reasons(pause: Command) -> list[dict[str, Any]]:
+    """The reasons given after the pause, oldest first: who, when, what."""
+    prefix = PAUSE_REASON_PREFIX.format(pause.pk)
+    rows = AuditEntry.objects.filter(
+        action=Action.PAUSE_JOB,
+        target_type="job",
+        target_id=pause.job_id,
+        outcome_code="ok",
+        outcome__startswith=prefix,
+    ).select_related("user")
+    return [
+        {"by": str(row.user), "at": row.at, "reason": row.outcome[len(prefix) :]}
+        for row in rows.order_by("at", "id")
+    ]
 
 
 def resume_job(

@@ -34,6 +34,20 @@ class JobActionIn(serializers.Serializer):
     )
 
 
+class PauseJobIn(JobActionIn):
+    reason = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=2000,
+        help_text="Optional: a pause is one click; the reason can be added afterwards "
+        "(POST …/pause/reason).",
+    )
+
+
+class PauseReasonIn(serializers.Serializer):
+    reason = serializers.CharField(max_length=2000, help_text="Why the job was paused.")
+
+
 class MitigateIn(JobActionIn):
     kind = serializers.ChoiceField(choices=[CommandKind.LOWER_LR, CommandKind.PAUSE_DATA])
     params = serializers.DictField(
@@ -115,18 +129,35 @@ def _schema(summary: str, request: type[serializers.Serializer]) -> Any:
 
 
 class PauseJobView(PersonView):
-    @_schema("Checkpoint and pause the job (one click; on-call and above)", JobActionIn)
+    @_schema("Checkpoint and pause the job (one click; on-call and above)", PauseJobIn)
     def post(self, request: Request, pk: int) -> Response:
-        body = _body(JobActionIn, request)
+        body = _body(PauseJobIn, request)
         return _issued(
             actions.pause_job(
                 request.user,
                 pk,
-                reason=body["reason"],
+                reason=body.get("reason", ""),
                 alert_id=body.get("alert_id"),
                 context=audit_context(request),
             )
         )
+
+
+class PauseReasonView(PersonView):
+    @extend_schema(
+        tags=["actions"],
+        summary="Give the reason of the job's latest pause after the click (on-call and above)",
+        description="Kept in the audit trail and on the incident's timeline; the pause command "
+        "already sent is not changed. 409 when the job was never paused.",
+        request=PauseReasonIn,
+        responses={200: IssuedOut, **ERRORS},
+    )
+    def post(self, request: Request, pk: int) -> Response:
+        body = _body(PauseReasonIn, request)
+        pause = actions.add_pause_reason(
+            request.user, pk, reason=body["reason"], context=audit_context(request)
+        )
+        return Response({"command": command_out(pause)})
 
 
 class ResumeJobView(PersonView):

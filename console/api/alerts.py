@@ -1,4 +1,4 @@
-"""Alerts of my teams, and acknowledging one."""
+"""Alerts of my teams, acknowledging one, snoozing one's pages."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from console.api.person_auth import PersonView, audit_context, error_responses
 from core.errors import InvalidInput
 from incidents.alerts.acknowledge import acknowledge_alert
 from incidents.alerts.lifecycle import alert_payload
+from incidents.alerts.snooze import snooze_alert
 from incidents.models import Alert, AlertStatus, Severity
 from incidents.teams.access import scoped_get, visible_team_ids
 
@@ -48,6 +49,9 @@ class AlertOut(serializers.Serializer):
     action = serializers.CharField()
     action_params = serializers.DictField()
     runbook = serializers.DictField()
+    snoozed_until = serializers.DateTimeField(
+        allow_null=True, help_text="Its pages wait until then (a snooze); never its brakes."
+    )
 
 
 class AcknowledgeIn(serializers.Serializer):
@@ -135,6 +139,33 @@ class AcknowledgeAlertView(PersonView):
             request.user,
             pk,
             note=body.validated_data.get("note", ""),
+            context=audit_context(request),
+        )
+        return Response(alert_payload(alert))
+
+
+class SnoozeIn(serializers.Serializer):
+    minutes = serializers.IntegerField(
+        min_value=1, max_value=240, help_text="How long its pages wait: 1 to 240 minutes."
+    )
+
+
+class SnoozeAlertView(PersonView):
+    @extend_schema(
+        tags=["alerts"],
+        summary="Snooze a firing alert's pages for up to 4 hours (on-call and above)",
+        description="Pages only: the alert stays firing and shown, and the automatic L3/L4 "
+        "actions still fire. A second snooze replaces the first, from now. 409 unless firing.",
+        request=SnoozeIn,
+        responses={200: AlertOut, **error_responses(400, 401, 403, 404, 409)},
+    )
+    def post(self, request: Request, pk: int) -> Response:
+        body = SnoozeIn(data=request.data)
+        body.is_valid(raise_exception=True)
+        alert = snooze_alert(
+            request.user,
+            pk,
+            minutes=body.validated_data["minutes"],
             context=audit_context(request),
         )
         return Response(alert_payload(alert))

@@ -12,6 +12,7 @@ from console.api import (
     drills,
     escalations,
     health,
+    incidents,
     inference,
     integrations,
     jobs,
@@ -61,6 +62,11 @@ job_routes = [
         name="job-checkpoints",
     ),
     path(f"{V1}/jobs/<int:pk>/pause", actions.PauseJobView.as_view(), name="job-pause"),
+    path(
+        f"{V1}/jobs/<int:pk>/pause/reason",
+        actions.PauseReasonView.as_view(),
+        name="job-pause-reason",
+    ),
     path(f"{V1}/jobs/<int:pk>/resume", actions.ResumeJobView.as_view(), name="job-resume"),
     path(f"{V1}/jobs/<int:pk>/terminate", actions.TerminateJobView.as_view(), name="job-terminate"),
     path(
@@ -107,6 +113,7 @@ alert_routes = [
         alerts.AcknowledgeAlertView.as_view(),
         name="alert-acknowledge",
     ),
+    path(f"{V1}/alerts/<int:pk>/snooze", alerts.SnoozeAlertView.as_view(), name="alert-snooze"),
     path(
         f"{V1}/alerts/<int:pk>/deliveries",
         notifications.AlertDeliveriesView.as_view(),
@@ -134,6 +141,17 @@ escalation_routes = [
 ]
 
 incident_routes = [
+    path(
+        f"{V1}/incidents/<int:pk>/acknowledge",
+        incidents.AcknowledgeIncidentView.as_view(),
+        name="incident-acknowledge",
+    ),
+    path(
+        f"{V1}/incidents/<int:pk>/assign",
+        incidents.AssignIncidentView.as_view(),
+        name="incident-assign",
+    ),
+    path(f"{V1}/incidents/<int:pk>/notes", incidents.NotesView.as_view(), name="incident-notes"),
     path(f"{V1}/incidents/<int:pk>/review", reviews.ReviewView.as_view(), name="review-api"),
     path(
         f"{V1}/incidents/<int:pk>/review.md",

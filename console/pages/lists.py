@@ -87,7 +87,7 @@ def incidents_page(request: HttpRequest) -> HttpResponse:
     teams = visible_team_ids(request.user)
     incidents = (
         Incident.objects.filter(job__team_id__in=teams)
-        .select_related("job", "job__team")
+        .select_related("job", "job__team", "assignee")
         .order_by("-opened_at", "-id")[:PAGE]
     )
     return render(request, "incidents.html", {"incidents": incidents})

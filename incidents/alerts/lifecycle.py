@@ -505,6 +505,7 @@ def alert_payload(alert: Alert) -> dict[str, Any]:
         "action": alert.action,
         "action_params": alert.action_params,
         "runbook": {"suggestion": alert.runbook_suggestion, **alert.runbook},
+        "snoozed_until": alert.snoozed_until.isoformat() if alert.snoozed_until else None,
     }
 
 

@@ -79,6 +79,15 @@ class Incident(models.Model):
     # Step at which the episode's last condition cleared (the job's own clock, so replays and
     # backfills group alike); NULL while active or when it was not resolved by a clear.
     resolved_step = models.BigIntegerField(null=True, blank=True)
+    # Who handles the episode (taken by on-call, or handed to a team member); NULL: nobody yet.
+    assignee = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    assigned_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -138,6 +147,18 @@ class Alert(models.Model):
     runbook = models.JSONField(default=dict)  # the whole runbook entry
     acknowledged_at = models.DateTimeField(null=True, blank=True)
     resolved_at = models.DateTimeField(null=True, blank=True)
+    # No page for this alert until then (incidents.alerts.snooze): a matter of the clock, like a
+    # silence, so no status of its own; the brakes never look at it. Only at the level it was
+    # snoozed at: a rise in severity pages.
+    snoozed_until = models.DateTimeField(null=True, blank=True)
+    snoozed_level = models.CharField(max_length=2, choices=Severity.choices, blank=True)
+    snoozed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
 
     class Meta:
         constraints = [

@@ -61,6 +61,9 @@ class Action(enum.StrEnum):
 
     VIEW = "view"
     ACKNOWLEDGE_ALERT = "acknowledge_alert"
+    SNOOZE_ALERT = "snooze_alert"
+    ASSIGN_INCIDENT = "assign_incident"
+    NOTE_INCIDENT = "note_incident"
     PAUSE_JOB = "pause_job"
     CONFIRM_PAUSE = "confirm_pause"
     REQUEST_ESCALATION = "request_escalation"
@@ -167,6 +170,26 @@ MATRIX: Mapping[Action, ActionPolicy] = MappingProxyType(
             _same_everywhere(Role.ONCALL),
             "Acknowledging stops the unacknowledged-alert escalation to the manager, so it "
             "needs someone who will act: on-call and above. Viewers only look.",
+        ),
+        Action.SNOOZE_ALERT: ActionPolicy(
+            "snooze an alert's pages",
+            _same_everywhere(Role.ONCALL),
+            "One alert's pages wait a bounded while (at most 4 hours) without acknowledging it: "
+            "the person being paged asks for the time to look, so on-call and above. Unlike a "
+            "silence it covers one alert and cannot outlast a night; like a silence it holds "
+            "pages only, never a brake (the automatic L3/L4 actions still fire).",
+        ),
+        Action.ASSIGN_INCIDENT: ActionPolicy(
+            "assign an incident",
+            _same_everywhere(Role.ONCALL),
+            "Take an incident, or hand it to another on-call engineer, manager or admin of the "
+            "team: saying who handles it changes no job, so whoever may acknowledge may do it.",
+        ),
+        Action.NOTE_INCIDENT: ActionPolicy(
+            "write a note on an incident",
+            _same_everywhere(Role.ONCALL),
+            "Notes (timestamped, signed, append-only on the timeline and in the review) are "
+            "written by the people who handle the incident, as the review is. Viewers read.",
         ),
         Action.PAUSE_JOB: ActionPolicy(
             "pause a job",

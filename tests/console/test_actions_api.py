@@ -78,9 +78,10 @@ def test_a_second_pause_while_pausing_is_409_and_sends_nothing(scene):
     assert Command.objects.filter(job_id=scene.job_id).count() == 1
 
 
-def test_pause_needs_a_reason(scene):
+def test_pause_is_one_click_a_blank_reason_is_no_refusal(scene):
     response = scene.api("oncall").post(f"/api/v1/jobs/{scene.job_id}/pause", {"reason": ""})
-    assert response.status_code == 400 and "reason" in response.json()["fields"]
+    assert response.status_code == 202, response.content
+    assert response.json()["command"]["reason"].startswith("one-click pause by ")
 
 
 def automatic_l3_pause(scene: Scene) -> Command:

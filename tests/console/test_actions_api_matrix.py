@@ -46,6 +46,19 @@ def acknowledge(scene: Scene, level: str | None) -> Call:
     return Call("post", f"/api/v1/alerts/{raise_alert(scene.job_id, level).pk}/acknowledge")
 
 
+def snooze(scene: Scene, level: str | None) -> Call:
+    alert = raise_alert(scene.job_id, level)
+    return Call("post", f"/api/v1/alerts/{alert.pk}/snooze", {"minutes": 15})
+
+
+def on_incident(verb: str, body: dict) -> Callable[[Scene, str | None], Call]:
+    def make(scene: Scene, level: str | None) -> Call:
+        incident_id = raise_alert(scene.job_id, level).incident_id
+        return Call("post", f"/api/v1/incidents/{incident_id}/{verb}", body)
+
+    return make
+
+
 def job_command(verb: str, **extra: object) -> Callable[[Scene, str | None], Call]:
     def make(scene: Scene, level: str | None) -> Call:
         if verb == "resume":
@@ -133,6 +146,10 @@ CASES: dict[Action, tuple[Callable[[Scene, str | None], Call], tuple]] = {
     Action.VIEW: (view, LEVELS),
     # Nothing to acknowledge without an alert: the "no alert" cell has no HTTP form.
     Action.ACKNOWLEDGE_ALERT: (acknowledge, LEVELS[1:]),
+    Action.SNOOZE_ALERT: (snooze, LEVELS[1:]),
+    # An incident is opened by an alert: its level is the alert's.
+    Action.ASSIGN_INCIDENT: (on_incident("assign", {}), LEVELS[1:]),
+    Action.NOTE_INCIDENT: (on_incident("notes", {"text": "looking"}), LEVELS[1:]),
     Action.PAUSE_JOB: (job_command("pause"), LEVELS),
     Action.CONFIRM_PAUSE: (confirm, LEVELS),
     Action.REQUEST_ESCALATION: (request, LEVELS),

@@ -130,7 +130,8 @@ def test_pausing_then_paused_with_the_checkpoint_and_confirm_buttons(client, mem
     # Nothing to pause; the alert fires. The pause may be confirmed already: confirm_pause
     # takes a pausing job (its decision is carried out after the checkpoint). No checkpoint
     # in the catalogue yet: nothing to roll back to.
-    assert buttons(state.encode()) == ["Keep paused", "Confirm &amp; resume", "Acknowledge"]
+    expected = ["Take it", "Keep paused", "Confirm &amp; resume", "Acknowledge", "Snooze pages"]
+    assert buttons(state.encode()) == expected
     acknowledge_command(
         job.job_id, command.pk, status="succeeded",
         result={"path": "/ckpt/step-10.pt", "bytes": 2_500_000, "seconds": 1.5, "step": 10,
@@ -141,7 +142,8 @@ def test_pausing_then_paused_with_the_checkpoint_and_confirm_buttons(client, mem
     assert "2.4\xa0MB" in state and "1.5 s" in state and "awaiting confirmation" in state
     # On-call confirms the automatic L3 pause (resume is a manager's, terminate too).
     assert buttons(state.encode()) == [
-        "Keep paused", "Confirm &amp; resume", "Roll back…", "Acknowledge",
+        "Take it", "Keep paused", "Confirm &amp; resume", "Roll back…", "Acknowledge",
+        "Snooze pages",
     ]  # fmt: skip
 
 
@@ -151,7 +153,7 @@ def test_alerts_feed_lists_open_alerts_with_acknowledge_for_oncall(client, membe
     client.force_login(member("olga", "vision", Role.ONCALL))
     page = client.get("/alerts/")
     assert b"rule loss-sustained" in page.content
-    assert buttons(page.content) == ["Acknowledge", "Request escalation"]
+    assert buttons(page.content) == ["Acknowledge", "Snooze pages", "Request escalation"]
     client.force_login(member("vera", "vision", Role.VIEWER))
     assert buttons(client.get("/alerts/?partial=list").content) == []
 

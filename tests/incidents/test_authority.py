@@ -34,11 +34,16 @@ ONCALL_UP = "oncall manager admin"
 MANAGER_UP = "manager admin"
 ADMIN = "admin"
 NOBODY = ""
+# What on-call does with an incident besides acknowledging it (snooze, take, note).
+HANDLING = {"snooze_alert", "assign_incident", "note_incident"}
 
 # action -> {level: who may}; "*" is the default for levels not listed.
 EXPECTED: dict[str, dict[str | None, str]] = {
     "view": {"*": EVERYONE},
     "acknowledge_alert": {"*": ONCALL_UP},
+    "snooze_alert": {"*": ONCALL_UP},
+    "assign_incident": {"*": ONCALL_UP},
+    "note_incident": {"*": ONCALL_UP},
     "pause_job": {"*": ONCALL_UP, "L3": ONCALL_UP + " system"},
     "confirm_pause": {"*": MANAGER_UP, "L3": ONCALL_UP, "L4": NOBODY},
     "request_escalation": {"*": NOBODY, "L1": ONCALL_UP, "L2": ONCALL_UP},
@@ -274,12 +279,13 @@ def test_role_values_are_exact() -> None:
         (
             "oncall",
             "L3",
-            {"view", "acknowledge_alert", "pause_job", "confirm_pause", "edit_review"},
+            {"view", "acknowledge_alert", "pause_job", "confirm_pause", "edit_review"} | HANDLING,
         ),
         (
             "oncall",
             "L2",
-            {"view", "acknowledge_alert", "pause_job", "request_escalation", "edit_review"},
+            {"view", "acknowledge_alert", "pause_job", "request_escalation", "edit_review"}
+            | HANDLING,
         ),
         ("admin", None, {a.value for a in Action} - {"request_escalation"}),
     ],

@@ -265,6 +265,28 @@
     }).join("; ");
   }
 
+  // POST a body; "" when it was accepted (the live regions are refreshed), else why not.
+  async function postAction(url, body) {
+    try {
+      const response = await fetch(url, {
+        method: "POST",
+        credentials: "same-origin",
+        headers: { "Content-Type": "application/json", "X-CSRFToken": csrfToken() },
+        body: JSON.stringify(body),
+      });
+      if (response.ok) {
+        // The websocket will say what happened next; refresh now for the acting person.
+        document.querySelectorAll("[data-live-partial]").forEach(function (el) { refreshRegion(el.id); });
+        return "";
+      }
+      const answer = await response.json().catch(function () { return {}; });
+      const why = fieldsText(answer.fields);
+      return (answer.detail || ("Refused (" + response.status + ")")) + (why ? " (" + why + ")" : "");
+    } catch (e) {
+      return "The server cannot be reached; nothing was sent.";
+    }
+  }
+
   async function submit(event) {
     event.preventDefault();
     const form = event.target;
@@ -272,34 +294,45 @@
     const button = pending;
     const error = document.getElementById("act-error");
     error.textContent = "Sending…";
-    try {
-      const response = await fetch(button.dataset.url, {
-        method: "POST",
-        credentials: "same-origin",
-        headers: { "Content-Type": "application/json", "X-CSRFToken": csrfToken() },
-        body: JSON.stringify(bodyFrom(button, form)),
-      });
-      if (response.ok) {
-        error.textContent = "";
-        dialog.close();
-        // The websocket will say what happened next; refresh now for the acting person.
-        document.querySelectorAll("[data-live-partial]").forEach(function (el) { refreshRegion(el.id); });
-        return;
-      }
-      const answer = await response.json().catch(function () { return {}; });
-      const why = fieldsText(answer.fields);
-      error.textContent = (answer.detail || ("Refused (" + response.status + ")")) +
-        (why ? " (" + why + ")" : "");
-    } catch (e) {
-      error.textContent = "The server cannot be reached; nothing was sent.";
+    error.textContent = await postAction(button.dataset.url, bodyFrom(button, form));
+    if (!error.textContent) dialog.close();
+  }
+
+  // A one-click button (nothing to ask): sent at once; a refusal is said next to it.
+  async function sendNow(button) {
+    if (button.disabled) return;
+    button.disabled = true;
+    let note = button.nextElementSibling;
+    if (!note || !note.classList.contains("act-error")) {
+      note = document.createElement("span");
+      note.className = "act-error error";
+      button.after(note);
     }
+    note.textContent = "";
+    note.textContent = await postAction(button.dataset.url, JSON.parse(button.dataset.body || "{}"));
+    button.disabled = false;
+  }
+
+  // An inline form (a note, a pause's reason): its named fields, sent as they are.
+  async function submitInline(event) {
+    const form = event.target.closest("form.act-inline");
+    if (!form) return;
+    event.preventDefault();
+    const body = {};
+    form.querySelectorAll("[name]").forEach(function (input) { body[input.name] = input.value; });
+    const error = form.querySelector(".act-error");
+    error.textContent = "Sending…";
+    error.textContent = await postAction(form.dataset.url, body);
+    if (!error.textContent) form.reset();
   }
 
   if (dialog) {
     document.addEventListener("click", function (event) {
       const button = event.target.closest("button.act");
-      if (button) openDialog(button);
+      if (!button) return;
+      if (button.dataset.now === "true") sendNow(button); else openDialog(button);
     });
+    document.addEventListener("submit", submitInline);
     document.getElementById("act-form").addEventListener("submit", submit);
     document.getElementById("act-cancel").addEventListener("click", function () { dialog.close(); });
   }

@@ -151,12 +151,11 @@ def test_oncall_pauses_with_one_click_and_sees_paused_after_the_ack(
     log_in(page, "olga")
     page.goto(f"{live_console}/jobs/{agent.job_id}/")
     page.evaluate("window.__sameDocument = true")
-    page.click("#job-state button.act:has-text('Pause')")
-    page.fill("#act-fields textarea[name=reason]", "grad norm climbing, pausing to look")
-    page.click("#act-submit")
+    page.click("#job-state button.act:has-text('Pause')")  # one click: no dialog
     expect(page.locator("#job-state")).to_have_attribute("data-status", "pausing")
+    expect(page.locator("#act-dialog")).to_be_hidden()
     command = agent.wait_for_command("checkpoint_and_pause", 50)
-    assert command["reason"] == "grad norm climbing, pausing to look"
+    assert command["reason"] == "one-click pause by olga"
     agent.ack_checkpoint(command, 50)
     expect(page.locator("#job-state")).to_have_attribute("data-status", "paused")
     expect(page.locator("#checkpoint-path")).to_have_text("/ckpt/step-50.pt")

@@ -131,8 +131,6 @@ def test_oncall_sees_who_confirms_a_pause_asks_for_it_and_a_manager_sees_one_res
         log_in(page, "olga")
         page.goto(f"{live_console}/jobs/{agent.job_id}/")
         page.click("#job-state button.act:has-text('Pause')")
-        page.fill("#act-fields textarea[name=reason]", "looks odd")
-        page.click("#act-submit")
         agent.ack_checkpoint(agent.wait_for_command("checkpoint_and_pause", 50), 50)
         expect(page.locator("#awaiting")).to_contain_text(
             "awaiting confirmation by a manager or an admin (max)"
