@@ -33,6 +33,8 @@ from brakeline._transport import Response, Transport, TransportError
 
 logger = logging.getLogger("brakeline")
 
+# The status a waiting part is answered with when the forwarder stops: "post it yourself".
+GONE = -1
 # Answers after which the parts are sent on their own: a console that has no bundles (404, 405),
 # one whose size limit the bundle passed (413) or that refused the bundle's shape (400).
 ONE_BY_ONE_STATUSES = {400, 404, 405, 413}
@@ -90,7 +92,10 @@ class NodeForwarder:
     def stop(self) -> None:
         self._stopping.set()
         with self._changed:
+            waiting, self._waiting = self._waiting, []
             self._changed.notify_all()
+        for part in waiting:  # their ranks post them directly, now
+            part.settle(GONE, b"{}", None, 0)
         if self._server is not None:
             with contextlib.suppress(OSError):
                 self._server.close()

@@ -34,7 +34,7 @@ from typing import Any
 
 from brakeline._backoff import Backoff
 from brakeline._commands import CommandInbox
-from brakeline._forwarder import NodeForwarder, as_response
+from brakeline._forwarder import GONE, NodeForwarder, as_response
 from brakeline._frames import header, receive_frame, receive_header, send_frames
 from brakeline._push import PushListener
 from brakeline._transport import HttpTransport, Response, Transport, TransportError
@@ -146,6 +146,8 @@ class NodeTransport:
             )
             answer = receive_header(connection)
             payload = receive_frame(connection)
+        if answer.get("status") == GONE:
+            raise OSError("the node's forwarder stopped")
         if not answer.get("status"):
             raise TransportError("the node's forwarder did not reach the console")
         self._warned = False
