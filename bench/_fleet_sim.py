@@ -15,8 +15,8 @@ Each rank is a handful of asyncio tasks doing what ``brakeline.Run`` does in its
 * each HTTP request opens its own connection (``Connection: close``), as urllib does;
 * with ``node_bundles``, the ranks of a node hand their requests to the node's forwarder
   (:class:`NodeRelay`, the SDK's ``brakeline._forwarder``): one bundle when every rank of the
-  node has a request waiting, an urgent one (an ack, a hold) arrives, or the oldest has waited
-  ``flush_interval``; and one websocket per node (``?ranks=…``), fanned out to its ranks.
+  node has a request waiting, the oldest has waited ``flush_interval`` or an urgent one (an
+  ack, a hold) 50 ms; and one websocket per node (``?ranks=…``), fanned out to its ranks.
 
 The NaN: in a data-parallel job a NaN loss on one rank poisons every rank's all-reduced
 gradients, so each rank's step guard refuses that update and holds at the step. Each rank
@@ -41,6 +41,9 @@ from typing import Any
 from urllib.parse import urlparse
 
 USER_AGENT = "brakeline-python/fleet-sim"
+# An urgent request (an ack, a hold) waits this long for its node's other ranks (the SDK's
+# brakeline._forwarder.URGENT_WAIT).
+URGENT_WAIT = 0.05
 
 
 @dataclass
@@ -379,6 +382,8 @@ class NodeRelay:
             self.arrived.clear()
             deadline = time.monotonic() + self.fleet.config.flush_interval
             while self.waiting and not self.ready() and time.monotonic() < deadline:
+                if any(urgent for *_, urgent, _ in self.waiting):
+                    deadline = min(deadline, time.monotonic() + URGENT_WAIT)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.arrived.wait(), deadline - time.monotonic())
                 self.arrived.clear()
@@ -388,7 +393,7 @@ class NodeRelay:
 
     def ready(self) -> bool:
         ranks = {rank for rank, *_ in self.waiting}
-        return len(ranks) >= len(self.ranks) or any(urgent for *_, urgent, _ in self.waiting)
+        return len(ranks) >= len(self.ranks)
 
     async def send(self, parts: list) -> None:
         bundle = {"parts": [{"path": path, "body": body.decode()} for _, path, body, _, _ in parts]}

@@ -3,12 +3,13 @@
 It runs as threads of the node's local rank 0 and listens on a unix socket only the user can
 reach (``brakeline._node`` decides where). Each rank's transport hands it the requests the rank
 would have posted itself (metrics batches, heartbeats, acknowledgements); the forwarder waits
-until every rank of the node has one waiting, or ``window`` seconds after the first, or no
-longer for an urgent one (an acknowledgement, a heartbeat announcing a hold), and posts them as
-one bundle (``POST /api/v1/agent/bundle``, docs/protocol.md "Bundles"). Each rank gets its own
-part's answer, exactly what the console would have said to its own request; its sender and
-control loop retry, spool and back off as they always do. A console without bundles (an older
-one: 404), a bundle over its size limit (413) or refused whole (400) is sent part by part.
+until every rank of the node has one waiting, or ``window`` seconds after the first, or
+``URGENT_WAIT`` after an urgent one (an acknowledgement, a heartbeat announcing a hold), and
+posts them as one bundle (``POST /api/v1/agent/bundle``, docs/protocol.md "Bundles"). Each
+rank gets its own part's answer, exactly what the console would have said to its own request;
+its sender and control loop retry, spool and back off as they always do. A console without
+bundles (an older one: 404), a bundle over its size limit (413) or refused whole (400) is sent
+part by part.
 
 It also holds the node's one websocket and hands each pushed command to the node's ranks that
 subscribed (the console's catch-up names the ranks that still need a command).
@@ -33,6 +34,9 @@ from brakeline._transport import Response, Transport, TransportError
 
 logger = logging.getLogger("brakeline")
 
+# An urgent part (an acknowledgement, a hold) waits this long for its node's other ranks: they
+# hold, and acknowledge, within milliseconds of each other (their collectives keep them in step).
+URGENT_WAIT = 0.05
 # The status a waiting part is answered with when the forwarder stops: "post it yourself".
 GONE = -1
 # Answers after which the parts are sent on their own: a console that has no bundles (404, 405),
@@ -180,15 +184,17 @@ class NodeForwarder:
                     part.settle(0, b"{}", None, 0)
 
     def _next_bundle(self) -> list[Part]:
-        """Wait for the parts of the next bundle: every rank has one, one is urgent, or the
-        oldest has waited ``window`` seconds."""
+        """Wait for the parts of the next bundle: every rank has one, or the oldest has waited
+        ``window`` seconds, or the oldest urgent one ``URGENT_WAIT``."""
         with self._changed:
             while not self._stopping.is_set():
                 if self._waiting:
                     ranks = {part.rank for part in self._waiting}
-                    urgent = any(part.urgent for part in self._waiting)
                     left = self._waiting[0].arrived + self.window - time.monotonic()
-                    if urgent or len(ranks) >= self.local_ranks or left <= 0:
+                    urgent = [part.arrived for part in self._waiting if part.urgent]
+                    if urgent:
+                        left = min(left, urgent[0] + URGENT_WAIT - time.monotonic())
+                    if len(ranks) >= self.local_ranks or left <= 0:
                         parts, self._waiting = self._waiting, []
                         return parts
                     self._changed.wait(left)

@@ -184,3 +184,26 @@ def test_two_nodes_on_one_machine_have_two_sockets_and_off_is_off(tmp_path):
     assert plans[0].socket_path != plans[1].socket_path  # type: ignore[union-attr]
     off = resolve_settings(overrides | {"node_forwarding": "off"}, first)
     assert node_plan(off, first) is None
+
+
+def test_acknowledgements_leave_together_without_waiting_for_the_window(socket_path):
+    console = Console()
+    # A node of 4 whose two ranks acknowledge: sent once both are in (URGENT_WAIT), not
+    # after the minute's window nor the other two ranks.
+    forwarder = NodeForwarder(console, socket_path, local_ranks=4, window=60.0)
+    forwarder.start()
+    transports = [NodeTransport(socket_path, rank, Console(), 60.0) for rank in range(2)]
+    threads = [
+        threading.Thread(target=t.post, args=("commands/7/ack", b'{"rank":%d}' % t.rank))
+        for t in transports
+    ]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+    finally:
+        forwarder.stop()
+    assert not any(thread.is_alive() for thread in threads)
+    # One bundle of both, or (a loaded machine starting the second thread late) each alone.
+    assert console.paths() in (["bundle"], ["commands/7/ack"] * 2)
