@@ -199,10 +199,12 @@ class NodeSubscription:
         while not self._stopping.is_set():
             try:
                 self._listen()
-                lost_since = time.monotonic()
-            except OSError:
-                self.connected.clear()
-                if time.monotonic() - lost_since >= SUBSCRIPTION_GRACE_SECONDS:
+            except (OSError, ValueError):  # gone, or a frame that is not JSON
+                if self.connected.is_set():  # it was listening: lost just now
+                    self.connected.clear()
+                    lost_since = time.monotonic()
+                    backoff.reset()
+                elif time.monotonic() - lost_since >= SUBSCRIPTION_GRACE_SECONDS:
                     logger.warning(
                         "brakeline: the node's websocket is gone; rank %d opens its own", self.rank
                     )

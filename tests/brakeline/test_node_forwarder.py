@@ -11,6 +11,7 @@ import threading
 
 import pytest
 
+from brakeline import _node as node
 from brakeline._commands import CommandInbox
 from brakeline._forwarder import NodeForwarder
 from brakeline._node import NodeSubscription, NodeTransport, node_plan
@@ -207,3 +208,26 @@ def test_acknowledgements_leave_together_without_waiting_for_the_window(socket_p
     assert not any(thread.is_alive() for thread in threads)
     # One bundle of both, or (a loaded machine starting the second thread late) each alone.
     assert console.paths() in (["bundle"], ["commands/7/ack"] * 2)
+
+
+def test_a_subscription_lost_for_good_opens_the_ranks_own_websocket(socket_path, monkeypatch):
+    monkeypatch.setattr(node, "SUBSCRIPTION_GRACE_SECONDS", 0.3)
+    forwarder = NodeForwarder(Console(), socket_path, local_ranks=1, window=0.1)
+    forwarder.start()
+    opened = threading.Event()
+
+    class OwnWebsocket:
+        def start(self) -> None:
+            opened.set()
+
+        def stop(self, timeout: float = 0) -> None:
+            pass
+
+    subscription = NodeSubscription(socket_path, 0, CommandInbox(), fallback=OwnWebsocket)
+    subscription.start()
+    try:
+        assert subscription.connected.wait(5)
+        forwarder.stop()
+        assert opened.wait(10)
+    finally:
+        subscription.stop()
