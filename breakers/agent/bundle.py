@@ -10,7 +10,9 @@ rank's heartbeat and series apart, and a part's refusal names its rank's field a
 Hostile until parsed: the bundle's own shape (``parts``, each ``path`` and ``body``) is checked
 whole before any part is served (400 naming ``parts[i].path``, nothing written); then each part
 is served in a transaction of its own, all of it or nothing, and answered with its own status,
-so one rank's malformed batch refuses only that part.
+so one rank's malformed batch refuses only that part. One transaction per part, not one for the
+bundle: a part that moves the job's step locks the job's row until its commit, and that lock
+must not be held through the other parts while other nodes' bundles of the job wait for it.
 """
 
 from __future__ import annotations
