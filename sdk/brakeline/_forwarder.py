@@ -146,8 +146,10 @@ class NodeForwarder:
                 raise FrameError("a request without its rank")
             if request.get("op") == "subscribe":
                 with self._subscribers_lock:
-                    self._subscribers.setdefault(rank, []).append(connection)
-                return  # kept open: deliver() writes to it
+                    if not self._stopping.is_set():  # stop() closes what it finds here
+                        self._subscribers.setdefault(rank, []).append(connection)
+                        return  # kept open: deliver() writes to it
+                raise FrameError("the forwarder is stopping")
             part = Part(
                 str(request.get("path")),
                 receive_frame(connection),
