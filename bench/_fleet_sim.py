@@ -12,7 +12,11 @@ Each rank is a handful of asyncio tasks doing what ``brakeline.Run`` does in its
   hostname, rank and world size, and only after progress while running;
 * the push listener keeps a websocket open to ``/ws/agent/?rank=N`` (``websocket=False``:
   commands arrive in replies only);
-* each HTTP request opens its own connection (``Connection: close``), as urllib does.
+* each HTTP request opens its own connection (``Connection: close``), as urllib does;
+* with ``node_bundles``, the ranks of a node hand their requests to the node's forwarder
+  (:class:`NodeRelay`, the SDK's ``brakeline._forwarder``): one bundle when every rank of the
+  node has a request waiting, the oldest has waited ``flush_interval`` or an urgent one (an
+  ack, a hold) 50 ms; and one websocket per node (``?ranks=…``), fanned out to its ranks.
 
 The NaN: in a data-parallel job a NaN loss on one rank poisons every rank's all-reduced
 gradients, so each rank's step guard refuses that update and holds at the step. Each rank
@@ -37,6 +41,9 @@ from typing import Any
 from urllib.parse import urlparse
 
 USER_AGENT = "brakeline-python/fleet-sim"
+# An urgent request (an ack, a hold) waits this long for its node's other ranks (the SDK's
+# brakeline._forwarder.URGENT_WAIT).
+URGENT_WAIT = 0.05
 
 
 @dataclass
@@ -54,6 +61,9 @@ class FleetConfig:
     websocket_nodes: set[int] | None = None
     # Protocol extension: a heartbeat due when a batch leaves rides in that batch.
     heartbeat_in_batch: bool = False
+    # Protocol 4: each node's ranks speak through one forwarder (NodeRelay): one bundle per
+    # interval, one websocket per node.
+    node_bundles: bool = False
 
 
 @dataclass
@@ -66,6 +76,7 @@ class Traffic:
     acked: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> (step, at)
     nan_at: float | None = None
     errors: Counter = field(default_factory=Counter)
+    parts: int = 0  # the ranks' requests that travelled in bundles
     on_accepted: Any = None  # callback(points) for lag watching
 
 
@@ -134,6 +145,14 @@ class Rank:
         self.pid = 100_000 + rank
         self.names = [json.dumps(n) for n in ["train/loss", "train/grad_norm", "train/lr"]]
         self.names += [json.dumps(f"train/metric_{i}") for i in range(3, self.config.metrics)]
+
+    async def post(self, kind: str, path: str, body: bytes) -> tuple[int, dict, float | None]:
+        """Through the node's forwarder when the fleet has them, else on its own."""
+        relay = self.fleet.relays.get(self.node_index)
+        if relay is None:
+            return await self.fleet.http.post(kind, path, body)
+        urgent = kind == "ack" or (kind == "heartbeat" and b'"status": "running"' not in body)
+        return await relay.post(self.rank, path, body, urgent)
 
     # -- the training loop ----------------------------------------------------------------------
     def log(self, values: list[float]) -> None:
@@ -211,9 +230,7 @@ class Rank:
             result["apply_at_step"] = command["apply_at_step"]
         body = json.dumps({"status": "succeeded", "result": result}).encode()
         while True:
-            status, _, retry_after = await self.fleet.http.post(
-                "ack", f"commands/{command_id}/ack", body
-            )
+            status, _, retry_after = await self.post("ack", f"commands/{command_id}/ack", body)
             if 200 <= status < 300 or 400 <= status < 500 and status not in (408, 429):
                 break
             await asyncio.sleep(retry_after or 0.5)
@@ -269,7 +286,7 @@ class Rank:
                 self.heartbeat_due = time.monotonic() + self.config.heartbeat_interval
         body = (head + '"points":[' + ",".join(lines) + "]" + extra + "}").encode()
         self.fleet.traffic.sent_points += len(lines)
-        status, answer, retry_after = await self.fleet.http.post("metrics", "metrics", body)
+        status, answer, retry_after = await self.post("metrics", "metrics", body)
         if status == 202 or 400 <= status < 500 and status not in (401, 408, 429):
             self.sealed = None
             if status == 202:
@@ -307,9 +324,7 @@ class Rank:
         if body is None:
             return
         self.heartbeat_due = time.monotonic() + self.config.heartbeat_interval
-        status, answer, _ = await self.fleet.http.post(
-            "heartbeat", "heartbeat", json.dumps(body).encode()
-        )
+        status, answer, _ = await self.post("heartbeat", "heartbeat", json.dumps(body).encode())
         if status == 200:
             self.offer(answer.get("commands", []))
 
@@ -347,12 +362,91 @@ class Rank:
                 await asyncio.sleep(1.0)
 
 
+class NodeRelay:
+    """A node's forwarder: its ranks' requests in one bundle, its one websocket fanned out."""
+
+    def __init__(self, fleet: Fleet, index: int, ranks: list[Rank]) -> None:
+        self.fleet, self.index, self.ranks = fleet, index, ranks
+        self.waiting: list[tuple[int, str, bytes, bool, asyncio.Future]] = []
+        self.arrived = asyncio.Event()
+
+    async def post(self, rank: int, path: str, body: bytes, urgent: bool) -> tuple:
+        answer: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.waiting.append((rank, path, body, urgent, answer))
+        self.arrived.set()
+        return await answer
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self.arrived.wait()
+            self.arrived.clear()
+            deadline = time.monotonic() + self.fleet.config.flush_interval
+            while self.waiting and not self.ready() and time.monotonic() < deadline:
+                if any(urgent for *_, urgent, _ in self.waiting):
+                    deadline = min(deadline, time.monotonic() + URGENT_WAIT)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.arrived.wait(), deadline - time.monotonic())
+                self.arrived.clear()
+            parts, self.waiting = self.waiting, []
+            if parts:
+                await self.send(parts)
+
+    def ready(self) -> bool:
+        ranks = {rank for rank, *_ in self.waiting}
+        return len(ranks) >= len(self.ranks)
+
+    async def send(self, parts: list) -> None:
+        bundle = {"parts": [{"path": path, "body": body.decode()} for _, path, body, _, _ in parts]}
+        self.fleet.traffic.parts += len(parts)
+        status, answer, retry_after = await self.fleet.http.post(
+            "bundle", "bundle", json.dumps(bundle).encode()
+        )
+        results = answer.get("results") if status == 200 else None
+        for index, (*_, future) in enumerate(parts):
+            if isinstance(results, list) and len(results) == len(parts):
+                result = results[index]
+                future.set_result((result["status"], result["body"], None))
+            else:
+                future.set_result((status, answer, retry_after))
+
+    async def push(self, stop: asyncio.Event) -> None:
+        """The node's one websocket; a command goes to the ranks it names (all: a push)."""
+        from websockets.asyncio.client import connect
+
+        base = self.fleet.config.url.replace("http://", "ws://")
+        ranks = ",".join(str(rank.rank) for rank in self.ranks)
+        url = f"{base}/ws/agent/?token={self.fleet.config.token}&ranks={ranks}"
+        while not stop.is_set():
+            try:
+                async with connect(url, open_timeout=30, proxy=None) as socket:
+                    while not stop.is_set():
+                        try:
+                            message = await asyncio.wait_for(socket.recv(), 1.0)
+                        except TimeoutError:
+                            continue
+                        payload = json.loads(message)
+                        if payload.get("type") == "command":
+                            named = payload.get("ranks")
+                            for rank in self.ranks:
+                                if named is None or rank.rank in named:
+                                    rank.offer([payload.get("command")])
+            except Exception as error:  # reconnect, as the SDK does
+                self.fleet.traffic.errors[f"ws:{type(error).__name__}"] += 1
+                await asyncio.sleep(1.0)
+
+
 class Fleet:
     def __init__(self, config: FleetConfig, traffic: Traffic | None = None) -> None:
         self.config = config
         self.traffic = traffic or Traffic()
         self.http = Http(config.url, config.token, self.traffic)
         self.ranks = [Rank(self, rank) for rank in range(config.ranks)]
+        self.relays: dict[int, NodeRelay] = {}
+        if config.node_bundles:
+            nodes: dict[int, list[Rank]] = {}
+            for rank in self.ranks:
+                nodes.setdefault(rank.node_index, []).append(rank)
+            self.relays = {index: NodeRelay(self, index, ranks) for index, ranks in nodes.items()}
         self.nan_rank = random.randrange(config.ranks)
         self.nan_step: int | None = None
         self.epoch = time.monotonic() + 0.5
@@ -360,11 +454,17 @@ class Fleet:
         self.tasks: list[asyncio.Task] = []
 
     def start(self) -> None:
+        nodes = self.config.websocket_nodes
         for rank in self.ranks:
             jobs = [rank.train(self.stop), rank.sender(self.stop), rank.control(self.stop)]
-            nodes = self.config.websocket_nodes
-            if self.config.websocket and (nodes is None or rank.node_index in nodes):
+            heard = self.config.websocket and (nodes is None or rank.node_index in nodes)
+            if heard and not self.relays:
                 jobs.append(rank.push(self.stop))
+            self.tasks += [asyncio.ensure_future(job) for job in jobs]
+        for index, relay in self.relays.items():
+            jobs = [relay.run(self.stop)]
+            if self.config.websocket and (nodes is None or index in nodes):
+                jobs.append(relay.push(self.stop))
             self.tasks += [asyncio.ensure_future(job) for job in jobs]
 
     def inject_nan(self) -> int:

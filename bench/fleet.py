@@ -7,7 +7,9 @@ The stack is the production process shape (bench/_prodstack.py): Daphne behind H
 prefork Celery worker (one child per core), beat, PostgreSQL and Redis. The ranks
 (bench/_fleet_sim.py) speak the SDK's wire protocol at its defaults: a step every 0.25 s,
 metrics flushed every second with batch ids, heartbeats every 5 s, a websocket per rank,
-one HTTP connection per request. All ranks of a round are one job.
+one HTTP connection per request; in the ``node`` variant each node's ranks
+(``--ranks-per-node``, 8) speak through one forwarder: a bundle per interval and one
+websocket per node (protocol 4). All ranks of a round are one job.
 
 Each round: a fresh job of N ranks, ``--warm`` seconds unmeasured, ``--seconds`` measured
 (CPU of every process tree from /proc, requests by kind and answer, evaluation lag sampled
@@ -64,8 +66,9 @@ def cpu_delta(before: dict, after: dict) -> dict[str, float]:
     return delta
 
 
-async def one_round(args, running, connection, db_name: str, ranks: int, riding: bool) -> dict:
+async def one_round(args, running, connection, db_name: str, ranks: int, variant: str) -> dict:
     job_id, token = await asyncio.to_thread(new_job, ranks)
+    riding = variant in ("riding", "node")  # a node's ranks are of protocol 4: they ride
     config = FleetConfig(
         url=running.urls[args.web],
         token=token,
@@ -73,6 +76,8 @@ async def one_round(args, running, connection, db_name: str, ranks: int, riding:
         websocket=not args.no_websocket,
         metrics=args.metrics,
         heartbeat_in_batch=riding,
+        ranks_per_node=args.ranks_per_node,
+        node_bundles=variant == "node",
     )
     acks = Acks()
     traffic = Traffic(on_accepted=acks.add)
@@ -81,6 +86,7 @@ async def one_round(args, running, connection, db_name: str, ranks: int, riding:
     await asyncio.sleep(args.warm)
     with LagWatch(os.environ["DATABASE_URL"], [job_id], [acks]) as watch:
         requests_before = sum(traffic.requests.values())
+        parts_before = traffic.parts
         points_before = traffic.accepted_points
         by_kind_before = traffic.requests.copy()
         before = cpu_reading(running, connection, db_name)
@@ -89,6 +95,7 @@ async def one_round(args, running, connection, db_name: str, ranks: int, riding:
         elapsed = time.monotonic() - started
         after = cpu_reading(running, connection, db_name)
         requests = sum(traffic.requests.values()) - requests_before
+        parts = traffic.parts - parts_before
         points = traffic.accepted_points - points_before
         by_kind = traffic.requests - by_kind_before
         lag_samples = list(watch.samples)
@@ -106,6 +113,7 @@ async def one_round(args, running, connection, db_name: str, ranks: int, riding:
         # rank logs a second (a saturated console serves fewer than the wall clock's).
         "served": points / (config.metrics / config.step_seconds),
         "requests": requests,
+        "parts": parts,
         "by_kind": by_kind,
         "cpu": cpu_delta(before, after),
         "lag": lag_samples,
@@ -118,6 +126,11 @@ async def one_round(args, running, connection, db_name: str, ranks: int, riding:
         "ranks": ranks,
         "nan_step": nan_step,
     }
+
+
+def _parts_per_bundle(rounds: list[dict]) -> float | None:
+    bundles = sum(r["by_kind"].get(("bundle", 200), 0) for r in rounds)
+    return sum(r["parts"] for r in rounds) / bundles if bundles else None
 
 
 def summarise(rounds: list[dict]) -> dict:
@@ -137,6 +150,7 @@ def summarise(rounds: list[dict]) -> dict:
     return {
         "ranks": ranks,
         "rps": sum(r["requests"] for r in rounds) / sum(r["elapsed"] for r in rounds),
+        "parts_per_bundle": _parts_per_bundle(rounds),
         "ms_per_rank_s": {name: 1000 * seconds / rank_seconds for name, seconds in cpu.items()},
         "ms_per_served": {name: 1000 * seconds / served for name, seconds in cpu.items()},
         "ms_per_request": {name: 1000 * seconds / requests for name, seconds in cpu.items()},
@@ -159,15 +173,18 @@ def print_tables(results: list[dict], args, variant: str) -> None:
         f"websocket {'off' if args.no_websocket else 'on'}, heartbeats "
         f"{variant}, {args.seconds:g} s measured per round\n"
     )
-    print("ranks | req/s | req/s/rank | answers by kind")
+    print("ranks | req/s | req/s/rank | parts/bundle | answers by kind")
     for res in results:
         answers = "; ".join(
             f"{kind} "
             + ", ".join(f"{status}:{count}" for status, count in sorted(s.items(), key=str))
             for kind, s in sorted(res["statuses"].items())
         )
+        per_bundle = res["parts_per_bundle"]
+        bundled = f"{per_bundle:12.1f}" if per_bundle else f"{'-':>12}"
         print(
-            f"{res['ranks']:5d} | {res['rps']:6.1f} | {res['rps'] / res['ranks']:5.2f} | {answers}"
+            f"{res['ranks']:5d} | {res['rps']:6.1f} | {res['rps'] / res['ranks']:5.2f} "
+            f"| {bundled} | {answers}"
         )
     print(
         "\nconsole CPU, ms per rank-second served (rank-seconds of points accepted; the wall"
@@ -226,8 +243,7 @@ async def run(args) -> dict[str, list[dict]]:
             rounds: dict[str, list[dict]] = {variant: [] for variant in args.variants}
             for index in range(args.rounds):
                 for variant in args.variants:
-                    riding = variant == "riding"
-                    outcome = await one_round(args, running, connection, db_name, ranks, riding)
+                    outcome = await one_round(args, running, connection, db_name, ranks, variant)
                     rounds[variant].append(outcome)
                     print(
                         f"  {ranks} ranks, {variant}, round {index + 1}: held "
@@ -252,10 +268,12 @@ def main() -> None:
     parser.add_argument(
         "--variants",
         type=lambda s: s.split(","),
-        default=["separate", "riding"],
+        default=["separate", "riding", "node"],
         help="separate: heartbeats on their own (protocol 2 SDKs); riding: a due heartbeat "
-        "rides in the metrics batch (protocol 3)",
+        "rides in the metrics batch (protocol 3); node: riding, and each node's ranks speak "
+        "through one forwarder, one bundle per interval and one websocket (protocol 4)",
     )
+    parser.add_argument("--ranks-per-node", type=int, default=8)
     parser.add_argument("--hold-timeout", type=float, default=60.0)
     args = parser.parse_args()
     set_up_django()

@@ -12,6 +12,7 @@ from django.conf import settings
 
 from breakers.agent import service as breaker_services
 from breakers.agent.ack_rank import MAX_RANK
+from breakers.agent.bundle import MAX_BUNDLE_PARTS, deliverable_to_ranks
 from breakers.agent.protocol import is_whole_number, parse_json_object
 from breakers.agent.store import Stored
 from breakers.control.commands import deliverable_commands, mark_delivered
@@ -53,6 +54,26 @@ def rank_from_scope(scope: dict) -> int | None:
     )
 
 
+def ranks_from_scope(scope: dict) -> list[int] | None:
+    """The ``ranks`` query parameter of a node's one socket (protocol 4): the ranks its
+    forwarder hands commands to, comma-separated (None: not said). Hostile: anything but 1 to
+    MAX_BUNDLE_PARTS whole numbers from 0 to 2³¹−1 is refused naming the field."""
+    values = parse_qs(scope.get("query_string", b"").decode(), keep_blank_values=True).get("ranks")
+    if values is None:
+        return None
+    texts = values[0].split(",")
+    if (
+        len(values) == 1
+        and len(texts) <= MAX_BUNDLE_PARTS
+        and all(t.isascii() and t.isdigit() and len(t) <= 10 and int(t) <= MAX_RANK for t in texts)
+    ):
+        return sorted({int(text) for text in texts})
+    raise InvalidInput(
+        "The websocket's ranks are not valid.",
+        fields={"ranks": f"must be 1 to {MAX_BUNDLE_PARTS} whole numbers from 0 to {MAX_RANK}"},
+    )
+
+
 class AgentConsumer(AsyncJsonWebsocketConsumer):
     """``/ws/agent/``: one training process, authenticated by its job's bearer token."""
 
@@ -70,6 +91,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             return
         try:
             rank = rank_from_scope(self.scope)
+            ranks = ranks_from_scope(self.scope)
         except InvalidInput as error:
             await self.accept()  # to say which field, then close
             await self.send_json({"type": "error", **error.as_body()})
@@ -79,10 +101,19 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         await self.channel_layer.group_add(agent_group(job.pk), self.channel_name)
         await self.accept()
         self.watcher = asyncio.ensure_future(self._watch())
+        if ranks is not None:
+            await self._catch_up_node(job.pk, ranks)
+            return
         # Catch-up: whatever was issued while this process had no websocket, less what this
         # rank acknowledged already (the heartbeat replies' rule, the same query).
         for command in await database_sync_to_async(deliverable_commands)(job.pk, rank):
             await self.send_json({"type": "command", "command": command})
+
+    async def _catch_up_node(self, job_id: int, ranks: list[int]) -> None:
+        """A node's socket: each open command once, naming the node's ranks that have not
+        acknowledged it (pushes after this go to every rank of the node, as to every socket)."""
+        for command, waiting in await database_sync_to_async(deliverable_to_ranks)(job_id, ranks):
+            await self.send_json({"type": "command", "command": command, "ranks": waiting})
 
     async def _watch(self) -> None:
         while not self.closed:

@@ -84,9 +84,10 @@ __all__ = [
 ]
 
 # 1: the first protocol. 2: a metrics batch may carry a batch id, stored once. 3: a metrics
-# batch may carry its rank's heartbeat (docs/protocol.md "Versions"); everything of the
-# earlier versions is still accepted as it was.
-PROTOCOL_VERSION = 3
+# batch may carry its rank's heartbeat. 4: a node's ranks' requests in one bundle, and a
+# node's one websocket (docs/protocol.md "Versions"); everything of the earlier versions is
+# still accepted as it was.
+PROTOCOL_VERSION = 4
 HEARTBEAT_STATUSES = ("running", "paused", "checkpointing", "finished", "holding")
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from breakers.agent import service as breaker_services
+from breakers.agent.bundle import bundle_reply
 from breakers.control.replicas import record_replica_heartbeat
 from core.errors import InvalidInput, ServiceError, UnsupportedMediaType
 from incidents.models import Job
@@ -89,12 +90,18 @@ def replica_heartbeat(job: Job, body: bytes, _id: int | None) -> tuple[int, dict
     return 200, record_replica_heartbeat(job, body)
 
 
+def bundle(job: Job, body: bytes, _id: int | None) -> tuple[int, dict[str, Any]]:
+    # A node's ranks' requests in one (breakers.agent.bundle): each part served as its own.
+    return 200, bundle_reply(job, body)
+
+
 # The hot path: what every rank (or replica) sends about once a second, and its acks. The rare
 # uploads (snapshots, checkpoints) keep their DRF views only.
 ENDPOINTS: dict[str, Handler] = {
     f"{AGENT_PREFIX}metrics": metrics,
     f"{AGENT_PREFIX}heartbeat": heartbeat,
     f"{AGENT_PREFIX}replicas/heartbeat": replica_heartbeat,
+    f"{AGENT_PREFIX}bundle": bundle,
 }
 # Paths with one whole-number id, as Django's <int:…> converter reads it.
 ID_ENDPOINTS: list[tuple[re.Pattern[str], Handler]] = [

@@ -5,6 +5,7 @@ from django.urls import path
 from console.api import (
     actions,
     agent,
+    agent_bundle,
     alerts,
     audit,
     checkpoints,
@@ -38,6 +39,7 @@ agent_routes = [
         agent.CommandAckView.as_view(),
         name="agent-command-ack",
     ),
+    path(f"{V1}/agent/bundle", agent_bundle.BundleView.as_view(), name="agent-bundle"),
     path(f"{V1}/agent/snapshots", snapshots.SnapshotView.as_view(), name="agent-snapshots"),
     path(
         f"{V1}/agent/checkpoints",

@@ -13,6 +13,7 @@ import json
 import logging
 import threading
 import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
 from brakeline._backoff import Backoff
@@ -34,10 +35,17 @@ class PushListener:
         open_timeout: float = 10.0,
         backoff: Backoff | None = None,
         rank: int | None = None,
+        ranks: list[int] | None = None,
+        deliver: Callable[[dict[str, Any], list[int] | None], None] | None = None,
     ) -> None:
         # A rank of a multi-rank job names itself: the console's catch-up on (re)connect then
-        # leaves out the commands this rank acknowledged already (docs/protocol.md).
+        # leaves out the commands this rank acknowledged already (docs/protocol.md). A node's
+        # forwarder names its node's ranks instead, and ``deliver`` hands each command to the
+        # ranks the console names (None: every rank of the node).
         fields = {"token": token} | ({"rank": str(rank)} if rank is not None else {})
+        if ranks:
+            fields["ranks"] = ",".join(str(one) for one in ranks)
+        self._deliver = deliver or (lambda command, _ranks: self.inbox.offer(command))
         query = urllib.parse.urlencode(fields)
         self.url = f"{ws_url}{'&' if '?' in ws_url else '?'}{query}"
         self.token = token
@@ -115,5 +123,6 @@ class PushListener:
             return
         if isinstance(payload, dict) and payload.get("type") == "command":
             command = payload.get("command")
+            ranks = payload.get("ranks")
             if isinstance(command, dict):
-                self.inbox.offer(command)
+                self._deliver(command, ranks if isinstance(ranks, list) else None)

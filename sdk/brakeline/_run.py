@@ -41,16 +41,16 @@ from brakeline._exit import (
 )
 from brakeline._guard import GuardedRunMixin, StepGuard
 from brakeline._loader import PausableLoader
+from brakeline._node import console_links
 from brakeline._pace import StepPace
 from brakeline._pause import PauseController, PauseInfo, PauseState
-from brakeline._push import PushListener
 from brakeline._ranksync import CommandApplyMixin, RankAgreement
 from brakeline._rng import seed_everything
 from brakeline._rollback import CheckpointMixin
 from brakeline._sender import MetricsSender
 from brakeline._settings import Settings, resolve_settings
 from brakeline._spool import PointSpool, open_spill_directory
-from brakeline._transport import HttpTransport, Transport, encode_json
+from brakeline._transport import Transport, encode_json
 from brakeline.snapshot import (
     checkpoint_contents,
     checkpoint_reference,
@@ -163,15 +163,15 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
         self._spill_lock: Any = None
         self.sender: MetricsSender | None = None
         self.control: ControlLoop | None = None
-        self.push: PushListener | None = None
+        self.push: Any = None  # a PushListener, or the node's link (brakeline._node)
         self._connect(transport)
         atexit.register(self._finish_at_exit)
 
     # -- wiring ----------------------------------------------------------------------------------
     def _connect(self, transport: Transport | None) -> None:
         settings = self.settings
-        if transport is None and settings.enabled:
-            transport = HttpTransport(settings.url, settings.token, settings.http_timeout)
+        rank_named = bool(self._world_size or settings.rank)
+        transport, self.push = console_links(settings, self.inbox, rank_named, transport)
         if transport is None:
             logger.warning(
                 "brakeline: no console configured (BRAKELINE_URL, BRAKELINE_TOKEN); "
@@ -196,17 +196,6 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
             backoff=Backoff(settings.backoff_base, settings.backoff_cap),
         )
         self.sender.heartbeats = self.control  # a due heartbeat rides in the next batch
-        if settings.use_websocket and settings.enabled:
-            # The run's backoff cap, not a fixed minute: after a console restart the push
-            # channel is back as soon as metrics and heartbeats are.
-            self.push = PushListener(
-                settings.websocket_url,
-                settings.token,
-                self.inbox,
-                open_timeout=settings.http_timeout,
-                backoff=Backoff(settings.backoff_base, settings.backoff_cap),
-                rank=settings.rank if self._world_size or settings.rank else None,
-            )
         self.sender.start()
         self.control.start()
         if self.push is not None:

@@ -37,6 +37,9 @@ ENVIRONMENT_VARIABLES: dict[str, str] = {
     "BRAKELINE_AGREEMENT_EVERY": "agreement_every",
     "BRAKELINE_CHECKPOINT_SETS": "checkpoint_sets",
     "BRAKELINE_TIME_SYNC": "time_sync",
+    "BRAKELINE_NODE_FORWARDING": "node_forwarding",
+    "BRAKELINE_NODE_WINDOW": "node_window",
+    "BRAKELINE_NODE_DIR": "node_dir",
 }
 
 
@@ -101,6 +104,15 @@ class Settings:
     rank_agreement: str = "auto"
     agreement_every: int = 1
     agreement_wait_seconds: float = 60.0
+    # One conversation per node (docs/sdk.md "One conversation per node"): "auto" sends the
+    # ranks' requests through their node's forwarder (local rank 0) wherever the launcher
+    # says a node has several ranks (LOCAL_RANK, LOCAL_WORLD_SIZE), "off" never. The
+    # forwarder waits up to node_window seconds (0: flush_interval) for every rank of the
+    # node before it sends; its unix socket lives in node_dir (default: a folder of this
+    # user's in the temporary directory).
+    node_forwarding: str = "auto"
+    node_window: float = 0.0
+    node_dir: str = ""
 
     @property
     def enabled(self) -> bool:

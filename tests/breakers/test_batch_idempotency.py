@@ -44,7 +44,7 @@ def test_a_retried_batch_is_stored_once_and_answered_alike(agent, agent_post):
     retry = agent_post(URL, batch("run1-1"))
     assert first.status_code == retry.status_code == 202
     assert first.json() == retry.json() == {"accepted": 3, "commands": []}
-    assert first["Brakeline-Protocol"] == "3"
+    assert first["Brakeline-Protocol"] == "4"
     assert stored(agent.job_id) == 3
     assert MetricBatch.objects.get(job_id=agent.job_id).accepted == 3
     assert agent_post(URL, batch("run1-2", start=3)).json()["accepted"] == 3

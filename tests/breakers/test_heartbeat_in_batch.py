@@ -31,7 +31,7 @@ def ranks(job_id):
 def test_the_heartbeat_is_recorded_for_the_batchs_rank_with_its_points(agent, agent_post):
     response = agent_post(URL, batch(beat(status="holding", world_size=4)))
     assert response.status_code == 202, response.json()
-    assert response.headers["Brakeline-Protocol"] == "3"
+    assert response.headers["Brakeline-Protocol"] == "4"
     assert ranks(agent.job_id) == {3: (7, "holding")}
     assert len(stored_points(agent.job_id)) == 1
     assert Job.objects.get(pk=agent.job_id).world_size == 4

@@ -11,9 +11,17 @@ import urllib.request
 
 import pytest
 
+from breakers.agent.protocol import PROTOCOL_VERSION
 from console import request_log
 from console.api import agent_endpoints
-from console.api.agent_endpoints import command_ack, heartbeat, metrics, replica_heartbeat, resolve
+from console.api.agent_endpoints import (
+    bundle,
+    command_ack,
+    heartbeat,
+    metrics,
+    replica_heartbeat,
+    resolve,
+)
 from console.request_log import AgentTraffic
 from tests.support.agent_doors import lean_post
 
@@ -26,6 +34,7 @@ HEARTBEAT = "/api/v1/agent/heartbeat"
         ("/api/v1/agent/metrics", metrics, None),
         ("/api/v1/agent/heartbeat", heartbeat, None),
         ("/api/v1/agent/replicas/heartbeat", replica_heartbeat, None),
+        ("/api/v1/agent/bundle", bundle, None),  # a node's forwarder: its ranks' requests
         ("/api/v1/agent/commands/42/ack", command_ack, 42),
         ("/api/v1/agent/commands/007/ack", command_ack, 7),  # as Django's <int:…> reads it
     ],
@@ -68,7 +77,9 @@ def test_the_setting_turns_the_lean_route_off(agent, settings, lean):
     response = lean_post(HEARTBEAT, body, headers, django_app=django_app)
     if lean:
         assert response.status_code == 200 and reached == []
-        assert response.json() == {"commands": []} and response["Brakeline-Protocol"] == "3"
+        assert response.json() == {"commands": []} and response["Brakeline-Protocol"] == str(
+            PROTOCOL_VERSION
+        )
     else:
         assert response.status_code == 204 and reached == [HEARTBEAT]
 
@@ -110,7 +121,9 @@ def test_through_daphne_the_hot_path_skips_django_and_the_rest_does_not(live_con
 
     status, headers, answer = post(HEARTBEAT, {"step": 3, "status": "running"})
     assert (status, answer) == (200, {"commands": []})
-    assert headers["Brakeline-Protocol"] == "3" and "X-Frame-Options" not in headers
+    assert (
+        headers["Brakeline-Protocol"] == str(PROTOCOL_VERSION) and "X-Frame-Options" not in headers
+    )
     status, headers, answer = post(HEARTBEAT, {"step": "3", "status": "running"})
     assert status == 400 and "step" in answer["fields"] and "X-Frame-Options" not in headers
     status, headers, answer = post("/api/v1/agent/snapshots", {"kind": "start"})

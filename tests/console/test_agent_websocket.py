@@ -132,3 +132,36 @@ def test_a_rank_that_is_not_one_is_refused_naming_the_field(live_console, agent,
         with pytest.raises(ConnectionClosed) as closed:
             socket.recv(timeout=10)
     assert closed.value.rcvd.code == 4400
+
+
+def test_a_nodes_catch_up_names_the_ranks_still_owing_each_command(live_console, agent):
+    for rank in (0, 1, 2):
+        body = {"step": 100, "status": "running", "rank": rank, "world_size": 3, "pid": 10 + rank}
+        heartbeat_reply(agent.job_id, json.dumps(body).encode())
+    lower = issue_command(agent.job_id, "lower_lr", reason="L2", params={"factor": 0.5}).command
+    pause = issue_command(agent.job_id, "checkpoint_and_pause", reason="NaN", severity="L3")
+    url = ws_url(live_console) + f"?token={agent.token}"
+    with connect(url + "&rank=1") as socket:
+        catch_up(socket)
+        ack = {"type": "ack", "id": lower.pk, "status": "succeeded", "result": {"rank": 1}}
+        socket.send(json.dumps(ack))
+        assert next_message(socket)["type"] == "acked"
+    with connect(url + "&ranks=0,1,2") as socket:
+        first, second = next_message(socket), next_message(socket)
+        assert (first["command"]["id"], first["ranks"]) == (lower.pk, [0, 2])
+        assert (second["command"]["id"], second["ranks"]) == (pause.command.pk, [0, 1, 2])
+        issued = issue_command(agent.job_id, "resume", reason="checked").command
+        pushed = next_message(socket)  # a push after the catch-up: for every rank of the node
+        assert pushed["command"]["id"] == issued.pk and "ranks" not in pushed
+
+
+@pytest.mark.parametrize(
+    "query", ["ranks=", "ranks=1,,2", "ranks=-1", "ranks=2147483648", "ranks=1&ranks=2"]
+)
+def test_a_nodes_ranks_that_are_not_ranks_are_refused_naming_the_field(live_console, agent, query):
+    with connect(ws_url(live_console) + f"?token={agent.token}&{query}") as socket:
+        message = next_message(socket)
+        assert (message["type"], list(message["fields"])) == ("error", ["ranks"])
+        with pytest.raises(ConnectionClosed) as closed:
+            socket.recv(timeout=10)
+    assert closed.value.rcvd.code == 4400

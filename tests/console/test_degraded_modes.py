@@ -115,7 +115,7 @@ def test_a_team_without_a_policy_is_not_swept_for_dispatch():
 
 def test_metrics_over_http_say_the_protocol_version(agent, agent_post):
     response = agent_post("/api/v1/agent/metrics", {"points": []})
-    assert response["Brakeline-Protocol"] == "3" and json.loads(response.content)["accepted"] == 0
+    assert response["Brakeline-Protocol"] == "4" and json.loads(response.content)["accepted"] == 0
 
 
 @contextlib.contextmanager

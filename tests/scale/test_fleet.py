@@ -1,6 +1,7 @@
 """A job of 120 simulated ranks on two nodes against the real console (Daphne, a Celery
 worker, PostgreSQL, Redis), speaking the SDK's wire protocol at its defaults (bench/fleet.py's
-simulator): a NaN on one rank brakes every rank at one step, and every point is stored.
+simulator), rank by rank or each node through its forwarder (bundles, one websocket per node):
+a NaN on one rank brakes every rank at one step, and every point is stored.
 Behaviour only, never speed: the waits are generous and end on the event."""
 
 from __future__ import annotations
@@ -34,7 +35,10 @@ async def brake_a_fleet(config: FleetConfig) -> Fleet:
 
 
 @pytest.mark.usefixtures("worker")
-def test_every_rank_of_two_nodes_holds_at_one_step_and_nothing_is_lost(live_console, make_agent):
+@pytest.mark.parametrize("node_bundles", [False, True], ids=["rank-by-rank", "node-bundles"])
+def test_every_rank_of_two_nodes_holds_at_one_step_and_nothing_is_lost(
+    live_console, make_agent, node_bundles
+):
     agent = make_agent()
     config = FleetConfig(
         url=live_console,
@@ -44,6 +48,8 @@ def test_every_rank_of_two_nodes_holds_at_one_step_and_nothing_is_lost(live_cons
         heartbeat_in_batch=True,  # as the SDK sends them to a console of protocol 3
         # The first node's ranks hear commands on the websocket, the second's in replies.
         websocket_nodes={0},
+        # Each node's ranks through one forwarder: bundles and the node's one websocket.
+        node_bundles=node_bundles,
     )
     fleet = asyncio.run(brake_a_fleet(config))
 
@@ -61,3 +67,5 @@ def test_every_rank_of_two_nodes_holds_at_one_step_and_nothing_is_lost(live_cons
     assert len(points) == fleet.traffic.accepted_points, refused
     assert len({(p.rank, p.name, p.step) for p in points}) == len(points)
     assert any(p.name == "train/loss" and p.value != p.value for p in points)  # the NaN
+    bundles = fleet.traffic.requests[("bundle", 200)]
+    assert (bundles > 0 and fleet.traffic.parts > 2 * bundles) == node_bundles

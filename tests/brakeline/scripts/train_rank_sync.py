@@ -54,6 +54,8 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--fault", choices=FAULTS, default="nan-loss")
     parser.add_argument("--ddp", action="store_true")
     parser.add_argument("--fsdp", action="store_true", help="torch's fully_shard (FSDP2)")
+    # The node's forwarder (on local rank 0) stops at this step: its ranks go on directly.
+    parser.add_argument("--stop-forwarder-at", type=int, default=0)
     return parser.parse_args()
 
 
@@ -105,6 +107,32 @@ def average_gradients(model: torch.nn.Module) -> None:
     for parameter in model.parameters():
         dist.all_reduce(parameter.grad)
         parameter.grad /= world
+
+
+def node_traffic(run: brakeline.Run) -> dict:
+    """How this rank's requests went: through its node's forwarder or directly, and (on
+    the node's local rank 0) how many bundles its forwarder sent."""
+    transport = run.sender.transport if run.sender is not None else None
+    forwarder = getattr(run.push, "forwarder", None)
+    return {
+        "through_node": getattr(transport, "through_node", 0),
+        "direct": getattr(transport, "direct_posts", 0),
+        "bundles": forwarder.bundles_sent if forwarder is not None else 0,
+        "parts": forwarder.parts_sent if forwarder is not None else 0,
+    }
+
+
+def stop_forwarder(run: brakeline.Run) -> None:
+    """The forwarder's threads end and its socket goes (its process lives on): what every
+    rank of the node meets when a forwarder dies."""
+    link = run.push
+    if getattr(link, "forwarder", None) is not None:
+        if link.node_push is not None:
+            link.node_push.stop()
+        link.forwarder.stop()
+        logging.getLogger("brakeline").warning(
+            "rank %d stopped its node's forwarder", run.settings.rank
+        )
 
 
 def main() -> None:
@@ -172,6 +200,8 @@ def main() -> None:
         optimizer.step()
         weights.after_step(step, before, faulty)
         run.log({"loss": loss}, step=step)
+        if step == args.stop_forwarder_at:
+            stop_forwarder(run)
         run.step_boundary(step)
         if resumed:
             break  # every rank resumes where they all held: they stop together
@@ -185,6 +215,7 @@ def main() -> None:
         "fault_refused": weights.fault_refused,
         "finite_at_hold": weights.finite_at_hold,
         "last_applied": weights.last_applied,
+        "node": node_traffic(run),
     }
     (args.work / f"rank-{rank}.json").write_text(json.dumps(report))
     run.finish()
