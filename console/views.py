@@ -13,6 +13,7 @@ from typing import Any
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
+from drf_spectacular.utils import extend_schema
 from drf_spectacular.views import SpectacularSwaggerSplitView
 
 from breakers import metrics as history
@@ -141,6 +142,7 @@ def incident_page(request: HttpRequest, pk: int) -> HttpResponse:
 class ApiDocsView(SpectacularSwaggerSplitView):
     """Swagger UI for the schema, under a policy that allows its one inline style."""
 
+    @extend_schema(exclude=True)
     def get(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         response = super().get(request, *args, **kwargs)
         response["Content-Security-Policy"] = api_docs_policy(request)
