@@ -163,3 +163,24 @@ def test_without_torch_the_demo_says_so_and_simulates(tmp_path):
     points = query(tmp_path, "SELECT COUNT(*) FROM breakers_metricpoint")
     assert points and points[0][0] > 0
     assert demo.leftovers() == ""
+
+
+def test_closing_the_terminal_stops_the_training_run_too(tmp_path):
+    """SIGHUP (the terminal closed) ends the demo like Ctrl-C: its training process, in a
+    session of its own that the hang-up never reaches, is stopped, not left posting with a
+    token the next demo revokes."""
+    pytest.importorskip("torch")
+    demo = Demo(tmp_path, "--seconds", "300")
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and demo.process.poll() is None:
+            points = query(tmp_path, "SELECT COUNT(*) FROM breakers_metricpoint")
+            if points and points[0][0] > 0:
+                break  # the training process runs and reports
+            time.sleep(0.5)
+        assert demo.process.poll() is None, demo.log.read_text()
+        demo.process.send_signal(signal.SIGHUP)
+        demo.process.wait(timeout=120)
+    finally:
+        demo.stop()
+    assert demo.leftovers() == ""

@@ -215,9 +215,11 @@ class Command(BaseCommand):
         refuse_a_busy_port(host, port)
         # The console keeps the demo's pages in its Outbox (set for Daphne, which sends them).
         os.environ.setdefault("BRAKELINE_NOTIFY_OUTBOX", "true")
-        # Stopped from outside (kill, a supervisor's SIGTERM): end like Ctrl-C, so the console
-        # and the training run below are stopped too instead of being left running.
+        # Stopped from outside (kill, a supervisor's SIGTERM, the terminal closed: SIGHUP): end
+        # like Ctrl-C, so the console and the training run below (a session of its own, which
+        # the terminal's hang-up never reaches) are stopped too instead of being left running.
         signal.signal(signal.SIGTERM, signal.default_int_handler)
+        signal.signal(signal.SIGHUP, signal.default_int_handler)
         # Ctrl-C even when started from a shell that ignores SIGINT (a job started with `&`):
         # Python keeps an inherited "ignore", and the demo could then never be stopped.
         signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -89,6 +89,10 @@ def test_oncall_acknowledges_one_nan_as_one_incident_takes_it_notes_it_and_snooz
         log_in(page, "olga")
         page.goto(f"{live_console}/jobs/{agent.job_id}/")
         expect(page.locator("#job-state li.alert")).to_have_count(2)
+        # The job's state and its loss chart come first: with two alert cards open, the chart's
+        # first 250 px are on the first screen (secondary panels follow it).
+        chart = page.locator('figure.chart[data-group="loss"]').bounding_box()
+        assert chart is not None and chart["y"] + 250 <= DESKTOP["height"], chart
         shoot(page, "oncall-job-two-alerts.png")
         page.click("#job-state button.act:has-text('Acknowledge incident (2 alerts)')")
         acked = page.locator("#job-state li.alert", has_text="acknowledged by olga")
