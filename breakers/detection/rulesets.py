@@ -36,7 +36,7 @@ from breakers.detection import ruleset_core as core
 from breakers.detection.engine import RuleSpec
 from breakers.models import Rule, RuleSetVersion
 from core.errors import Forbidden, InvalidInput
-from incidents.models import Team
+from incidents.models import Alert, Team
 from incidents.teams.access import role_in_team, scoped_get
 from incidents.teams.audit import AuditContext, audited
 from incidents.teams.authority import Action, decide
@@ -80,6 +80,17 @@ def _rows(team_id: int | None) -> tuple[dict[str, Rule], dict[str, Rule]]:
     for row in Rule.objects.filter(Q(team__isnull=True) | Q(team_id=team_id)).order_by("pk"):
         (defaults if row.team_id is None else team)[row.key] = row
     return defaults, team
+
+
+def rule_keys(team_ids: Iterable[int]) -> list[str]:
+    """The rule keys that may raise an alert on these teams' jobs: the default pack's and the
+    teams' own rules, and every key already seen on one of their alerts (the watchdog's and the
+    control plane's own: heartbeat-timeout, a failed brake, …). What a silence can name."""
+    teams = list(team_ids)
+    rules = Rule.objects.filter(Q(team__isnull=True) | Q(team_id__in=teams))
+    seen = Alert.objects.filter(job__team_id__in=teams)
+    keys = set(rules.values_list("key", flat=True)) | set(seen.values_list("rule_key", flat=True))
+    return sorted(keys)
 
 
 def live_snapshot(team_id: int) -> dict[str, Any]:

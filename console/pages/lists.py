@@ -9,6 +9,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 
+from breakers.detection.rulesets import rule_keys
 from console.api.person_auth import audit_context
 from console.board import roles_by_team
 from console.pages.forms import attempt, int_field, utc_field
@@ -78,6 +79,7 @@ def silences_page(request: HttpRequest) -> HttpResponse:
             "team__name", "name"
         ),
         "durations": DURATIONS,
+        "rule_keys": rule_keys(managed),
     }
     return render(request, "silences.html", context)
 

@@ -247,3 +247,17 @@ def test_roll_back_choices_list_clean_checkpoints_newest_first_then_the_others(m
         ["step 600", "after the anomaly"],
         ["step 520", "after the anomaly"],
     ]
+
+
+def test_the_silences_form_offers_the_rule_keys_and_a_fresh_alert_has_no_zero_duration(
+    client, member, make_agent
+):
+    job = make_agent(team="vision", name="vit")
+    raise_or_update_alert(job.job_id, signal("L3", rule="loss-nan"))
+    client.force_login(member("mia", "vision", Role.MANAGER))
+    page = client.get("/silences/").content.decode()
+    datalist = page.split('id="rule-keys"')[1].split("</datalist>")[0]
+    options = re.findall(r'<option value="([^"]+)">', datalist)
+    assert "loss-nan" in options and options == sorted(options)
+    for path in [f"/jobs/{job.job_id}/", "/alerts/"]:
+        assert "for 0 s" not in client.get(path).content.decode(), path
