@@ -34,10 +34,12 @@ def _cpu(results: list[Result]) -> str:
 
 
 def print_table(results: dict, clients: tuple[int, ...], mlflow_version: str) -> None:
-    rows = [("Brakeline (Daphne+HAProxy, prefork worker, beat)", "brakeline"),
-            (f"MLflow {mlflow_version} server on PostgreSQL", "mlflow"),
-            ("raw PostgreSQL COPY of the same rows", "copy"),
-            ("… of the same points as blocks (ingest's layout)", "blocks")]  # fmt: skip
+    rows = [
+        ("Brakeline (Daphne+HAProxy, prefork worker, beat)", "brakeline"),
+        (f"MLflow {mlflow_version} server on PostgreSQL", "mlflow"),
+        ("raw PostgreSQL COPY of the same rows", "copy"),
+        ("… of the same points as blocks (ingest's layout)", "blocks"),
+    ]
     print(
         f"\n{'points/s, median [min–max]':52}"
         + "".join(f"{c} client(s)".rjust(24) for c in clients)
@@ -45,19 +47,33 @@ def print_table(results: dict, clients: tuple[int, ...], mlflow_version: str) ->
     for label, key in rows:
         if results.get((key, clients[0])):
             print(f"{label:52}" + "".join(_range(results[(key, c)]).rjust(24) for c in clients))
-    for label, key, goal in (("Brakeline / MLflow  (goal ≥ 10)", "mlflow", ""),
-                             ("Brakeline / COPY    (goal ≥ 0.5)", "copy", "")):  # fmt: skip
+    for label, key, goal in (
+        ("Brakeline / MLflow  (goal ≥ 10)", "mlflow", ""),
+        ("Brakeline / COPY    (goal ≥ 0.5)", "copy", ""),
+    ):
         if results.get((key, clients[0])):
-            print(f"{label:52}" + "".join(
-                _ratio(results[("brakeline", c)], results[(key, c)]).rjust(24) for c in clients
-            ) + goal)  # fmt: skip
-    print(f"{'evaluation lag p95, s (goal < 1)':52}" + "".join(
-        f"{median([r.lag_p95 or 0.0 for r in results[('brakeline', c)]]):.2f} [max "
-        f"{max(r.lag_p95 or 0.0 for r in results[('brakeline', c)]):.2f}]".rjust(24)
-        for c in clients))  # fmt: skip
-    print(f"{'points behind when the load stopped (max)':52}" + "".join(
-        f"{max(r.behind_at_end for r in results[('brakeline', c)]):,}".rjust(24)
-        for c in clients))  # fmt: skip
+            print(
+                f"{label:52}"
+                + "".join(
+                    _ratio(results[("brakeline", c)], results[(key, c)]).rjust(24) for c in clients
+                )
+                + goal
+            )
+    print(
+        f"{'evaluation lag p95, s (goal < 1)':52}"
+        + "".join(
+            f"{median([r.lag_p95 or 0.0 for r in results[('brakeline', c)]]):.2f} [max "
+            f"{max(r.lag_p95 or 0.0 for r in results[('brakeline', c)]):.2f}]".rjust(24)
+            for c in clients
+        )
+    )
+    print(
+        f"{'points behind when the load stopped (max)':52}"
+        + "".join(
+            f"{max(r.behind_at_end for r in results[('brakeline', c)]):,}".rjust(24)
+            for c in clients
+        )
+    )
     print("\nCPU µs per point (median), by process:")
     for key in ("brakeline", "mlflow", "copy", "blocks"):
         for c in clients:
@@ -70,10 +86,12 @@ def print_scaling(results: dict, webs: tuple[int, ...], clients: int) -> None:
     base = results[("scale", webs[0])]
     for web in webs:
         runs = results[("scale", web)]
-        print(f"  {web} web: {_range(runs)} points/s   ×{_ratio(runs, base).strip()} of {webs[0]}"
-              f"   lag p95 {median([r.lag_p95 or 0.0 for r in runs]):.2f} s"
-              f"   behind at stop {max(r.behind_at_end for r in runs):,}"
-              f"   CPU µs/pt: {_cpu(runs)}")  # fmt: skip
+        print(
+            f"  {web} web: {_range(runs)} points/s   ×{_ratio(runs, base).strip()} of {webs[0]}"
+            f"   lag p95 {median([r.lag_p95 or 0.0 for r in runs]):.2f} s"
+            f"   behind at stop {max(r.behind_at_end for r in runs):,}"
+            f"   CPU µs/pt: {_cpu(runs)}"
+        )
         print(f"      {_cores(runs, web)}")
 
 
@@ -109,6 +127,9 @@ def print_small(results: dict, clients: int) -> None:
         ms = {name: median([r.cpu.get(name, 0.0) for r in runs]) / 1000 for name in names}
         shown = "  ".join(f"{name} {value:.2f}" for name, value in ms.items() if value >= 0.005)
         web = ms.get("web", 0.0)
-        print(f"  {label:15} {median([r.points_per_second for r in runs]):7.0f} requests/s   "
-              f"CPU ms/request: {shown}   (a core of web process: ~{1000 / web:.0f}/s)"
-              if web else f"  {label}: no web CPU measured")  # fmt: skip
+        print(
+            f"  {label:15} {median([r.points_per_second for r in runs]):7.0f} requests/s   "
+            f"CPU ms/request: {shown}   (a core of web process: ~{1000 / web:.0f}/s)"
+            if web
+            else f"  {label}: no web CPU measured"
+        )

@@ -35,10 +35,15 @@ def ensure_installed() -> Path:
         print(f"installing {' '.join(REQUIREMENTS)} into {VENV} (once) …", flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
         subprocess.run(
-            [str(VENV / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check",
-             *REQUIREMENTS],
+            [
+                str(VENV / "bin" / "pip"),
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                *REQUIREMENTS,
+            ],
             check=True,
-        )  # fmt: skip
+        )
     return command
 
 
@@ -64,14 +69,24 @@ def server(database_url: str):
     port = free_port()
     artifacts = Path(os.environ.get("TMPDIR", "/tmp")) / f"mlflow-bench-artifacts-{port}"
     process = spawn(
-        [str(command), "server", "--backend-store-uri", database_url.replace(
-            "postgresql://", "postgresql+psycopg2://"), "--default-artifact-root",
-         str(artifacts), "--host", "127.0.0.1", "--port", str(port),
-         # Its defaults otherwise; uvicorn's supervisor would kill a worker that answers its
-         # 5 s health ping late on this loaded machine, cutting requests off mid-answer.
-         "--uvicorn-opts", "--timeout-worker-healthcheck 60"],
+        [
+            str(command),
+            "server",
+            "--backend-store-uri",
+            database_url.replace("postgresql://", "postgresql+psycopg2://"),
+            "--default-artifact-root",
+            str(artifacts),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            # Its defaults otherwise; uvicorn's supervisor would kill a worker that answers its
+            # 5 s health ping late on this loaded machine, cutting requests off mid-answer.
+            "--uvicorn-opts",
+            "--timeout-worker-healthcheck 60",
+        ],
         {"MLFLOW_LOGGING_LEVEL": "WARNING"},
-    )  # fmt: skip
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180  # the first start migrates its schema

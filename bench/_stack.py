@@ -120,11 +120,24 @@ def start_worker(*extra: str) -> subprocess.Popen:
     """A real Celery worker subprocess on this run's queue (BRAKELINE_CELERY_QUEUE)."""
     queue = os.environ["BRAKELINE_CELERY_QUEUE"]
     command = [
-        sys.executable, "-m", "celery", "-A", "config", "--quiet", "worker", "--pool", "solo",
-        "-Q", f"{queue}-watchdog,{queue},{queue}-ticks",
-        "--loglevel", "warning",
-        "--without-gossip", "--without-mingle", "--without-heartbeat", *extra,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "config",
+        "--quiet",
+        "worker",
+        "--pool",
+        "solo",
+        "-Q",
+        f"{queue}-watchdog,{queue},{queue}-ticks",
+        "--loglevel",
+        "warning",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        *extra,
+    ]
     return subprocess.Popen(command, cwd=ROOT, env=dict(os.environ))
 
 

@@ -38,9 +38,11 @@ NAN_BODY = json.dumps({"points": [{"name": "loss", "step": 1, "value": "NaN"}]})
 
 def post(url: str, token: str, body: bytes) -> None:
     request = urllib.request.Request(
-        url, data=body, method="POST",
+        url,
+        data=body,
+        method="POST",
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-    )  # fmt: skip
+    )
     with urllib.request.urlopen(request, timeout=10) as response:
         response.read()
 

@@ -167,11 +167,17 @@ def backlog_cost(ranks: int, points: int, repeat: int = 3) -> float:
     for first in range(0, steps, 1000):
         for rank in range(ranks):
             batch = [
-                PointIn(name, step, base + 0.5 * rank + 0.01 * (step % 7), t0 + timedelta(
-                    seconds=step), None, rank)
+                PointIn(
+                    name,
+                    step,
+                    base + 0.5 * rank + 0.01 * (step % 7),
+                    t0 + timedelta(seconds=step),
+                    None,
+                    rank,
+                )
                 for step in range(first, min(first + 1000, steps))
                 for name, base in (("loss", 2.0), ("grad_norm", 1.0))
-            ]  # fmt: skip
+            ]
             store_points(job_id, batch)
     costs = []
     for _ in range(repeat):
@@ -229,8 +235,10 @@ def main() -> None:
     forget_points(job.pk)
     for ranks in (1, 2):
         cost = backlog_cost(ranks, args.backlog)
-        print(f"evaluate_job over a {args.backlog:,}-point backlog, {ranks} rank(s): "
-              f"{cost:.1f} µs/point (median of 3)")  # fmt: skip
+        print(
+            f"evaluate_job over a {args.backlog:,}-point backlog, {ranks} rank(s): "
+            f"{cost:.1f} µs/point (median of 3)"
+        )
 
 
 if __name__ == "__main__":

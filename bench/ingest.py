@@ -165,10 +165,13 @@ def run_brakeline(url: str, jobs: list[tuple[int, str]], seconds: float, acks: l
     def client(index: int) -> None:
         headers = {"Authorization": f"Bearer {jobs[index][1]}", "Content-Type": "application/json"}
         _post_loop(
-            url, "/api/v1/agent/metrics", headers,
+            url,
+            "/api/v1/agent/metrics",
+            headers,
             lambda offset: brakeline_body(offset, base, f"job{jobs[index][0]}"),
-            stop_at, lambda: acks[index].add(BATCH),
-        )  # fmt: skip
+            stop_at,
+            lambda: acks[index].add(BATCH),
+        )
 
     _in_parallel(len(jobs), client)
 
@@ -214,8 +217,14 @@ def run_mlflow(url: str, runs: list[str], seconds: float, offsets: dict[str, int
         def done() -> None:
             counts[index] += BATCH
 
-        _post_loop(url, "/api/2.0/mlflow/runs/log-batch", {"Content-Type": "application/json"},
-                   body, stop_at, done)  # fmt: skip
+        _post_loop(
+            url,
+            "/api/2.0/mlflow/runs/log-batch",
+            {"Content-Type": "application/json"},
+            body,
+            stop_at,
+            done,
+        )
         offsets[run] = start + counts[index] // METRICS
 
     _in_parallel(len(runs), client)
@@ -478,9 +487,11 @@ def main() -> None:
     env = {"BRAKELINE_AGENT_RATE": "100000000/min"}
     results: dict = {}
     mlflow_url = bench.dsn.rsplit("/", 1)[0] + "/" + bench.mlflow_database
-    print(f"ingest: batches of {BATCH} points ({METRICS} metrics × {STEPS} steps), "
-          f"{args.rounds} interleaved rounds of {args.seconds:g} s, load {os.getloadavg()[0]:.1f}",
-          flush=True)  # fmt: skip
+    print(
+        f"ingest: batches of {BATCH} points ({METRICS} metrics × {STEPS} steps), "
+        f"{args.rounds} interleaved rounds of {args.seconds:g} s, load {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
     with stack(args.web, env) as running, _maybe_mlflow(args, mlflow_url) as (ml_url, ml_pid):
         runs = _mlflow.create_runs(ml_url, max(clients)) if ml_url else []
         bench.warm_up(running, ml_url, ml_pid, runs)
@@ -489,16 +500,20 @@ def main() -> None:
                 results.setdefault(("brakeline", count), []).append(bench.brakeline(running, count))
                 if ml_url:
                     results.setdefault(("mlflow", count), []).append(
-                        bench.mlflow(running, ml_url, ml_pid, runs[:count]))  # fmt: skip
+                        bench.mlflow(running, ml_url, ml_pid, runs[:count])
+                    )
                 results.setdefault(("copy", count), []).append(bench.copy(running, count))
                 results.setdefault(("blocks", count), []).append(
-                    bench.copy(running, count, blocks=True))  # fmt: skip
+                    bench.copy(running, count, blocks=True)
+                )
             for web in range(1, args.web + 1):
                 results.setdefault(("scale", web), []).append(
-                    bench.brakeline(running, max(clients), web))  # fmt: skip
+                    bench.brakeline(running, max(clients), web)
+                )
             for kind in ("heartbeat", "batch10"):
                 results.setdefault(("small", kind), []).append(
-                    bench.small(running, max(clients), kind))  # fmt: skip
+                    bench.small(running, max(clients), kind)
+                )
             print(f"  round {round_number} done, load {os.getloadavg()[0]:.1f}", flush=True)
     print_table(results, clients, mlflow_version)
     print_scaling(results, tuple(range(1, args.web + 1)), max(clients))

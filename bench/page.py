@@ -28,9 +28,15 @@ from _stack import daphne, median, percentile, set_up_django  # noqa: E402
 POINTS = 1_000_000
 NAMES = ("loss", "grad_norm", "lr")
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def big_job():
@@ -79,8 +85,12 @@ def server_times(job, repeats: int) -> None:
     client.force_login(user)
     cases = [("job page HTML", f"/jobs/{job.pk}/")]
     cases += [(f"series {n} (1M → 2000)", f"/api/v1/jobs/{job.pk}/series?names={n}") for n in NAMES]
-    cases.append(("series, zoomed 10k steps", f"/api/v1/jobs/{job.pk}/series?names=loss"
-                  "&from_step=500000&to_step=509999"))  # fmt: skip
+    cases.append(
+        (
+            "series, zoomed 10k steps",
+            f"/api/v1/jobs/{job.pk}/series?names=loss&from_step=500000&to_step=509999",
+        )
+    )
     print(f"Server time, {POINTS:,} points per metric, median of {repeats}:")
     for label, url in cases:
         timings = []
@@ -106,16 +116,20 @@ def browser_latency(samples: int) -> None:
     user = get_user_model().objects.get(username="bench-page")
     user.set_password("bench")
     user.save()
-    Membership.objects.get_or_create(user=user, team=created.job.team,
-                                     defaults={"role": Role.ONCALL})  # fmt: skip
+    Membership.objects.get_or_create(
+        user=user, team=created.job.team, defaults={"role": Role.ONCALL}
+    )
 
     def post(base: str, step: int) -> None:
         body = {"points": [{"name": "loss", "step": step, "value": 2.0 + step * 1e-3}]}
         request = urllib.request.Request(
-            f"{base}/api/v1/agent/metrics", data=json.dumps(body).encode(),
-            headers={"Authorization": f"Bearer {created.raw_token}",
-                     "Content-Type": "application/json"},
-        )  # fmt: skip
+            f"{base}/api/v1/agent/metrics",
+            data=json.dumps(body).encode(),
+            headers={
+                "Authorization": f"Bearer {created.raw_token}",
+                "Content-Type": "application/json",
+            },
+        )
         urllib.request.urlopen(request, timeout=10).read()
 
     with daphne({"BRAKELINE_AGENT_RATE": "1000000/min"}) as base, sync_playwright() as p:

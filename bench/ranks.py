@@ -25,9 +25,14 @@ def measure(world_size: int, rounds: int) -> list[float]:
         for rank in range(world_size):
             start = time.perf_counter()
             record_heartbeat(
-                job.pk, step=round_, status="running", rank=rank, world_size=world_size,
-                pid=10_000 + rank, hostname=f"node-{rank // 8}",
-            )  # fmt: skip
+                job.pk,
+                step=round_,
+                status="running",
+                rank=rank,
+                world_size=world_size,
+                pid=10_000 + rank,
+                hostname=f"node-{rank // 8}",
+            )
             timings.append(time.perf_counter() - start)
     return timings[world_size:]  # the first round creates the rows
 

@@ -26,9 +26,20 @@ def launch(args: argparse.Namespace) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BRAKELINE_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "sdk"), env.get("PYTHONPATH")]))
     env["OMP_NUM_THREADS"] = "1"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node", str(args.ranks), __file__, "--worker",
-               "--steps", str(args.steps), "--rounds", str(args.rounds)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(args.ranks),
+        __file__,
+        "--worker",
+        "--steps",
+        str(args.steps),
+        "--rounds",
+        str(args.rounds),
+    ]
     sys.exit(subprocess.call(command, env=env))
 
 

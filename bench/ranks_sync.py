@@ -74,6 +74,23 @@ def wait_for(predicate, timeout: float):
     return None
 
 
+def torchrun_command(draw_: dict, work: Path) -> list[str]:
+    """One drawn job: its ranks, the NaN's step and rank, the ranks without a websocket."""
+    options = {
+        "--nan-at": draw_["nan_at"],
+        "--nan-rank": draw_["nan_rank"],
+        "--no-websocket": ",".join(map(str, draw_["without_websocket"])),
+        "--jitter": draw_["jitter"],
+        "--seed": draw_["seed"],
+        "--slow-poll": draw_["slow_poll"],
+    }
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc_per_node", str(draw_["ranks"]), str(SCRIPT), str(work)]
+    for option, value in options.items():
+        command += [option, str(value)]
+    return command
+
+
 def one_run(url: str, draw_: dict, work: Path) -> tuple[bool, str]:
     from breakers.control.commands import issue_command
     from breakers.models import Command, CommandAck, CommandKind, CommandStatus
@@ -81,12 +98,7 @@ def one_run(url: str, draw_: dict, work: Path) -> tuple[bool, str]:
 
     created = create_job("bench", f"ranks-{time.time_ns()}")
     job_id = created.job.pk
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node", str(draw_["ranks"]), str(SCRIPT), str(work),
-               "--nan-at", str(draw_["nan_at"]), "--nan-rank", str(draw_["nan_rank"]),
-               "--no-websocket", ",".join(map(str, draw_["without_websocket"])),
-               "--jitter", str(draw_["jitter"]), "--seed", str(draw_["seed"]),
-               "--slow-poll", str(draw_["slow_poll"])]  # fmt: skip
+    command = torchrun_command(draw_, work)
     with open(work / "torchrun.log", "wb") as log:
         process = subprocess.Popen(
             command, cwd=work, env=environment(url, created.raw_token), stdout=log, stderr=log

@@ -42,8 +42,10 @@ def main() -> None:
     count = len(installed_packages())
     print(f"sandbox section: median {sandbox:.2f} ms; hardware: {hw:.2f} ms")
     print(f"package list ({count} distributions): median {packages:.1f} ms")
-    print(f"whole snapshot: median {whole:.1f} ms; sandbox + hardware = "
-          f"{(sandbox + hw) / whole:.1%} of it")  # fmt: skip
+    print(
+        f"whole snapshot: median {whole:.1f} ms; sandbox + hardware = "
+        f"{(sandbox + hw) / whole:.1%} of it"
+    )
 
 
 if __name__ == "__main__":

@@ -40,9 +40,12 @@ def build(seed: int = 0):
 
     torch.manual_seed(seed)
     model = torch.nn.Sequential(
-        torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(),
+        torch.nn.Linear(256, 512),
+        torch.nn.ReLU(),
+        torch.nn.Linear(512, 512),
+        torch.nn.ReLU(),
         torch.nn.Linear(512, 10),
-    )  # fmt: skip
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     inputs, labels = torch.randn(64, 256), torch.randint(0, 10, (64,))
     return model, optimizer, inputs, labels
@@ -130,8 +133,12 @@ def main() -> None:
     from incidents.jobs import create_job
 
     spill = tempfile.mkdtemp(prefix="brakeline-bench-spill-")
-    common = {"spill_dir": spill, "checkpoint_dir": spill, "send_snapshots": False,
-              "finish_timeout": 5.0}  # fmt: skip
+    common = {
+        "spill_dir": spill,
+        "checkpoint_dir": spill,
+        "send_snapshots": False,
+        "finish_timeout": 5.0,
+    }
 
     def console_run(url: str) -> Callable[[], brakeline.Run]:
         def make() -> brakeline.Run:
@@ -150,10 +157,13 @@ def main() -> None:
     with daphne({"BRAKELINE_AGENT_RATE": "1000000/min"}) as url:
         scenarios = [
             ("console reachable, log 10", console_run(url), False),
-            ("console down, log 10", lambda: brakeline.init(
-                job="bench-down", url=down, token="no-console", **common), False),
+            (
+                "console down, log 10",
+                lambda: brakeline.init(job="bench-down", url=down, token="no-console", **common),
+                False,
+            ),
             ("console reachable, log 10 + watch", console_run(url), True),
-        ]  # fmt: skip
+        ]
         for name, factory, watch in scenarios:
             measures, calls = paired(factory, watch, args.pairs, args.steps)
             figures = [

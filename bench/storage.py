@@ -63,9 +63,14 @@ def _drop(job) -> None:
     from django.db import connection
 
     with connection.cursor() as cursor:
-        for table in ("breakers_metricpoint", "breakers_metricrollup", "breakers_rollupcursor",
-                      "breakers_metricblock", "breakers_compactioncursor",
-                      "breakers_evaluationstate"):  # fmt: skip
+        for table in (
+            "breakers_metricpoint",
+            "breakers_metricrollup",
+            "breakers_rollupcursor",
+            "breakers_metricblock",
+            "breakers_compactioncursor",
+            "breakers_evaluationstate",
+        ):
             cursor.execute(f"DELETE FROM {table} WHERE job_id = %s", [job.pk])
     job.delete()
 
@@ -88,10 +93,18 @@ def _copy(job_id: int, ranks: int, steps: int) -> None:
 
     with transaction.atomic(), connection.cursor() as cursor:
         rows = (
-            (job_id, "loss", s, START + timedelta(seconds=s * 0.1), 2.0 + (s % 97) * 1e-3 + r,
-             None, r)
-            for s in range(steps) for r in range(ranks)
-        )  # fmt: skip
+            (
+                job_id,
+                "loss",
+                s,
+                START + timedelta(seconds=s * 0.1),
+                2.0 + (s % 97) * 1e-3 + r,
+                None,
+                r,
+            )
+            for s in range(steps)
+            for r in range(ranks)
+        )
         copy_rows(cursor.cursor, rows)
 
 
@@ -132,10 +145,19 @@ def _copy_metrics(job_id: int, ranks: int, steps: int, names: tuple[str, ...]) -
     noise = random.Random(22)
     with transaction.atomic(), connection.cursor() as cursor:
         rows = (
-            (job_id, name, s, START + timedelta(seconds=s * 0.1), 2.0 + noise.gauss(0, 0.05),
-             f"node{r // 4}", r)
-            for s in range(steps) for r in range(ranks) for name in names
-        )  # fmt: skip
+            (
+                job_id,
+                name,
+                s,
+                START + timedelta(seconds=s * 0.1),
+                2.0 + noise.gauss(0, 0.05),
+                f"node{r // 4}",
+                r,
+            )
+            for s in range(steps)
+            for r in range(ranks)
+            for name in names
+        )
         copy_rows(cursor.cursor, rows)
 
 
@@ -149,8 +171,9 @@ def compacted_job(fresh: bool, name: str, ranks: int, steps: int, names: tuple[s
         return existing
     _copy_metrics(created.pk, ranks, steps, names)
     compaction.compact_job(created.pk, 0, _cursors_past(created.pk))
-    Job.objects.filter(pk=created.pk).update(current_step=steps - 1, status="running",
-                                             world_size=ranks)  # fmt: skip
+    Job.objects.filter(pk=created.pk).update(
+        current_step=steps - 1, status="running", world_size=ranks
+    )
     return Job.objects.get(pk=created.pk)
 
 
@@ -161,18 +184,23 @@ def compacted_bytes(job, label: str) -> None:
     from django.db import connection, transaction
 
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("CREATE TEMP TABLE measured (LIKE breakers_metricblock INCLUDING ALL) "
-                       "ON COMMIT DROP")  # fmt: skip
-        cursor.execute("INSERT INTO measured SELECT * FROM breakers_metricblock WHERE job_id = %s",
-                       [job.pk])  # fmt: skip
-        cursor.execute("SELECT pg_total_relation_size('measured'), pg_relation_size('measured'), "
-                       "count(*), avg(array_length(names, 1)), "
-                       "sum((SELECT count(v) FROM unnest(vals) AS v)) FROM measured")  # fmt: skip
+        cursor.execute(
+            "CREATE TEMP TABLE measured (LIKE breakers_metricblock INCLUDING ALL) ON COMMIT DROP"
+        )
+        cursor.execute(
+            "INSERT INTO measured SELECT * FROM breakers_metricblock WHERE job_id = %s", [job.pk]
+        )
+        cursor.execute(
+            "SELECT pg_total_relation_size('measured'), pg_relation_size('measured'), "
+            "count(*), avg(array_length(names, 1)), "
+            "sum((SELECT count(v) FROM unnest(vals) AS v)) FROM measured"
+        )
         total, heap, blocks, names, points = cursor.fetchone()
-    print(f"{label}: {blocks:,} blocks ({names:.0f} metrics each) holding "
-          f"{points:,} points")  # fmt: skip
-    print(f"  bytes per point, heap + TOAST + indexes: {total / points:7.2f} B (heap alone "
-          f"{heap / points:.2f} B; goal ≤ 10 B)")  # fmt: skip
+    print(f"{label}: {blocks:,} blocks ({names:.0f} metrics each) holding {points:,} points")
+    print(
+        f"  bytes per point, heap + TOAST + indexes: {total / points:7.2f} B (heap alone "
+        f"{heap / points:.2f} B; goal ≤ 10 B)"
+    )
 
 
 def compaction_cost(repeats: int) -> None:
@@ -214,11 +242,22 @@ def ingested_job(fresh: bool, name: str, ranks: int, steps: int, per_batch: int)
     names = tuple(f"m{i}" for i in range(10))
     for first in range(0, steps, per_batch):
         for r in range(ranks):
-            store_points(created.pk, [
-                PointIn(n, s, 2.0 + noise.gauss(0, 0.05), START + timedelta(seconds=s * 0.1),
-                        f"node{r // 4}", r)
-                for s in range(first, min(first + per_batch, steps)) for n in names
-            ], job_is_pending=False)  # fmt: skip
+            store_points(
+                created.pk,
+                [
+                    PointIn(
+                        n,
+                        s,
+                        2.0 + noise.gauss(0, 0.05),
+                        START + timedelta(seconds=s * 0.1),
+                        f"node{r // 4}",
+                        r,
+                    )
+                    for s in range(first, min(first + per_batch, steps))
+                    for n in names
+                ],
+                job_is_pending=False,
+            )
     return Job.objects.get(pk=created.pk)
 
 
@@ -232,11 +271,13 @@ def synthetic_job(fresh: bool, ranks: int = 8, steps: int = 12_500_000):
     if existing is not None:
         return existing
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(_SYNTH_SQL, {"job": created.pk, "start": START, "ranks": ranks,
-                                    "steps": steps})  # fmt: skip
+        cursor.execute(
+            _SYNTH_SQL, {"job": created.pk, "start": START, "ranks": ranks, "steps": steps}
+        )
     RollupCursor.objects.create(job_id=created.pk, cursor=0)
-    Job.objects.filter(pk=created.pk).update(current_step=steps - 1, status="running",
-                                             world_size=ranks)  # fmt: skip
+    Job.objects.filter(pk=created.pk).update(
+        current_step=steps - 1, status="running", world_size=ranks
+    )
     return Job.objects.get(pk=created.pk)
 
 
@@ -267,13 +308,17 @@ def bytes_per_point(fresh: bool) -> None:
             sizes[table] = cursor.fetchone()
         cursor.execute("SELECT count(*) FROM breakers_metricrollup")
         rollup_rows = cursor.fetchone()[0]
-        cursor.execute("SELECT coalesce(sum(count + nan_count + pos_inf_count + neg_inf_count), 0)"
-                       " FROM breakers_metricrollup WHERE seconds = 60")  # fmt: skip
+        cursor.execute(
+            "SELECT coalesce(sum(count + nan_count + pos_inf_count + neg_inf_count), 0)"
+            " FROM breakers_metricrollup WHERE seconds = 60"
+        )
         rolled_points = cursor.fetchone()[0]
     total, heap = sizes["breakers_metricpoint"]
     print(f"Raw points: {points:,} rows in the bench database (every bench job)")
-    print(f"  bytes per point, table + indexes: {total / points:7.1f} B (heap alone "
-          f"{heap / points:.1f} B)")  # fmt: skip
+    print(
+        f"  bytes per point, table + indexes: {total / points:7.1f} B (heap alone "
+        f"{heap / points:.1f} B)"
+    )
     rtotal, _ = sizes["breakers_metricrollup"]
     print(
         f"Rollups: {rollup_rows:,} rows standing for {rolled_points:,} points "
@@ -293,8 +338,7 @@ def series_times(jobs: list[tuple[str, object, str]], repeats: int) -> None:
     print(f"Server time of the chart's request, median of {repeats}:")
     baseline = None
     for label, job, query in jobs:
-        Membership.objects.get_or_create(user=user, team=job.team,
-                                         defaults={"role": Role.VIEWER})  # fmt: skip
+        Membership.objects.get_or_create(user=user, team=job.team, defaults={"role": Role.VIEWER})
         url = f"/api/v1/jobs/{job.pk}/series?names=loss{query}"
         timings, source = [], ""
         for _ in range(repeats):
@@ -318,10 +362,12 @@ def main() -> None:
     raw = raw_job(args.fresh, rolled=False)
     rolled = raw_job(args.fresh, rolled=True)
     synthetic = synthetic_job(args.fresh)
-    blocks = compacted_job(args.fresh, "blocks-1m-4", 1, 1_000_000,
-                           ("loss", "grad_norm", "lr", "throughput"))  # fmt: skip
-    dense = compacted_job(args.fresh, "blocks-8x12.5k-10", 8, 12_500,
-                          tuple(f"m{i}" for i in range(10)))  # fmt: skip
+    blocks = compacted_job(
+        args.fresh, "blocks-1m-4", 1, 1_000_000, ("loss", "grad_norm", "lr", "throughput")
+    )
+    dense = compacted_job(
+        args.fresh, "blocks-8x12.5k-10", 8, 12_500, tuple(f"m{i}" for i in range(10))
+    )
     bytes_per_point(args.fresh)
     big = ingested_job(args.fresh, "ingest-8x12.5k-10-b100", 8, 12_500, 100)
     small = ingested_job(args.fresh, "ingest-8x1.25k-10-b1", 8, 1_250, 1)
@@ -336,15 +382,21 @@ def main() -> None:
             ("1M points, raw (baseline)", raw, ""),
             ("1M points, rolled up", rolled, ""),
             ("1M points, compacted blocks (4 metrics each)", blocks, ""),
-            ("1M points compacted, zoom on 1 % (10k steps)", blocks,
-             "&from_step=500000&to_step=509999"),
+            (
+                "1M points compacted, zoom on 1 % (10k steps)",
+                blocks,
+                "&from_step=500000&to_step=509999",
+            ),
             ("100M points (8 ranks), rollups + band", synthetic, ""),
             ("100M points, rank 5 only", synthetic, "&rank=5&spread=0"),
-            ("100M points, zoom on 1 % (125k steps)", synthetic,
-             "&from_step=7600000&to_step=7724999"),
+            (
+                "100M points, zoom on 1 % (125k steps)",
+                synthetic,
+                "&from_step=7600000&to_step=7724999",
+            ),
         ],
         args.repeats,
-    )  # fmt: skip
+    )
 
 
 if __name__ == "__main__":

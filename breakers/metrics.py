@@ -157,8 +157,13 @@ def _line(buckets: list[Bucket], bands: dict[int, tuple[float, float]]) -> dict[
 def _spread(buckets: list[Bucket], origin: int, width: int) -> dict[str, list]:
     """Across every rank, per bucket: the finite min and max (the band drawn around rank 0's
     line) and the first NaN/±Inf of any rank, so a non-finite value on rank 37 is drawn too."""
-    out: dict[str, list] = {"steps": [], "low": [], "high": [], "marker_steps": [],
-                            "marker_values": []}  # fmt: skip
+    out: dict[str, list] = {
+        "steps": [],
+        "low": [],
+        "high": [],
+        "marker_steps": [],
+        "marker_values": [],
+    }
     for bucket in buckets:
         extremes = bucket.finite_range()
         if extremes is not None:
@@ -170,6 +175,32 @@ def _spread(buckets: list[Bucket], origin: int, width: int) -> dict[str, list]:
                 out["marker_steps"].append(step)
                 out["marker_values"].append(value)
     return out
+
+
+def _empty_series(name: str, rank: int) -> dict[str, Any]:
+    return {
+        "name": name,
+        "rank": rank,
+        "bucket_steps": 1,
+        "steps": [],
+        "times": [],
+        "values": [],
+        "band": None,
+        "source": "raw",
+        "spread": None,
+        "ranks": {},
+    }
+
+
+def _other_lines(
+    job_id: int, name: str, source: Any, ranks: list[int], grid: dict[str, Any]
+) -> dict[str, dict[str, list[Any]]]:
+    """More ranks' lines on the same buckets (no band), by rank."""
+    others = {}
+    for other in ranks:
+        found = _line(reading.read(job_id, name, source, rank=other, **grid), {})
+        others[str(other)] = {key: found[key] for key in ("steps", "times", "values")}
+    return others
 
 
 def series(
@@ -192,8 +223,7 @@ def series(
     raw = reading.raw_range(job.pk, name)
     rolled = reading.rollup_range(job.pk, name)
     known = [b for b in (raw, rolled) if b is not None]
-    empty = {"name": name, "rank": rank, "bucket_steps": 1, "steps": [], "times": [],
-             "values": [], "band": None, "source": "raw", "spread": None, "ranks": {}}  # fmt: skip
+    empty = _empty_series(name, rank)
     if not known:
         return empty
     first, last = min(b[0] for b in known), max(b[1] for b in known)
@@ -213,14 +243,15 @@ def series(
     lower, upper = line.pop("lower"), line.pop("upper")
     band = None
     if rule is not None:
-        band = {"rule": rule.key, "k": rule.k, "window": rule.window, "lower": lower,
-                "upper": upper}  # fmt: skip
+        band = {
+            "rule": rule.key,
+            "k": rule.k,
+            "window": rule.window,
+            "lower": lower,
+            "upper": upper,
+        }
     grid = {**grid, "low": low}
-    others = {}
-    for other in ranks:
-        if other != rank:
-            found = _line(reading.read(job.pk, name, source, rank=other, **grid), {})
-            others[str(other)] = {key: found[key] for key in ("steps", "times", "values")}
+    others = _other_lines(job.pk, name, source, [r for r in ranks if r != rank], grid)
     everyone = reading.read_spread(job.pk, name, source, **grid) if spread else None
     return {
         **empty,

@@ -54,10 +54,14 @@ class DemoRun:
     def __init__(self, options: argparse.Namespace) -> None:
         self.options = options
         self.run = brakeline.init(
-            job=options.job, url=options.url, token=options.token,
-            checkpoint_dir=str(options.checkpoint_dir), spill_dir=str(options.spill_dir),
-            heartbeat_interval=2.0, flush_interval=0.25,
-        )  # fmt: skip
+            job=options.job,
+            url=options.url,
+            token=options.token,
+            checkpoint_dir=str(options.checkpoint_dir),
+            spill_dir=str(options.spill_dir),
+            heartbeat_interval=2.0,
+            flush_interval=0.25,
+        )
         self.run.seed(options.seed)
         self.model, self.optimizer, loader = build(options.seed)
         self.loader = self.run.wrap_loader(loader)

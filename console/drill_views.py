@@ -50,12 +50,13 @@ def team_drills_page(request: HttpRequest, pk: int) -> HttpResponse:
         data = {name: request.POST.get(name, "") for name in workloads.FIELDS}
         attempt(
             request,
-            "The team's drill workload is saved." if data["command"].strip()
+            "The team's drill workload is saved."
+            if data["command"].strip()
             else "The team's drills run the built-in workload again.",
             lambda: workloads.save_team_workload(
                 request.user, team.pk, data, context=audit_context(request)
             ),
-        )  # fmt: skip
+        )
         return redirect(f"/teams/{team.pk}/drills/")
     if request.method == "POST":
         chosen = request.POST.getlist("scenario") or ["all"]

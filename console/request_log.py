@@ -90,8 +90,9 @@ def note(request: HttpRequest, response: HttpResponse, started: float) -> None:
         return
     level = logging.DEBUG if request.path.startswith(settings.STATIC_URL) else logging.INFO
     milliseconds = (time.monotonic() - started) * 1000
-    log.log(level, "%s %s %s %.0f ms", request.method, request.get_full_path(), status,
-            milliseconds)  # fmt: skip
+    log.log(
+        level, "%s %s %s %.0f ms", request.method, request.get_full_path(), status, milliseconds
+    )
 
 
 def request_log_middleware(

@@ -266,8 +266,9 @@ def chart(
 
     phone = None
     if phone_width is not None and width > phone_width:
-        phone = chart(points, events, width=phone_width, height=height, metric=metric,
-                      phone_width=None)  # fmt: skip
+        phone = chart(
+            points, events, width=phone_width, height=height, metric=metric, phone_width=None
+        )
     return Chart(
         phone=phone,
         width=width,
@@ -367,7 +368,7 @@ def _markers(events: Sequence[tuple[int, str, str]], x, right: float) -> tuple[l
                 (row + 1) * LABEL_ROW_PX - 3,
                 round(width, 1),
                 shown,
-            )  # fmt: skip
+            )
         )
     return placed, len(ends)
 

@@ -90,12 +90,17 @@ def alerts_page(request: HttpRequest) -> HttpResponse:
         alerts = list(alerts)
         acked = board.acknowledged_by([a.pk for a in alerts])
         return [
-            {"alert": alert_payload(a), "buttons": board.alert_buttons(roles.get(a.job.team_id), a),
-             "silence": None if a.status == AlertStatus.RESOLVED
-             else silencing.matching(silences, a),
-             "acknowledged_by": acked.get(a.pk), "snoozed": board.snooze_of(a)}
+            {
+                "alert": alert_payload(a),
+                "buttons": board.alert_buttons(roles.get(a.job.team_id), a),
+                "silence": None
+                if a.status == AlertStatus.RESOLVED
+                else silencing.matching(silences, a),
+                "acknowledged_by": acked.get(a.pk),
+                "snoozed": board.snooze_of(a),
+            }
             for a in alerts
-        ]  # fmt: skip
+        ]
 
     context = {"active": rows(active), "resolved": rows(resolved), "team_ids": teams}
     template = "partials/alerts_list.html" if _partial(request) else "alerts.html"
@@ -117,10 +122,12 @@ def approvals_page(request: HttpRequest) -> HttpResponse:
 
     def rows(items):
         return [
-            {"request": r,
-             "buttons": board.escalation_buttons(request.user, roles.get(r.job.team_id), r)}
+            {
+                "request": r,
+                "buttons": board.escalation_buttons(request.user, roles.get(r.job.team_id), r),
+            }
             for r in items
-        ]  # fmt: skip
+        ]
 
     context = {"pending": rows(pending), "decided": rows(decided), "team_ids": teams}
     template = "partials/approvals_list.html" if _partial(request) else "approvals.html"

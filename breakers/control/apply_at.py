@@ -108,15 +108,20 @@ def apply_at_step_for(job: Job, kind: str, now: datetime | None = None) -> int |
         # Every rank waits at its guard's step: the ranks hold at one step (the process group
         # keeps them in lockstep), and no step is taken past it before the decision.
         return choose_apply_at_step(
-            max(holding), None, margin_seconds=0.0, world_size=job.world_size, kind=kind,
+            max(holding),
+            None,
+            margin_seconds=0.0,
+            world_size=job.world_size,
+            kind=kind,
             every_rank_holds=True,
-        )  # fmt: skip
+        )
     steps = [
         # A holding rank is where it says: it takes no step until it hears from us.
-        step if status == AgentStatus.HOLDING else
-        projected_step(step, (now - at).total_seconds(), step_time)
+        step
+        if status == AgentStatus.HOLDING
+        else projected_step(step, (now - at).total_seconds(), step_time)
         for step, at, step_time, status in ranks
-    ]  # fmt: skip
+    ]
     steps += [s for s in (job.current_step, job.last_heartbeat_step) if s is not None]
     step_times: list[float | None] = [t for _, _, t, _ in ranks if t] or [job.step_time_seconds]
     return choose_apply_at_step(

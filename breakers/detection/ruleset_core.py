@@ -24,10 +24,22 @@ from breakers.detection.engine import ACTIONS, LAYERS, SEVERITIES, RuleSpec
 
 # The columns of a rule (``breakers.models.Rule.SPEC_FIELDS``), in display order.
 RULE_FIELDS: tuple[str, ...] = (
-    "key", "name", "layer", "metric", "detector", "params", "severity", "action",
-    "action_params", "per_node", "per_metric", "enabled", "clear_after",
-    "clear_after_seconds", "runbook",
-)  # fmt: skip
+    "key",
+    "name",
+    "layer",
+    "metric",
+    "detector",
+    "params",
+    "severity",
+    "action",
+    "action_params",
+    "per_node",
+    "per_metric",
+    "enabled",
+    "clear_after",
+    "clear_after_seconds",
+    "runbook",
+)
 EDITABLE_FIELDS = frozenset(RULE_FIELDS) - {"key"}
 REQUIRED_ON_CREATE = ("name", "layer", "metric", "detector")
 OPS = ("create", "update", "enable", "disable", "delete")

@@ -28,9 +28,12 @@ import brakeline
 
 def build() -> tuple[torch.nn.Module, torch.optim.Optimizer, object, torch.utils.data.DataLoader]:
     model = torch.nn.Sequential(
-        torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+        torch.nn.Linear(16, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 64),
+        torch.nn.ReLU(),
         torch.nn.Linear(64, 1),
-    )  # fmt: skip
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=200, gamma=0.9)
     data = torch.randn(1024, 16, generator=torch.Generator().manual_seed(3))
@@ -54,10 +57,17 @@ def train_step(model, optimizer, inputs, targets, run=None) -> tuple[torch.Tenso
 def train(options: argparse.Namespace) -> None:
     work = Path(options.work_dir)
     run = brakeline.init(
-        job="drill", spill_dir=str(work / "spill"), checkpoint_dir=str(work / "checkpoints"),
-        heartbeat_interval=0.2, flush_interval=0.05, backoff_base=0.05, backoff_cap=1.0,
-        ack_wait_before_release=5.0, finish_timeout=20.0, send_snapshots=False,
-    )  # fmt: skip
+        job="drill",
+        spill_dir=str(work / "spill"),
+        checkpoint_dir=str(work / "checkpoints"),
+        heartbeat_interval=0.2,
+        flush_interval=0.05,
+        backoff_base=0.05,
+        backoff_cap=1.0,
+        ack_wait_before_release=5.0,
+        finish_timeout=20.0,
+        send_snapshots=False,
+    )
     run.seed(1234)
     model, optimizer, scheduler, loader = build()
     run.watch(model=model, optimizer=optimizer, scheduler=scheduler)

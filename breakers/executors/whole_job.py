@@ -98,15 +98,22 @@ def job_processes(job: Job) -> JobProcesses:
             if hosts
             else "reported their process without naming its host"
         )
-        why = (f"rank(s) {named} {where}, not on this worker's host {host}: a local signal "
-               "cannot stop the whole job (use the scheduler's executor)")  # fmt: skip
+        why = (
+            f"rank(s) {named} {where}, not on this worker's host {host}: a local signal "
+            "cannot stop the whole job (use the scheduler's executor)"
+        )
         return JobProcesses([], [], [], why)
     rows = list(JobLauncher.objects.filter(job=job, hostname=host, start_time__isnull=False))
     launchers = [
-        Target(f"launcher {row.pid} (ranks {', '.join(map(str, row.ranks))})", row.pid,
-               row.start_time, True, job.pk)
+        Target(
+            f"launcher {row.pid} (ranks {', '.join(map(str, row.ranks))})",
+            row.pid,
+            row.start_time,
+            True,
+            job.pk,
+        )
         for row in rows
-    ]  # fmt: skip
+    ]
     # Only launchers still running as registered hold ranks: an earlier launch's agent that
     # is gone (or whose pid is another process's now) holds nobody.
     held = {r for row in rows if process_start_time(row.pid) == row.start_time for r in row.ranks}
@@ -116,8 +123,11 @@ def job_processes(job: Job) -> JobProcesses:
         if r.pid
     }
     if not ranks and job.agent_pid:  # heartbeats from before per-rank rows
-        targets = {0: Target(f"process {job.agent_pid}", job.agent_pid,
-                             job.agent_pid_start_time, False, job.pk)}  # fmt: skip
+        targets = {
+            0: Target(
+                f"process {job.agent_pid}", job.agent_pid, job.agent_pid_start_time, False, job.pk
+            )
+        }
     return JobProcesses(
         launchers,
         [t for rank, t in targets.items() if rank not in held],

@@ -6,6 +6,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 
 from breakers.detection.engine import ACTIONS, DETECTOR_KINDS, LAYERS, SEVERITIES, RuleSpec
+from breakers.detection.ruleset_core import RULE_FIELDS
 from core.fields import NonFiniteFloatField, PostgresArrayField
 from incidents.models import Job, Team
 
@@ -190,11 +191,7 @@ class Rule(models.Model):
     runbook = models.CharField(max_length=64, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
-    SPEC_FIELDS = (
-        "key", "name", "layer", "metric", "detector", "params", "severity", "action",
-        "action_params", "per_node", "per_metric", "enabled", "clear_after",
-        "clear_after_seconds", "runbook",
-    )  # fmt: skip
+    SPEC_FIELDS = RULE_FIELDS  # the rule's columns, as the pure core names them
 
     class Meta:
         constraints = [

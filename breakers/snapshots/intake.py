@@ -55,11 +55,22 @@ REDACTION_MARKERS = frozenset({"<redacted>", "[redacted]", "redacted", "***", "*
 SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "KEY")
 # Sections the console reads, and the JSON type each must have when present.
 SECTION_TYPES: dict[str, type | tuple[type, ...]] = {
-    "packages": dict, "environment": dict, "seeds": dict, "git": dict, "image": dict,
-    "scheduler": dict, "resources": dict, "python": dict, "platform": dict, "sdk": dict,
-    "data_position": (dict, type(None)), "taken_at": str, "schema": int, "hardware": dict,
+    "packages": dict,
+    "environment": dict,
+    "seeds": dict,
+    "git": dict,
+    "image": dict,
+    "scheduler": dict,
+    "resources": dict,
+    "python": dict,
+    "platform": dict,
+    "sdk": dict,
+    "data_position": (dict, type(None)),
+    "taken_at": str,
+    "schema": int,
+    "hardware": dict,
     "sandbox": dict,
-}  # fmt: skip
+}
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _URL_PASSWORD = re.compile(r"[a-z][a-z0-9+.\-]*://[^:/@\s]+:(?P<password>[^@/\s]+)@", re.I)
 

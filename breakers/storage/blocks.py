@@ -58,10 +58,20 @@ class Block:
         steps = None if listed == list(range(listed[0], listed[0] + len(listed))) else listed
         point_times = [c.time + delta for c in self.columns for _, delta in c.values.values()]
         return (
-            job_id, self.rank, self.node, self.columns[0].step, self.columns[-1].step,
-            moment(min(point_times)), moment(max(point_times)), self.last_id, names,
-            steps, times, vals, deltas if shifted else None,
-        )  # fmt: skip
+            job_id,
+            self.rank,
+            self.node,
+            self.columns[0].step,
+            self.columns[-1].step,
+            moment(min(point_times)),
+            moment(max(point_times)),
+            self.last_id,
+            names,
+            steps,
+            times,
+            vals,
+            deltas if shifted else None,
+        )
 
 
 def moment(microseconds: int) -> datetime:
@@ -165,9 +175,20 @@ def batch_rows(job_id: int, points: Sequence[Logged], received: datetime) -> lis
                 return None
             times = [at for at, _ in cells]
             contiguous = chunk[-1] - chunk[0] == len(chunk) - 1
-            rows.append((
-                job_id, rank, node, chunk[0], chunk[-1], min(times), max(times), names,
-                None if contiguous else chunk, times,
-                [[values.get(name) for _, values in cells] for name in names], None,
-            ))  # fmt: skip
+            rows.append(
+                (
+                    job_id,
+                    rank,
+                    node,
+                    chunk[0],
+                    chunk[-1],
+                    min(times),
+                    max(times),
+                    names,
+                    None if contiguous else chunk,
+                    times,
+                    [[values.get(name) for _, values in cells] for name in names],
+                    None,
+                )
+            )
     return rows

@@ -121,9 +121,16 @@ def fetch_buckets(
         )
     sql = _RAW_SQL if seconds is None else _ROLLUP_SQL
     params: dict[str, int | str | None] = {
-        "origin": origin, "width": width, "job": job_id, "name": name, "low": low,
-        "high": high, "after": after, "seconds": seconds, "rank": rank,
-    }  # fmt: skip
+        "origin": origin,
+        "width": width,
+        "job": job_id,
+        "name": name,
+        "low": low,
+        "high": high,
+        "after": after,
+        "seconds": seconds,
+        "rank": rank,
+    }
     with transaction.atomic(), connection.cursor() as cursor:
         # JIT compilation costs more than it saves on this one-pass aggregate (≈ +30 %).
         cursor.execute("SET LOCAL jit = off")

@@ -23,8 +23,12 @@ def prune() -> None:
     if any(pruned.__dict__.values()):
         log.info(
             "retention: %s raw points, %s rollups, %s compacted blocks and %s days of blocks "
-            "deleted", pruned.raw_points, pruned.rollups, pruned.blocks, pruned.block_days,
-        )  # fmt: skip
+            "deleted",
+            pruned.raw_points,
+            pruned.rollups,
+            pruned.blocks,
+            pruned.block_days,
+        )
 
 
 @shared_task(name="storage.compact", acks_late=True, ignore_result=True, expires=50)

@@ -34,15 +34,20 @@ class DrillIn(serializers.Serializer):
 
 class WorkloadIn(serializers.Serializer):
     command = serializers.CharField(
-        allow_blank=True, max_length=workloads.MAX_COMMAND_LENGTH, trim_whitespace=True,
+        allow_blank=True,
+        max_length=workloads.MAX_COMMAND_LENGTH,
+        trim_whitespace=True,
         help_text="The training command line (absolute program path first; never run by a "
         "shell). Empty: back to the built-in workload.",
-    )  # fmt: skip
+    )
     verify_command = serializers.CharField(
-        allow_blank=True, required=False, default="", max_length=workloads.MAX_COMMAND_LENGTH,
+        allow_blank=True,
+        required=False,
+        default="",
+        max_length=workloads.MAX_COMMAND_LENGTH,
         help_text='Reads {"path", "sha256"} on stdin, restores, runs one step, prints '
         '{"loads": true, ...}.',
-    )  # fmt: skip
+    )
 
 
 class WorkloadOut(serializers.Serializer):

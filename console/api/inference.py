@@ -15,17 +15,19 @@ from console.api.agent_endpoints import replica_heartbeat
 ReplicaHeartbeatDoc = inline_serializer(
     "ReplicaHeartbeat",
     {
-        "replica": serializers.RegexField(r"^[A-Za-z0-9_.:\-]{1,100}$",
-                                          help_text="The load balancer's server name."),
-        "backend": serializers.RegexField(r"^[A-Za-z0-9_.:\-]{1,100}$",
-                                          help_text="The load balancer's backend."),
+        "replica": serializers.RegexField(
+            r"^[A-Za-z0-9_.:\-]{1,100}$", help_text="The load balancer's server name."
+        ),
+        "backend": serializers.RegexField(
+            r"^[A-Za-z0-9_.:\-]{1,100}$", help_text="The load balancer's backend."
+        ),
         "pid": serializers.IntegerField(required=False, min_value=2),
         "hostname": serializers.CharField(required=False, max_length=255),
         "healthy": serializers.BooleanField(help_text="What the replica's health hook says."),
         "detail": serializers.CharField(required=False, max_length=500),
         "draining": serializers.BooleanField(required=False),
     },
-)  # fmt: skip
+)
 ReplicaReplyDoc = inline_serializer(
     "ReplicaHeartbeatReply",
     {

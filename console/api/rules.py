@@ -138,9 +138,12 @@ class RuleSetView(PersonView):
             name = sorted(map(str, unknown))[0]
             raise InvalidInput(f"Unknown field {name!r}.", fields={name: "unknown field"})
         rulesets.change_rules(
-            request.user, team.pk, data.get("why"), data.get("changes"),
+            request.user,
+            team.pk,
+            data.get("why"),
+            data.get("changes"),
             context=audit_context(request),
-        )  # fmt: skip
+        )
         return Response(_ruleset(team), status=201)
 
 

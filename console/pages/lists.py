@@ -21,8 +21,14 @@ from incidents.teams.audit import audit_read_refusal
 from incidents.teams.authority import Action, decide, role_rank
 
 PAGE = 200
-DURATIONS = [("1", "1 hour"), ("2", "2 hours"), ("4", "4 hours"), ("12", "12 hours"),
-             ("24", "1 day"), ("72", "3 days")]  # fmt: skip
+DURATIONS = [
+    ("1", "1 hour"),
+    ("2", "2 hours"),
+    ("4", "4 hours"),
+    ("12", "12 hours"),
+    ("24", "1 day"),
+    ("72", "3 days"),
+]
 
 
 def _create(request: HttpRequest) -> None:
@@ -51,9 +57,15 @@ def _create(request: HttpRequest) -> None:
 def silences_page(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         if request.POST.get("form") == "end":
-            attempt(request, "Silence ended: pages go out again.", lambda: end_silence(
-                request.user, int_field(request, "silence_id") or 0,
-                context=audit_context(request)))  # fmt: skip
+            attempt(
+                request,
+                "Silence ended: pages go out again.",
+                lambda: end_silence(
+                    request.user,
+                    int_field(request, "silence_id") or 0,
+                    context=audit_context(request),
+                ),
+            )
         else:
             _create(request)
         return redirect("/silences/")
@@ -66,8 +78,11 @@ def silences_page(request: HttpRequest) -> HttpResponse:
     except NotFound:
         raise Http404("There is no such team.") from None
     silences = list(found.order_by("-ends_at", "-id")[:PAGE])
-    managed = [t for t in visible_team_ids(request.user)
-               if decide(roles.get(t), Action.MANAGE_SILENCES).allowed]  # fmt: skip
+    managed = [
+        t
+        for t in visible_team_ids(request.user)
+        if decide(roles.get(t), Action.MANAGE_SILENCES).allowed
+    ]
     context = {
         "current": [s for s in silences if s.starts_at <= now < s.ends_at],
         "upcoming": [s for s in silences if s.starts_at > now],

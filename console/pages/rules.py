@@ -66,9 +66,12 @@ def _change(request: HttpRequest) -> dict[str, Any]:
 def _post(request: HttpRequest, team_id: int) -> None:
     def change() -> None:
         rulesets.change_rules(
-            request.user, team_id, request.POST.get("why", ""), [_change(request)],
+            request.user,
+            team_id,
+            request.POST.get("why", ""),
+            [_change(request)],
             context=audit_context(request),
-        )  # fmt: skip
+        )
 
     attempt(request, "Rules changed: a new version is recorded below.", change)
 

@@ -87,49 +87,51 @@ def rules_from_form(request: HttpRequest) -> list[dict[str, Any]]:
     return rules
 
 
-def _post(request: HttpRequest, team: Team) -> None:
-    form, user, context = request.POST.get("form"), request.user, audit_context(request)
-    if form == "policy":
+def _save_policy(request: HttpRequest, team: Team) -> None:
+    timeout = request.POST.get("ack_timeout_seconds", "").strip()
+    receivers = request.POST.getlist("drill_receivers")
+    body = {
+        "rules": rules_from_form(request),
+        "chat_webhook_url": request.POST.get("chat_webhook_url", "").strip(),
+        "chat_format": request.POST.get("chat_format", ""),
+        "ack_timeout_seconds": int(timeout) if timeout.isdigit() else timeout,
+        "drill_delivery": request.POST.get("drill_delivery", "on_call"),
+        "drill_receivers": [int(v) if v.isdigit() else v for v in receivers],
+    }
+    save_policy(request.user, team.pk, body, context=audit_context(request))
 
-        def policy() -> None:
-            timeout = request.POST.get("ack_timeout_seconds", "").strip()
-            save_policy(user, team.pk, {
-                "rules": rules_from_form(request),
-                "chat_webhook_url": request.POST.get("chat_webhook_url", "").strip(),
-                "chat_format": request.POST.get("chat_format", ""),
-                "ack_timeout_seconds": int(timeout) if timeout.isdigit() else timeout,
-                "drill_delivery": request.POST.get("drill_delivery", "on_call"),
-                "drill_receivers": [int(v) if v.isdigit() else v
-                                    for v in request.POST.getlist("drill_receivers")],
-            }, context=context)  # fmt: skip
 
-        attempt(request, "Notification policy saved.", policy)
-    elif form == "contact":
-        attempt(request, "Phone number saved.", lambda: set_contact(
-            user, team.pk, int_field(request, "user_id") or 0,
-            request.POST.get("phone", ""), context=context))  # fmt: skip
-    elif form == "shift":
-        attempt(request, "Shift added.", lambda: create_shift(
-            user, team.pk, person_id=int_field(request, "user_id") or 0,
-            starts_at=utc_field(request, "starts_at"), ends_at=utc_field(request, "ends_at"),
-            context=context))  # fmt: skip
-    elif form == "delete_shift":
-        attempt(request, "Shift removed.", lambda: delete_shift(
-            user, team.pk, int_field(request, "shift_id") or 0, context=context))  # fmt: skip
-    elif form == "rotation":
-        attempt(request, "Rotation added.", lambda: _create_rotation(request, team))
-    elif form == "delete_rotation":
-        rotation_id = int_field(request, "rotation_id") or 0
-        attempt(
-            request,
-            "Rotation removed.",
-            lambda: delete_rotation(user, team.pk, rotation_id, context=context),
-        )
-    elif form == "test":
-        attempt(request, "Test page queued: its delivery is listed below.", lambda:
-                send_test_notification(user, team.pk, int_field(request, "user_id") or 0,
-                                       request.POST.get("channel", ""),
-                                       context=context))  # fmt: skip
+def _set_contact(request: HttpRequest, team: Team) -> None:
+    person = int_field(request, "user_id") or 0
+    phone = request.POST.get("phone", "")
+    set_contact(request.user, team.pk, person, phone, context=audit_context(request))
+
+
+def _create_shift(request: HttpRequest, team: Team) -> None:
+    create_shift(
+        request.user,
+        team.pk,
+        person_id=int_field(request, "user_id") or 0,
+        starts_at=utc_field(request, "starts_at"),
+        ends_at=utc_field(request, "ends_at"),
+        context=audit_context(request),
+    )
+
+
+def _delete_shift(request: HttpRequest, team: Team) -> None:
+    shift = int_field(request, "shift_id") or 0
+    delete_shift(request.user, team.pk, shift, context=audit_context(request))
+
+
+def _delete_rotation(request: HttpRequest, team: Team) -> None:
+    rotation = int_field(request, "rotation_id") or 0
+    delete_rotation(request.user, team.pk, rotation, context=audit_context(request))
+
+
+def _send_test(request: HttpRequest, team: Team) -> None:
+    person = int_field(request, "user_id") or 0
+    channel = request.POST.get("channel", "")
+    send_test_notification(request.user, team.pk, person, channel, context=audit_context(request))
 
 
 def _people_by_name(team: Team, names: str) -> list[int]:
@@ -163,6 +165,25 @@ def _create_rotation(request: HttpRequest, team: Team) -> None:
     )
 
 
+# The paging page's forms: what each does, and what the page says when it is done.
+_FORMS: dict[str, tuple[str, Callable[[HttpRequest, Team], Any]]] = {
+    "policy": ("Notification policy saved.", _save_policy),
+    "contact": ("Phone number saved.", _set_contact),
+    "shift": ("Shift added.", _create_shift),
+    "delete_shift": ("Shift removed.", _delete_shift),
+    "rotation": ("Rotation added.", _create_rotation),
+    "delete_rotation": ("Rotation removed.", _delete_rotation),
+    "test": ("Test page queued: its delivery is listed below.", _send_test),
+}
+
+
+def _post(request: HttpRequest, team: Team) -> None:
+    form = _FORMS.get(request.POST.get("form", ""))
+    if form is not None:
+        done, action = form
+        attempt(request, done, lambda: action(request, team))
+
+
 def _parsed(raw: str, parse: Callable[[str], Any], name: str, expected: str) -> Any:
     try:
         return parse(raw.strip())
@@ -187,22 +208,7 @@ def rotation_rows(team: Team, now: datetime) -> list[dict[str, Any]]:
     return rows
 
 
-@login_required
-def paging_page(request: HttpRequest, pk: int) -> HttpResponse:
-    team = _team(request, pk)
-    if request.method == "POST":
-        _post(request, team)
-        return redirect(f"/teams/{team.pk}/paging/")
-    role = role_in_team(request.user, team.pk)
-    admin = is_admin(request.user, team.pk)
-    tests = Delivery.objects.filter(team=team, purpose="test").select_related("recipient")
-    context = {
-        "team": team,
-        "tests": [delivery_out(d, admin=admin) for d in tests.order_by("-id")[:10]],
-    }
-    if request.GET.get("partial") == "tests":
-        return render(request, "partials/test_deliveries.html", context)
-    policy = policy_out(team.pk, admin=admin)
+def _members(team: Team) -> list[dict[str, Any]]:
     members = (
         Membership.objects.filter(team=team)
         .select_related("user")
@@ -211,25 +217,48 @@ def paging_page(request: HttpRequest, pk: int) -> HttpResponse:
     phones = dict(
         Contact.objects.filter(user__memberships__team=team).values_list("user_id", "phone")
     )
+    return [{"user": m.user, "role": m.role, "phone": phones.get(m.user_id, "")} for m in members]
+
+
+def _paging_context(request: HttpRequest, team: Team, admin: bool) -> dict[str, Any]:
+    """Who the next page reaches and how: the policy, the people, the shifts and rotations."""
+    role = role_in_team(request.user, team.pk)
+    policy = policy_out(team.pk, admin=admin)
     now = timezone.now()
-    context.update(
-        role=role,
-        admin=admin,
-        manages_shifts=decide(role, Action.MANAGE_SHIFTS).allowed,
-        reach=paging_reach(team, now),
-        policy=policy,
-        grid=policy_grid(policy["rules"]),
-        digest=any(r["layer"] == "performance" for r in policy["rules"]),
-        drill_deliveries=DrillDelivery.choices,
-        receiver_ids={r["id"] for r in policy["drill_receivers"]},
-        levels=LEVELS,
-        channels=CHANNELS,
-        members=[{"user": m.user, "role": m.role, "phone": phones.get(m.user_id, "")}
-                 for m in members],
-        on_call=who_is_on_call(team.pk, now),
-        shifts=team_shifts(team, ending_after=now),
-        rotations=rotation_rows(team, now),
-        shift_start=now.strftime("%Y-%m-%dT%H:%M"),
-        shift_end=(now + timedelta(hours=12)).strftime("%Y-%m-%dT%H:%M"),
-    )  # fmt: skip
+    return {
+        "role": role,
+        "admin": admin,
+        "manages_shifts": decide(role, Action.MANAGE_SHIFTS).allowed,
+        "reach": paging_reach(team, now),
+        "policy": policy,
+        "grid": policy_grid(policy["rules"]),
+        "digest": any(r["layer"] == "performance" for r in policy["rules"]),
+        "drill_deliveries": DrillDelivery.choices,
+        "receiver_ids": {r["id"] for r in policy["drill_receivers"]},
+        "levels": LEVELS,
+        "channels": CHANNELS,
+        "members": _members(team),
+        "on_call": who_is_on_call(team.pk, now),
+        "shifts": team_shifts(team, ending_after=now),
+        "rotations": rotation_rows(team, now),
+        "shift_start": now.strftime("%Y-%m-%dT%H:%M"),
+        "shift_end": (now + timedelta(hours=12)).strftime("%Y-%m-%dT%H:%M"),
+    }
+
+
+@login_required
+def paging_page(request: HttpRequest, pk: int) -> HttpResponse:
+    team = _team(request, pk)
+    if request.method == "POST":
+        _post(request, team)
+        return redirect(f"/teams/{team.pk}/paging/")
+    admin = is_admin(request.user, team.pk)
+    tests = Delivery.objects.filter(team=team, purpose="test").select_related("recipient")
+    context = {
+        "team": team,
+        "tests": [delivery_out(d, admin=admin) for d in tests.order_by("-id")[:10]],
+    }
+    if request.GET.get("partial") == "tests":
+        return render(request, "partials/test_deliveries.html", context)
+    context.update(_paging_context(request, team, admin))
     return render(request, "paging.html", context)

@@ -115,10 +115,24 @@ _CHECKPOINT_WORDS = frozenset({"checkpoint", "checkpoints", "checkpointing", "ck
 _RESUME_WORDS = frozenset({"resume", "resumed", "resumption", "reproducibility"})
 _HUNG_WORDS = frozenset(
     {
-        "heartbeat", "heartbeats", "absence", "absent", "silence", "silent", "hang", "hung",
-        "hangs", "stall", "stalled", "stuck", "deadlock", "timeout", "nccl", "communication",
+        "heartbeat",
+        "heartbeats",
+        "absence",
+        "absent",
+        "silence",
+        "silent",
+        "hang",
+        "hung",
+        "hangs",
+        "stall",
+        "stalled",
+        "stuck",
+        "deadlock",
+        "timeout",
+        "nccl",
+        "communication",
     }
-)  # fmt: skip
+)
 _RULE_SYMPTOMS: tuple[tuple[frozenset[str], RunbookEntry], ...] = (
     (_NON_FINITE_WORDS, NON_FINITE),
     (_CHECKPOINT_WORDS, CHECKPOINT_SAVE_FAILURE),
@@ -137,11 +151,28 @@ _METRIC_SYMPTOMS: tuple[tuple[frozenset[str], RunbookEntry], ...] = (
 # threshold): on a loss or gradient norm, that is the loss-divergence symptom.
 _DEVIATION_WORDS = frozenset(
     {
-        "sigma", "stddev", "std", "zscore", "deviation", "deviates", "sliding", "sustained",
-        "monotonic", "rise", "rising", "increase", "increasing", "spike", "divergence",
-        "diverge", "diverges", "diverging", "threshold", "above",
+        "sigma",
+        "stddev",
+        "std",
+        "zscore",
+        "deviation",
+        "deviates",
+        "sliding",
+        "sustained",
+        "monotonic",
+        "rise",
+        "rising",
+        "increase",
+        "increasing",
+        "spike",
+        "divergence",
+        "diverge",
+        "diverges",
+        "diverging",
+        "threshold",
+        "above",
     }
-)  # fmt: skip
+)
 _GRADIENT_WORDS = frozenset({"grad", "grads", "gradient", "gradients", "gradnorm"})
 # "loss_scale" (mixed-precision loss scaling) is not a loss: its drift is no divergence.
 _NOT_A_LOSS_WORDS = frozenset({"scale", "scaler", "scaling"})

@@ -254,9 +254,13 @@ def ask_for_confirmation(
     managers by chat and e-mail that someone asks for it, and note it on the timeline."""
     with audited(user, ASK_CONFIRMATION, "job", job_id, context) as attempt:
         job = scoped_get(
-            Job.objects.select_related("team"), user, job_id, team_path="team_id", noun="job",
+            Job.objects.select_related("team"),
+            user,
+            job_id,
+            team_path="team_id",
+            noun="job",
             attempt=attempt,
-        )  # fmt: skip
+        )
         attempt.check(decide(role_in_team(user, job.team_id), Action.PAUSE_JOB))
         if job.status != JobStatus.PAUSED:
             raise Conflict(f"Job {job.name!r} is {job.status}, not paused: nothing to confirm.")
@@ -269,16 +273,22 @@ def ask_for_confirmation(
         )
         with transaction.atomic():
             ids = queue_to(
-                job.team_id, managers, ("chat", "email"), message, purpose="confirmation",
+                job.team_id,
+                managers,
+                ("chat", "email"),
+                message,
+                purpose="confirmation",
                 incident_id=incident.pk if incident else None,
-            )  # fmt: skip
+            )
             names = ", ".join(p.get_username() for p in managers) or "nobody (no manager)"
             if incident is not None:
                 append_timeline(
-                    incident.pk, TimelineKind.NOTE,
+                    incident.pk,
+                    TimelineKind.NOTE,
                     f"{user} asked a manager to confirm the pause; paged {names}",
-                    actor_kind="person", actor=user,
-                )  # fmt: skip
+                    actor_kind="person",
+                    actor=user,
+                )
             attempt.succeeded(f"asked {names} to confirm the pause of {job.name}")
     return ids
 
@@ -296,9 +306,13 @@ def notify_escalation_request(request_id: int, *, expired: bool) -> list[int]:
         f"Reason: {request.reason}\nOpen: {job_link(job.pk)}",
     )
     return queue_to(
-        job.team_id, managers_of(job.team_id), ("chat", "email"), message,
-        purpose="escalation", incident_id=request.incident_id,
-    )  # fmt: skip
+        job.team_id,
+        managers_of(job.team_id),
+        ("chat", "email"),
+        message,
+        purpose="escalation",
+        incident_id=request.incident_id,
+    )
 
 
 def notify_incident_people(incident_id: int, first_line: str, body: str) -> list[int]:

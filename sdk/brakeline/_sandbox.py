@@ -157,8 +157,13 @@ def _v2_limits(mount: Path, relative: str) -> dict[str, Any]:
             with contextlib.suppress(ValueError, ZeroDivisionError):
                 cpu.append(int(quota_period[0]) / int(quota_period[1]))
     controllers = (_read(mount / relative.lstrip("/") / "cgroup.controllers") or "").split()
-    return {"version": 2, "path": relative, "controllers": controllers,
-            "memory_max_bytes": _tightest(memory), "cpu_max_cpus": _tightest(cpu)}  # fmt: skip
+    return {
+        "version": 2,
+        "path": relative,
+        "controllers": controllers,
+        "memory_max_bytes": _tightest(memory),
+        "cpu_max_cpus": _tightest(cpu),
+    }
 
 
 def _v1_limits(paths: dict[str, str]) -> dict[str, Any]:
@@ -183,8 +188,13 @@ def _v1_limits(paths: dict[str, str]) -> dict[str, Any]:
             quota, period = _read(folder / "cpu.cfs_quota_us"), _read(folder / "cpu.cfs_period_us")
             if quota and period and quota.lstrip("-").isdigit() and int(quota) > 0:
                 cpu.append(int(quota) / max(int(period), 1))
-    return {"version": 1, "path": paths.get("memory", ""), "controllers": sorted(paths),
-            "memory_max_bytes": _tightest(memory), "cpu_max_cpus": _tightest(cpu)}  # fmt: skip
+    return {
+        "version": 1,
+        "path": paths.get("memory", ""),
+        "controllers": sorted(paths),
+        "memory_max_bytes": _tightest(memory),
+        "cpu_max_cpus": _tightest(cpu),
+    }
 
 
 def cgroup_limits() -> dict[str, Any]:
@@ -318,12 +328,17 @@ def hardware(modules: dict[str, Any] | None = None) -> dict[str, Any]:
     info: dict[str, Any] = {
         "cpu_model": cpu,
         "nvidia_driver": next(
-            (word for word in (driver_line[0].split() if driver_line else []) if word[:1].isdigit()
-             and "." in word), None),
+            (
+                word
+                for word in (driver_line[0].split() if driver_line else [])
+                if word[:1].isdigit() and "." in word
+            ),
+            None,
+        ),
         "cuda": None,
         "cudnn": None,
         "accelerators": [],
-    }  # fmt: skip
+    }
     torch = modules.get("torch")
     if torch is None:
         return info
@@ -334,10 +349,12 @@ def hardware(modules: dict[str, Any] | None = None) -> dict[str, Any]:
             info["cudnn"] = str(cudnn.version())
         if torch.cuda.is_available():
             info["accelerators"] = [
-                {"name": torch.cuda.get_device_name(i),
-                 "memory_bytes": torch.cuda.get_device_properties(i).total_memory}
+                {
+                    "name": torch.cuda.get_device_name(i),
+                    "memory_bytes": torch.cuda.get_device_properties(i).total_memory,
+                }
                 for i in range(torch.cuda.device_count())
-            ]  # fmt: skip
+            ]
     except Exception:  # a broken CUDA set-up must not fail the snapshot
         pass
     return info

@@ -37,14 +37,17 @@ class Command(BaseCommand):
         )
         parser.add_argument("--executor", default="local", choices=runs.EXECUTORS)
         parser.add_argument(
-            "--workload", default="builtin", choices=runs.WORKLOADS,
+            "--workload",
+            default="builtin",
+            choices=runs.WORKLOADS,
             help="builtin (the built-in PyTorch workload) or team (the team's own command, "
             "where BRAKELINE_DRILL_TEAM_COMMANDS allows it).",
-        )  # fmt: skip
+        )
         parser.add_argument(
-            "--console-url", default=None, help="The console as the sandbox reaches it "
-            "(default BRAKELINE_PUBLIC_URL).",
-        )  # fmt: skip
+            "--console-url",
+            default=None,
+            help="The console as the sandbox reaches it (default BRAKELINE_PUBLIC_URL).",
+        )
         parser.add_argument(
             "--corrupt-checkpoint",
             action="store_true",
