@@ -46,10 +46,21 @@ def test_an_outage_of_30_seconds_loses_no_point_and_does_not_stop_training(
 ):
     stop_file = tmp_path / "stop"
     run = training.start(
-        "train_torch.py", "outage", "--steps", 1_000_000, "--step-seconds", 0.02,
-        "--extra-metrics", EXTRA_METRICS, "--max-memory-points", 2_000,
-        "--stop-file", stop_file, url=restartable_console.url, token=agent.token,
-    )  # fmt: skip
+        "train_torch.py",
+        "outage",
+        "--steps",
+        1_000_000,
+        "--step-seconds",
+        0.02,
+        "--extra-metrics",
+        EXTRA_METRICS,
+        "--max-memory-points",
+        2_000,
+        "--stop-file",
+        stop_file,
+        url=restartable_console.url,
+        token=agent.token,
+    )
     spill = run.work_dir / "spill" / "outage" / "rank-0"
     wait_for(
         lambda: len(stored_points(agent.job_id)) > 500,

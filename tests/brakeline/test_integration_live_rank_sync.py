@@ -37,9 +37,19 @@ NAN_AT = 15
 
 def torchrun(tmp_path, env, ranks: int, *args: str) -> subprocess.Popen:
     log = (tmp_path / "torchrun.log").open("w")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node", str(ranks), str(SCRIPTS / "train_rank_sync.py"), str(tmp_path),
-               "--nan-at", str(NAN_AT), *args]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(ranks),
+        str(SCRIPTS / "train_rank_sync.py"),
+        str(tmp_path),
+        "--nan-at",
+        str(NAN_AT),
+        *args,
+    ]
     # A session of its own: a failing test kills torchrun's whole group, ranks included (a
     # SIGKILL to torchrun alone left its ranks running, found after a failure).
     return subprocess.Popen(

@@ -25,8 +25,15 @@ def test_two_torchrun_ranks_are_two_ranks_and_the_job_finishes_with_the_last(
     env = training_environment(live_console, agent.token) | {"BRAKELINE_WEBSOCKET": "0"}
     log = (tmp_path / "torchrun.log").open("w")
     script = [str(SCRIPTS / "train_ddp.py"), str(tmp_path), str(STEPS)]
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node", "2", *script]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        *script,
+    ]
     torchrun = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         finished_first = wait_for(

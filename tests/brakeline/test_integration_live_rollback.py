@@ -63,9 +63,18 @@ def test_a_poisoned_batch_is_braked_clean_and_rolled_back_bit_for_bit(
     )
     console = {"url": live_console, "token": agent.token}
     braked = training.start(
-        "train_rollback.py", "braked", "--steps", STEPS, "--poison-at", POISON_AT,
-        "--checkpoint-every", 7, "--step-seconds", 0.02, **console,
-    )  # fmt: skip
+        "train_rollback.py",
+        "braked",
+        "--steps",
+        STEPS,
+        "--poison-at",
+        POISON_AT,
+        "--checkpoint-every",
+        7,
+        "--step-seconds",
+        0.02,
+        **console,
+    )
     pause = _paused(agent.job_id, braked)
     result = pause.result
     # Zero poisoned steps, zero steps past the anomaly: held at the poisoned step's boundary,
@@ -118,9 +127,17 @@ def test_a_recurrence_after_resume_brakes_again(live_console, agent, training):
     and must be braked a second time (its rule re-armed on the resume)."""
     console = {"url": live_console, "token": agent.token}
     braked = training.start(
-        "train_rollback.py", "recurrence", "--steps", STEPS, "--poison-at", POISON_AT,
-        "--no-guard", "--step-seconds", 0.02, **console,
-    )  # fmt: skip
+        "train_rollback.py",
+        "recurrence",
+        "--steps",
+        STEPS,
+        "--poison-at",
+        POISON_AT,
+        "--no-guard",
+        "--step-seconds",
+        0.02,
+        **console,
+    )
     first = _paused(agent.job_id, braked)
     # No guard: the SDK cannot vouch for the weights, the catalogue judges by the step.
     assert "weights_step" not in first.result and first.result["step"] > POISON_AT

@@ -128,18 +128,25 @@ def test_nan_to_paused_through_the_real_stack(live_console, worker, agent):
 
 @pytest.mark.django_db(transaction=True)
 def test_without_a_websocket_the_brake_arrives_in_the_heartbeat_reply(live_console, worker, agent):
-    post(f"{live_console}/api/v1/agent/metrics", agent.token,
-         {"points": [{"name": "loss", "step": 1, "value": "NaN"}]})  # fmt: skip
+    post(
+        f"{live_console}/api/v1/agent/metrics",
+        agent.token,
+        {"points": [{"name": "loss", "step": 1, "value": "NaN"}]},
+    )
 
     def brake_in_reply():
-        reply = post(f"{live_console}/api/v1/agent/heartbeat", agent.token,
-                     {"step": 1, "status": "running"})  # fmt: skip
+        reply = post(
+            f"{live_console}/api/v1/agent/heartbeat", agent.token, {"step": 1, "status": "running"}
+        )
         return reply["commands"]
 
     commands = wait_for(brake_in_reply, "a command in a heartbeat reply")
     assert [c["kind"] for c in commands] == ["checkpoint_and_pause"]
-    post(f"{live_console}/api/v1/agent/commands/{commands[0]['id']}/ack", agent.token,
-         {"status": "succeeded", "result": {"path": "/c.pt", "bytes": 1, "step": 1}})  # fmt: skip
+    post(
+        f"{live_console}/api/v1/agent/commands/{commands[0]['id']}/ack",
+        agent.token,
+        {"status": "succeeded", "result": {"path": "/c.pt", "bytes": 1, "step": 1}},
+    )
     assert brake_in_reply() == []
     assert Job.objects.get(pk=agent.job_id).status == JobStatus.PAUSED
 

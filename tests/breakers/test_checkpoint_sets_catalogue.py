@@ -15,16 +15,28 @@ URL = "/api/v1/agent/checkpoints"
 
 
 def _shard(rank: int, step: int = 40) -> dict:
-    return {"rank": rank, "path": f"/ck/step-{step:08d}.rank-{rank}.pt", "bytes": 10 + rank,
-            "sha256": f"{rank:x}" * 64}  # fmt: skip
+    return {
+        "rank": rank,
+        "path": f"/ck/step-{step:08d}.rank-{rank}.pt",
+        "bytes": 10 + rank,
+        "sha256": f"{rank:x}" * 64,
+    }
 
 
 def _report(world_size: int = 3, shards: list | None = None, step: int = 40) -> dict:
     shards = [_shard(r, step) for r in range(world_size)] if shards is None else shards
-    return {"path": f"/ck/step-{step:08d}.pt", "sha256": "0" * 64, "step": step, "rank": 0,
-            "set": {"manifest": f"/ck/step-{step:08d}.manifest.json",
-                    "manifest_sha256": "e" * 64, "world_size": world_size,
-                    "shards": shards}}  # fmt: skip
+    return {
+        "path": f"/ck/step-{step:08d}.pt",
+        "sha256": "0" * 64,
+        "step": step,
+        "rank": 0,
+        "set": {
+            "manifest": f"/ck/step-{step:08d}.manifest.json",
+            "manifest_sha256": "e" * 64,
+            "world_size": world_size,
+            "shards": shards,
+        },
+    }
 
 
 @pytest.fixture

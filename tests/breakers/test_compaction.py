@@ -145,25 +145,41 @@ def _general(points: list[PointIn], received: datetime) -> list[tuple]:
 
 
 def _logged(step: int, name: str = "loss", *, rank=0, node=None, t=None, value=1.0) -> PointIn:
-    return PointIn(name, step, value, None if t is False else at(step if t is None else t), node,
-                   rank)  # fmt: skip
+    return PointIn(
+        name, step, value, None if t is False else at(step if t is None else t), node, rank
+    )
 
 
 @pytest.mark.parametrize(
     ("batch", "fast"),
     [
-        pytest.param([_logged(s, n, rank=r, node=f"n{r}") for s in range(300) for r in range(2)
-                      for n in ("loss", "lr")], True, id="two ranks, 300 steps: two blocks each"),
-        pytest.param([_logged(s, "loss") for s in (5, 3, 9)] + [_logged(3, "gn", value=NAN)],
-                     True, id="steps out of order, with a gap and a sparse metric"),
-        pytest.param([_logged(s, "loss", t=False) for s in range(4)], True,
-                     id="no times: the time of receipt"),
+        pytest.param(
+            [
+                _logged(s, n, rank=r, node=f"n{r}")
+                for s in range(300)
+                for r in range(2)
+                for n in ("loss", "lr")
+            ],
+            True,
+            id="two ranks, 300 steps: two blocks each",
+        ),
+        pytest.param(
+            [_logged(s, "loss") for s in (5, 3, 9)] + [_logged(3, "gn", value=NAN)],
+            True,
+            id="steps out of order, with a gap and a sparse metric",
+        ),
+        pytest.param(
+            [_logged(s, "loss", t=False) for s in range(4)],
+            True,
+            id="no times: the time of receipt",
+        ),
         pytest.param([_logged(1), _logged(1)], False, id="a step logged twice"),
-        pytest.param([_logged(1, "loss"), _logged(1, "lr", t=1.5)], False,
-                     id="a step's metrics at two times"),
+        pytest.param(
+            [_logged(1, "loss"), _logged(1, "lr", t=1.5)], False, id="a step's metrics at two times"
+        ),
         pytest.param([_logged(0), _logged(BLOCK_STEP_SPAN)], False, id="a span past the limit"),
     ],
-)  # fmt: skip
+)
 def test_a_batch_is_shaped_in_one_pass_exactly_as_the_general_shaping_does(batch, fast):
     received = at(10_000)
     rows = batch_rows(1, batch, received)
@@ -215,10 +231,15 @@ def compacted(job_id: int) -> int:
 
 def resolved_incident(job_id: int, first_step: int, resolved_step: int) -> None:
     Incident.objects.create(
-        job_id=job_id, title="spike", level="L2", opened_at=at(first_step * 10),
-        first_step=first_step, first_time=at(first_step * 10),
-        resolved_at=at(resolved_step * 10), status=IncidentStatus.RESOLVED,
-    )  # fmt: skip
+        job_id=job_id,
+        title="spike",
+        level="L2",
+        opened_at=at(first_step * 10),
+        first_step=first_step,
+        first_time=at(first_step * 10),
+        resolved_at=at(resolved_step * 10),
+        status=IncidentStatus.RESOLVED,
+    )
 
 
 def answers(job) -> dict:
@@ -237,11 +258,17 @@ def answers(job) -> dict:
             for name in ("loss", "grad_norm", "eval_loss"):
                 key = f"buckets {name} {rank} {origin}/{width} {low}..{high}"
                 found[key] = [
-                    (b.index, [(s, round(e, 6), repr(v)) for s, e, v in b.points], b.count,
-                     round(b.total, 6), round(b.squares, 6))
-                    for b in fetch_buckets(job_id, name, origin=origin, width=width, low=low,
-                                           high=high, rank=rank)
-                ]  # fmt: skip
+                    (
+                        b.index,
+                        [(s, round(e, 6), repr(v)) for s, e, v in b.points],
+                        b.count,
+                        round(b.total, 6),
+                        round(b.squares, 6),
+                    )
+                    for b in fetch_buckets(
+                        job_id, name, origin=origin, width=width, low=low, high=high, rank=rank
+                    )
+                ]
     return found
 
 
@@ -254,8 +281,10 @@ def test_every_reader_answers_the_same_after_compaction(make_agent, django_user_
     agent = make_agent()
     job_id = agent.job_id
     restart = [PointIn("loss", s, 9.0, at(30000 + s), "node0", 0) for s in range(2500, 2600)]
-    sparse = [PointIn("eval_loss", s, s / 1000, at(s * 10.0 + 3.5), "node0", 0)
-              for s in range(0, 3000, 100)]  # fmt: skip
+    sparse = [
+        PointIn("eval_loss", s, s / 1000, at(s * 10.0 + 3.5), "node0", 0)
+        for s in range(0, 3000, 100)
+    ]
     run(job_id, range(3000), extra=restart + sparse)
     evaluated_and_rolled_up(job_id)
     user = django_user_model.objects.create(username="reader")
@@ -389,8 +418,10 @@ def test_blocks_land_in_day_partitions_and_a_day_no_freeze_holds_is_dropped_whol
     # 10 s a step from T0 (1 March, noon): steps 4,300 … 4,319 are on 1 March, 4,320 … 12,959
     # on the 2nd, 12,960 … 17,779 on the 3rd.
     for job_id in (quiet, frozen):
-        store_points(job_id, [PointIn("loss", s, 1.0, at(s * 10.0), None, 0)
-                              for s in range(4300, 17_280 + 500)])  # fmt: skip
+        store_points(
+            job_id,
+            [PointIn("loss", s, 1.0, at(s * 10.0), None, 0) for s in range(4300, 17_280 + 500)],
+        )
         compacted(job_id)
     march = [T0.date() + timedelta(days) for days in range(3)]
     assert set(march) <= set(partitions.existing())

@@ -293,9 +293,15 @@ def test_restore_with_a_changed_rule_keeps_the_episode_and_restarts_the_detector
     changed = threshold_rule(params={"above": 10.0})
     resumed = JobEvaluator.from_state([changed], state)
     assert resumed.open_episodes() == [
-        {"rule": "xid", "metric": "gpu.0.xid", "node": None, "rank": 0, "first_step": 0,
-         "first_time": 1000.0}
-    ]  # fmt: skip
+        {
+            "rule": "xid",
+            "metric": "gpu.0.xid",
+            "node": None,
+            "rank": 0,
+            "first_step": 0,
+            "first_time": 1000.0,
+        }
+    ]
     # The detector restarted under the new threshold: 7 is healthy now and clears the episode.
     (clear,) = feed_values(resumed, [7.0], start=1)
     assert (clear.kind, clear.first_step) == ("clear", 0)
@@ -307,9 +313,15 @@ def test_restore_without_the_rule_reports_orphaned_episodes():
     feed_values(evaluator, [5.0])
     resumed = JobEvaluator.from_state([], evaluator.to_state())
     assert resumed.orphaned == [
-        {"rule": "xid", "metric": "gpu.0.xid", "node": None, "rank": 0, "first_step": 0,
-         "first_time": 1000.0}
-    ]  # fmt: skip
+        {
+            "rule": "xid",
+            "metric": "gpu.0.xid",
+            "node": None,
+            "rank": 0,
+            "first_step": 0,
+            "first_time": 1000.0,
+        }
+    ]
     regrouped = JobEvaluator.from_state([threshold_rule(per_metric=False)], evaluator.to_state())
     assert len(regrouped.orphaned) == 1 and regrouped.open_episodes() == []
 

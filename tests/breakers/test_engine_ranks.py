@@ -22,13 +22,24 @@ T0 = 1_767_225_600.0
 STEPS = 600
 
 SPIKE = RuleSpec(
-    key="loss-spike", name="Loss spike", layer="stability", metric="loss", detector="deviation",
-    params={"k": 6.0, "window": 100}, severity="L1", clear_after=5,
-)  # fmt: skip
+    key="loss-spike",
+    name="Loss spike",
+    layer="stability",
+    metric="loss",
+    detector="deviation",
+    params={"k": 6.0, "window": 100},
+    severity="L1",
+    clear_after=5,
+)
 RISING = RuleSpec(
-    key="loss-rising", name="Loss rising", layer="stability", metric="loss", detector="rising",
-    params={"window": 20, "windows": 4, "min_rise_se": 2.0}, severity="L3",
-)  # fmt: skip
+    key="loss-rising",
+    name="Loss rising",
+    layer="stability",
+    metric="loss",
+    detector="rising",
+    params={"window": 20, "windows": 4, "min_rise_se": 2.0},
+    severity="L3",
+)
 NON_FINITE = next(r for r in default_rules() if r.key == "non-finite-loss-or-gradients")
 RULES = [SPIKE, RISING, NON_FINITE]
 
@@ -87,11 +98,15 @@ def fires(findings):
         # A spike or a rise on one rank is that rank's finding, named.
         (spike_on_rank_1, 1, [("loss-spike", 1)], []),
         (rising_on_rank_1, 1, [("loss-rising", 1)], []),
-        (nan_on_rank_1, 1, [("non-finite-loss-or-gradients", 1)],
-         [("non-finite-loss-or-gradients", 0)]),
+        (
+            nan_on_rank_1,
+            1,
+            [("non-finite-loss-or-gradients", 1)],
+            [("non-finite-loss-or-gradients", 0)],
+        ),
     ],
     ids=["offset-interleaved", "offset-in-rank-batches", "spike-rank-1", "rising-rank-1", "nan"],
-)  # fmt: skip
+)
 def test_each_rank_is_a_series_of_its_own(curve, batch, per_rank, when_pooled):
     points = stream(curve, batch=batch)
     assert fired(points) == set(per_rank)
@@ -126,9 +141,14 @@ def test_node_failure_counts_pool_the_ranks():
 
 def test_a_rank_that_goes_silent_fires_for_that_rank():
     rule = RuleSpec(
-        key="loss-silent", name="Loss silent", layer="health", metric="loss",
-        detector="silence", params={"timeout": 30.0}, severity="L3",
-    )  # fmt: skip
+        key="loss-silent",
+        name="Loss silent",
+        layer="health",
+        metric="loss",
+        detector="silence",
+        params={"timeout": 30.0},
+        severity="L3",
+    )
     evaluator = JobEvaluator([rule])
     for step in range(10):
         evaluator.feed(Point("loss", step, T0 + step, 2.0, None, 0))

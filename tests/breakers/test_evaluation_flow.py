@@ -32,9 +32,11 @@ METRICS = "/api/v1/agent/metrics"
 
 def post_points(client, agent, points) -> None:
     response = client.post(
-        METRICS, data=json.dumps({"points": points}), content_type="application/json",
+        METRICS,
+        data=json.dumps({"points": points}),
+        content_type="application/json",
         headers=agent.headers,
-    )  # fmt: skip
+    )
     assert response.status_code == 202, response.content
 
 

@@ -29,8 +29,9 @@ def one_a_minute(job_id: int, steps: range, ranks: int = 1) -> None:
     """A step a minute, each its own batch as the SDK sends it (retention keeps or deletes a
     block whole: a batch of one step is a block of one step)."""
     for s in steps:
-        store_points(job_id, [PointIn("loss", s, 1.0 + s % 5, at(s * 60.0), None, r)
-                              for r in range(ranks)])  # fmt: skip
+        store_points(
+            job_id, [PointIn("loss", s, 1.0 + s % 5, at(s * 60.0), None, r) for r in range(ranks)]
+        )
 
 
 def remaining_steps(job_id: int) -> set[int]:
@@ -40,11 +41,15 @@ def remaining_steps(job_id: int) -> set[int]:
 def incident(job_id: int, first_step: int, resolved_step: int | None) -> None:
     resolved = resolved_step is not None
     Incident.objects.create(
-        job_id=job_id, title="spike", level="L2", opened_at=at(first_step * 60),
-        first_step=first_step, first_time=at(first_step * 60),
+        job_id=job_id,
+        title="spike",
+        level="L2",
+        opened_at=at(first_step * 60),
+        first_step=first_step,
+        first_time=at(first_step * 60),
         resolved_at=at(resolved_step * 60) if resolved else None,
         status=IncidentStatus.RESOLVED if resolved else IncidentStatus.OPEN,
-    )  # fmt: skip
+    )
 
 
 def test_raw_points_leave_after_the_window_but_never_around_an_incident(make_agent, settings):

@@ -56,7 +56,11 @@ def test_a_checkpoint_snapshot_records_the_checkpoint(agent, agent_post):
     assert response.status_code == 201, response.content
     row = EnvironmentSnapshot.objects.get(pk=response.json()["id"])
     assert (row.kind, row.step, row.checkpoint_path, row.checkpoint_sha256) == (
-        "checkpoint", 40, "/ckpt/step-00000040.pt", SHA)  # fmt: skip
+        "checkpoint",
+        40,
+        "/ckpt/step-00000040.pt",
+        SHA,
+    )
 
 
 def nested(levels: int) -> list:
@@ -85,21 +89,35 @@ BAD_BODIES = {
     "snapshot list": ({"kind": "start", "step": 0, "snapshot": []}, "invalid", "snapshot"),
     "unknown field": ({"kind": "start", "step": 0, "snapshot": {}, "x": 1}, "invalid", "x"),
     "packages list": (_with_snapshot(packages=["torch"]), "invalid", "snapshot.packages"),
-    "env number": (_with_snapshot(environment={"OMP_NUM_THREADS": 4}), "invalid",
-                   "snapshot.environment"),
-    "naive time": (_with_snapshot(taken_at="2026-01-01T00:00:00"), "invalid",
-                   "snapshot.taken_at"),
+    "env number": (
+        _with_snapshot(environment={"OMP_NUM_THREADS": 4}),
+        "invalid",
+        "snapshot.environment",
+    ),
+    "naive time": (_with_snapshot(taken_at="2026-01-01T00:00:00"), "invalid", "snapshot.taken_at"),
     "schema true": (_with_snapshot(schema=True), "invalid", "snapshot.schema"),
-    "checkpoint at start": (body(checkpoint={"path": "/c", "sha256": SHA}), "invalid",
-                            "checkpoint"),
+    "checkpoint at start": (
+        body(checkpoint={"path": "/c", "sha256": SHA}),
+        "invalid",
+        "checkpoint",
+    ),
     "checkpoint missing": (body("checkpoint", 4), "invalid", "checkpoint"),
-    "bad sha256": (body("checkpoint", 4, checkpoint={"path": "/c", "sha256": "AB" * 32}),
-                   "invalid", "checkpoint.sha256"),
-    "empty path": (body("checkpoint", 4, checkpoint={"path": "", "sha256": SHA}), "invalid",
-                   "checkpoint.path"),
-    "too deep": ({"kind": "start", "step": 0, "snapshot": {"a": nested(17)}}, "invalid",
-                 "snapshot"),
-}  # fmt: skip
+    "bad sha256": (
+        body("checkpoint", 4, checkpoint={"path": "/c", "sha256": "AB" * 32}),
+        "invalid",
+        "checkpoint.sha256",
+    ),
+    "empty path": (
+        body("checkpoint", 4, checkpoint={"path": "", "sha256": SHA}),
+        "invalid",
+        "checkpoint.path",
+    ),
+    "too deep": (
+        {"kind": "start", "step": 0, "snapshot": {"a": nested(17)}},
+        "invalid",
+        "snapshot",
+    ),
+}
 
 
 @pytest.mark.parametrize("name", list(BAD_BODIES))

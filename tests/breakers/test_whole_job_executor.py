@@ -34,8 +34,13 @@ LAUNCHER = (
 def launched(agent):
     """(launcher, worker pid): a real launcher process leading its group, and its worker."""
     env = {**os.environ, "BRAKELINE_TOKEN": agent.token}
-    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE,
-                                text=True, env=env, start_new_session=True)  # fmt: skip
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     worker = int(launcher.stdout.readline())
     yield launcher, worker
     for pid in (worker, launcher.pid):
@@ -45,13 +50,27 @@ def launched(agent):
 
 
 def _register(agent, launcher_pid: int, worker: int, start_time: int | None) -> None:
-    record_heartbeat(agent.job_id, step=3, status="running", pid=worker, hostname=this_host(),
-                     rank=0, world_size=1)  # fmt: skip
+    record_heartbeat(
+        agent.job_id,
+        step=3,
+        status="running",
+        pid=worker,
+        hostname=this_host(),
+        rank=0,
+        world_size=1,
+    )
     now = timezone.now()
-    JobLauncher.objects.create(job_id=agent.job_id, hostname=this_host(), pid=launcher_pid,
-                               pgid=launcher_pid, reported_start_time=start_time or 0,
-                               start_time=start_time, ranks=[0], first_seen_at=now,
-                               last_seen_at=now)  # fmt: skip
+    JobLauncher.objects.create(
+        job_id=agent.job_id,
+        hostname=this_host(),
+        pid=launcher_pid,
+        pgid=launcher_pid,
+        reported_start_time=start_time or 0,
+        start_time=start_time,
+        ranks=[0],
+        first_seen_at=now,
+        last_seen_at=now,
+    )
 
 
 def test_the_whole_job_stops_through_the_launchers_process_group(agent, launched):
@@ -79,13 +98,30 @@ def test_a_launcher_whose_start_time_differs_is_not_signalled(agent, launched):
 def test_a_rank_whose_start_time_differs_is_not_signalled_the_others_are(agent, launched):
     launcher, worker = launched  # here: two independent ranks, no launcher registered
     env = {**os.environ, "BRAKELINE_TOKEN": agent.token}
-    other = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)"],
-                             env=env, start_new_session=True)  # fmt: skip
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)"],
+        env=env,
+        start_new_session=True,
+    )
     try:
-        record_heartbeat(agent.job_id, step=3, status="running", pid=launcher.pid,
-                         hostname=this_host(), rank=0, world_size=2)  # fmt: skip
-        record_heartbeat(agent.job_id, step=3, status="running", pid=other.pid,
-                         hostname=this_host(), rank=1, world_size=2)  # fmt: skip
+        record_heartbeat(
+            agent.job_id,
+            step=3,
+            status="running",
+            pid=launcher.pid,
+            hostname=this_host(),
+            rank=0,
+            world_size=2,
+        )
+        record_heartbeat(
+            agent.job_id,
+            step=3,
+            status="running",
+            pid=other.pid,
+            hostname=this_host(),
+            rank=1,
+            world_size=2,
+        )
         JobRank.objects.filter(job_id=agent.job_id, rank=1).update(pid_start_time=1)
         outcome = LocalProcessExecutor().stop(Job.objects.get(pk=agent.job_id), grace_seconds=5)
         refused = [s for s in outcome.steps if "rank 1" in s and "not sent, refused" in s]
@@ -101,8 +137,9 @@ def test_a_rank_whose_start_time_differs_is_not_signalled_the_others_are(agent, 
 def test_a_job_with_a_rank_on_another_host_is_refused_whole(agent, launched):
     launcher, worker = launched
     _register(agent, launcher.pid, worker, process_start_time(launcher.pid))
-    record_heartbeat(agent.job_id, step=3, status="running", pid=4242, hostname="gpu-9",
-                     rank=1, world_size=2)  # fmt: skip
+    record_heartbeat(
+        agent.job_id, step=3, status="running", pid=4242, hostname="gpu-9", rank=1, world_size=2
+    )
     outcome = LocalProcessExecutor().stop(Job.objects.get(pk=agent.job_id), grace_seconds=1)
     assert not outcome.stopped and "rank(s) 1 run on gpu-9" in outcome.detail
     assert process_is_running(launcher.pid)
@@ -123,8 +160,17 @@ def test_a_heartbeats_launcher_is_registered_verified_only_as_the_ranks_parent(
     row = JobLauncher.objects.get(job_id=agent.job_id)
     assert (row.start_time, row.ranks, row.pgid) == (start, [0], launcher.pid)
     # Not its parent: kept, never verified (the executor will not signal it).
-    assert _beat(agent_post, pid=os.getpid(), rank=1, world_size=2, **fields,
-                 launcher_start_time=start + 5).status_code == 200  # fmt: skip
+    assert (
+        _beat(
+            agent_post,
+            pid=os.getpid(),
+            rank=1,
+            world_size=2,
+            **fields,
+            launcher_start_time=start + 5,
+        ).status_code
+        == 200
+    )
     assert (
         JobLauncher.objects.get(job_id=agent.job_id, reported_start_time=start + 5).start_time
         is None

@@ -30,8 +30,11 @@ HEARTBEAT = "/api/v1/agent/heartbeat"
 
 def test_without_q_a_worker_consumes_the_three_queues_in_priority_order():
     assert list(app.amqp.queues.consume_from) == settings.WORKER_QUEUES
-    assert settings.WORKER_QUEUES == [settings.WATCHDOG_QUEUE, settings.CELERY_TASK_DEFAULT_QUEUE,
-                                      settings.TICK_QUEUE]  # fmt: skip
+    assert settings.WORKER_QUEUES == [
+        settings.WATCHDOG_QUEUE,
+        settings.CELERY_TASK_DEFAULT_QUEUE,
+        settings.TICK_QUEUE,
+    ]
     assert app.conf.broker_transport_options["queue_order_strategy"] == "priority"
     route = app.amqp.router.route({}, "control.watchdog")
     assert route["queue"].name == settings.WATCHDOG_QUEUE
@@ -39,8 +42,7 @@ def test_without_q_a_worker_consumes_the_three_queues_in_priority_order():
 
 def _start(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
     with open(log, "w") as output:
-        return subprocess.Popen(command, cwd=ROOT, env=env, stdout=output,
-                                stderr=subprocess.STDOUT)  # fmt: skip
+        return subprocess.Popen(command, cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT)
 
 
 def _stop(process: subprocess.Popen) -> None:

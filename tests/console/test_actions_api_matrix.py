@@ -135,9 +135,17 @@ def silence(scene: Scene, level: str | None) -> Call:
 
 
 def edit_rules(scene: Scene, level: str | None) -> Call:
-    change = {"op": "create", "key": "grad-spike", "fields": {
-        "name": "Grad norm spike", "layer": "stability", "metric": "grad_norm",
-        "detector": "threshold", "params": {"above": 100.0}}}  # fmt: skip
+    change = {
+        "op": "create",
+        "key": "grad-spike",
+        "fields": {
+            "name": "Grad norm spike",
+            "layer": "stability",
+            "metric": "grad_norm",
+            "detector": "threshold",
+            "params": {"above": 100.0},
+        },
+    }
     return Call("post", f"/api/v1/teams/{scene.team.pk}/rules", {"why": "x", "changes": [change]})
 
 

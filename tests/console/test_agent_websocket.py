@@ -120,15 +120,18 @@ def test_a_rank_s_catch_up_leaves_out_the_commands_it_acked(live_console, agent)
         assert catch_up(socket) == both
 
 
-@pytest.mark.parametrize("query", ["rank=-1", "rank=one", "rank=", "rank=2147483648",
-                                   "rank=1&rank=2", "rank=%D9%A3"])  # fmt: skip
+@pytest.mark.parametrize(
+    "query", ["rank=-1", "rank=one", "rank=", "rank=2147483648", "rank=1&rank=2", "rank=%D9%A3"]
+)
 def test_a_rank_that_is_not_one_is_refused_naming_the_field(live_console, agent, query):
     issue_command(agent.job_id, "lower_lr", reason="L2", params={"factor": 0.5})
     with connect(ws_url(live_console) + f"?token={agent.token}&{query}") as socket:
         message = next_message(socket)
         assert (message["type"], message["error"], list(message["fields"])) == (
-            "error", "invalid", ["rank"],
-        )  # fmt: skip
+            "error",
+            "invalid",
+            ["rank"],
+        )
         with pytest.raises(ConnectionClosed) as closed:
             socket.recv(timeout=10)
     assert closed.value.rcvd.code == 4400

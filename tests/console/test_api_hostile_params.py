@@ -42,8 +42,23 @@ ID_PARAMETERS = [
     ("/api/v1/silences", "team"),
     ("/api/v1/audit", "team"),
 ]
-BAD_IDS = [NINES, "99999999999999999999", str(MAX_ID + 1), "0", "-1", "1_000", " 5", "+5",
-           " +5 ", "5 ", "²", "٣", "1e3", "0x10", ""]  # fmt: skip
+BAD_IDS = [
+    NINES,
+    "99999999999999999999",
+    str(MAX_ID + 1),
+    "0",
+    "-1",
+    "1_000",
+    " 5",
+    "+5",
+    " +5 ",
+    "5 ",
+    "²",
+    "٣",
+    "1e3",
+    "0x10",
+    "",
+]
 
 
 @pytest.mark.parametrize("value", BAD_IDS)
@@ -106,22 +121,37 @@ SERIES_BAD = [
 
 @pytest.mark.parametrize(("name", "value"), SERIES_BAD)
 def test_series_parameters_are_parsed_strictly(scene, name, value):
-    answer = get(scene.api("viewer"), f"/api/v1/jobs/{scene.job_id}/series",
-                 names="loss", **{name: value})  # fmt: skip
+    answer = get(
+        scene.api("viewer"), f"/api/v1/jobs/{scene.job_id}/series", names="loss", **{name: value}
+    )
     assert answer.status_code == 400, (answer.status_code, answer.content[:200])
     assert list(answer.json()["fields"]) == [name]
 
 
 def test_series_parameters_in_range_are_taken(scene):
     api = scene.api("viewer")
-    answer = get(api, f"/api/v1/jobs/{scene.job_id}/series", names="loss", from_step="0",
-                 to_step=str(MAX_ID), max_points="10000", rank="0", ranks="1, 2",
-                 spread="0")  # fmt: skip
+    answer = get(
+        api,
+        f"/api/v1/jobs/{scene.job_id}/series",
+        names="loss",
+        from_step="0",
+        to_step=str(MAX_ID),
+        max_points="10000",
+        rank="0",
+        ranks="1, 2",
+        spread="0",
+    )
     assert answer.status_code == 200, answer.content
     assert (answer.json()["from_step"], answer.json()["to_step"]) == (0, MAX_ID)
     # Empty means absent here, as before (the chart's client leaves them out or empty).
-    answer = get(api, f"/api/v1/jobs/{scene.job_id}/series", names="loss", from_step="",
-                 max_points="", rank="")  # fmt: skip
+    answer = get(
+        api,
+        f"/api/v1/jobs/{scene.job_id}/series",
+        names="loss",
+        from_step="",
+        max_points="",
+        rank="",
+    )
     assert answer.status_code == 200 and answer.json()["max_points"] == 2000
 
 
@@ -139,8 +169,9 @@ def test_series_parameters_in_range_are_taken(scene):
     ],
 )
 def test_incident_report_periods_out_of_range_are_400s(scene, name, value):
-    answer = get(scene.api("admin"), f"/api/v1/teams/{scene.team.pk}/incident-report",
-                 **{name: value})  # fmt: skip
+    answer = get(
+        scene.api("admin"), f"/api/v1/teams/{scene.team.pk}/incident-report", **{name: value}
+    )
     assert answer.status_code == 400, (answer.status_code, answer.content[:200])
     assert list(answer.json()["fields"]) == [name]
 
@@ -230,15 +261,24 @@ def test_a_well_formed_body_is_still_taken(scene):
 def test_bodies_that_cannot_be_parsed_name_the_field(scene, content_type, field):
     api = scene.api("admin")
     body = b"[" * 10_000 if field == "body" else b"{}"
-    answer = api.client.generic("POST", f"/api/v1/jobs/{scene.job_id}/pause", body,
-                                content_type=content_type, headers=api.headers)  # fmt: skip
+    answer = api.client.generic(
+        "POST",
+        f"/api/v1/jobs/{scene.job_id}/pause",
+        body,
+        content_type=content_type,
+        headers=api.headers,
+    )
     assert answer.status_code == 400, (answer.status_code, answer.content[:200])
     assert list(answer.json()["fields"]) == [field]
 
 
 def test_an_unsupported_media_type_names_the_content_type(scene):
-    answer = post_raw(scene.api("admin"), f"/api/v1/jobs/{scene.job_id}/pause", b"reason",
-                      content_type="text/plain")  # fmt: skip
+    answer = post_raw(
+        scene.api("admin"),
+        f"/api/v1/jobs/{scene.job_id}/pause",
+        b"reason",
+        content_type="text/plain",
+    )
     assert answer.status_code == 415
     assert list(answer.json()["fields"]) == ["Content-Type"]
 
@@ -299,8 +339,14 @@ def test_embedded_sqlite_refuses_out_of_range_ids_and_moments(tmp_path):
     env.pop("BRAKELINE_SECRET_KEY", None)
     env["BRAKELINE_DATA_DIR"] = str(tmp_path)
     for command in (["manage.py", "migrate", "--verbosity", "0"], ["-c", EMBEDDED_SCRIPT]):
-        result = subprocess.run([sys.executable, *command], cwd=ROOT, env=env,
-                                capture_output=True, text=True, timeout=120)  # fmt: skip
+        result = subprocess.run(
+            [sys.executable, *command],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
     answers = json.loads(result.stdout.strip().splitlines()[-1])
     assert answers == [[400, ["job"]], [400, ["job"]], [400, ["until"]], [200, []], [200, []]]
@@ -309,8 +355,13 @@ def test_embedded_sqlite_refuses_out_of_range_ids_and_moments(tmp_path):
 # -- an agent's Content-Length header: int() of it was a 500 ------------------------------------
 @pytest.mark.parametrize("path", [METRICS, "/api/v1/agent/snapshots"])
 def test_a_content_length_of_thousands_of_digits_is_a_413(client, agent, path):
-    answer = client.post(path, data=b"{}", content_type="application/json",
-                         headers=agent.headers, CONTENT_LENGTH=NINES)  # fmt: skip
+    answer = client.post(
+        path,
+        data=b"{}",
+        content_type="application/json",
+        headers=agent.headers,
+        CONTENT_LENGTH=NINES,
+    )
     assert answer.status_code == 413, (answer.status_code, answer.content[:200])
     assert list(answer.json()["fields"]) in (["body"], ["snapshot"])
     assert len(answer.content) < 1000  # the header is not echoed whole
@@ -318,9 +369,17 @@ def test_a_content_length_of_thousands_of_digits_is_a_413(client, agent, path):
 
 @pytest.mark.parametrize(
     ("declared", "more"),
-    [(NINES, True), ("0" * 30 + "5", False), ("101", True), ("100", False), ("²", False),
-     ("1_0", False), (" 5", False), ("", False)],
-)  # fmt: skip
+    [
+        (NINES, True),
+        ("0" * 30 + "5", False),
+        ("101", True),
+        ("100", False),
+        ("²", False),
+        ("1_0", False),
+        (" 5", False),
+        ("", False),
+    ],
+)
 def test_what_a_content_length_declares(rf, declared, more):
     from console.api.agent import declares_more_than
 

@@ -33,6 +33,7 @@ def test_the_embedded_ticker_runs_what_beat_runs():
     """One table: every interval task of beat's schedule is ticked in the embedded mode too."""
     ticked = {entry.task for entry in PERIODIC if entry.every}
     assert ticked == {
-        entry["task"] for entry in app.conf.beat_schedule.values()
+        entry["task"]
+        for entry in app.conf.beat_schedule.values()
         if isinstance(entry["schedule"], float)
-    }  # fmt: skip
+    }

@@ -35,10 +35,21 @@ def member(db):
 def signal(severity: str = "L3", step: int = 10, rule: str = "non-finite") -> AlertSignal:
     now = timezone.now()
     return AlertSignal(
-        rule_key=rule, rule_name=f"rule {rule}", layer="stability", severity=severity,
-        metric="loss", node="", value=float("nan"), threshold=None, description="loss is NaN",
-        step=step, time=now, first_step=step, first_time=now, action="checkpoint_and_pause",
-    )  # fmt: skip
+        rule_key=rule,
+        rule_name=f"rule {rule}",
+        layer="stability",
+        severity=severity,
+        metric="loss",
+        node="",
+        value=float("nan"),
+        threshold=None,
+        description="loss is NaN",
+        step=step,
+        time=now,
+        first_step=step,
+        first_time=now,
+        action="checkpoint_and_pause",
+    )
 
 
 def buttons(html: bytes) -> list[str]:
@@ -133,18 +144,29 @@ def test_pausing_then_paused_with_the_checkpoint_and_confirm_buttons(client, mem
     expected = ["Take it", "Keep paused", "Confirm &amp; resume", "Acknowledge", "Snooze pages"]
     assert buttons(state.encode()) == expected
     acknowledge_command(
-        job.job_id, command.pk, status="succeeded",
-        result={"path": "/ckpt/step-10.pt", "bytes": 2_500_000, "seconds": 1.5, "step": 10,
-                "sha256": "ab" * 32},  # with its hash it is in the catalogue: Roll back… offers it
-    )  # fmt: skip
+        job.job_id,
+        command.pk,
+        status="succeeded",
+        result={
+            "path": "/ckpt/step-10.pt",
+            "bytes": 2_500_000,
+            "seconds": 1.5,
+            "step": 10,
+            "sha256": "ab" * 32,
+        },  # with its hash it is in the catalogue: Roll back… offers it
+    )
     state = client.get(f"/jobs/{job.job_id}/?partial=state").content.decode()
     assert 'data-status="paused"' in state and "/ckpt/step-10.pt" in state
     assert "2.4\xa0MB" in state and "1.5 s" in state and "awaiting confirmation" in state
     # On-call confirms the automatic L3 pause (resume is a manager's, terminate too).
     assert buttons(state.encode()) == [
-        "Take it", "Keep paused", "Confirm &amp; resume", "Roll back…", "Acknowledge",
+        "Take it",
+        "Keep paused",
+        "Confirm &amp; resume",
+        "Roll back…",
+        "Acknowledge",
         "Snooze pages",
-    ]  # fmt: skip
+    ]
 
 
 def test_alerts_feed_lists_open_alerts_with_acknowledge_for_oncall(client, member, make_agent):

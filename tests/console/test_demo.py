@@ -38,8 +38,9 @@ class Demo:
         self.log = tmp_path / "demo.log"
         command = [sys.executable, "manage.py", "demo", "--port", str(self.port), *args]
         with open(self.log, "w") as output:
-            self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=output,
-                                            stderr=subprocess.STDOUT)  # fmt: skip
+            self.process = subprocess.Popen(
+                command, cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT
+            )
 
     def stop(self) -> str:
         """Ctrl-C, as a person would; returns what the demo printed."""

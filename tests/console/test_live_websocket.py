@@ -62,20 +62,31 @@ def test_subscriptions_are_judged_by_the_authority_through_daphne(live_console, 
             socket.send(json.dumps({"subscribe": kind, "id": object_id}))
             answer = receive(socket)
             assert answer == {
-                "type": "refused", "to": kind, "id": object_id,
+                "type": "refused",
+                "to": kind,
+                "id": object_id,
                 "detail": f"There is no {kind} {object_id} in your teams.",
-            }  # fmt: skip
+            }
         socket.send(json.dumps({"subscribe": "job", "id": mine.job_id}))
         assert receive(socket) == {"type": "subscribed", "to": "job", "id": mine.job_id}
         post_metrics(live_console, theirs.token, [{"name": "loss", "step": 1, "value": 9.0}])
-        post_metrics(live_console, mine.token, [
-            {"name": "loss", "step": 7, "value": 2.5}, {"name": "loss", "step": 8, "value": "NaN"},
-        ])  # fmt: skip
+        post_metrics(
+            live_console,
+            mine.token,
+            [
+                {"name": "loss", "step": 7, "value": 2.5},
+                {"name": "loss", "step": 8, "value": "NaN"},
+            ],
+        )
         appended = receive(socket)
     assert appended == {
-        "type": "metrics.appended", "job_id": mine.job_id, "count": 2, "first_step": 7,
-        "last_step": 8, "latest": {"loss": {"step": 8, "value": "NaN"}},
-    }  # fmt: skip
+        "type": "metrics.appended",
+        "job_id": mine.job_id,
+        "count": 2,
+        "first_step": 7,
+        "last_step": 8,
+        "latest": {"loss": {"step": 8, "value": "NaN"}},
+    }
 
 
 @live
@@ -120,10 +131,17 @@ async def test_a_burst_of_batches_is_coalesced_and_the_last_one_is_never_dropped
     layer = get_channel_layer()
     started = time.monotonic()
     for step in range(30):
-        await layer.group_send(job_group(job.job_id), {
-            "type": "metrics.appended", "job_id": job.job_id, "count": 1, "first_step": step,
-            "last_step": step, "latest": {"loss": {"step": step, "value": float(step)}},
-        })  # fmt: skip
+        await layer.group_send(
+            job_group(job.job_id),
+            {
+                "type": "metrics.appended",
+                "job_id": job.job_id,
+                "count": 1,
+                "first_step": step,
+                "last_step": step,
+                "latest": {"loss": {"step": step, "value": float(step)}},
+            },
+        )
     sent_for = time.monotonic() - started
     received = []
     while not received or received[-1]["last_step"] < 29:

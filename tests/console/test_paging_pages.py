@@ -56,12 +56,21 @@ def test_the_banner_says_a_team_pages_nobody_until_the_paging_is_fixed(client, c
     assert f'href="/teams/{job.team_id}/paging/"'.encode() in page
 
     client.force_login(people["ana"])
-    answer = client.post(f"/teams/{job.team_id}/paging/", {
-        "form": "policy", "rule-health-phone": "L1", "rule-health-sms": "L1",
-        "rule-stability-chat": "L1", "rule-stability-phone": "L3", "digest": "on",
-        "chat_webhook_url": receiver.url + "/hook", "chat_format": "slack",
-        "ack_timeout_seconds": "120",
-    }, follow=True)  # fmt: skip
+    answer = client.post(
+        f"/teams/{job.team_id}/paging/",
+        {
+            "form": "policy",
+            "rule-health-phone": "L1",
+            "rule-health-sms": "L1",
+            "rule-stability-chat": "L1",
+            "rule-stability-phone": "L3",
+            "digest": "on",
+            "chat_webhook_url": receiver.url + "/hook",
+            "chat_format": "slack",
+            "ack_timeout_seconds": "120",
+        },
+        follow=True,
+    )
     assert b"Notification policy saved." in answer.content
     policy = NotificationPolicy.objects.get(team=job.team)
     assert policy.ack_timeout_seconds == 120 and policy.chat_webhook_url.endswith("/hook")
@@ -72,10 +81,17 @@ def test_the_banner_says_a_team_pages_nobody_until_the_paging_is_fixed(client, c
 def test_a_policy_the_rules_refuse_is_refused_on_the_page_with_the_reason(client, crew):
     job, people = crew
     client.force_login(people["ana"])
-    answer = client.post(f"/teams/{job.team_id}/paging/", {
-        "form": "policy", "rule-stability-chat": "L1", "rule-health-phone": "L1",
-        "rule-health-sms": "L1", "ack_timeout_seconds": "120",
-    }, follow=True)  # fmt: skip
+    answer = client.post(
+        f"/teams/{job.team_id}/paging/",
+        {
+            "form": "policy",
+            "rule-stability-chat": "L1",
+            "rule-health-phone": "L1",
+            "rule-health-sms": "L1",
+            "ack_timeout_seconds": "120",
+        },
+        follow=True,
+    )
     assert b"L3 stability alerts must go to at least two channels" in answer.content
     assert NotificationPolicy.objects.get(team=job.team).ack_timeout_seconds == 300  # untouched
     client.force_login(people["max"])  # a manager reads the policy, an admin changes it
@@ -97,8 +113,12 @@ def test_contacts_shifts_and_a_test_page_through_the_page(client, crew, receiver
     assert Contact.objects.get(user=olga).phone == "+15551234567"
 
     start = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(hours=1)
-    shift = {"form": "shift", "user_id": olga.pk, "starts_at": start.strftime("%Y-%m-%dT%H:%M"),
-             "ends_at": (start + timedelta(hours=9)).strftime("%Y-%m-%dT%H:%M")}  # fmt: skip
+    shift = {
+        "form": "shift",
+        "user_id": olga.pk,
+        "starts_at": start.strftime("%Y-%m-%dT%H:%M"),
+        "ends_at": (start + timedelta(hours=9)).strftime("%Y-%m-%dT%H:%M"),
+    }
     client.post(path, shift)
     saved = OnCallShift.objects.get(user=olga)
     assert saved.starts_at == start  # the page's times are UTC
@@ -126,8 +146,13 @@ def test_silences_page_creates_lists_and_ends_and_oncall_cannot(client, crew):
     job, people = crew
     client.force_login(people["olga"])
     assert b'id="silence-form"' not in client.get("/silences/").content
-    body = {"form": "create", "team_id": job.team_id, "job_id": job.pk, "hours": "2",
-            "reason": "storage maintenance"}  # fmt: skip
+    body = {
+        "form": "create",
+        "team_id": job.team_id,
+        "job_id": job.pk,
+        "hours": "2",
+        "reason": "storage maintenance",
+    }
     refused = client.post("/silences/", body, follow=True)
     assert b"Only a manager or above may silence" in refused.content
     client.force_login(people["max"])
@@ -160,10 +185,16 @@ def test_incidents_list_audit_for_managers_and_the_nav(client, crew):
 
     now = timezone.now()
     EscalationRequest.objects.create(
-        job=job, alert=alert, incident_id=alert.incident_id, level="L3",
-        command_kind="checkpoint_and_pause", reason="r", requested_by=people["olga"],
-        requested_at=now, expires_at=now + timedelta(minutes=15),
-    )  # fmt: skip
+        job=job,
+        alert=alert,
+        incident_id=alert.incident_id,
+        level="L3",
+        command_kind="checkpoint_and_pause",
+        reason="r",
+        requested_by=people["olga"],
+        requested_at=now,
+        expires_at=now + timedelta(minutes=15),
+    )
     client.force_login(people["max"])
     page = client.get("/alerts/").content.decode()
     assert re.search(r'id="pending-badge" class="count" title[^>]*>1</span>', page)
@@ -176,10 +207,15 @@ def test_incidents_list_audit_for_managers_and_the_nav(client, crew):
 
 
 POLICY_FORM = {
-    "form": "policy", "rule-health-phone": "L1", "rule-health-sms": "L1",
-    "rule-stability-chat": "L1", "rule-stability-phone": "L3", "chat_format": "slack",
-    "chat_webhook_url": "https://chat.example/hook", "ack_timeout_seconds": "300",
-}  # fmt: skip
+    "form": "policy",
+    "rule-health-phone": "L1",
+    "rule-health-sms": "L1",
+    "rule-stability-chat": "L1",
+    "rule-stability-phone": "L3",
+    "chat_format": "slack",
+    "chat_webhook_url": "https://chat.example/hook",
+    "ack_timeout_seconds": "300",
+}
 
 
 def test_an_admin_sends_the_drills_to_receivers_on_the_page_and_nobody_is_refused(client, crew):
@@ -193,9 +229,15 @@ def test_an_admin_sends_the_drills_to_receivers_on_the_page_and_nobody_is_refuse
     policy = NotificationPolicy.objects.get(team=job.team)
     assert policy.drill_delivery == "on_call" and not policy.drill_receivers.exists()
 
-    answer = client.post(path, {**POLICY_FORM, "drill_delivery": "receivers",
-                                "drill_receivers": [people["vic"].pk, people["olga"].pk]},
-                         follow=True)  # fmt: skip
+    answer = client.post(
+        path,
+        {
+            **POLICY_FORM,
+            "drill_delivery": "receivers",
+            "drill_receivers": [people["vic"].pk, people["olga"].pk],
+        },
+        follow=True,
+    )
     assert b"Notification policy saved." in answer.content
     policy.refresh_from_db()
     assert policy.drill_delivery == "receivers"

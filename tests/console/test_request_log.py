@@ -71,8 +71,15 @@ def test_agent_requests_are_counted_not_logged_and_people_are_logged(
     monkeypatch.setattr(request_log, "_traffic", AgentTraffic(60.0, clock=clock))
     caplog.set_level(logging.INFO, logger="brakeline.requests")
     for step in range(5):
-        agent_post(METRICS, {"points": [{"name": "loss", "step": step, "value": 1.0},
-                                        {"name": "acc", "step": step, "value": 0.5}]})  # fmt: skip
+        agent_post(
+            METRICS,
+            {
+                "points": [
+                    {"name": "loss", "step": step, "value": 1.0},
+                    {"name": "acc", "step": step, "value": 0.5},
+                ]
+            },
+        )
     assert agent_post(HEARTBEAT, {"step": 4, "status": "running"}, token="bkl_nope").status_code
     assert client.get("/login/").status_code == 200
     assert request_lines(caplog) == [_line("GET /login/ 200", request_lines(caplog))]
@@ -107,16 +114,25 @@ def test_where_we_start_daphne_its_access_log_is_off():
 
 
 def _post(url: str, token: str, body: dict) -> dict:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Authorization": f"Bearer {token}",
-                                              "Content-Type": "application/json"})  # fmt: skip
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.loads(response.read())
 
 
 def _manage(env: dict[str, str], *args: str) -> str:
-    result = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=180)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -147,10 +163,23 @@ def test_the_demos_console_prints_the_summary_and_the_warning(tmp_path):
     port, log = free_port(), tmp_path / "console.log"
     with open(log, "w") as output:
         server = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-             "--verbosity", "0", "config.asgi:application"],
-            cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "daphne",
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "--verbosity",
+                "0",
+                "config.asgi:application",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
     try:
         wait_for_port(port, server)
         base = f"http://127.0.0.1:{port}"

@@ -17,10 +17,21 @@ from tests.conftest import ROOT
 def test_the_schema_generates_without_warnings(tmp_path):
     schema = tmp_path / "schema.yml"
     result = subprocess.run(
-        [sys.executable, "manage.py", "spectacular", "--fail-on-warn", "--validate",
-         "--file", str(schema)],
-        cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "manage.py",
+            "spectacular",
+            "--fail-on-warn",
+            "--validate",
+            "--file",
+            str(schema),
+        ],
+        cwd=ROOT,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert "Warning" not in result.stderr and "Error" not in result.stderr, result.stderr
     text = schema.read_text()

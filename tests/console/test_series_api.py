@@ -106,9 +106,19 @@ def test_markers_put_commands_and_alerts_at_their_steps(client, viewer):
 
 def test_metrics_are_grouped_one_chart_per_kind():
     groups = metric_groups(
-        ["gpu.0.util", "gpu.1.util", "gpu.0.temp", "grad_norm", "loss", "lr", "val_loss",
-         "throughput", "node.3.failure", "custom"]
-    )  # fmt: skip
+        [
+            "gpu.0.util",
+            "gpu.1.util",
+            "gpu.0.temp",
+            "grad_norm",
+            "loss",
+            "lr",
+            "val_loss",
+            "throughput",
+            "node.3.failure",
+            "custom",
+        ]
+    )
     assert [(g["key"], g["names"]) for g in groups] == [
         ("loss", ["loss", "val_loss"]),
         ("grad", ["grad_norm"]),

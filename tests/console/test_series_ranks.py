@@ -86,9 +86,14 @@ def test_rank_zero_line_with_the_min_max_of_every_rank_and_a_nan_of_another_rank
 
 @pytest.mark.parametrize(
     ("params", "field"),
-    [({"ranks": "1,x"}, "ranks"), ({"ranks": ",".join(map(str, range(17)))}, "ranks"),
-     ({"rank": "-2"}, "rank"), ({"rank": str(2**31)}, "rank"), ({"spread": "yes"}, "spread")],
-)  # fmt: skip
+    [
+        ({"ranks": "1,x"}, "ranks"),
+        ({"ranks": ",".join(map(str, range(17)))}, "ranks"),
+        ({"rank": "-2"}, "rank"),
+        ({"rank": str(2**31)}, "rank"),
+        ({"spread": "yes"}, "spread"),
+    ],
+)
 def test_bad_rank_parameters_are_a_400_naming_them(client, viewer, params, field):
     response = client.get(f"/api/v1/jobs/{viewer.job_id}/series", {"names": "loss", **params})
     assert response.status_code == 400 and field in response.json()["fields"]
@@ -97,10 +102,17 @@ def test_bad_rank_parameters_are_a_400_naming_them(client, viewer, params, field
 def long_run(job_id: int, steps: int, ranks: int) -> None:
     """One step a second, ``ranks`` ranks; rank 1 spikes once at step 4,321."""
     points = [
-        PointIn("loss", s, 9.0 if (s, r) == (4321, 1) else value(s, r),
-                T0 + timedelta(seconds=s), None, r)
-        for s in range(steps) for r in range(ranks)
-    ]  # fmt: skip
+        PointIn(
+            "loss",
+            s,
+            9.0 if (s, r) == (4321, 1) else value(s, r),
+            T0 + timedelta(seconds=s),
+            None,
+            r,
+        )
+        for s in range(steps)
+        for r in range(ranks)
+    ]
     store_points(job_id, points)
 
 

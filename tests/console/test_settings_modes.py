@@ -144,12 +144,25 @@ def test_what_an_operator_sets_reaches_the_settings(tmp_path):
         BRAKELINE_PUBLIC_URL="https://brakeline.example.org",
         BRAKELINE_NOTIFY_PROVIDER_URL="https://api.example.com/2010-04-01/Accounts/AC1",
     )
-    result = subprocess.run([sys.executable, "-c", OPERATOR_PROBE], cwd=ROOT, env=clean,
-                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", OPERATOR_PROBE],
+        cwd=ROOT,
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["900.0", "45.5", "120.0", "30.0", "20.0", "600.0",
-                                     "https://brakeline.example.org",
-                                     "https://api.example.com/2010-04-01/Accounts/AC1"]  # fmt: skip
+    assert result.stdout.split() == [
+        "900.0",
+        "45.5",
+        "120.0",
+        "30.0",
+        "20.0",
+        "600.0",
+        "https://brakeline.example.org",
+        "https://api.example.com/2010-04-01/Accounts/AC1",
+    ]
 
 
 def test_every_command_kind_has_an_acknowledgement_deadline():

@@ -129,9 +129,13 @@ def test_the_drills_trend_draws_a_dot_per_drill_even_for_one(team):
     admin = team.person("admin")
     url = f"/teams/{team.team.pk}/drills/"
     DrillRun.objects.create(
-        team=team.team, scenario="nan_loss", status="failed", finished_at=timezone.now(),
-        detect_seconds=0.09, brake_seconds=0.2234,
-    )  # fmt: skip
+        team=team.team,
+        scenario="nan_loss",
+        status="failed",
+        finished_at=timezone.now(),
+        detect_seconds=0.09,
+        brake_seconds=0.2234,
+    )
     html = logged_in(admin).get(url).content.decode()
     trend = html[html.index('id="brake-trend"') :]
     trend = trend[: trend.index("</section>")]
@@ -139,9 +143,13 @@ def test_the_drills_trend_draws_a_dot_per_drill_even_for_one(team):
     assert dots == [("160", "52")]  # one drill: in the middle, at the top (it is the highest)
     assert "Highest 0.22 s · nan_loss 0.22 s" in trend  # one number format
     DrillRun.objects.create(
-        team=team.team, scenario="inf_loss", status="passed", finished_at=timezone.now(),
-        detect_seconds=0.1, brake_seconds=0.6,
-    )  # fmt: skip
+        team=team.team,
+        scenario="inf_loss",
+        status="passed",
+        finished_at=timezone.now(),
+        detect_seconds=0.1,
+        brake_seconds=0.6,
+    )
     html = logged_in(admin).get(url).content.decode()
     trend = html[html.index('id="brake-trend"') :]
     dots = re.findall(r'<path d="M([\d.]+) ([\d.]+)h0"', trend[: trend.index("</section>")])
@@ -150,9 +158,13 @@ def test_the_drills_trend_draws_a_dot_per_drill_even_for_one(team):
 
 @pytest.mark.parametrize(
     ("kind", "words"),
-    [("pause_data", "Pause data loading"), ("lower_lr", "Lower the learning rate"),
-     ("isolate_node", "Isolate node"), ("something_new", "something_new")],
-)  # fmt: skip
+    [
+        ("pause_data", "Pause data loading"),
+        ("lower_lr", "Lower the learning rate"),
+        ("isolate_node", "Isolate node"),
+        ("something_new", "something_new"),
+    ],
+)
 def test_a_requested_command_is_named_in_words_from_the_control_planes_labels(kind, words):
     from django.template.loader import render_to_string
 

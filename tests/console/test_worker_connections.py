@@ -33,13 +33,29 @@ def test_a_prefork_worker_does_not_reconnect_for_every_task(settings):
 
     queue = settings.CELERY_TASK_DEFAULT_QUEUE
     worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool", "prefork",
-         "--concurrency", "1", "-Q", f"{queue}-watchdog,{queue},{queue}-ticks",
-         "--loglevel", "warning", "--without-gossip", "--without-mingle", "--without-heartbeat"],
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "config",
+            "worker",
+            "--pool",
+            "prefork",
+            "--concurrency",
+            "1",
+            "-Q",
+            f"{queue}-watchdog,{queue},{queue}-ticks",
+            "--loglevel",
+            "warning",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ],
         env=server_environment(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    )
     try:
         warm = app.send_task("control.watchdog", kwargs={})
         deadline = time.monotonic() + 120

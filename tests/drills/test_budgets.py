@@ -68,13 +68,24 @@ def test_the_line_shows_the_expectation_it_was_judged_against():
 
 def test_a_brake_whose_save_fails_holds_without_releasing_and_says_it_saved_nothing():
     scenario = SCENARIOS["checkpoint_disk_full"]
-    periodic = {"path": "/c/10.pt", "sha256": "ab", "step": 10, "weights_step": 10,
-                "reason": "manual", "brake_saved": False}  # fmt: skip
+    periodic = {
+        "path": "/c/10.pt",
+        "sha256": "ab",
+        "step": 10,
+        "weights_step": 10,
+        "reason": "manual",
+        "brake_saved": False,
+    }
     facts = Facts(fault_step=21, checkpoint=periodic, loads={"loads": True, "step": 10, "loss": 1})
     facts.brake = {"kind": "checkpoint_and_pause", "status": "failed", "error": "ENOSPC (drill)"}
     facts.release = {"job_status": "paused", "alive": True, "release_hook": False}
-    facts.timeline = ["first_anomalous_point", "alert_raised", "command_issued",
-                      "notification_sent", "command_acknowledged"]  # fmt: skip
+    facts.timeline = [
+        "first_anomalous_point",
+        "alert_raised",
+        "command_issued",
+        "notification_sent",
+        "command_acknowledged",
+    ]
     saved, loads, before = checkpoint_lines(scenario, facts)
     assert saved.passed and "the brake saved none (ENOSPC (drill))" in saved.measured
     assert loads.passed and before.passed

@@ -42,9 +42,17 @@ def test_no_console_at_the_url_stops_the_drill_at_once_in_one_sentence():
     started = time.monotonic()
     with pytest.raises(CommandError) as raised:
         call_command(
-            "drill", "--team", "research", "--scenario", "nan_loss", "--scenario", "xid",
-            "--console-url", url, stdout=out,
-        )  # fmt: skip
+            "drill",
+            "--team",
+            "research",
+            "--scenario",
+            "nan_loss",
+            "--scenario",
+            "xid",
+            "--console-url",
+            url,
+            stdout=out,
+        )
     assert time.monotonic() - started < 10
     sentence = str(raised.value)
     assert sentence.startswith(f"No Brakeline console answers at {url} ")
@@ -67,9 +75,15 @@ def test_something_else_at_the_url_is_not_taken_for_the_console(receiver):
     Team.objects.create(name="research")
     with pytest.raises(CommandError, match="not a Brakeline console") as raised:
         call_command(
-            "drill", "--team", "research", "--scenario", "nan_loss",
-            "--console-url", receiver.url, stdout=io.StringIO(),
-        )  # fmt: skip
+            "drill",
+            "--team",
+            "research",
+            "--scenario",
+            "nan_loss",
+            "--console-url",
+            receiver.url,
+            stdout=io.StringIO(),
+        )
     assert receiver.url in str(raised.value) and "--console-url" in str(raised.value)
 
 
@@ -81,9 +95,13 @@ def test_a_queued_set_without_a_console_ends_as_error_saying_why(settings):
     url = nothing_listens()
     with pytest.raises(CommandError, match="No Brakeline console answers"):
         call_command(
-            "drill", "--drill-set", str(queued[0].drill_set), "--console-url", url,
+            "drill",
+            "--drill-set",
+            str(queued[0].drill_set),
+            "--console-url",
+            url,
             stdout=io.StringIO(),
-        )  # fmt: skip
+        )
     for run in DrillRun.objects.filter(drill_set=queued[0].drill_set):
         assert run.status == DrillStatus.ERROR and url in run.error
 
@@ -91,9 +109,12 @@ def test_a_queued_set_without_a_console_ends_as_error_saying_why(settings):
 def test_a_degraded_console_is_there_and_the_note_says_what_it_lacks():
     """503 from the health endpoint: the console answers (the drill goes on), with a note."""
     report = {
-        "status": "degraded", "database": {"ok": True}, "redis": {"ok": True},
-        "beat": {"stale": True}, "workers": {"count": 0, "stale": True},
-    }  # fmt: skip
+        "status": "degraded",
+        "database": {"ok": True},
+        "redis": {"ok": True},
+        "beat": {"stale": True},
+        "workers": {"count": 0, "stale": True},
+    }
 
     class Health(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
@@ -156,9 +177,16 @@ def test_sigterm_ends_the_sandboxes_and_leaves_no_workload_behind(
 ):
     env = server_environment(BRAKELINE_DRILL_DIR=str(tmp_path / "drills"), PYTHONUNBUFFERED="1")
     command = [
-        sys.executable, "manage.py", "drill", "--team", "research", "--scenario", "nan_loss",
-        "--console-url", live_console,
-    ]  # fmt: skip
+        sys.executable,
+        "manage.py",
+        "drill",
+        "--team",
+        "research",
+        "--scenario",
+        "nan_loss",
+        "--console-url",
+        live_console,
+    ]
     drill = subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )

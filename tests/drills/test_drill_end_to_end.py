@@ -67,10 +67,16 @@ def test_the_drill_set_passes_every_line_with_its_figures(
         assert run.status == DrillStatus.PASSED, (run.scenario, run.error, output)
         names = list(run.checks.values_list("name", flat=True))
         assert names == [
-            "breaker fired", "time to detect", "time to brake", "checkpoint saved",
-            "checkpoint loads", "checkpoint before the anomaly", "release", "paged",
+            "breaker fired",
+            "time to detect",
+            "time to brake",
+            "checkpoint saved",
+            "checkpoint loads",
+            "checkpoint before the anomaly",
+            "release",
+            "paged",
             "timeline complete",
-        ]  # fmt: skip
+        ]
         assert run.detect_seconds is not None and run.brake_seconds is not None
         assert 0 < run.detect_seconds <= run.brake_seconds
         assert Job.objects.get(pk=run.job_id).drill_sandbox
@@ -119,10 +125,14 @@ def test_the_teams_own_training_command_passes_a_drill_without_the_consoles_secr
     settings.DRILL_TEAM_COMMANDS = True
     admin = drill_team.memberships.get(role="admin").user
     python = shlex.quote(sys.executable)
-    workloads.save_team_workload(admin, drill_team.pk, {
-        "command": f"{python} {shlex.quote(str(OWN_SCRIPT))}",
-        "verify_command": f"{python} {shlex.quote(str(OWN_SCRIPT))} --verify -",
-    })  # fmt: skip
+    workloads.save_team_workload(
+        admin,
+        drill_team.pk,
+        {
+            "command": f"{python} {shlex.quote(str(OWN_SCRIPT))}",
+            "verify_command": f"{python} {shlex.quote(str(OWN_SCRIPT))} --verify -",
+        },
+    )
     output, code = drill(live_console, "--scenario", "nan_loss", "--workload", "team")
     run = DrillRun.objects.get(team=drill_team)
     assert code == 0 and run.status == DrillStatus.PASSED, output

@@ -135,8 +135,11 @@ def test_the_scenario_registry_answers_which_scenarios_cover_a_rule():
 def test_the_pages_show_a_scorecard_to_members_and_the_form_to_admins(scene, client):
     (run,) = runs.request_drills(scene.team, ["xid"], launch=False)
     runs.start(run)
-    runs.finish(run, [*PASSING, Line("release", True, "job terminated, exit code 75", "75")],
-                brake_seconds=0.8)  # fmt: skip
+    runs.finish(
+        run,
+        [*PASSING, Line("release", True, "job terminated, exit code 75", "75")],
+        brake_seconds=0.8,
+    )
     client.force_login(scene.person("viewer"))
     page = client.get(f"/teams/{scene.team.pk}/drills/").content.decode()
     assert 'data-scenario="xid"' in page and "Admins run drills." in page

@@ -7,11 +7,19 @@ from breakers.drills.scorecard import Facts, paging_line
 
 
 def facts(receivers: bool, people: str) -> Facts:
-    return Facts(paging={
-        "policy": True, "receivers": receivers, "expected_channels": ["phone", "chat"],
-        "expected_people": people, "paged_channels": ["chat", "phone"], "paged_people": people,
-        "people_ok": True, "all_marked_drill": True, "failed": [],
-    })  # fmt: skip
+    return Facts(
+        paging={
+            "policy": True,
+            "receivers": receivers,
+            "expected_channels": ["phone", "chat"],
+            "expected_people": people,
+            "paged_channels": ["chat", "phone"],
+            "paged_people": people,
+            "people_ok": True,
+            "all_marked_drill": True,
+            "failed": [],
+        }
+    )
 
 
 def test_the_paged_line_names_the_drill_receivers_or_the_on_call_person():

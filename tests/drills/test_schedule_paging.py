@@ -27,9 +27,11 @@ KEY = "drill-schedule:1:v1:700"
 def _on_call(scene, around: datetime):
     person = scene.person("oncall")
     OnCallShift.objects.create(
-        team=scene.team, user=person, starts_at=around - timedelta(hours=8),
+        team=scene.team,
+        user=person,
+        starts_at=around - timedelta(hours=8),
         ends_at=around + timedelta(hours=8),
-    )  # fmt: skip
+    )
     return person
 
 
@@ -60,9 +62,10 @@ def test_a_scheduled_set_that_does_not_pass_pages_on_call_and_admins_once(scene,
     _finish(xid, PASSING)  # the last verdict completes the set: the worker pages
     assert _wait_for(lambda: pages.count() == 4), list(pages.values_list("channel", "status"))
     assert sorted(pages.values_list("recipient__username", "channel")) == sorted(
-        (person.get_username(), channel) for person in (on_call, admin)
+        (person.get_username(), channel)
+        for person in (on_call, admin)
         for channel in ("chat", "email")
-    )  # fmt: skip
+    )
     page = pages.first()
     assert "did not pass: 1 of 2 scenarios (nan_loss failed)" in page.first_line
     assert "checkpoint loads: sha256 mismatch" in page.body

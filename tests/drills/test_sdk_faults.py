@@ -24,16 +24,23 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 @pytest.fixture
 def run(tmp_path):
     made = brakeline.init(
-        job="drill-sdk", spill_dir=str(tmp_path / "spill"),
-        checkpoint_dir=str(tmp_path / "checkpoints"), send_snapshots=False,
-    )  # fmt: skip
+        job="drill-sdk",
+        spill_dir=str(tmp_path / "spill"),
+        checkpoint_dir=str(tmp_path / "checkpoints"),
+        send_snapshots=False,
+    )
     yield made
     made.finish()
 
 
 def inject(run, fault: str, at_step: int, **params) -> None:
-    run.inbox.offer({"id": f"f-{fault}", "kind": "inject_fault",
-                     "params": {"fault": fault, "at_step": at_step, **params}})  # fmt: skip
+    run.inbox.offer(
+        {
+            "id": f"f-{fault}",
+            "kind": "inject_fault",
+            "params": {"fault": fault, "at_step": at_step, **params},
+        }
+    )
 
 
 def train(run, steps: int, *faults) -> tuple[torch.nn.Module, list[float], list[list[float]]]:
@@ -121,8 +128,13 @@ def test_heartbeat_loss_stops_stepping_until_a_command_arrives(run, monkeypatch)
 
 def test_an_unknown_fault_or_step_is_refused_by_name(run, monkeypatch):
     monkeypatch.setenv(SANDBOX_VARIABLE, "1")
-    run.inbox.offer({"id": "f-bad-step", "kind": "inject_fault",
-                     "params": {"fault": "nan_loss", "at_step": "soon"}})  # fmt: skip
+    run.inbox.offer(
+        {
+            "id": "f-bad-step",
+            "kind": "inject_fault",
+            "params": {"fault": "nan_loss", "at_step": "soon"},
+        }
+    )
     train(run, 1, ("meteor", 2, {}))
     assert "unknown fault 'meteor'" in ack(run, "meteor")["error"]
     assert "at_step must be a whole step number" in ack(run, "bad-step")["error"]

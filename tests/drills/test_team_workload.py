@@ -66,21 +66,23 @@ def test_admins_set_it_and_the_runs_record_what_they_run(scene, settings):
     ("body", "field"),
     [
         ({"command": "python train.py", "verify_command": GOOD["verify_command"]}, "command"),
-        ({"command": "/nonexistent/python x.py", "verify_command": GOOD["verify_command"]},
-         "command"),
-        ({"command": f"{SCRIPT} --steps 3", "verify_command": GOOD["verify_command"]},
-         "command"),  # a file, but not executable
-        ({"command": f"{COMMAND} 'unclosed", "verify_command": GOOD["verify_command"]},
-         "command"),
+        (
+            {"command": "/nonexistent/python x.py", "verify_command": GOOD["verify_command"]},
+            "command",
+        ),
+        (
+            {"command": f"{SCRIPT} --steps 3", "verify_command": GOOD["verify_command"]},
+            "command",
+        ),  # a file, but not executable
+        ({"command": f"{COMMAND} 'unclosed", "verify_command": GOOD["verify_command"]}, "command"),
         ({"command": COMMAND}, "verify_command"),
         ({"command": COMMAND, "verify_command": "   "}, "verify_command"),
         ({"command": COMMAND + "\x00", "verify_command": GOOD["verify_command"]}, "command"),
-        ({"command": COMMAND + " x" * 1000, "verify_command": GOOD["verify_command"]},
-         "command"),
+        ({"command": COMMAND + " x" * 1000, "verify_command": GOOD["verify_command"]}, "command"),
         ({"command": ["/bin/true"], "verify_command": GOOD["verify_command"]}, "command"),
         ({"verify_command": GOOD["verify_command"]}, "command"),
     ],
-)  # fmt: skip
+)
 def test_a_bad_command_line_is_a_400_naming_the_field(scene, settings, body, field):
     settings.DRILL_TEAM_COMMANDS = True
     response = scene.api("admin").put(url(scene), body)

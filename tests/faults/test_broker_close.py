@@ -27,10 +27,19 @@ def redis_port() -> Iterator[int]:
         pytest.fail("redis-server is not installed")
     port = free_port()
     server = subprocess.Popen(
-        ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-         "--appendonly", "no"],
+        [
+            "redis-server",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
         stdout=subprocess.DEVNULL,
-    )  # fmt: skip
+    )
     try:
         wait_until(lambda: port_open(port), "Redis to listen")
         yield port

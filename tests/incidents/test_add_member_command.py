@@ -44,10 +44,14 @@ def typed(monkeypatch):
 
 def test_a_new_user_in_a_new_team_with_the_password_from_the_environment(monkeypatch):
     monkeypatch.setenv("ANA_PASSWORD", "correct horse battery")
-    lines = run("--team", "vision", "--user", "ana", "--role", "oncall",
-                "--password-env", "ANA_PASSWORD")  # fmt: skip
-    assert lines == ["Created team 'vision'.", "Created user 'ana'.",
-                     "'ana' is now oncall of 'vision'."]  # fmt: skip
+    lines = run(
+        "--team", "vision", "--user", "ana", "--role", "oncall", "--password-env", "ANA_PASSWORD"
+    )
+    assert lines == [
+        "Created team 'vision'.",
+        "Created user 'ana'.",
+        "'ana' is now oncall of 'vision'.",
+    ]
     ana = get_user_model().objects.get(username="ana")
     assert ana.check_password("correct horse battery")
     assert Membership.objects.get(user=ana).role == "oncall"

@@ -140,10 +140,21 @@ def subprocess_celery(transactional_db, tmp_path, provider) -> Iterator:
 
     def start(label: str, *, beat: bool = False) -> subprocess.Popen:
         command = [
-            sys.executable, "-m", "celery", "-A", "config", "worker", "--pool", "solo",
-            "--loglevel", "INFO", "--hostname", f"{label}-{name}@%h",
-            "--without-gossip", "--without-mingle",
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "config",
+            "worker",
+            "--pool",
+            "solo",
+            "--loglevel",
+            "INFO",
+            "--hostname",
+            f"{label}-{name}@%h",
+            "--without-gossip",
+            "--without-mingle",
+        ]
         if beat:
             command += ["--beat", "--schedule", str(tmp_path / "beat-schedule")]
         with open(tmp_path / f"{label}.log", "w") as log:

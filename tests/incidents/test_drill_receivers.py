@@ -70,9 +70,11 @@ BAD_INPUTS = [
     # All or nothing: a good field beside a bad one is not saved either.
     ({"ack_timeout_seconds": 60, "drill_receivers": ["STRANGER"]}, "drill_receivers"),
     ({"drill_receivers": ["MEMBER"], "drill_delivery": "pager"}, "drill_delivery"),
-    ({"drill_receivers": ["MEMBER"], "drill_delivery": "receivers", "ack_timeout_seconds": 5},
-     "ack_timeout_seconds"),
-]  # fmt: skip
+    (
+        {"drill_receivers": ["MEMBER"], "drill_delivery": "receivers", "ack_timeout_seconds": 5},
+        "ack_timeout_seconds",
+    ),
+]
 
 
 def resolve(value, ids: dict[str, int]):
@@ -145,8 +147,13 @@ def crew():
     Job.objects.filter(pk=drill.pk).update(drill_sandbox=True)
     users = get_user_model().objects
     people = {}
-    for name, role in (("alice", "oncall"), ("bob", "manager"), ("ada", "admin"),
-                       ("carol", "viewer"), ("dave", "viewer")):  # fmt: skip
+    for name, role in (
+        ("alice", "oncall"),
+        ("bob", "manager"),
+        ("ada", "admin"),
+        ("carol", "viewer"),
+        ("dave", "viewer"),
+    ):
         people[name] = users.create(username=name, email=f"{name}@example.org")
         Membership.objects.create(user=people[name], team=real.team, role=role)
         Contact.objects.create(user=people[name], phone=f"+1555000{len(people):04d}")
@@ -169,10 +176,14 @@ def paged(ids: list[int]) -> list[tuple[str, str, str]]:
 
 def test_a_drill_sent_to_the_receivers_pages_them_in_every_round_real_alerts_the_on_call(crew):
     real, drill, people = crew
-    save_policy(people["ada"], real.team_id, {
-        "drill_delivery": "receivers",
-        "drill_receivers": [people["dave"].pk, people["carol"].pk],
-    })  # fmt: skip
+    save_policy(
+        people["ada"],
+        real.team_id,
+        {
+            "drill_delivery": "receivers",
+            "drill_receivers": [people["dave"].pk, people["carol"].pk],
+        },
+    )
     with time_machine.travel(T0, tick=False):
         drill_alert = raise_or_update_alert(drill.pk, nan_signal(), now=T0).alert
         real_alert = raise_or_update_alert(real.pk, nan_signal(), now=T0).alert
@@ -207,9 +218,14 @@ def test_a_drill_sent_to_the_receivers_pages_them_in_every_round_real_alerts_the
 
 def test_with_on_call_a_drill_pages_the_on_call_person_as_before(crew):
     real, drill, people = crew
-    save_policy(people["ada"], real.team_id, {
-        "drill_delivery": "on_call", "drill_receivers": [people["carol"].pk],
-    })  # fmt: skip
+    save_policy(
+        people["ada"],
+        real.team_id,
+        {
+            "drill_delivery": "on_call",
+            "drill_receivers": [people["carol"].pk],
+        },
+    )
     with time_machine.travel(T0, tick=False):
         alert = raise_or_update_alert(drill.pk, nan_signal(), now=T0).alert
         ids = dispatch_alert(alert.pk)
@@ -218,9 +234,14 @@ def test_with_on_call_a_drill_pages_the_on_call_person_as_before(crew):
 
 def test_receivers_who_left_the_team_are_skipped_and_none_left_pages_as_any_alert(crew):
     real, _, people = crew
-    save_policy(people["ada"], real.team_id, {
-        "drill_delivery": "receivers", "drill_receivers": [people["carol"].pk, people["dave"].pk],
-    })  # fmt: skip
+    save_policy(
+        people["ada"],
+        real.team_id,
+        {
+            "drill_delivery": "receivers",
+            "drill_receivers": [people["carol"].pk, people["dave"].pk],
+        },
+    )
     policy = NotificationPolicy.objects.get(team=real.team)
     assert people_to_page(real.team_id, 0, T0, drill=False) == [people["alice"]]
     assert people_to_page(real.team_id, 1, T0, drill=False) == [people["bob"]]

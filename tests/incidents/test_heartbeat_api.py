@@ -113,8 +113,10 @@ def test_finished_after_a_delivered_terminate_is_terminated(agent, agent_post):
     assert [c["id"] for c in replied] == [command.pk]  # delivered in the reply
     agent_post(URL, {"step": 6, "status": "finished"})
     assert Job.objects.get(pk=agent.job_id).status == JobStatus.TERMINATED
-    late = agent_post(f"/api/v1/agent/commands/{command.pk}/ack",
-                      {"status": "succeeded", "result": {"step": 6, "exit_code": 75}})  # fmt: skip
+    late = agent_post(
+        f"/api/v1/agent/commands/{command.pk}/ack",
+        {"status": "succeeded", "result": {"step": 6, "exit_code": 75}},
+    )
     assert late.status_code == 200, late.content
     assert Job.objects.get(pk=agent.job_id).status == JobStatus.TERMINATED
 

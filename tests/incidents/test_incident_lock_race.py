@@ -39,9 +39,13 @@ def test_resolving_an_alert_while_it_is_paged_is_no_deadlock():
     with transaction.atomic():  # the page's part (fire_round): the alert's row, a delivery
         Alert.objects.select_for_update(of=("self",)).get(pk=alert.pk)
         Delivery.objects.create(
-            team_id=job.team_id, alert=alert, incident_id=alert.incident_id, channel="chat",
-            first_line="L3 page", body="…",
-        )  # fmt: skip
+            team_id=job.team_id,
+            alert=alert,
+            incident_id=alert.incident_id,
+            channel="chat",
+            first_line="L3 page",
+            body="…",
+        )
         thread.start()
         wait_for(
             lambda: "pid" in resolver and waits_on_a_lock(resolver.get("pid")),

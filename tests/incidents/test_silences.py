@@ -120,8 +120,14 @@ def test_a_silence_of_one_rule_or_job_leaves_the_others_paged_and_can_end_early(
     job, _, _, bob = paging
     other_job = create_job("research", "other-job", "training").job
     with time_machine.travel(T0, tick=False):
-        create_silence(bob, job.team_id, ends_at=T0 + timedelta(hours=1), reason="r",
-                       rule_key="loss-nan", job_id=job.pk)  # fmt: skip
+        create_silence(
+            bob,
+            job.team_id,
+            ends_at=T0 + timedelta(hours=1),
+            reason="r",
+            rule_key="loss-nan",
+            job_id=job.pk,
+        )
         silenced = raise_or_update_alert(job.pk, signal(), now=T0).alert
         assert dispatch_alert(silenced.pk) == []
         other_rule = raise_or_update_alert(job.pk, signal("grad-nan", severity="L4"), now=T0)
@@ -205,16 +211,25 @@ def test_a_silenced_l3_is_braked_recorded_and_shown_but_pages_nobody(
 ):
     job, token, _, bob = paging
     loud = create_job("research", "not-silenced", "training")
-    create_silence(bob, job.team_id, job_id=job.pk, ends_at=datetime.now(UTC) + timedelta(hours=1),
-                   reason="planned restart of the storage")  # fmt: skip
+    create_silence(
+        bob,
+        job.team_id,
+        job_id=job.pk,
+        ends_at=datetime.now(UTC) + timedelta(hours=1),
+        reason="planned restart of the storage",
+    )
     for key in (token, loud.raw_token):
         healthy = [{"name": "loss", "step": s, "value": 2.0 + s % 3 * 0.01} for s in range(30)]
         post_points(client, key, [*healthy, {"name": "loss", "step": 30, "value": "NaN"}])
     for target in (job.pk, loud.job.pk):
-        wait_for(lambda t=target: Command.objects.filter(job_id=t, kind="checkpoint_and_pause")
-                 .exists(), f"the brake of job {target}")  # fmt: skip
-    wait_for(lambda: Delivery.objects.filter(alert__job_id=loud.job.pk, status="delivered")
-             .exists(), "the unsilenced job's page")  # fmt: skip
+        wait_for(
+            lambda t=target: Command.objects.filter(job_id=t, kind="checkpoint_and_pause").exists(),
+            f"the brake of job {target}",
+        )
+    wait_for(
+        lambda: Delivery.objects.filter(alert__job_id=loud.job.pk, status="delivered").exists(),
+        "the unsilenced job's page",
+    )
     wait_for(settle, "the notification tasks to finish")
 
     alert = Alert.objects.get(job_id=job.pk, severity="L3")
@@ -240,13 +255,18 @@ def client_as(client, user):
 def test_an_alert_storm_from_many_nodes_pages_once_per_level(paging, receiver, worker, client):
     job, token, _, _ = paging
     nodes = [f"node-{n:02d}" for n in range(8)]
-    healthy = [{"name": "loss", "step": s, "value": 2.0, "node": node}
-               for s in range(20) for node in nodes]  # fmt: skip
+    healthy = [
+        {"name": "loss", "step": s, "value": 2.0, "node": node} for s in range(20) for node in nodes
+    ]
     storm = [{"name": "loss", "step": 20, "value": "NaN", "node": node} for node in nodes]
     post_points(client, token, healthy + storm)
     wait_for(lambda: Alert.objects.filter(job_id=job.pk).count() == len(nodes), "8 L3 alerts")
-    wait_for(lambda: TimelineEntry.objects.filter(data__notification="grouped").count()
-             == len(nodes) - 1, "7 alerts grouped with the first")  # fmt: skip
+    wait_for(
+        lambda: (
+            TimelineEntry.objects.filter(data__notification="grouped").count() == len(nodes) - 1
+        ),
+        "7 alerts grouped with the first",
+    )
     wait_for(settle, "the notification tasks to finish")
     deliveries = Delivery.objects.filter(alert__job_id=job.pk)
     assert sorted(deliveries.values_list("channel", "status")) == [

@@ -114,10 +114,12 @@ ALERT_KEYS = st.sampled_from(
 
 @settings(max_examples=100, deadline=None)
 @given(
-    top=st.dictionaries(st.sampled_from(["version", "groupKey", "status", "alerts",
-                                         "truncatedAlerts", "receiver"]), JSON),
+    top=st.dictionaries(
+        st.sampled_from(["version", "groupKey", "status", "alerts", "truncatedAlerts", "receiver"]),
+        JSON,
+    ),
     alert=st.dictionaries(ALERT_KEYS, JSON),
-)  # fmt: skip
+)
 def test_any_json_is_a_webhook_or_a_payload_error(top, alert):
     """Whatever the shape, the parser answers with a webhook or names fields; nothing else."""
     for body in (

@@ -26,8 +26,14 @@ def test_a_fatal_xid_pushed_by_the_agent_terminates_and_isolates_its_node(agent,
     xid = "DCGM_FI_DEV_XID_ERRORS"
     # The gauge reads 0, then 79 on node B (and stays 79: one error, not one per point).
     push(agent_post, [(xid, s, 0, node) for s in range(5) for node in ("gpu-a", "gpu-b")])
-    push(agent_post, [(xid, s, 79 if node == "gpu-b" else 0, node)
-                      for s in range(5, 10) for node in ("gpu-a", "gpu-b")])  # fmt: skip
+    push(
+        agent_post,
+        [
+            (xid, s, 79 if node == "gpu-b" else 0, node)
+            for s in range(5, 10)
+            for node in ("gpu-a", "gpu-b")
+        ],
+    )
     evaluate_job(agent.job_id)
     (alert,) = Alert.objects.filter(job_id=agent.job_id)
     assert (alert.rule_key, alert.severity, alert.node) == ("dcgm-xid-fatal", "L4", "gpu-b")
@@ -39,8 +45,10 @@ def test_a_fatal_xid_pushed_by_the_agent_terminates_and_isolates_its_node(agent,
 def test_a_warning_xid_and_rising_ecc_counters(agent, agent_post):
     install_default_pack()
     push(agent_post, [("DCGM_FI_DEV_XID_ERRORS.gpu3", 1, 13, "gpu-a")])
-    push(agent_post, [("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", s, v, "gpu-c")
-                      for s, v in enumerate([4, 4, 4, 5])])  # fmt: skip
+    push(
+        agent_post,
+        [("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", s, v, "gpu-c") for s, v in enumerate([4, 4, 4, 5])],
+    )
     evaluate_job(agent.job_id)
     alerts = {a.rule_key: a for a in Alert.objects.filter(job_id=agent.job_id)}
     assert alerts["dcgm-xid"].severity == "L2" and alerts["dcgm-xid"].node == "gpu-a"
@@ -52,8 +60,10 @@ def test_a_warning_xid_and_rising_ecc_counters(agent, agent_post):
 
 def test_a_counter_reset_is_no_error(agent, agent_post):
     install_default_pack()
-    push(agent_post, [("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", s, v, "gpu-a")
-                      for s, v in enumerate([7, 7, 0, 0])])  # fmt: skip
+    push(
+        agent_post,
+        [("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", s, v, "gpu-a") for s, v in enumerate([7, 7, 0, 0])],
+    )
     evaluate_job(agent.job_id)
     assert not Alert.objects.filter(job_id=agent.job_id).exists()
     assert not Command.objects.filter(job_id=agent.job_id).exists()

@@ -63,8 +63,13 @@ def test_another_teams_rules_are_not_found(crew):
     assert stranger.post(rules_url(crew), {"force": True}).status_code == 404
 
 
-SPIKE = {"name": "x", "layer": "stability", "metric": "grad_norm", "detector": "threshold",
-         "params": {"above": 1.0}}  # fmt: skip
+SPIKE = {
+    "name": "x",
+    "layer": "stability",
+    "metric": "grad_norm",
+    "detector": "threshold",
+    "params": {"above": 1.0},
+}
 
 
 @pytest.mark.parametrize(
@@ -140,8 +145,9 @@ def test_hostile_bodies_are_a_400_naming_the_field_and_write_nothing(crew, body,
 )
 def test_malformed_json_is_a_400(crew, raw):
     api = crew.api("admin")
-    response = api.client.post(rules_url(crew), raw, content_type="application/json",
-                               headers=api.headers)  # fmt: skip
+    response = api.client.post(
+        rules_url(crew), raw, content_type="application/json", headers=api.headers
+    )
     assert response.status_code == 400, response.content
     assert json.loads(response.content)["error"]
     assert not Rule.objects.filter(team=crew.team).exists()
@@ -149,5 +155,8 @@ def test_malformed_json_is_a_400(crew, raw):
 
 def test_the_schema_documents_the_rules_endpoints(client):
     schema = client.get("/api/schema/?format=json").json()
-    assert {"/api/v1/teams/{id}/rules", "/api/v1/teams/{id}/rules/versions",
-            "/api/v1/teams/{id}/rules/versions/{number}"} <= set(schema["paths"])  # fmt: skip
+    assert {
+        "/api/v1/teams/{id}/rules",
+        "/api/v1/teams/{id}/rules/versions",
+        "/api/v1/teams/{id}/rules/versions/{number}",
+    } <= set(schema["paths"])

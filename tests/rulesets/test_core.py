@@ -12,9 +12,16 @@ from breakers.detection.engine import RuleSpec
 from breakers.detection.rulepack import DEFAULT_RULES
 
 DEFAULTS = {r["key"]: RuleSpec.from_dict(r).to_dict() for r in DEFAULT_RULES}
-NEW_RULE = {"name": "Grad norm spike", "layer": "stability", "metric": "grad_norm",
-            "detector": "threshold", "params": {"above": 100.0}, "severity": "L2",
-            "action": "lower_lr", "action_params": {"factor": 0.5}}  # fmt: skip
+NEW_RULE = {
+    "name": "Grad norm spike",
+    "layer": "stability",
+    "metric": "grad_norm",
+    "detector": "threshold",
+    "params": {"above": 100.0},
+    "severity": "L2",
+    "action": "lower_lr",
+    "action_params": {"factor": 0.5},
+}
 
 
 def one(op="update", key="loss-deviation", fields=None):
@@ -97,11 +104,13 @@ def test_changes_that_do_not_fit_the_rule_set_name_the_field(change, field):
 
 
 def test_applying_changes_overrides_creates_switches_and_deletes():
-    parsed = core.parse_changes([
-        one(fields={"params": {"k": 3.0, "window": 200, "sustain_points": 4}}),
-        one(op="disable", key="loss-rising"),
-        one(op="create", key="grad-spike", fields=NEW_RULE),
-    ])  # fmt: skip
+    parsed = core.parse_changes(
+        [
+            one(fields={"params": {"k": 3.0, "window": 200, "sustain_points": 4}}),
+            one(op="disable", key="loss-rising"),
+            one(op="create", key="grad-spike", fields=NEW_RULE),
+        ]
+    )
     rows = core.apply_changes({}, DEFAULTS, parsed)
     assert set(rows) == {"loss-deviation", "loss-rising", "grad-spike"}
     assert rows["loss-deviation"]["params"] == {"k": 3.0, "window": 200, "sustain_points": 4}
@@ -122,8 +131,11 @@ def _snap(rules, braking=None):
 def test_the_diff_names_each_rule_and_field_that_moved():
     old = _snap(DEFAULTS.values())
     changed = dict(DEFAULTS)
-    changed["loss-deviation"] = {**DEFAULTS["loss-deviation"], "params": {
-        "k": 3.0, "window": 200, "sustain_points": 4}, "severity": "L2"}  # fmt: skip
+    changed["loss-deviation"] = {
+        **DEFAULTS["loss-deviation"],
+        "params": {"k": 3.0, "window": 200, "sustain_points": 4},
+        "severity": "L2",
+    }
     changed["grad-spike"] = RuleSpec.from_dict({"key": "grad-spike", **NEW_RULE}).to_dict()
     del changed["loss-rising"]
     new = _snap(changed.values(), {"executor_grace_seconds": 30.0})
@@ -159,8 +171,11 @@ def test_params_added_or_dropped_show_in_the_diff():
     ]
 
 
-COVERAGE = {"nan_loss": ("non-finite-loss-or-gradients",), "hang": ("heartbeat",),
-            "xid": ("hardware-error", "nodes-failing")}  # fmt: skip
+COVERAGE = {
+    "nan_loss": ("non-finite-loss-or-gradients",),
+    "hang": ("heartbeat",),
+    "xid": ("hardware-error", "nodes-failing"),
+}
 
 
 @pytest.mark.parametrize(

@@ -28,12 +28,24 @@ def test_an_admin_edits_a_rule_on_the_page_and_the_badge_names_the_change(crew):
     page = f"/teams/{crew.team.pk}/rules/"
     shown = admin.get(page)
     assert shown.status_code == 200 and b"Save as a new version" in shown.content
-    form = {"op": "update", "key": "loss-rising", "why": "our loss is noisier", "name": "Rising",
-            "layer": "stability", "metric": "loss", "detector": "rising",
-            "params": '{"window": 80, "windows": 5}', "severity": "L3",
-            "action": "checkpoint_and_pause", "action_params": "{}", "clear_after": "2",
-            "clear_after_seconds": "0", "runbook": "loss-divergence", "per_metric": "on",
-            "enabled": "on"}  # fmt: skip
+    form = {
+        "op": "update",
+        "key": "loss-rising",
+        "why": "our loss is noisier",
+        "name": "Rising",
+        "layer": "stability",
+        "metric": "loss",
+        "detector": "rising",
+        "params": '{"window": 80, "windows": 5}',
+        "severity": "L3",
+        "action": "checkpoint_and_pause",
+        "action_params": "{}",
+        "clear_after": "2",
+        "clear_after_seconds": "0",
+        "runbook": "loss-divergence",
+        "per_metric": "on",
+        "enabled": "on",
+    }
     after = admin.post(page, form, follow=True)
     assert b"Rules changed: a new version is recorded below." in after.content
     rule = Rule.objects.get(team=crew.team, key="loss-rising")
@@ -56,15 +68,17 @@ def test_an_admin_edits_a_rule_on_the_page_and_the_badge_names_the_change(crew):
 
 
 def test_a_viewer_reads_the_rules_and_history_without_forms(crew):
-    rulesets.change_rules(crew.person("admin"), crew.team.pk, "noisy",
-                          [{"op": "disable", "key": "loss-deviation"}])  # fmt: skip
+    rulesets.change_rules(
+        crew.person("admin"), crew.team.pk, "noisy", [{"op": "disable", "key": "loss-deviation"}]
+    )
     viewer = browser(crew.person("viewer"))
     shown = viewer.get(f"/teams/{crew.team.pk}/rules/").content.decode()
     assert "Only an admin of the team changes them." in shown
     assert "Save as a new version" not in shown and "noisy" in shown
     assert "loss-deviation: enabled True → False" in shown
-    viewer.post(f"/teams/{crew.team.pk}/rules/", {"op": "enable", "key": "loss-deviation",
-                                                  "why": "mine"})  # fmt: skip
+    viewer.post(
+        f"/teams/{crew.team.pk}/rules/", {"op": "enable", "key": "loss-deviation", "why": "mine"}
+    )
     assert not Rule.objects.get(team=crew.team, key="loss-deviation").enabled
     assert browser(crew.person(None)).get(f"/teams/{crew.team.pk}/rules/").status_code == 404
 
@@ -79,18 +93,34 @@ def test_the_badge_says_drilled_when_every_covering_scenario_passed(crew, monkey
     rulesets.change_rules(
         crew.person("admin"), crew.team.pk, "x", [{"op": "disable", "key": "loss-rising"}]
     )  # the drills passed on v1, not on v2
-    monkeypatch.setattr(rulesets, "_drill_results", lambda team, version: rulesets.DrillResults(
-        coverage, {"nan_loss", "hang"} if version == 1 else set()))  # fmt: skip
+    monkeypatch.setattr(
+        rulesets,
+        "_drill_results",
+        lambda team, version: rulesets.DrillResults(
+            coverage, {"nan_loss", "hang"} if version == 1 else set()
+        ),
+    )
     badge = rulesets.drill_badge(crew.team)
     assert (badge.drilled, badge.missing_scenarios) == (False, ["nan_loss"])
 
 
 def test_the_django_admin_edits_the_default_pack_through_the_service(crew, admin_client):
     row = Rule.objects.get(team=None, key="loss-rising")
-    form = {"name": row.name, "enabled": "on", "layer": row.layer, "metric": row.metric,
-            "per_metric": "on", "detector": row.detector, "params": '{"window": 60}',
-            "clear_after": row.clear_after, "clear_after_seconds": 0, "severity": row.severity,
-            "action": row.action, "action_params": "{}", "runbook": row.runbook}  # fmt: skip
+    form = {
+        "name": row.name,
+        "enabled": "on",
+        "layer": row.layer,
+        "metric": row.metric,
+        "per_metric": "on",
+        "detector": row.detector,
+        "params": '{"window": 60}',
+        "clear_after": row.clear_after,
+        "clear_after_seconds": 0,
+        "severity": row.severity,
+        "action": row.action,
+        "action_params": "{}",
+        "runbook": row.runbook,
+    }
     url = f"/admin/breakers/rule/{row.pk}/change/"
     assert b"This field is required" in admin_client.post(url, form).content  # no why
     assert admin_client.post(url, {**form, "why": "pack 2027.1"}).status_code == 302
@@ -101,8 +131,9 @@ def test_the_django_admin_edits_the_default_pack_through_the_service(crew, admin
     version = rulesets.current_version(crew.team)
     assert (version.why, version.actor.username) == ("pack 2027.1", "admin")
     assert rulesets.describe_lines(version)[0].startswith("loss-rising: params.min_rise_se")
-    team_row = Rule.objects.create(team=crew.team, **{
-        **{n: getattr(row, n) for n in Rule.SPEC_FIELDS}, "key": "own"})  # fmt: skip
+    team_row = Rule.objects.create(
+        team=crew.team, **{**{n: getattr(row, n) for n in Rule.SPEC_FIELDS}, "key": "own"}
+    )
     assert (
         admin_client.post(
             f"/admin/breakers/rule/{team_row.pk}/change/", {**form, "why": "x"}

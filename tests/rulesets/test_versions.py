@@ -15,9 +15,16 @@ from tests.rulesets.conftest import disable
 
 pytestmark = pytest.mark.django_db
 
-SPIKE = {"name": "Grad norm spike", "layer": "stability", "metric": "grad_norm",
-         "detector": "threshold", "params": {"above": 100.0}, "severity": "L2",
-         "action": "lower_lr", "action_params": {"factor": 0.5}}  # fmt: skip
+SPIKE = {
+    "name": "Grad norm spike",
+    "layer": "stability",
+    "metric": "grad_norm",
+    "detector": "threshold",
+    "params": {"above": 100.0},
+    "severity": "L2",
+    "action": "lower_lr",
+    "action_params": {"factor": 0.5},
+}
 
 
 def test_the_first_read_records_version_1_and_each_change_a_new_version(crew):
@@ -39,10 +46,15 @@ def test_the_first_read_records_version_1_and_each_change_a_new_version(crew):
     assert second.snapshot["rules"]["loss-deviation"]["enabled"] is False
     assert second.snapshot["braking"]["executor_grace_seconds"] == 10.0
 
-    third = rulesets.change_rules(admin, crew.team.pk, "a spike detector", [
-        {"op": "create", "key": "grad-spike", "fields": SPIKE},
-        {"op": "update", "key": "loss-rising", "fields": {"params": {"window": 80}}},
-    ])  # fmt: skip
+    third = rulesets.change_rules(
+        admin,
+        crew.team.pk,
+        "a spike detector",
+        [
+            {"op": "create", "key": "grad-spike", "fields": SPIKE},
+            {"op": "update", "key": "loss-rising", "fields": {"params": {"window": 80}}},
+        ],
+    )
     assert third.number == 3
     assert rulesets.describe_lines(third) == [
         "grad-spike: added",
@@ -70,10 +82,15 @@ def test_a_failing_change_writes_nothing(crew):
     admin = crew.person("admin")
     rulesets.current_version(crew.team)
     with pytest.raises(InvalidInput) as refused:
-        rulesets.change_rules(admin, crew.team.pk, "two at once", [
-            {"op": "create", "key": "grad-spike", "fields": SPIKE},
-            {"op": "update", "key": "loss-rising", "fields": {"params": {"windows": 0}}},
-        ])  # fmt: skip
+        rulesets.change_rules(
+            admin,
+            crew.team.pk,
+            "two at once",
+            [
+                {"op": "create", "key": "grad-spike", "fields": SPIKE},
+                {"op": "update", "key": "loss-rising", "fields": {"params": {"windows": 0}}},
+            ],
+        )
     assert list(refused.value.fields) == ["changes[1].fields.params"]
     assert not Rule.objects.filter(team=crew.team).exists()
     assert RuleSetVersion.objects.filter(team=crew.team).count() == 1
@@ -121,9 +138,14 @@ def test_a_default_pack_change_versions_every_team_it_changes(crew, admin_user):
         "ours",
         [{"op": "update", "key": "loss-rising", "fields": {"severity": "L2"}}],
     )
-    versions = rulesets.change_default_pack(admin_user, "stricter pack", [
-        {"op": "update", "key": "loss-rising", "fields": {"clear_after": 5}},
-        {"op": "disable", "key": "throughput-drop"}])  # fmt: skip
+    versions = rulesets.change_default_pack(
+        admin_user,
+        "stricter pack",
+        [
+            {"op": "update", "key": "loss-rising", "fields": {"clear_after": 5}},
+            {"op": "disable", "key": "throughput-drop"},
+        ],
+    )
     assert {v.team_id: rulesets.describe_lines(v) for v in versions} == {
         # the team's own loss-rising is not the pack's: only the other change reaches it
         crew.team.pk: ["throughput-drop: enabled True → False"],
@@ -175,8 +197,10 @@ def test_two_admins_saving_at_once_get_consecutive_versions_each_with_its_own_di
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=save, args=(ana, "loss-deviation")),
-               threading.Thread(target=save, args=(bo, "loss-rising"))]  # fmt: skip
+    threads = [
+        threading.Thread(target=save, args=(ana, "loss-deviation")),
+        threading.Thread(target=save, args=(bo, "loss-rising")),
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -17,18 +17,26 @@ def send(api, method: str, path: str, body: dict | None = None, **params):
     client = getattr(api.client, method)
     if method == "get":
         return client(path, params, headers=api.headers)
-    return client(path, json.dumps(body or {}), content_type="application/json",
-                  headers=api.headers)  # fmt: skip
+    return client(
+        path, json.dumps(body or {}), content_type="application/json", headers=api.headers
+    )
 
 
 GETS = [
-    "/api/v1/jobs/{id}", "/api/v1/jobs/{id}/series", "/api/v1/jobs/{id}/markers",
-    "/api/v1/alerts/{id}", "/api/v1/alerts/{id}/deliveries", "/api/v1/escalations/{id}",
-    "/api/v1/incidents/{id}/review", "/api/v1/incidents/{id}/review.json",
-    "/api/v1/teams/{id}/shifts", "/api/v1/teams/{id}/oncall",
-    "/api/v1/teams/{id}/notification-policy", "/api/v1/teams/{id}/incident-report",
+    "/api/v1/jobs/{id}",
+    "/api/v1/jobs/{id}/series",
+    "/api/v1/jobs/{id}/markers",
+    "/api/v1/alerts/{id}",
+    "/api/v1/alerts/{id}/deliveries",
+    "/api/v1/escalations/{id}",
+    "/api/v1/incidents/{id}/review",
+    "/api/v1/incidents/{id}/review.json",
+    "/api/v1/teams/{id}/shifts",
+    "/api/v1/teams/{id}/oncall",
+    "/api/v1/teams/{id}/notification-policy",
+    "/api/v1/teams/{id}/incident-report",
     "/api/v1/nodes/{id}",
-]  # fmt: skip
+]
 POSTS = [
     ("post", "/api/v1/jobs/{id}/pause", {"reason": "x"}),
     ("post", "/api/v1/jobs/{id}/resume", {"reason": "x"}),
@@ -98,8 +106,9 @@ def test_nul_characters_in_queries_and_bodies_are_400s(scene):
     response = send(api, "post", f"/api/v1/jobs/{scene.job_id}/pause", {"reason": "a\x00b"})
     assert response.status_code == 400, response.content
     assert "reason" in response.json()["fields"]
-    response = send(scene.api("admin"), "put", f"/api/v1/teams/{scene.team.pk}/shifts",
-                    {"user": "x\x00"})  # fmt: skip
+    response = send(
+        scene.api("admin"), "put", f"/api/v1/teams/{scene.team.pk}/shifts", {"user": "x\x00"}
+    )
     assert response.status_code in (400, 405)
     assert AuditEntry.objects.count() >= before
 

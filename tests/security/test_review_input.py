@@ -60,20 +60,33 @@ def test_the_review_api_takes_personal_tokens_and_401s_strangers(flow):
     headers = {"Authorization": f"Token {token}"}
     base = f"/api/v1/incidents/{flow.incident_id}"
     client = Client()
-    for path in (f"{base}/review", f"{base}/review.json", f"{base}/review.md",
-                 f"/api/v1/teams/{flow.team.team.pk}/incident-report"):  # fmt: skip
+    for path in (
+        f"{base}/review",
+        f"{base}/review.json",
+        f"{base}/review.md",
+        f"/api/v1/teams/{flow.team.team.pk}/incident-report",
+    ):
         assert client.get(path, headers=headers).status_code == 200, path
         assert client.get(path).status_code == 401, path
     document = client.get(f"{base}/review", headers=headers).json()
     body = {"revision": document["review"]["revision"], "status": "draft", "summary": "by token"}
-    response = client.put(f"{base}/review", json.dumps(body), content_type="application/json",
-                          headers=headers)  # fmt: skip
+    response = client.put(
+        f"{base}/review", json.dumps(body), content_type="application/json", headers=headers
+    )
     assert response.status_code == 200, response.content
     viewer_token = PersonalToken.issue(viewer, "script")[1]
-    response = client.put(f"{base}/review", json.dumps(body), content_type="application/json",
-                          headers={"Authorization": f"Token {viewer_token}"})  # fmt: skip
+    response = client.put(
+        f"{base}/review",
+        json.dumps(body),
+        content_type="application/json",
+        headers={"Authorization": f"Token {viewer_token}"},
+    )
     assert response.status_code == 403
     huge = {"revision": 0, "follow_ups": [{"text": "x"}] * 100_000}
-    response = client.put(f"{base}/review", json.dumps(huge), content_type="application/json",
-                          headers={"Authorization": f"Token {viewer_token}"})  # fmt: skip
+    response = client.put(
+        f"{base}/review",
+        json.dumps(huge),
+        content_type="application/json",
+        headers={"Authorization": f"Token {viewer_token}"},
+    )
     assert response.status_code == 403

@@ -63,8 +63,14 @@ def test_a_careless_sandbox_and_a_clean_one(live_console, make_agent, tmp_path):
         f"&& {python} {SCRIPT} {tmp_path / 'careless'} 4 --no-seed"
     )
     with sandboxes.cgroups(f"brakeline-test-{os.getpid()}-a", 1024 * MiB, 0.5) as cgroup:
-        run_in_sandbox(env, command, cgroup=cgroup, shm_bytes=64 * MiB, memlock=8 * MiB,
-                       log_path=tmp_path / "careless.log")  # fmt: skip
+        run_in_sandbox(
+            env,
+            command,
+            cgroup=cgroup,
+            shm_bytes=64 * MiB,
+            memlock=8 * MiB,
+            log_path=tmp_path / "careless.log",
+        )
     snapshot = wait_for(lambda: checkpoint_snapshot(careless.job_id), "the careless checkpoint")
     sandbox = snapshot.data["sandbox"]
     assert sandbox["cgroup"]["version"] == cgroup.version
@@ -94,8 +100,14 @@ def test_a_careless_sandbox_and_a_clean_one(live_console, make_agent, tmp_path):
     raise_memlock = "ulimit -l unlimited && " if sandboxes.can_raise_memlock() else ""
     command = f"{raise_memlock}exec {python} {SCRIPT} {tmp_path / 'clean'} 2"
     with sandboxes.cgroups(f"brakeline-test-{os.getpid()}-b", 2048 * MiB, 2) as cgroup:
-        run_in_sandbox(env, command, cgroup=cgroup, shm_bytes=1024 * MiB, memlock=None,
-                       log_path=tmp_path / "clean.log")  # fmt: skip
+        run_in_sandbox(
+            env,
+            command,
+            cgroup=cgroup,
+            shm_bytes=1024 * MiB,
+            memlock=None,
+            log_path=tmp_path / "clean.log",
+        )
     wait_for(lambda: checkpoint_snapshot(clean.job_id), "the clean checkpoint")
     found = statuses(clean.job_id)
     not_ok = {key: value for key, value in found.items() if value[0] not in ("ok", "na")}

@@ -50,8 +50,11 @@ def test_a_resume_that_changed_seeds_and_loader_raises_the_l1_with_its_diff(
 
     run_script(env, "train", str(checkpoints), "1", log=log)
     # Two threads take them: either may arrive first.
-    wait_for(lambda: sorted(kinds(agent.job_id)) == ["checkpoint", "start"], "both snapshots",
-             context=lambda: f"{kinds(agent.job_id)}\n{log.read_text()[-3000:]}")  # fmt: skip
+    wait_for(
+        lambda: sorted(kinds(agent.job_id)) == ["checkpoint", "start"],
+        "both snapshots",
+        context=lambda: f"{kinds(agent.job_id)}\n{log.read_text()[-3000:]}",
+    )
 
     run_script(env, "resume", str(checkpoints), "1", "--restore-loader", log=log)
     wait_for(lambda: kinds(agent.job_id).count("resume") == 1, "the faithful resume's snapshot")

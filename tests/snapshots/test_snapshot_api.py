@@ -16,9 +16,13 @@ SHA = "cd" * 32
 
 
 def document(seconds: int, **sections):
-    return {"taken_at": (NOW + timedelta(seconds=seconds)).isoformat(),
-            "packages": {"torch": "2.13.0"}, "seeds": {"python": 1},
-            "data_position": {"epoch": 0, "batch_in_epoch": 4}, **sections}  # fmt: skip
+    return {
+        "taken_at": (NOW + timedelta(seconds=seconds)).isoformat(),
+        "packages": {"torch": "2.13.0"},
+        "seeds": {"python": 1},
+        "data_position": {"epoch": 0, "batch_in_epoch": 4},
+        **sections,
+    }
 
 
 def send(agent_post, kind, seconds, checkpoint=True, **sections):

@@ -16,10 +16,22 @@ def running_beat() -> Iterator[subprocess.Popen]:
 
     with tempfile.TemporaryDirectory() as folder:
         process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "config", "--quiet", "beat", "--loglevel",
-             "warning", "--schedule", str(Path(folder) / "schedule")],
-            cwd=ROOT, env=server_environment(),
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "config",
+                "--quiet",
+                "beat",
+                "--loglevel",
+                "warning",
+                "--schedule",
+                str(Path(folder) / "schedule"),
+            ],
+            cwd=ROOT,
+            env=server_environment(),
+        )
         try:
             yield process
         finally:

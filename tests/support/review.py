@@ -122,9 +122,12 @@ def run_flow(team: Team) -> Flow:
         clock.move_to(T0 + timedelta(seconds=AT_RESUME_ISSUED))
         manager = team.person("manager")
         resume = issue_command(
-            job_id, "resume", reason="NaN traced to one bad batch", actor_kind="person",
+            job_id,
+            "resume",
+            reason="NaN traced to one bad batch",
+            actor_kind="person",
             actor=manager,
-        ).command  # fmt: skip
+        ).command
         clock.move_to(T0 + timedelta(seconds=AT_RESUMED))
         acknowledge_command(job_id, resume.pk, status="succeeded", result={"step": 62})
         clock.move_to(T0 + timedelta(seconds=AT_HEALTHY))

@@ -20,9 +20,17 @@ def test_a_nan_drill_on_slurm_passes_every_line(slurm_cluster, live_console, wor
     out = io.StringIO()
     with running_beat():
         call_command(
-            "drill", "--team", "research", "--scenario", "nan_loss", "--executor", "slurm",
-            "--console-url", live_console, stdout=out,
-        )  # fmt: skip
+            "drill",
+            "--team",
+            "research",
+            "--scenario",
+            "nan_loss",
+            "--executor",
+            "slurm",
+            "--console-url",
+            live_console,
+            stdout=out,
+        )
     run = DrillRun.objects.get(team=drill_team)
     assert run.status == DrillStatus.PASSED, out.getvalue()
     binding = SchedulerBinding.objects.get(job_id=run.job_id)

@@ -101,8 +101,11 @@ def test_a_hung_job_gets_usr1_checkpoints_then_is_cancelled(
 
     wait_for(stopped, "the watchdog to stop the hung job through Slurm", timeout=40)
     assert checkpoint_of(folder) == {
-        "step": 20, "why": "USR1", "restart": 0, "slurm_job_id": slurm_id,
-    }  # fmt: skip
+        "step": 20,
+        "why": "USR1",
+        "restart": 0,
+        "slurm_job_id": slurm_id,
+    }
     assert slurm_cluster.job_state(slurm_id) == "CANCELLED"
     pause = Command.objects.get(job_id=agent.job_id, kind=CommandKind.CHECKPOINT_AND_PAUSE)
     assert pause.status == CommandStatus.EXPIRED

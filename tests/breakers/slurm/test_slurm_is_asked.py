@@ -100,8 +100,10 @@ def test_a_binding_to_a_foreign_job_is_checked_again_before_any_cancel_or_drain(
     assert slurm_cluster.job_state(foreign) == "RUNNING"
     assert "DRAIN" not in slurm_cluster.node_state()[0]
     assert not any("scancel" in line or "state=drain" in line for line in calls(agent.job_id))
-    assert all(f"was not submitted for Brakeline job {agent.job_id}" in message
-               for message in refusals(agent.job_id))  # fmt: skip
+    assert all(
+        f"was not submitted for Brakeline job {agent.job_id}" in message
+        for message in refusals(agent.job_id)
+    )
     terminate = Command.objects.get(job_id=agent.job_id, kind=CommandKind.TERMINATE)
     assert terminate.result.get("by") != "slurm"  # nobody pretends Slurm did it
 

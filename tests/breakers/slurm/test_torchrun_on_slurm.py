@@ -27,32 +27,57 @@ def test_l4_cancels_the_whole_torchrun_job_and_drains_its_node_through_slurm(
     folder = slurm_cluster.root / "jobs" / f"torchrun-{agent.job_id}"
     folder.mkdir(parents=True)
     env = slurm_cluster.env(
-        PYTHONPATH=f"{ROOT}:{ROOT / 'sdk'}", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
-        BRAKELINE_URL=live_console, BRAKELINE_TOKEN=agent.token, BRAKELINE_WEBSOCKET="0",
-    )  # fmt: skip
-    torchrun = (f"exec {sys.executable} -m torch.distributed.run --standalone --nproc_per_node 2 "
-                f"--max-restarts 2 {SCRIPTS / 'train_ranks.py'} {folder} --steps 100000 "
-                "--step-seconds 0.02")  # fmt: skip
+        PYTHONPATH=f"{ROOT}:{ROOT / 'sdk'}",
+        PYTHONUNBUFFERED="1",
+        OMP_NUM_THREADS="1",
+        BRAKELINE_URL=live_console,
+        BRAKELINE_TOKEN=agent.token,
+        BRAKELINE_WEBSOCKET="0",
+    )
+    torchrun = (
+        f"exec {sys.executable} -m torch.distributed.run --standalone --nproc_per_node 2 "
+        f"--max-restarts 2 {SCRIPTS / 'train_ranks.py'} {folder} --steps 100000 "
+        "--step-seconds 0.02"
+    )
     submitted = slurm_cluster.run(
-        "sbatch", "--parsable", f"--comment=brakeline:{agent.job_id}", f"--chdir={folder}",
-        f"--output={folder}/slurm-%j.out", f"--wrap={torchrun}", env=env,
-    )  # fmt: skip
+        "sbatch",
+        "--parsable",
+        f"--comment=brakeline:{agent.job_id}",
+        f"--chdir={folder}",
+        f"--output={folder}/slurm-%j.out",
+        f"--wrap={torchrun}",
+        env=env,
+    )
     slurm_id = submitted.stdout.strip().split(";")[0]
     bound_to_slurm(agent, slurm_id)
-    wait_for(lambda: JobRank.objects.filter(job_id=agent.job_id, step__gte=5).count() == 2,
-             "both ranks training", timeout=120)  # fmt: skip
+    wait_for(
+        lambda: JobRank.objects.filter(job_id=agent.job_id, step__gte=5).count() == 2,
+        "both ranks training",
+        timeout=120,
+    )
     issue_command(agent.job_id, "terminate", reason="L4 test", severity="L4")
-    isolate = issue_command(agent.job_id, "isolate_node", reason="L4 test", severity="L4",
-                            params={"node": slurm_cluster.node}).command  # fmt: skip
+    isolate = issue_command(
+        agent.job_id,
+        "isolate_node",
+        reason="L4 test",
+        severity="L4",
+        params={"node": slurm_cluster.node},
+    ).command
     wait_for(lambda: slurm_cluster.job_state(slurm_id) in ENDED_STATES, "the job ended", 60)
     drain = wait_for(lambda: NodeDrain.objects.filter(command=isolate).first(), "the drain", 60)
     assert drain.slurm_node == slurm_cluster.node and "DRAIN" in slurm_cluster.node_state()[0]
     # Done by Slurm and acknowledged on the job's behalf: nothing waits for exited ranks.
-    wait_for(lambda: Command.objects.get(pk=isolate.pk).status == CommandStatus.SUCCEEDED,
-             "the drain acknowledged", 30)  # fmt: skip
+    wait_for(
+        lambda: Command.objects.get(pk=isolate.pk).status == CommandStatus.SUCCEEDED,
+        "the drain acknowledged",
+        30,
+    )
     assert Command.objects.get(pk=isolate.pk).result["by"] == "slurm"
     terminate = Command.objects.get(job_id=agent.job_id, kind=CommandKind.TERMINATE)
-    wait_for(lambda: Command.objects.get(pk=terminate.pk).status == CommandStatus.SUCCEEDED,
-             "the terminate acknowledged", 30)  # fmt: skip
+    wait_for(
+        lambda: Command.objects.get(pk=terminate.pk).status == CommandStatus.SUCCEEDED,
+        "the terminate acknowledged",
+        30,
+    )
     starts = [line.split() for line in (folder / "starts.txt").read_text().splitlines()]
     assert sorted(s[0] for s in starts) == ["0", "1"] and all(s[1] == "0" for s in starts)

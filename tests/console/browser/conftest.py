@@ -30,9 +30,15 @@ SCREENSHOTS = (
     else Path(os.environ.get("BRAKELINE_SCREENSHOTS_DIR", ROOT / "var" / "screenshots"))
 )
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -42,8 +48,11 @@ def pytest_collection_modifyitems(session, config, items):
 
 @pytest.fixture(scope="session")
 def browser_type_launch_args(browser_type_launch_args):
-    return {**browser_type_launch_args, "executable_path": "/usr/bin/chromium",
-            "args": CHROMIUM_ARGS}  # fmt: skip
+    return {
+        **browser_type_launch_args,
+        "executable_path": "/usr/bin/chromium",
+        "args": CHROMIUM_ARGS,
+    }
 
 
 @pytest.fixture(scope="session")
@@ -109,9 +118,10 @@ class ScriptedAgent:
             "step": step,
             "released": True,
             "weights_step": step - 1,
-        }  # fmt: skip  (the step guard skipped the NaN update)
-        self.post(f"/api/v1/agent/commands/{command['id']}/ack",
-                  {"status": "succeeded", "result": result})  # fmt: skip
+        }  # (the step guard skipped the NaN update)
+        self.post(
+            f"/api/v1/agent/commands/{command['id']}/ack", {"status": "succeeded", "result": result}
+        )
 
 
 @pytest.fixture
@@ -131,8 +141,9 @@ def people(db):
 
     def make(username: str, team: str, role: str):
         user = get_user_model().objects.create_user(username, password="pw-for-tests")
-        Membership.objects.create(user=user, team=Team.objects.get_or_create(name=team)[0],
-                                  role=role)  # fmt: skip
+        Membership.objects.create(
+            user=user, team=Team.objects.get_or_create(name=team)[0], role=role
+        )
         return user
 
     return make
@@ -166,8 +177,9 @@ def keep_posting(agent: ScriptedAgent, start: int, stop: threading.Event) -> thr
     def run() -> None:
         step = start
         while not stop.is_set():
-            agent.metrics([(s, 2.0 + 1.0 / (1 + s / 200) + (s % 5) * 0.004)
-                           for s in range(step, step + 10)])  # fmt: skip
+            agent.metrics(
+                [(s, 2.0 + 1.0 / (1 + s / 200) + (s % 5) * 0.004) for s in range(step, step + 10)]
+            )
             agent.heartbeat(step + 9)
             step += 10
             time.sleep(0.2)

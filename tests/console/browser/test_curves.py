@@ -72,8 +72,10 @@ def demo_job(live_console, celery_worker, scripted_agent, people):
     agent.ack_checkpoint(command, NAN)
     in_thread(resume_job, manager, agent.job_id, reason="schedule fixed, rolled back")
     resume = agent.wait_for_command("resume", NAN)
-    agent.post(f"/api/v1/agent/commands/{resume['id']}/ack",
-               {"status": "succeeded", "result": {"step": NAN}})  # fmt: skip
+    agent.post(
+        f"/api/v1/agent/commands/{resume['id']}/ack",
+        {"status": "succeeded", "result": {"step": NAN}},
+    )
     for start in range(NAN + 1, 900, 100):
         post(agent, range(start, min(start + 100, 900)), rng, resumed=True)
     agent.heartbeat(899)
@@ -138,8 +140,12 @@ def assert_review_curve(page, svg_id: str) -> None:
 
 
 def boxes_overlap(a: dict, b: dict) -> bool:
-    return not (a["x"] + a["width"] <= b["x"] or b["x"] + b["width"] <= a["x"]
-                or a["y"] + a["height"] <= b["y"] or b["y"] + b["height"] <= a["y"])  # fmt: skip
+    return not (
+        a["x"] + a["width"] <= b["x"]
+        or b["x"] + b["width"] <= a["x"]
+        or a["y"] + a["height"] <= b["y"]
+        or b["y"] + b["height"] <= a["y"]
+    )
 
 
 def assert_readable(labels: list[str]) -> None:

@@ -27,13 +27,21 @@ OWN_SCRIPT = Path(__file__).parents[2] / "drills" / "scripts" / "own_train.py"
 
 def lines(loads: bool, brake_s: float) -> list[Line]:
     loaded = (
-        Line("checkpoint loads", True, "restored step 48, one step ran (loss 0.1638)",
-             "restored in a fresh process, SHA-256 verified, one step runs")
+        Line(
+            "checkpoint loads",
+            True,
+            "restored step 48, one step ran (loss 0.1638)",
+            "restored in a fresh process, SHA-256 verified, one step runs",
+        )
         if loads
-        else Line("checkpoint loads", False, "did not load: ValueError: checkpoint "
-                  "step-00000048.pt does not match the expected sha256",
-                  "restored in a fresh process, SHA-256 verified, one step runs")
-    )  # fmt: skip
+        else Line(
+            "checkpoint loads",
+            False,
+            "did not load: ValueError: checkpoint "
+            "step-00000048.pt does not match the expected sha256",
+            "restored in a fresh process, SHA-256 verified, one step runs",
+        )
+    )
     return [
         Line("breaker fired", True, "L3 by non-finite-loss-or-gradients", "L3 by …"),
         Line("time to detect", True, "0.25 s, 0 steps", "≤ 10.0 s and ≤ 3 steps"),
@@ -42,7 +50,7 @@ def lines(loads: bool, brake_s: float) -> list[Line]:
             True,
             f"{brake_s:.2f} s, 0 steps (checkpoint_and_pause succeeded)",
             "braked ≤ 25.0 s after the fault",
-        ),  # fmt: skip
+        ),
         Line("checkpoint saved", True, "step 48 (brake), in the catalogue", "in the catalogue"),
         loaded,
         Line("release", True, "job paused, process alive, release hook ran", "paused"),

@@ -190,8 +190,10 @@ def test_a_manager_approves_an_escalation_and_the_command_reaches_the_agent(
         olga.goto(f"{live_console}/jobs/{agent.job_id}/")
         olga.click("li.alert[data-severity=L2] button.act:has-text('Request escalation')")
         olga.select_option("#act-fields select", "checkpoint_and_pause")
-        olga.fill("#act-fields textarea[name=reason]",
-                  "loss above 4σ for 10 minutes; lowering the LR did not help")  # fmt: skip
+        olga.fill(
+            "#act-fields textarea[name=reason]",
+            "loss above 4σ for 10 minutes; lowering the LR did not help",
+        )
         olga.click("#act-submit")
         expect(olga.locator("#job-state .escalation")).to_contain_text("checkpoint_and_pause")
     finally:

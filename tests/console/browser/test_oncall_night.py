@@ -114,8 +114,11 @@ def test_oncall_acknowledges_one_nan_as_one_incident_takes_it_notes_it_and_snooz
         expect(page.locator("#incident-assignee")).to_contain_text("Nobody has taken")
         page.click("#incident-live button.act:has-text('Take it')")
         expect(page.locator("#incident-assignee")).to_contain_text("Handled by you")
-        page.fill(".note-form textarea[name=text]", "NaN at step 300 on every rank; the step "
-                  "guard held the update. Checking the data shard of that batch.")  # fmt: skip
+        page.fill(
+            ".note-form textarea[name=text]",
+            "NaN at step 300 on every rank; the step "
+            "guard held the update. Checking the data shard of that batch.",
+        )
         page.click(".note-form button[type=submit]")
         expect(page.locator("#notes li.note")).to_have_count(1)
         expect(page.locator("#notes")).to_contain_text("olga")

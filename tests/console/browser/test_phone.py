@@ -67,8 +67,11 @@ def test_every_page_fits_a_phone_and_oncall_can_act_one_handed(
         }
         # The admin sees every form: the paging page's policy grid, contacts and test pages,
         # the silences form, the audit trail.
-        admin_pages = {"paging-admin": f"/teams/{team_id}/paging/",
-                       "silences-manager": "/silences/", "audit-manager": "/audit/"}  # fmt: skip
+        admin_pages = {
+            "paging-admin": f"/teams/{team_id}/paging/",
+            "silences-manager": "/silences/",
+            "audit-manager": "/audit/",
+        }
         wide = {}
         for name, path in pages.items():
             wide.update(measure(page, live_console + path, name))

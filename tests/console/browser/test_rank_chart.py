@@ -28,10 +28,15 @@ def test_the_loss_chart_shows_rank_0_in_the_band_of_every_rank_then_a_line_per_r
         beat = {"step": 0, "status": "running", "rank": rank, "world_size": 3}
         agent.post("/api/v1/agent/heartbeat", beat | {"hostname": f"gpu-{rank}"})
         points = [
-            {"name": "loss", "step": s,
-             "value": 4.0 if (rank, s) == (1, 120) else 2.0 + math.sin(s / 20) * 0.1 + rank * 0.05}
+            {
+                "name": "loss",
+                "step": s,
+                "value": 4.0
+                if (rank, s) == (1, 120)
+                else 2.0 + math.sin(s / 20) * 0.1 + rank * 0.05,
+            }
             for s in range(300)
-        ]  # fmt: skip
+        ]
         agent.post("/api/v1/agent/metrics", {"rank": rank, "points": points})
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
@@ -46,7 +51,7 @@ def test_the_loss_chart_shows_rank_0_in_the_band_of_every_rank_then_a_line_per_r
             " const c = g.meta.findIndex(function (m) { return m.kind === 'ranks-high'; });"
             " const col = g.raw[c + 1].filter(function (v) { return v != null; });"
             " return Math.max.apply(null, col); })()"
-        )  # fmt: skip
+        )
         assert high == 4.0  # rank 1's one-step spike is the band's edge, not averaged away
         figure = page.locator('figure[data-group="loss"]')
         figure.screenshot(path=str(SCREENSHOTS / "desktop-job-rank-band.png"))

@@ -23,13 +23,15 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
 def run(env, *arguments):
-    done = subprocess.run([sys.executable, str(SCRIPT), *arguments], env=env,
-                          capture_output=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), *arguments], env=env, capture_output=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr.decode()[-2000:]
 
 
-def test_readiness_and_the_resume_diff(page, live_console, make_agent, people, log_in, beat,
-                                       worker, tmp_path):  # fmt: skip
+def test_readiness_and_the_resume_diff(
+    page, live_console, make_agent, people, log_in, beat, worker, tmp_path
+):
     agent = make_agent(team="vision", name="llm-7b-sft")
     people("ana", "vision", "oncall")
     env = training_environment(live_console, agent.token)
@@ -37,8 +39,10 @@ def test_readiness_and_the_resume_diff(page, live_console, make_agent, people, l
     run(env, "train", str(tmp_path), "1")
     run(env, "resume", str(tmp_path), "2")
     # Each process sends its start snapshot; the second one also its resume snapshot.
-    wait_for(lambda: EnvironmentSnapshot.objects.filter(job_id=agent.job_id).count() == 4,
-             "four snapshots")  # fmt: skip
+    wait_for(
+        lambda: EnvironmentSnapshot.objects.filter(job_id=agent.job_id).count() == 4,
+        "four snapshots",
+    )
     log_in(page, "ana")
 
     page.goto(f"{live_console}/jobs/{agent.job_id}/")

@@ -65,8 +65,9 @@ def verify() -> int:
     named = json.loads(sys.stdin.readline() or "{}")
     model, optimizer, inputs, labels = build()
     try:
-        state = brakeline.restore(named["path"], model=model, optimizer=optimizer,
-                                  expected_sha256=named["sha256"])  # fmt: skip
+        state = brakeline.restore(
+            named["path"], model=model, optimizer=optimizer, expected_sha256=named["sha256"]
+        )
         loss = one_step(model, optimizer, inputs[:32], labels[:32])
     except Exception as error:  # the answer: it does not load
         print(json.dumps({"loads": False, "error": f"{type(error).__name__}: {error}"}))
