@@ -55,6 +55,33 @@ def _paused(job_id: int, training, count: int = 1) -> Command:
     return _succeeded_pauses(job_id)[count - 1]
 
 
+def _braked_clean(job_id: int, result: dict, braked) -> tuple[dict, Incident]:
+    """Zero poisoned steps, zero steps past the anomaly: held at the poisoned step's boundary,
+    and the saved weights hold no update from it; catalogued clean and preselected."""
+    assert result["step"] == POISON_AT and result["weights_step"] == POISON_AT - 1
+    assert braked.steps_done() == POISON_AT
+    assert not any(p.step > POISON_AT for p in stored_points(job_id))
+    entries = checkpoints.catalogue(job_id)
+    brake = next(e for e in entries if e["sha256"] == result["sha256"])
+    assert brake["clean"] and brake["preselected"] and brake["reason"] == "brake"
+    assert [e["step"] for e in entries if e["reason"] == "manual"] == [28, 21, 14, 7]
+    incident = Incident.objects.get(job_id=job_id)
+    saved = TimelineEntry.objects.get(incident=incident, kind="checkpoint_saved")
+    assert result["sha256"] in saved.message and saved.data["clean"] is True
+    return brake, incident
+
+
+def _bit_for_bit_after_the_poison(reference, braked) -> None:
+    """The rolled back run's losses after the poison equal those of a run that skipped it."""
+    assert braked.wait(timeout=120) == 0, braked.tail()
+    assert reference.wait(timeout=120) == 0, reference.tail()
+    expected, after = reference.losses_by_step(), braked.losses_by_step()
+    assert {s: v for s, v in after.items() if s > POISON_AT} == {
+        s: v for s, v in expected.items() if s > POISON_AT
+    }
+    assert len([s for s in after if s > POISON_AT]) == STEPS - POISON_AT
+
+
 def test_a_poisoned_batch_is_braked_clean_and_rolled_back_bit_for_bit(
     live_console, agent, training
 ):
@@ -77,19 +104,7 @@ def test_a_poisoned_batch_is_braked_clean_and_rolled_back_bit_for_bit(
     )
     pause = _paused(agent.job_id, braked)
     result = pause.result
-    # Zero poisoned steps, zero steps past the anomaly: held at the poisoned step's boundary,
-    # and the saved weights hold no update from it.
-    assert result["step"] == POISON_AT and result["weights_step"] == POISON_AT - 1
-    assert braked.steps_done() == POISON_AT
-    assert not any(p.step > POISON_AT for p in stored_points(agent.job_id))
-
-    entries = checkpoints.catalogue(agent.job_id)
-    brake = next(e for e in entries if e["sha256"] == result["sha256"])
-    assert brake["clean"] and brake["preselected"] and brake["reason"] == "brake"
-    assert [e["step"] for e in entries if e["reason"] == "manual"] == [28, 21, 14, 7]
-    incident = Incident.objects.get(job_id=agent.job_id)
-    saved = TimelineEntry.objects.get(incident=incident, kind="checkpoint_saved")
-    assert result["sha256"] in saved.message and saved.data["clean"] is True
+    brake, incident = _braked_clean(agent.job_id, result, braked)
 
     oncall = make_member(Job.objects.get(pk=agent.job_id).team, "oncall")
     acknowledge_alert(oncall, pause.alert_id, note="poisoned batch: rolling back")
@@ -98,13 +113,7 @@ def test_a_poisoned_batch_is_braked_clean_and_rolled_back_bit_for_bit(
     assert "checkpoint" in refused.value.fields
     confirm_pause(oncall, agent.job_id, decision="roll_back", checkpoint=str(brake["id"]))
 
-    assert braked.wait(timeout=120) == 0, braked.tail()
-    assert reference.wait(timeout=120) == 0, reference.tail()
-    expected, after = reference.losses_by_step(), braked.losses_by_step()
-    assert {s: v for s, v in after.items() if s > POISON_AT} == {
-        s: v for s, v in expected.items() if s > POISON_AT
-    }
-    assert len([s for s in after if s > POISON_AT]) == STEPS - POISON_AT
+    _bit_for_bit_after_the_poison(reference, braked)
     rolled = TimelineEntry.objects.get(incident=incident, data__event="rolled_back")
     assert f"Rolled back to step {POISON_AT}" in rolled.message
     # The episode ended on healthy points after the resume; every step is on its timeline.
