@@ -48,7 +48,7 @@ def statuses(job_id):
     return {item.key: (item.status, item.reason) for item in job_readiness(job_id).items}
 
 
-def test_a_careless_sandbox_and_a_clean_one(live_console, make_agent, tmp_path):
+def test_a_careless_sandbox(live_console, make_agent, tmp_path):
     python = shlex.quote(sys.executable)
     site = tmp_path / "site"
     wheel = sandboxes.build_wheel(tmp_path)
@@ -93,6 +93,9 @@ def test_a_careless_sandbox_and_a_clean_one(live_console, make_agent, tmp_path):
     assert found["loader_state"][0] == "ok"  # the SDK's saver keeps the loader's position
     assert job_readiness(careless.job_id).grade == "not ready"
 
+
+def test_a_clean_sandbox(live_console, make_agent, tmp_path):
+    python = shlex.quote(sys.executable)
     clean = make_agent(name="clean")
     env = training_environment(live_console, clean.token)
     env.update(BRAKELINE_IMAGE="registry.local/train@sha256:" + "ab" * 32)
