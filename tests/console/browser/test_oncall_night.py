@@ -73,6 +73,60 @@ def test_one_click_pause_confirms_step_and_checkpoint_live_and_takes_a_reason_af
     assert len(reasons) == 1 and reasons[0].user.username == "olga"
 
 
+def _acknowledge_the_incident_and_snooze_a_late_alert(page, live_console, agent) -> None:
+    page.goto(f"{live_console}/jobs/{agent.job_id}/")
+    expect(page.locator("#job-state li.alert")).to_have_count(2)
+    # The job's state and its loss chart come first: with two alert cards open, the chart's
+    # first 250 px are on the first screen (secondary panels follow it).
+    chart = page.locator('figure.chart[data-group="loss"]').bounding_box()
+    assert chart is not None and chart["y"] + 250 <= DESKTOP["height"], chart
+    shoot(page, "oncall-job-two-alerts.png")
+    page.click("#job-state button.act:has-text('Acknowledge incident (2 alerts)')")
+    acked = page.locator("#job-state li.alert", has_text="acknowledged by olga")
+    expect(acked).to_have_count(2)
+    all_at_once = page.locator("#job-state button.act:has-text('Acknowledge incident')")
+    expect(all_at_once).to_have_count(0)
+
+    # A third alert of the same episode, snoozed from its card (pages only).
+    late = in_thread(raise_or_update_alert, agent.job_id, signal("L2", 300, "loss-spike"))
+    card = page.locator(f'#job-state li.alert[data-alert-id="{late.alert.pk}"]')
+    card.locator("button.act:has-text('Snooze pages')").click()
+    page.select_option("#act-fields select[name=minutes]", "60")
+    page.click("#act-submit")
+    expect(card).to_contain_text("Pages snoozed until")
+    expect(card).to_contain_text("by olga. Brakes are not.")
+    shoot(page, "oncall-job-acknowledged.png")
+
+
+def _take_it_note_it_and_assign_it(page, live_console, incident_id: int) -> None:
+    page.goto(f"{live_console}/incidents/{incident_id}/")
+    expect(page.locator("#incident-assignee")).to_contain_text("Nobody has taken")
+    page.click("#incident-live button.act:has-text('Take it')")
+    expect(page.locator("#incident-assignee")).to_contain_text("Handled by you")
+    page.fill(
+        ".note-form textarea[name=text]",
+        "NaN at step 300 on every rank; the step "
+        "guard held the update. Checking the data shard of that batch.",
+    )
+    page.click(".note-form button[type=submit]")
+    expect(page.locator("#notes li.note")).to_have_count(1)
+    expect(page.locator("#notes")).to_contain_text("olga")
+    expect(page.locator("#timeline")).to_contain_text("Checking the data shard")
+    expect(page.locator("#incident-live")).to_contain_text("pages snoozed until")
+    shoot(page, "oncall-incident.png")
+    page.set_viewport_size(PHONE)
+    shoot(page, "oncall-incident-phone.png")
+    assert sideways(page) == 0
+    page.set_viewport_size(DESKTOP)
+    page.click("#incident-live button.act:has-text('Assign…')")
+    page.select_option("#act-fields select[name=user_id]", label="max (manager)")
+    page.click("#act-submit")
+    expect(page.locator("#incident-assignee")).to_contain_text("Handled by max")
+    review = page.goto(f"{live_console}/incidents/{incident_id}/review/")
+    assert review is not None and review.ok
+    expect(page.locator("body")).to_contain_text("Checking the data shard")
+
+
 def test_oncall_acknowledges_one_nan_as_one_incident_takes_it_notes_it_and_snoozes_an_alert(
     browser, live_console, celery_worker, scripted_agent, people, log_in
 ):
@@ -87,55 +141,8 @@ def test_oncall_acknowledges_one_nan_as_one_incident_takes_it_notes_it_and_snooz
     page = context.new_page()
     try:
         log_in(page, "olga")
-        page.goto(f"{live_console}/jobs/{agent.job_id}/")
-        expect(page.locator("#job-state li.alert")).to_have_count(2)
-        # The job's state and its loss chart come first: with two alert cards open, the chart's
-        # first 250 px are on the first screen (secondary panels follow it).
-        chart = page.locator('figure.chart[data-group="loss"]').bounding_box()
-        assert chart is not None and chart["y"] + 250 <= DESKTOP["height"], chart
-        shoot(page, "oncall-job-two-alerts.png")
-        page.click("#job-state button.act:has-text('Acknowledge incident (2 alerts)')")
-        acked = page.locator("#job-state li.alert", has_text="acknowledged by olga")
-        expect(acked).to_have_count(2)
-        all_at_once = page.locator("#job-state button.act:has-text('Acknowledge incident')")
-        expect(all_at_once).to_have_count(0)
-
-        # A third alert of the same episode, snoozed from its card (pages only).
-        late = in_thread(raise_or_update_alert, agent.job_id, signal("L2", 300, "loss-spike"))
-        card = page.locator(f'#job-state li.alert[data-alert-id="{late.alert.pk}"]')
-        card.locator("button.act:has-text('Snooze pages')").click()
-        page.select_option("#act-fields select[name=minutes]", "60")
-        page.click("#act-submit")
-        expect(card).to_contain_text("Pages snoozed until")
-        expect(card).to_contain_text("by olga. Brakes are not.")
-        shoot(page, "oncall-job-acknowledged.png")
-
-        page.goto(f"{live_console}/incidents/{nan.incident_id}/")
-        expect(page.locator("#incident-assignee")).to_contain_text("Nobody has taken")
-        page.click("#incident-live button.act:has-text('Take it')")
-        expect(page.locator("#incident-assignee")).to_contain_text("Handled by you")
-        page.fill(
-            ".note-form textarea[name=text]",
-            "NaN at step 300 on every rank; the step "
-            "guard held the update. Checking the data shard of that batch.",
-        )
-        page.click(".note-form button[type=submit]")
-        expect(page.locator("#notes li.note")).to_have_count(1)
-        expect(page.locator("#notes")).to_contain_text("olga")
-        expect(page.locator("#timeline")).to_contain_text("Checking the data shard")
-        expect(page.locator("#incident-live")).to_contain_text("pages snoozed until")
-        shoot(page, "oncall-incident.png")
-        page.set_viewport_size(PHONE)
-        shoot(page, "oncall-incident-phone.png")
-        assert sideways(page) == 0
-        page.set_viewport_size(DESKTOP)
-        page.click("#incident-live button.act:has-text('Assign…')")
-        page.select_option("#act-fields select[name=user_id]", label="max (manager)")
-        page.click("#act-submit")
-        expect(page.locator("#incident-assignee")).to_contain_text("Handled by max")
-        review = page.goto(f"{live_console}/incidents/{nan.incident_id}/review/")
-        assert review is not None and review.ok
-        expect(page.locator("body")).to_contain_text("Checking the data shard")
+        _acknowledge_the_incident_and_snooze_a_late_alert(page, live_console, agent)
+        _take_it_note_it_and_assign_it(page, live_console, nan.incident_id)
     finally:
         context.close()
     statuses = in_thread(lambda: sorted(Alert.objects.values_list("rule_key", "status")))
