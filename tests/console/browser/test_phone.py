@@ -24,6 +24,63 @@ def sideways(page) -> int:
     )
 
 
+def _every_page_fits(browser, page, log_in, live_console, job_id, incident_id, team_id) -> None:
+    """Every page, as on-call and as an admin (who sees every form), fits a 390 px phone."""
+    pages = {
+        "dashboard": "/",
+        "job": f"/jobs/{job_id}/",
+        "alerts": "/alerts/",
+        "approvals": "/approvals/",
+        "incident": f"/incidents/{incident_id}/",
+        "review": f"/incidents/{incident_id}/review/",
+        "team-report": f"/teams/{team_id}/report/",
+        "incidents": "/incidents/",
+        "silences": "/silences/",
+        "teams": "/teams/",
+        "paging": f"/teams/{team_id}/paging/",
+        "audit": "/audit/",  # on-call: the refusal page
+    }
+    # The admin sees every form: the paging page's policy grid, contacts and test pages,
+    # the silences form, the audit trail.
+    admin_pages = {
+        "paging-admin": f"/teams/{team_id}/paging/",
+        "silences-manager": "/silences/",
+        "audit-manager": "/audit/",
+    }
+    wide = {}
+    for name, path in pages.items():
+        wide.update(measure(page, live_console + path, name))
+
+    admin = browser.new_context(viewport=PHONE, device_scale_factor=2, is_mobile=True)
+    try:
+        admin_page = admin.new_page()
+        log_in(admin_page, "ana")
+        for name, path in admin_pages.items():
+            wide.update(measure(admin_page, live_console + path, name))
+    finally:
+        admin.close()
+    assert wide == {}, f"pages wider than a 390 px phone (px too wide): {wide}"
+
+
+def _acknowledge_and_pause_one_handed(page, live_console, alert_id, running_job_id) -> None:
+    # One-handed: the alert's Acknowledge is on the screen and works with a thumb.
+    page.goto(f"{live_console}/alerts/")
+    button = page.locator(f'[data-alert-id="{alert_id}"] button.act:has-text("Acknowledge")')
+    assert_thumb_reachable(button.first)
+    button.first.tap()
+    page.locator("#act-submit").tap()
+    expect(page.locator(f'[data-alert-id="{alert_id}"] .ack-by')).to_have_text("by olga")
+
+    # … and Pause, from the dashboard's row of the running job.
+    page.goto(f"{live_console}/")
+    pause = page.locator(f'tr[data-job-id="{running_job_id}"] button.act:has-text("Pause")')
+    assert_thumb_reachable(pause)
+    pause.tap()  # one tap: no dialog
+    row = page.locator(f'tr[data-job-id="{running_job_id}"] .badge')
+    expect(row).to_have_text("pausing")
+    assert sideways(page) == 0
+
+
 def test_every_page_fits_a_phone_and_oncall_can_act_one_handed(
     browser, live_console, celery_worker, beat, scripted_agent, people, log_in
 ):
@@ -51,57 +108,8 @@ def test_every_page_fits_a_phone_and_oncall_can_act_one_handed(
     page = context.new_page()
     try:
         log_in(page, "olga")
-        pages = {
-            "dashboard": "/",
-            "job": f"/jobs/{agent.job_id}/",
-            "alerts": "/alerts/",
-            "approvals": "/approvals/",
-            "incident": f"/incidents/{incident.pk}/",
-            "review": f"/incidents/{incident.pk}/review/",
-            "team-report": f"/teams/{team_id}/report/",
-            "incidents": "/incidents/",
-            "silences": "/silences/",
-            "teams": "/teams/",
-            "paging": f"/teams/{team_id}/paging/",
-            "audit": "/audit/",  # on-call: the refusal page
-        }
-        # The admin sees every form: the paging page's policy grid, contacts and test pages,
-        # the silences form, the audit trail.
-        admin_pages = {
-            "paging-admin": f"/teams/{team_id}/paging/",
-            "silences-manager": "/silences/",
-            "audit-manager": "/audit/",
-        }
-        wide = {}
-        for name, path in pages.items():
-            wide.update(measure(page, live_console + path, name))
-
-        admin = browser.new_context(viewport=PHONE, device_scale_factor=2, is_mobile=True)
-        try:
-            admin_page = admin.new_page()
-            log_in(admin_page, "ana")
-            for name, path in admin_pages.items():
-                wide.update(measure(admin_page, live_console + path, name))
-        finally:
-            admin.close()
-        assert wide == {}, f"pages wider than a 390 px phone (px too wide): {wide}"
-
-        # One-handed: the alert's Acknowledge is on the screen and works with a thumb.
-        page.goto(f"{live_console}/alerts/")
-        button = page.locator(f'[data-alert-id="{alert_id}"] button.act:has-text("Acknowledge")')
-        assert_thumb_reachable(button.first)
-        button.first.tap()
-        page.locator("#act-submit").tap()
-        expect(page.locator(f'[data-alert-id="{alert_id}"] .ack-by')).to_have_text("by olga")
-
-        # … and Pause, from the dashboard's row of the running job.
-        page.goto(f"{live_console}/")
-        pause = page.locator(f'tr[data-job-id="{running.job_id}"] button.act:has-text("Pause")')
-        assert_thumb_reachable(pause)
-        pause.tap()  # one tap: no dialog
-        row = page.locator(f'tr[data-job-id="{running.job_id}"] .badge')
-        expect(row).to_have_text("pausing")
-        assert sideways(page) == 0
+        _every_page_fits(browser, page, log_in, live_console, agent.job_id, incident.pk, team_id)
+        _acknowledge_and_pause_one_handed(page, live_console, alert_id, running.job_id)
     finally:
         context.close()
 
