@@ -155,6 +155,105 @@ def assert_readable(labels: list[str]) -> None:
         assert "," not in text and "000000" not in text
 
 
+def _legend_and_healthy_view(page, loss) -> None:
+    # Hovering: the legend names the step "step" and reads values like the ticks.
+    over = loss.locator(".u-over").bounding_box()
+    page.mouse.move(over["x"] + over["width"] * 0.3, over["y"] + over["height"] / 2)
+    legend = loss.locator(".u-legend .u-series")
+    expect(legend.nth(0)).to_contain_text(re.compile(r"step\s*\d+"))
+    expect(legend.nth(1)).to_contain_text(re.compile(r"loss\s*0\.\d{1,6}$"))
+    # No flat line: the healthy loss (before the explosion and after the resume) fills
+    # at least half the plot, and the exploded points are drawn clipped and said so.
+    for key in ("loss", "grad"):
+        g = page.evaluate(GEOMETRY, [key, DIVERGE, NAN])
+        assert (g["healthyBottom"] - g["healthyTop"]) / g["height"] >= 0.5, (key, g)
+        assert g["yMax"] < 100, (key, g)
+        assert_readable(g["labels"])
+        assert g["axisWidth"] >= g["labelWidth"] + 4, f"{key}: y labels clipped {g}"
+        assert g["xLabel"] == "step" and g["legendX"] == "step"
+    expect(loss.locator(".clip-note")).to_contain_text(
+        re.compile(r"above the view, up to \d\.\de33")
+    )
+    assert int(loss.get_attribute("data-clipped")) >= 40
+
+
+def _band_and_markers(page, loss) -> None:
+    # The band belongs to the loss, although nonfinite.loss shares the panel.
+    g = page.evaluate(GEOMETRY, ["loss", DIVERGE, NAN])
+    assert g["bands"] == 1 and "loss band +2σ" in g["seriesLabels"], g
+    assert "nonfinite.loss (count)" in g["seriesLabels"]
+    expect(loss.locator(".band-note")).to_contain_text("mean ± 2")
+
+    # NaN, L3, paused and resumed share (nearly) one step: their labels do not overlap.
+    labels = loss.locator(".marker-label")
+    texts = labels.all_inner_texts()
+    for wanted in ("NaN", "L3", "paused", "resumed", "L1"):
+        assert wanted in texts, texts
+    boxes = [labels.nth(i).bounding_box() for i in range(labels.count())]
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            assert not boxes_overlap(a, b), (texts, boxes)
+    loss.screenshot(path=str(SCREENSHOTS / "curves-loss-panel.png"))
+
+
+def _log_and_full_scales(page, loss) -> None:
+    # Log scale shows every decade, up to the explosion.
+    page.click('button[data-y="log"]')
+    g = page.evaluate(GEOMETRY, ["loss", DIVERGE, NAN])
+    assert g["distr"] == 3 and g["yMax"] >= 3e33 and g["yMin"] <= 0.02, g
+    assert_readable(g["labels"])
+    assert any("e3" in t for t in g["labels"]), g["labels"]
+    loss.screenshot(path=str(SCREENSHOTS / "curves-loss-log.png"))
+    page.click('button[data-y="all"]')
+    g = page.evaluate(GEOMETRY, ["loss", DIVERGE, NAN])
+    assert g["distr"] == 1 and g["yMax"] >= 3e33, g
+    assert_readable(g["labels"])
+    page.click('button[data-y="healthy"]')
+
+
+def _smoothing(page) -> None:
+    # Smoothing: a second, calmer line over the faded raw one.
+    page.select_option("#smoothing", "0.9")
+    roughness = page.evaluate("""() => {
+      const c = BrakelineCharts.state.charts.loss, d = c.plot.data;
+      const raw = c.g.meta.findIndex(m => m.kind === "value") + 1;
+      const smooth = c.g.meta.findIndex(m => m.kind === "smooth") + 1;
+      const rough = col => d[col].slice(600, 890)
+        .reduce((s, v, i, a) => i ? s + Math.abs(v - a[i - 1]) : 0, 0);
+      return smooth > 0 ? [rough(raw), rough(smooth)] : null;
+    }""")
+    assert roughness is not None and roughness[1] < roughness[0] / 2, roughness
+    page.select_option("#smoothing", "0")
+
+
+def _overlays(page, loss, earlier) -> None:
+    # Overlay: the attempt before the resume, from its start, beside the new attempt.
+    page.select_option("#compare", f"resume:{NAN}")
+    g = page.evaluate(GEOMETRY, ["loss", DIVERGE, NAN])
+    assert "loss · before resume (from its start)" in g["seriesLabels"], g
+    overlaid = page.evaluate("""() => {
+      const c = BrakelineCharts.state.charts.loss;
+      const col = c.g.meta.findIndex(m => m.kind === "overlay") + 1;
+      return c.plot.data[col].filter(v => typeof v === "number").length;
+    }""")
+    assert overlaid > 300
+    loss.screenshot(path=str(SCREENSHOTS / "curves-loss-compare.png"))
+    page.select_option("#compare", f"job:{earlier.job_id}")
+    expect(loss).to_have_attribute("data-overlay", "demo-run-yesterday")
+    g = page.evaluate(GEOMETRY, ["loss", DIVERGE, NAN])
+    assert "loss · demo-run-yesterday" in g["seriesLabels"], g
+    page.select_option("#compare", "")
+
+
+def _time_axis(page) -> None:
+    # Time axis: UTC, labelled, 24-hour clock.
+    page.click('button[data-x="time"]')
+    g = page.evaluate(GEOMETRY, ["loss", 0, 0])
+    assert g["xLabel"] == "time (UTC)" and g["legendX"] == "time (UTC)"
+    assert g["xLabels"] and all(":" in t and "m" not in t for t in g["xLabels"]), g
+    page.click('button[data-x="step"]')
+
+
 def test_the_demo_curves_stay_readable_through_the_explosion_nan_pause_and_resume(
     browser, live_console, demo_job, scripted_agent, log_in
 ):
@@ -174,93 +273,12 @@ def test_the_demo_curves_stay_readable_through_the_explosion_nan_pause_and_resum
 
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SCREENSHOTS / "curves-desktop.png"), full_page=True)
-        # Hovering: the legend names the step "step" and reads values like the ticks.
-        over = loss.locator(".u-over").bounding_box()
-        page.mouse.move(over["x"] + over["width"] * 0.3, over["y"] + over["height"] / 2)
-        legend = loss.locator(".u-legend .u-series")
-        expect(legend.nth(0)).to_contain_text(re.compile(r"step\s*\d+"))
-        expect(legend.nth(1)).to_contain_text(re.compile(r"loss\s*0\.\d{1,6}$"))
-        # No flat line: the healthy loss (before the explosion and after the resume) fills
-        # at least half the plot, and the exploded points are drawn clipped and said so.
-        for key in ("loss", "grad"):
-            g = page.evaluate(GEOMETRY, [key, DIVERGE, NAN])
-            assert (g["healthyBottom"] - g["healthyTop"]) / g["height"] >= 0.5, (key, g)
-            assert g["yMax"] < 100, (key, g)
-            assert_readable(g["labels"])
-            assert g["axisWidth"] >= g["labelWidth"] + 4, f"{key}: y labels clipped {g}"
-            assert g["xLabel"] == "step" and g["legendX"] == "step"
-        expect(loss.locator(".clip-note")).to_contain_text(
-            re.compile(r"above the view, up to \d\.\de33")
-        )
-        assert int(loss.get_attribute("data-clipped")) >= 40
-
-        # The band belongs to the loss, although nonfinite.loss shares the panel.
-        g = page.evaluate(GEOMETRY, ["loss", DIVERGE, NAN])
-        assert g["bands"] == 1 and "loss band +2σ" in g["seriesLabels"], g
-        assert "nonfinite.loss (count)" in g["seriesLabels"]
-        expect(loss.locator(".band-note")).to_contain_text("mean ± 2")
-
-        # NaN, L3, paused and resumed share (nearly) one step: their labels do not overlap.
-        labels = loss.locator(".marker-label")
-        texts = labels.all_inner_texts()
-        for wanted in ("NaN", "L3", "paused", "resumed", "L1"):
-            assert wanted in texts, texts
-        boxes = [labels.nth(i).bounding_box() for i in range(labels.count())]
-        for i, a in enumerate(boxes):
-            for b in boxes[i + 1 :]:
-                assert not boxes_overlap(a, b), (texts, boxes)
-        loss.screenshot(path=str(SCREENSHOTS / "curves-loss-panel.png"))
-
-        # Log scale shows every decade, up to the explosion.
-        page.click('button[data-y="log"]')
-        g = page.evaluate(GEOMETRY, ["loss", DIVERGE, NAN])
-        assert g["distr"] == 3 and g["yMax"] >= 3e33 and g["yMin"] <= 0.02, g
-        assert_readable(g["labels"])
-        assert any("e3" in t for t in g["labels"]), g["labels"]
-        loss.screenshot(path=str(SCREENSHOTS / "curves-loss-log.png"))
-        page.click('button[data-y="all"]')
-        g = page.evaluate(GEOMETRY, ["loss", DIVERGE, NAN])
-        assert g["distr"] == 1 and g["yMax"] >= 3e33, g
-        assert_readable(g["labels"])
-        page.click('button[data-y="healthy"]')
-
-        # Smoothing: a second, calmer line over the faded raw one.
-        page.select_option("#smoothing", "0.9")
-        roughness = page.evaluate("""() => {
-          const c = BrakelineCharts.state.charts.loss, d = c.plot.data;
-          const raw = c.g.meta.findIndex(m => m.kind === "value") + 1;
-          const smooth = c.g.meta.findIndex(m => m.kind === "smooth") + 1;
-          const rough = col => d[col].slice(600, 890)
-            .reduce((s, v, i, a) => i ? s + Math.abs(v - a[i - 1]) : 0, 0);
-          return smooth > 0 ? [rough(raw), rough(smooth)] : null;
-        }""")
-        assert roughness is not None and roughness[1] < roughness[0] / 2, roughness
-        page.select_option("#smoothing", "0")
-
-        # Overlay: the attempt before the resume, from its start, beside the new attempt.
-        page.select_option("#compare", f"resume:{NAN}")
-        g = page.evaluate(GEOMETRY, ["loss", DIVERGE, NAN])
-        assert "loss · before resume (from its start)" in g["seriesLabels"], g
-        overlaid = page.evaluate("""() => {
-          const c = BrakelineCharts.state.charts.loss;
-          const col = c.g.meta.findIndex(m => m.kind === "overlay") + 1;
-          return c.plot.data[col].filter(v => typeof v === "number").length;
-        }""")
-        assert overlaid > 300
-        loss.screenshot(path=str(SCREENSHOTS / "curves-loss-compare.png"))
-        page.select_option("#compare", f"job:{earlier.job_id}")
-        expect(loss).to_have_attribute("data-overlay", "demo-run-yesterday")
-        g = page.evaluate(GEOMETRY, ["loss", DIVERGE, NAN])
-        assert "loss · demo-run-yesterday" in g["seriesLabels"], g
-        page.select_option("#compare", "")
-
-        # Time axis: UTC, labelled, 24-hour clock.
-        page.click('button[data-x="time"]')
-        g = page.evaluate(GEOMETRY, ["loss", 0, 0])
-        assert g["xLabel"] == "time (UTC)" and g["legendX"] == "time (UTC)"
-        assert g["xLabels"] and all(":" in t and "m" not in t for t in g["xLabels"]), g
-        page.click('button[data-x="step"]')
-
+        _legend_and_healthy_view(page, loss)
+        _band_and_markers(page, loss)
+        _log_and_full_scales(page, loss)
+        _smoothing(page)
+        _overlays(page, loss, earlier)
+        _time_axis(page)
         # The review's curve of the same incident: the same healthy view, server-side.
         incident = in_thread(lambda: Incident.objects.filter(job_id=demo_job.job_id).first())
         page.goto(f"{live_console}/incidents/{incident.pk}/review/")
