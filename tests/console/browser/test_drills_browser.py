@@ -64,6 +64,22 @@ def judged(team: Team, scenario: str, loads: bool, brake_s: float):
     return runs.finish(run, lines(loads, brake_s), brake_seconds=brake_s, detect_seconds=0.25)
 
 
+def _the_teams_own_command(page) -> None:
+    """A relative program is refused naming the field, an absolute one is saved and offered as
+    the drill's workload."""
+    form = page.locator("#workload-form")
+    form.locator("input[name=command]").fill("train.py --drill")
+    form.locator("button").click()
+    expect(page.locator(".message.error")).to_contain_text("(command: the program as an absolute")
+    expect(page.locator("#drill-form input[value=team]")).to_have_count(0)
+    form.locator("input[name=command]").fill(f"{sys.executable} {OWN_SCRIPT}")
+    form.locator("input[name=verify_command]").fill(f"{sys.executable} {OWN_SCRIPT} --verify -")
+    form.locator("button").click()
+    expect(page.locator(".message.success")).to_contain_text("drill workload is saved")
+    expect(page.locator("#drill-form input[value=team]")).to_have_count(1)
+    expect(form.locator("input[name=command]")).to_have_value(f"{sys.executable} {OWN_SCRIPT}")
+
+
 def test_the_scorecard_pages_at_a_desk_and_on_a_phone(
     browser, page, live_console, beat, people, log_in
 ):
@@ -84,19 +100,7 @@ def test_the_scorecard_pages_at_a_desk_and_on_a_phone(
     )
     expect(page.locator("#brake-trend polyline")).to_have_count(1)
     expect(page.locator("#drill-form button")).to_have_text("Run the drill set")
-    # The team's own training command: a relative program is refused naming the field, an
-    # absolute one is saved and offered as the drill's workload.
-    form = page.locator("#workload-form")
-    form.locator("input[name=command]").fill("train.py --drill")
-    form.locator("button").click()
-    expect(page.locator(".message.error")).to_contain_text("(command: the program as an absolute")
-    expect(page.locator("#drill-form input[value=team]")).to_have_count(0)
-    form.locator("input[name=command]").fill(f"{sys.executable} {OWN_SCRIPT}")
-    form.locator("input[name=verify_command]").fill(f"{sys.executable} {OWN_SCRIPT} --verify -")
-    form.locator("button").click()
-    expect(page.locator(".message.success")).to_contain_text("drill workload is saved")
-    expect(page.locator("#drill-form input[value=team]")).to_have_count(1)
-    expect(form.locator("input[name=command]")).to_have_value(f"{sys.executable} {OWN_SCRIPT}")
+    _the_teams_own_command(page)
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / "drills-team-desktop.png"), full_page=True)
 
