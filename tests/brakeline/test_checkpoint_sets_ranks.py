@@ -22,6 +22,22 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 STEPS = 30
 
 
+def _a_lone_rank_file_is_no_target(job_id: int, lone: Checkpoint) -> None:
+    """A rank's file outside a complete set is no roll back target, and the rank is named."""
+    Checkpoint.objects.create(
+        job_id=job_id,
+        path="/x/step-00000027.pt",
+        sha256="a" * 64,
+        step=27,
+        rank=0,
+        reason="manual",
+        reported_at=lone.reported_at,
+    )
+    with pytest.raises(InvalidInput) as refused:
+        roll_back_target(job_id, "/x/step-00000027.pt")
+    assert "rank(s) 1 missing" in refused.value.fields["checkpoint"]
+
+
 def test_resume_and_roll_back_from_a_set_reproduce_the_uninterrupted_losses(
     live_console, agent, tmp_path
 ):
@@ -78,19 +94,7 @@ def test_resume_and_roll_back_from_a_set_reproduce_the_uninterrupted_losses(
         assert losses[:15] == uninterrupted[rank][10:25], f"rank {rank} resumed"
         assert losses[15:] == uninterrupted[rank][10:], f"rank {rank} rolled back"
 
-    # A rank's file outside a complete set is no roll back target, and the rank is named.
-    Checkpoint.objects.create(
-        job_id=agent.job_id,
-        path="/x/step-00000027.pt",
-        sha256="a" * 64,
-        step=27,
-        rank=0,
-        reason="manual",
-        reported_at=lone.reported_at,
-    )
-    with pytest.raises(InvalidInput) as refused:
-        roll_back_target(agent.job_id, "/x/step-00000027.pt")
-    assert "rank(s) 1 missing" in refused.value.fields["checkpoint"]
+    _a_lone_rank_file_is_no_target(agent.job_id, lone)
 
 
 def test_a_set_of_torch_distributed_checkpoint_shards_resumes_bit_for_bit(tmp_path):

@@ -95,6 +95,21 @@ def send_all(ids: list[int]) -> None:
             pass  # the task would come back after the backoff; here at once
 
 
+def _the_chat_message_and_the_call_say_what_happened(receiver, job, alert) -> None:
+    chat = receiver.to("/hooks/chat")[0]
+    payload = json.loads(chat.body)
+    assert payload["text"] == FIRST_LINE  # Slack-compatible: text + blocks
+    details = payload["blocks"][1]["text"]["text"]
+    for fact in ("Metric: loss", "Value: NaN", "Threshold: none", "Lasting: 0s", "Level: L3"):
+        assert fact in details
+    assert f"Job: #{job.pk} research/llama-7b" in details
+    assert "Action: paused" in details and f"/jobs/{job.pk}/" in details
+    assert "Next step: " + alert.runbook_suggestion in details
+    call = receiver.to("/Calls.json")[0]
+    assert call.form["To"] == "+15551110001" and FIRST_LINE in call.form["Twiml"]
+    assert call.headers["Authorization"].startswith("Basic ")
+
+
 @pytest.mark.django_db
 def test_an_l3_reaches_the_on_call_on_two_channels_escalates_and_stops_on_ack(team, receiver):
     _, job, alice, bob = team
@@ -108,18 +123,7 @@ def test_an_l3_reaches_the_on_call_on_two_channels_escalates_and_stops_on_ack(te
         ("chat", "alice"),
         ("phone", "alice"),
     ]
-    chat = receiver.to("/hooks/chat")[0]
-    payload = json.loads(chat.body)
-    assert payload["text"] == FIRST_LINE  # Slack-compatible: text + blocks
-    details = payload["blocks"][1]["text"]["text"]
-    for fact in ("Metric: loss", "Value: NaN", "Threshold: none", "Lasting: 0s", "Level: L3"):
-        assert fact in details
-    assert f"Job: #{job.pk} research/llama-7b" in details
-    assert "Action: paused" in details and f"/jobs/{job.pk}/" in details
-    assert "Next step: " + alert.runbook_suggestion in details
-    call = receiver.to("/Calls.json")[0]
-    assert call.form["To"] == "+15551110001" and FIRST_LINE in call.form["Twiml"]
-    assert call.headers["Authorization"].startswith("Basic ")
+    _the_chat_message_and_the_call_say_what_happened(receiver, job, alert)
     assert dict(round0.values_list("channel", "status")) == {"chat": "delivered", "phone": "sent"}
     kinds = list(
         TimelineEntry.objects.filter(alert=alert, kind__startswith="notification").values_list(

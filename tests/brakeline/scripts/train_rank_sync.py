@@ -135,15 +135,10 @@ def stop_forwarder(run: brakeline.Run) -> None:
         )
 
 
-def main() -> None:
-    args = arguments()
-    logging.basicConfig(format="%(asctime)s %(process)d %(message)s", level=logging.WARNING)
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    logging.getLogger("brakeline").warning("rank %d started", rank)
+def start_run(args: argparse.Namespace, rank: int) -> brakeline.Run:
     without_websocket = {int(r) for r in args.no_websocket.split(",") if r.strip()}
     slow = args.slow_poll if rank in without_websocket else 0.0
-    run = brakeline.init(
+    return brakeline.init(
         job="ranks",
         spill_dir=str(args.work / f"spill-{rank}"),
         checkpoint_dir=str(args.work / "checkpoints"),
@@ -156,16 +151,54 @@ def main() -> None:
         guard_hold_seconds=60.0,
         send_snapshots=False,
     )
-    held: list[int] = []
-    resumed: list[int] = []
+
+
+def build_model(args: argparse.Namespace) -> torch.nn.Module:
     torch.manual_seed(1234)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     if args.ddp:
-        model = torch.nn.parallel.DistributedDataParallel(model)
-    elif args.fsdp:
+        return torch.nn.parallel.DistributedDataParallel(model)
+    if args.fsdp:
         from torch.distributed.fsdp import fully_shard
 
         fully_shard(model)
+    return model
+
+
+def backward(args, model, inputs, targets, step: int, rank: int) -> torch.Tensor:
+    """The step's loss, its gradients computed: with the fault, at its step on its rank only
+    (the all-reduce spreads it)."""
+    here = step == args.nan_at and rank == args.nan_rank
+    first = next(model.parameters())
+    batch = inputs
+    if here and args.fault == "poisoned-batch":
+        batch = inputs.clone()
+        batch[0, 0] = float("nan")
+    inf_grad = here and args.fault == "inf-grad"
+    hook = first.register_hook(_inf_gradient) if inf_grad and not args.fsdp else None
+    loss = torch.nn.functional.mse_loss(model(batch), targets)
+    if here and args.fault == "nan-loss":
+        loss = loss * float("nan")
+    loss.backward()
+    if hook is not None:
+        hook.remove()
+    if inf_grad and args.fsdp:  # in this rank's shard only, after the reduce-scatter
+        _local(first.grad).view(-1)[0] = float("inf")
+    if not (args.ddp or args.fsdp):
+        average_gradients(model)  # what DDP does, without its seconds-long set-up
+    return loss
+
+
+def main() -> None:
+    args = arguments()
+    logging.basicConfig(format="%(asctime)s %(process)d %(message)s", level=logging.WARNING)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    logging.getLogger("brakeline").warning("rank %d started", rank)
+    run = start_run(args, rank)
+    held: list[int] = []
+    resumed: list[int] = []
+    model = build_model(args)
     weights = Weights(model)
     run.on_release(lambda info: (held.append(info.step), weights.held()))
     run.on_resume(lambda info: resumed.append(info.step))
@@ -174,31 +207,13 @@ def main() -> None:
     jitter = random.Random(args.seed * 1000 + rank)
     inputs = torch.randn(64, 8, generator=torch.Generator().manual_seed(7 + rank))
     targets = inputs.sum(dim=1, keepdim=True)
-    first = next(model.parameters())
     step = 0
     for step in range(1, args.max_steps + 1):
-        faulty = step == args.nan_at
-        here = faulty and rank == args.nan_rank  # this rank only; the all-reduce spreads it
         before = weights.snapshot()
         optimizer.zero_grad()
-        batch = inputs
-        if here and args.fault == "poisoned-batch":
-            batch = inputs.clone()
-            batch[0, 0] = float("nan")
-        inf_grad = here and args.fault == "inf-grad"
-        hook = first.register_hook(_inf_gradient) if inf_grad and not args.fsdp else None
-        loss = torch.nn.functional.mse_loss(model(batch), targets)
-        if here and args.fault == "nan-loss":
-            loss = loss * float("nan")
-        loss.backward()
-        if hook is not None:
-            hook.remove()
-        if inf_grad and args.fsdp:  # in this rank's shard only, after the reduce-scatter
-            _local(first.grad).view(-1)[0] = float("inf")
-        if not (args.ddp or args.fsdp):
-            average_gradients(model)  # what DDP does, without its seconds-long set-up
+        loss = backward(args, model, inputs, targets, step, rank)
         optimizer.step()
-        weights.after_step(step, before, faulty)
+        weights.after_step(step, before, step == args.nan_at)
         run.log({"loss": loss}, step=step)
         if step == args.stop_forwarder_at:
             stop_forwarder(run)

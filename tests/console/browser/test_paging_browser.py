@@ -18,6 +18,26 @@ from tests.support.waiting import wait_for
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
+def _drills_go_to_olga_as_their_receiver(page, olga) -> None:
+    """The team's drills page olga as their receiver; a policy naming none is refused first."""
+    page.select_option("#drill-delivery select[name=drill_delivery]", "receivers")
+    page.click("#policy-form button[type=submit]")
+    expect(page.locator(".message.error")).to_contain_text("a drill must page somebody")
+    page.select_option("#drill-delivery select[name=drill_delivery]", "receivers")
+    page.locator("#drill-delivery label", has_text="olga").locator("input").check()
+    page.click("#policy-form button[type=submit]")
+    expect(page.locator(".message.success")).to_have_text("Notification policy saved.")
+    expect(page.locator("#drill-delivery select[name=drill_delivery]")).to_have_value("receivers")
+    olga_box = page.locator("#drill-delivery label", has_text="olga").locator("input")
+    expect(olga_box).to_be_checked()
+    receivers = in_thread(
+        lambda: list(
+            Membership.objects.get(user=olga).team.notification_policy.drill_receivers.all()
+        )
+    )
+    assert receivers == [olga]
+
+
 def test_an_admin_fixes_a_team_that_pages_nobody_and_sends_a_test_page(
     page, live_console, celery_worker, beat, scripted_agent, people, log_in, receiver
 ):
@@ -59,23 +79,7 @@ def test_an_admin_fixes_a_team_that_pages_nobody_and_sends_a_test_page(
     expect(page.locator("#health-banner")).to_be_hidden(timeout=15_000)
     screenshot(page, "paging.png")
 
-    # Issue 19: the team's drills go to olga as drill receiver; none named is refused first.
-    page.select_option("#drill-delivery select[name=drill_delivery]", "receivers")
-    page.click("#policy-form button[type=submit]")
-    expect(page.locator(".message.error")).to_contain_text("a drill must page somebody")
-    page.select_option("#drill-delivery select[name=drill_delivery]", "receivers")
-    page.locator("#drill-delivery label", has_text="olga").locator("input").check()
-    page.click("#policy-form button[type=submit]")
-    expect(page.locator(".message.success")).to_have_text("Notification policy saved.")
-    expect(page.locator("#drill-delivery select[name=drill_delivery]")).to_have_value("receivers")
-    olga_box = page.locator("#drill-delivery label", has_text="olga").locator("input")
-    expect(olga_box).to_be_checked()
-    receivers = in_thread(
-        lambda: list(
-            Membership.objects.get(user=olga).team.notification_policy.drill_receivers.all()
-        )
-    )
-    assert receivers == [olga]
+    _drills_go_to_olga_as_their_receiver(page, olga)
 
     page.goto(f"{live_console}/teams/")
     expect(page.locator(f'#teams tr[data-team-id="{team_id}"]')).to_contain_text("olga")
