@@ -66,7 +66,8 @@ def test_a_hung_rank_is_named_and_the_whole_job_is_stopped(live_console, agent, 
         alert = Alert.objects.get(job_id=agent.job_id)
         # Named first either way: alone if it fell silent first; as the rank rank 0 waits
         # for if rank 0 did (its last word, entering step 12's sync, can be the later one).
-        named = (f"rank 1 ({ranks[1].hostname}, pid {ranks[1].pid})", "rank 1 of 2 is hung (")
+        silent = f"rank 1 of 2 is silent ({ranks[1].hostname}, pid {ranks[1].pid})"
+        named = (silent, "rank 1 of 2 is hung (")
         assert alert.description.startswith(named), alert.description
         command = Command.objects.get(job_id=agent.job_id, kind=CommandKind.CHECKPOINT_AND_PAUSE)
         outcome = stop_hung_job(command.pk, grace_seconds=10)  # as on the ack's expiry
