@@ -103,8 +103,11 @@ def test_l4_terminate_ends_every_rank_once_and_torchrun_does_not_restart_it(
     finally:
         run.kill()
     # The terminated rank stopped its agent: torchrun reports the SIGTERM it got (exit 1) and
-    # never started the worker group again.
-    assert code == 1 and "Received 15 death signal" in run.tail(), run.tail()
+    # never started the worker group again. Its warning is sometimes lost to a logging error
+    # (torch logs from its signal handler), its SignalException never is.
+    log = run.log.read_text(errors="replace")
+    got = "Received 15 death signal" in log or "got signal: 15" in log
+    assert code == 1 and got, run.tail()
     trained = run.starts()
     assert sorted(s[0] for s in trained) == ["0", "1"], trained  # each rank once
     assert all(s[1] == "0" for s in trained), trained  # only in the first incarnation
