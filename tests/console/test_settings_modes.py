@@ -176,7 +176,8 @@ def test_every_command_kind_has_an_acknowledgement_deadline():
 def test_every_variable_the_settings_read_is_in_the_readmes_table():
     import re
 
-    read = set(re.findall(r'"(BRAKELINE_[A-Z_]+)"', (ROOT / "config" / "settings.py").read_text()))
+    sources = [ROOT / "config" / "settings.py", ROOT / "config" / "notifications.py"]
+    read = {name for f in sources for name in re.findall(r'"(BRAKELINE_[A-Z_]+)"', f.read_text())}
     readme = (ROOT / "README.md").read_text()
     table = readme[readme.index("## Configuration") :].split("\n## ", 1)[0]
     assert len(read) > 30
