@@ -129,7 +129,8 @@ class RuleSpec:
     rank 5 are two failing nodes), `per_node=False` pools the nodes. An open episode clears after
     `clear_after` consecutive healthy observations spanning at least `clear_after_seconds`
     (hysteresis, so a flapping metric does not page ten times). Performance-layer rules only
-    record: their action is always "record".
+    record: their action is always "record". A `shadow` rule's findings are the same; what the
+    caller does with them differs (it records them, it never acts on them).
     """
 
     key: str
@@ -147,6 +148,9 @@ class RuleSpec:
     clear_after: int = 1
     clear_after_seconds: float = 0.0
     runbook: str = ""  # runbook entry the console shows as the suggested next step
+    # Observe only: the rule is evaluated like any other, but what it finds is recorded as
+    # "would have fired" (breakers.detection.shadow) instead of raising an alert or acting.
+    shadow: bool = False
     config: Any = field(init=False, repr=False, compare=False)
     patterns: tuple[str, ...] = field(init=False, repr=False, compare=False)
     fingerprint: str = field(init=False, repr=False, compare=False)

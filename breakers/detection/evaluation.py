@@ -33,6 +33,7 @@ from typing import Any
 from django.db import connection, transaction
 
 from breakers.control.braking import brake_for_alert
+from breakers.detection import shadow
 from breakers.detection.batch import PointBatch, chunk_points, feed_batch
 from breakers.detection.engine import Finding, JobEvaluator, RuleSpec
 from breakers.detection.rulepack import ruleset_fingerprint
@@ -66,6 +67,7 @@ class EvaluationReport:
     raised: int = 0
     escalated: int = 0
     resolved: int = 0
+    shadow: int = 0  # would-have-fired findings of shadow rules, recorded and not acted on
 
 
 def on_alert_raised(outcome: AlertOutcome) -> None:
@@ -235,7 +237,7 @@ class _Run:
         self.open: dict[tuple[str, str], set[Series]] = defaultdict(set)
         for episode in self.evaluator.open_episodes():
             fingerprint = (episode["rule"], episode["node"] or "")
-            if fingerprint not in self.open and active_alert(job_id, *fingerprint) is None:
+            if fingerprint not in self.open and not self._still_open(fingerprint):
                 # Its alert was closed from outside (re-armed when training resumed after
                 # its brake): a recurrence must fire, and brake, again.
                 self.evaluator.rearm(*fingerprint)
@@ -250,6 +252,20 @@ class _Run:
                 reason="its rule was removed or disabled",
                 step=None,
             )
+
+    def _still_open(self, fingerprint: tuple[str, str]) -> bool:
+        """Whether what an open episode raised is still open: its alert, or for a shadow rule
+        its would-have-fired record. A live rule's episode with no alert may be one a shadow
+        rule opened before it was promoted: that record is closed, and the rule fires for real
+        at its next anomalous point."""
+        if self.rules[fingerprint[0]].shadow:
+            return shadow.has_open_firing(self.job_id, *fingerprint)
+        if active_alert(self.job_id, *fingerprint) is not None:
+            return True
+        shadow.close_firing(
+            self.job_id, *fingerprint, reason="the rule went live", step=None, at=None
+        )
+        return False
 
     def feed(self, rows: list[tuple]) -> None:
         rows.sort(key=lambda row: (row[2], row[0]))  # step order within the chunk (see above)
@@ -279,7 +295,14 @@ class _Run:
         node = (finding.node or "") if rule.per_node else ""
         series = (finding.metric if rule.per_metric else "*", finding.rank)
         if finding.kind == "clear":
-            self._series_cleared(rule.key, node, series, finding.description, finding.step)
+            self._series_cleared(
+                rule.key, node, series, finding.description, finding.step, finding.time
+            )
+            return
+        if rule.shadow:  # observe only: what it would have done, and nothing more
+            self.open[(rule.key, node)].add(series)
+            shadow.record_firing(self.job_id, finding, node)
+            self.report.shadow += 1
             return
         if self._logged_before_resume(finding, rule.key, node):
             return
@@ -325,12 +348,23 @@ class _Run:
         return True
 
     def _series_cleared(
-        self, rule_key: str, node: str, series: Series, reason: str, step: int | None
+        self,
+        rule_key: str,
+        node: str,
+        series: Series,
+        reason: str,
+        step: int | None,
+        at: float | None = None,
     ) -> None:
         firing = self.open[(rule_key, node)]
         firing.discard(series)
         if firing:
             return  # another series of the same alert still fires
+        rule = self.rules.get(rule_key)
+        if rule is None or rule.shadow:  # a rule gone may have been a shadow rule
+            shadow.close_firing(self.job_id, rule_key, node, reason=reason, step=step, at=at)
+            if rule is not None:
+                return
         alert = active_alert(self.job_id, rule_key, node)
         if alert is not None and resolve_alert(alert.pk, reason=reason, step=step):
             self.report.resolved += 1

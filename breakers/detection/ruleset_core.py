@@ -39,7 +39,11 @@ RULE_FIELDS: tuple[str, ...] = (
     "clear_after",
     "clear_after_seconds",
     "runbook",
+    "shadow",
 )
+# Fields left out of a snapshot while they hold their default: a rule set that never used
+# them keeps the fingerprint it had before they existed (no spurious "outside change").
+OMITTED_AT_DEFAULT: Mapping[str, Any] = {"shadow": False}
 EDITABLE_FIELDS = frozenset(RULE_FIELDS) - {"key"}
 REQUIRED_ON_CREATE = ("name", "layer", "metric", "detector")
 OPS = ("create", "update", "enable", "disable", "delete")
@@ -127,7 +131,7 @@ def _parse_value(name: str, value: Any, path: str) -> Any:
         if not ok or (name != "runbook" and not value.strip()):
             raise ChangeError(f"{name} must be text of 1–{limit} characters.", path)
         value = value.strip()
-    elif name in ("per_node", "per_metric", "enabled"):
+    elif name in ("per_node", "per_metric", "enabled", "shadow"):
         if not isinstance(value, bool):
             raise ChangeError(f"{name} must be true or false.", path)
     elif name == "clear_after":
@@ -248,8 +252,16 @@ def snapshot(rules: Iterable[Mapping[str, Any]], braking: Mapping[str, Any]) -> 
     """The canonical form of a rule set: rules by key (with ``origin``: default, override or
     team), and the braking settings."""
     return {
-        "rules": {rule["key"]: {name: rule[name] for name in sorted(rule)} for rule in rules},
+        "rules": {rule["key"]: _canonical_rule(rule) for rule in rules},
         "braking": {name: braking[name] for name in sorted(braking)},
+    }
+
+
+def _canonical_rule(rule: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        name: rule[name]
+        for name in sorted(rule)
+        if name not in OMITTED_AT_DEFAULT or rule[name] != OMITTED_AT_DEFAULT[name]
     }
 
 

@@ -57,6 +57,7 @@ from breakers.models.scheduler import (  # noqa: F401
     NodeDrain,
     SchedulerBinding,
 )
+from breakers.models.shadow import ShadowFiring  # noqa: F401
 from breakers.models.snapshots import (  # noqa: F401
     EnvironmentSnapshot,
     SnapshotKind,
@@ -101,6 +102,7 @@ __all__ = [
     "DrillRun",
     "DrillStatus",
     "RuleSetVersion",
+    "ShadowFiring",
     "BindingSource",
     "CheckpointRoot",
     "InferenceServer",

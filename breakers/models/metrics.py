@@ -189,6 +189,10 @@ class Rule(models.Model):
         default=0.0, help_text="... spanning at least this many seconds (hysteresis)."
     )
     runbook = models.CharField(max_length=64, blank=True)
+    shadow = models.BooleanField(
+        default=False,
+        help_text="Observe only: record what the rule would have done, raise and do nothing.",
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     SPEC_FIELDS = RULE_FIELDS  # the rule's columns, as the pure core names them

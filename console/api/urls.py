@@ -22,6 +22,7 @@ from console.api import (
     reviews,
     rules,
     series,
+    shadow,
     silences,
     snapshots,
     teams,
@@ -211,6 +212,16 @@ team_routes = [
         f"{V1}/teams/<int:pk>/rules/versions/<int:number>",
         rules.VersionView.as_view(),
         name="team-rule-version",
+    ),
+    path(
+        f"{V1}/teams/<int:pk>/rules/shadow",
+        shadow.ShadowReportView.as_view(),
+        name="team-rules-shadow",
+    ),
+    path(
+        f"{V1}/teams/<int:pk>/rules/<slug:key>/promote",
+        shadow.PromoteView.as_view(),
+        name="team-rule-promote",
     ),
 ]
 

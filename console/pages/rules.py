@@ -4,25 +4,30 @@ for the team's admins — the forms that change it (``rulesets.change_rules``, a
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.utils import timezone
 
-from breakers.detection import ruleset_core, rulesets
+from breakers.detection import ruleset_core, rulesets, shadow
 from breakers.detection.engine import ACTIONS, LAYERS, SEVERITIES
+from breakers.detection.shadow_report import shadow_report
 from console.api.person_auth import audit_context
 from console.pages.forms import attempt
 from console.pages.teams import _team
 from core.errors import InvalidInput
+from incidents.reviews.durations import format_seconds
 from incidents.teams.access import role_in_team
 from incidents.teams.authority import Action, decide
 
 HISTORY = 30
+SHADOW_DAYS = 7
 _TEXT = ("name", "metric", "runbook")
 _CHOICE = ("layer", "detector", "severity", "action")
-_FLAGS = ("per_node", "per_metric", "enabled")
+_FLAGS = ("per_node", "per_metric", "enabled", "shadow")
 
 
 def _no_constant(name: str) -> float:
@@ -64,6 +69,10 @@ def _change(request: HttpRequest) -> dict[str, Any]:
 
 
 def _post(request: HttpRequest, team_id: int) -> None:
+    if request.POST.get("op") == "promote":
+        _promote(request, team_id)
+        return
+
     def change() -> None:
         rulesets.change_rules(
             request.user,
@@ -74,6 +83,28 @@ def _post(request: HttpRequest, team_id: int) -> None:
         )
 
     attempt(request, "Rules changed: a new version is recorded below.", change)
+
+
+def _promote(request: HttpRequest, team_id: int) -> None:
+    def promote() -> None:
+        shadow.promote_rule(
+            request.user,
+            team_id,
+            request.POST.get("key", "").strip(),
+            request.POST.get("why", ""),
+            context=audit_context(request),
+        )
+
+    attempt(request, "Rule promoted to live: a new version is recorded below.", promote)
+
+
+def _shadow_figures(request: HttpRequest, team_id: int) -> dict[str, Any]:
+    """The shadow rules' figures over the last ``SHADOW_DAYS`` days, as the page shows them."""
+    until = timezone.now()
+    report = shadow_report(request.user, team_id, until - timedelta(days=SHADOW_DAYS), until)
+    for line in report["rules"]:
+        line["lead"] = format_seconds(line["median_lead_seconds"])
+    return {**report, "days": SHADOW_DAYS}
 
 
 def _rows(snapshot: dict[str, Any]) -> list[dict[str, Any]]:
@@ -110,5 +141,6 @@ def rules_page(request: HttpRequest, pk: int) -> HttpResponse:
         "severities": SEVERITIES,
         "actions": ACTIONS,
         "detectors": ruleset_core.DETECTOR_KINDS,
+        "shadow": _shadow_figures(request, team.pk),
     }
     return render(request, "rules.html", context)

@@ -1,0 +1,113 @@
+"""Shadow mode: rules that observe only.
+
+A rule with ``shadow`` set is evaluated on live data exactly like the others (same engine, same
+episodes), but the evaluation hands its findings here instead of to the alert lifecycle: no
+alert, no incident, no page, no command. What it would have done is kept as ``ShadowFiring``
+rows, one per episode, so the rules page can show how often it would have fired and how that
+compares with the incidents that really happened (``breakers.detection.shadow_report``).
+
+Promoting a shadow rule to live is a change of the rule set like any other: a new version,
+with its reason, audited (``promote_rule``, the one verb the page and the API call).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from django.utils import timezone
+
+from breakers.detection import rulesets
+from breakers.detection.engine import Finding
+from breakers.models import RuleSetVersion, ShadowFiring
+from core.errors import Conflict, InvalidInput, NotFound
+from incidents.models import Team
+from incidents.teams.access import scoped_get
+from incidents.teams.audit import AuditContext
+from incidents.teams.users import User
+
+__all__ = ["close_firing", "has_open_firing", "promote_rule", "record_firing"]
+
+
+def _moment(epoch_seconds: float) -> datetime:
+    return datetime.fromtimestamp(epoch_seconds, tz=UTC)
+
+
+def has_open_firing(job_id: int, rule_key: str, node: str) -> bool:
+    return ShadowFiring.objects.filter(
+        job_id=job_id, rule_key=rule_key, node=node, cleared_at__isnull=True
+    ).exists()
+
+
+def record_firing(job_id: int, finding: Finding, node: str) -> ShadowFiring:
+    """What the alert of ``finding`` would have been: a new row for a new episode, or the open
+    episode's row widened (another rank, a later step). The caller's transaction holds the
+    job's evaluation lock, so two evaluations never race on one row."""
+    open_row = (
+        ShadowFiring.objects.filter(
+            job_id=job_id, rule_key=finding.rule_key, node=node, cleared_at__isnull=True
+        )
+        .order_by("-pk")
+        .first()
+    )
+    if open_row is not None:
+        ranks = set(open_row.ranks) | ({finding.rank} if finding.rank is not None else set())
+        open_row.ranks = sorted(ranks)
+        open_row.last_step = max(open_row.last_step, finding.step)
+        open_row.findings += 1
+        open_row.save(update_fields=["ranks", "last_step", "findings"])
+        return open_row
+    return ShadowFiring.objects.create(
+        job_id=job_id,
+        rule_key=finding.rule_key,
+        rule_name=finding.rule_name,
+        node=node,
+        severity=finding.severity,
+        layer=finding.layer,
+        action=finding.action,
+        metric=finding.metric,
+        ranks=[finding.rank] if finding.rank is not None else [],
+        value=finding.value,
+        threshold=finding.threshold,
+        description=finding.description[:2000],
+        first_step=finding.first_step,
+        first_time=_moment(finding.first_time),
+        fired_step=finding.step,
+        fired_at=_moment(finding.time),
+        last_step=finding.step,
+        recorded_at=timezone.now(),
+    )
+
+
+def close_firing(
+    job_id: int, rule_key: str, node: str, *, reason: str, step: int | None, at: float | None
+) -> int:
+    """Close the open episode of a shadow rule (its condition cleared, or the rule went live or
+    away); returns how many rows closed (0 or 1)."""
+    return ShadowFiring.objects.filter(
+        job_id=job_id, rule_key=rule_key, node=node, cleared_at__isnull=True
+    ).update(
+        cleared_at=_moment(at) if at is not None else timezone.now(),
+        cleared_step=step,
+        cleared_reason=reason[:300],
+    )
+
+
+def promote_rule(
+    user: User, team_id: int, key: Any, why: Any, *, context: AuditContext | None = None
+) -> RuleSetVersion:
+    """Make a shadow rule of the team live: a new rule set version with ``why`` (admins), through
+    ``rulesets.change_rules`` (authority, audit row, the version's diff). 409 when the rule is
+    not in shadow mode; 400 naming ``key`` when there is no such rule."""
+    change = [{"op": "update", "key": key, "fields": {"shadow": False}}]
+    try:
+        team = scoped_get(Team.objects, user, team_id, team_path="id", noun="team")
+    except NotFound:
+        # The rules' own verb audits the probe for the owning team, then answers the 404.
+        return rulesets.change_rules(user, team_id, why, change, context=context)
+    if not isinstance(key, str) or not key:
+        raise InvalidInput("Name the rule to promote.", fields={"key": "required"})
+    rule = rulesets.live_snapshot(team.pk)["rules"].get(key)
+    if rule is not None and not rule.get("shadow"):
+        raise Conflict(f"Rule {key!r} is live already: only a shadow rule is promoted.")
+    return rulesets.change_rules(user, team.pk, why, change, context=context)
