@@ -13,9 +13,11 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
+from breakers.ledger import goodput_ledger
 from breakers.metrics import points_between
 from console.api.person_auth import audit_context
 from console.api.reviews import report_period
+from console.ledger_view import ledger_for_page
 from console.review_chart import Chart, chart
 from core.errors import Forbidden, InvalidInput, NotFound, ServiceError
 from incidents.models import Membership
@@ -254,5 +256,11 @@ def team_report(request: HttpRequest, pk: int) -> HttpResponse:
     return render(
         request,
         "team_report.html",
-        {"report": report, "since": since, "until": until, "link_keys": LINK_KEYS},
+        {
+            "report": report,
+            "since": since,
+            "until": until,
+            "link_keys": LINK_KEYS,
+            "ledger": ledger_for_page(goodput_ledger(request.user, pk, since, until)),
+        },
     )

@@ -17,6 +17,7 @@ from console.api import (
     inference,
     integrations,
     jobs,
+    ledger,
     nodes,
     notifications,
     reviews,
@@ -212,6 +213,12 @@ team_routes = [
         f"{V1}/teams/<int:pk>/rules/versions/<int:number>",
         rules.VersionView.as_view(),
         name="team-rule-version",
+    ),
+    path(f"{V1}/teams/<int:pk>/ledger", ledger.GoodputLedgerView.as_view(), name="team-ledger"),
+    path(
+        f"{V1}/teams/<int:pk>/ledger.csv",
+        ledger.GoodputLedgerCsvView.as_view(),
+        name="team-ledger-csv",
     ),
     path(
         f"{V1}/teams/<int:pk>/rules/shadow",

@@ -83,8 +83,9 @@ def healthy(steps: range) -> list:
     ]
 
 
-def run_flow(team: Team) -> Flow:
-    """The complete loop through the real services, each step at its fixed instant."""
+def run_flow(team: Team, *, roll_back: dict[str, Any] | None = None) -> Flow:
+    """The complete loop through the real services, each step at its fixed instant.
+    ``roll_back``: the catalogue checkpoint (path, step, sha256) the resume rolls back to."""
     from breakers.agent.protocol import PointIn
     from breakers.agent.store import store_points
     from breakers.control.commands import acknowledge_command, issue_command
@@ -121,15 +122,21 @@ def run_flow(team: Team) -> Flow:
         acknowledge_command(job_id, pause.pk, status="succeeded", result=result)
         clock.move_to(T0 + timedelta(seconds=AT_RESUME_ISSUED))
         manager = team.person("manager")
+        params, resumed = {}, {"step": 62}
+        if roll_back is not None:
+            params = {"checkpoint": roll_back["path"], **roll_back}
+            restored = {"restored_step": roll_back["step"], "sha256": roll_back["sha256"]}
+            resumed = {"rolled_back": True, "step": roll_back["step"], **restored}
         resume = issue_command(
             job_id,
             "resume",
             reason="NaN traced to one bad batch",
             actor_kind="person",
             actor=manager,
+            params=params,
         ).command
         clock.move_to(T0 + timedelta(seconds=AT_RESUMED))
-        acknowledge_command(job_id, resume.pk, status="succeeded", result={"step": 62})
+        acknowledge_command(job_id, resume.pk, status="succeeded", result=resumed)
         clock.move_to(T0 + timedelta(seconds=AT_HEALTHY))
         store_points(job_id, healthy(range(CHECKPOINT_STEP + 1, CHECKPOINT_STEP + 20)))
         evaluate_job(job_id)
