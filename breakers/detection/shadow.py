@@ -26,7 +26,13 @@ from incidents.teams.access import scoped_get
 from incidents.teams.audit import AuditContext
 from incidents.teams.users import User
 
-__all__ = ["close_firing", "has_open_firing", "promote_rule", "record_firing"]
+__all__ = [
+    "close_firing",
+    "has_open_firing",
+    "promote_rule",
+    "record_firing",
+    "would_have_fired",
+]
 
 
 def _moment(epoch_seconds: float) -> datetime:
@@ -77,6 +83,23 @@ def record_firing(job_id: int, finding: Finding, node: str) -> ShadowFiring:
         last_step=finding.step,
         recorded_at=timezone.now(),
     )
+
+
+def would_have_fired(job_id: int, limit: int = 20) -> list[dict[str, Any]]:
+    """The job's would-have-fired episodes, oldest first (a drill's scorecard lists them)."""
+    rows = ShadowFiring.objects.filter(job_id=job_id).order_by("fired_at", "pk")[:limit]
+    return [
+        {
+            "rule_key": row.rule_key,
+            "severity": row.severity,
+            "action": row.action,
+            "first_step": row.first_step,
+            "fired_step": row.fired_step,
+            "fired_at": row.fired_at,
+            "ranks": list(row.ranks),
+        }
+        for row in rows
+    ]
 
 
 def close_firing(

@@ -40,6 +40,7 @@ from django.utils import timezone
 from breakers.checkpoints import catalogue
 from breakers.control.commands import issue_command
 from breakers.declarations import declare_own_root
+from breakers.detection.shadow import would_have_fired
 from breakers.drills import runs
 from breakers.drills.launch import (
     RELEASE_MARKER,
@@ -298,6 +299,10 @@ def _observe(
     if alert is not None:
         facts.paging = _paging_facts(job, alert)
         facts.timeline = _timeline_kinds(alert)
+    facts.shadow = [
+        {**firing, "after_s": _seconds_after(firing.pop("fired_at"), point)}
+        for firing in would_have_fired(job.pk)
+    ]
     figures = {
         "fault_step": point.step,
         "detect_seconds": (facts.alert or {}).get("detect_s"),

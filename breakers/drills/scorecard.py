@@ -44,6 +44,9 @@ class Facts:
     release: dict[str, Any] = field(default_factory=dict)  # job_status, alive, exit_code, ...
     paging: dict[str, Any] = field(default_factory=dict)  # expected/paged channels, people
     timeline: list[str] = field(default_factory=list)  # the incident's timeline kinds
+    # What the team's shadow rules would have done (rule_key, severity, action, fired_step,
+    # after_s): listed on the scorecard, never judged.
+    shadow: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _s(value: float | None) -> str:
@@ -275,6 +278,18 @@ def timeline_line(scenario: Scenario, facts: Facts) -> Line:
     return Line("timeline complete", not missing, measured, ", ".join(needed), detail)
 
 
+def shadow_line(facts: Facts) -> Line:
+    """What the shadow rules would have done during the drill. Observed, never judged: a shadow
+    rule acts on nothing, so no part of the drill depends on it (the line always passes)."""
+    parts = [
+        f"{s['rule_key']}: {s['severity']} {s['action']} at step {s['fired_step']}, "
+        f"{_s(s['after_s'])} after the fault"
+        for s in facts.shadow
+    ]
+    measured = f"{len(parts)} would have fired"
+    return Line("shadow rules", True, measured, "observed only, not judged", "; ".join(parts))
+
+
 def score(scenario: Scenario, facts: Facts) -> list[Line]:
     return [
         fired_line(scenario, facts),
@@ -284,4 +299,5 @@ def score(scenario: Scenario, facts: Facts) -> list[Line]:
         release_line(scenario, facts),
         paging_line(facts),
         timeline_line(scenario, facts),
+        *([shadow_line(facts)] if facts.shadow else []),
     ]
