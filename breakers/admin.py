@@ -179,7 +179,7 @@ class NodeDrainAdmin(admin.ModelAdmin):
 
 # --- Rule set versions -------------------------------------------------------------------
 
-from breakers.models import RuleSetVersion  # noqa: E402
+from breakers.models import RuleSetVersion, ShadowFiring  # noqa: E402
 
 
 @admin.register(RuleSetVersion)
@@ -197,6 +197,20 @@ class RuleSetVersionAdmin(admin.ModelAdmin):
         return False
 
     def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(ShadowFiring)
+class ShadowFiringAdmin(admin.ModelAdmin):
+    """Read-only: what shadow rules would have done, written by the evaluation alone."""
+
+    list_display = ["job", "rule_key", "severity", "action", "fired_step", "fired_at", "cleared_at"]
+    list_filter = ["rule_key", "severity"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
         return False
 
 
