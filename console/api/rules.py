@@ -29,7 +29,8 @@ class ChangeDoc(serializers.Serializer):
         required=False,
         help_text="create/update: the rule's fields (name, layer, metric, detector, params, "
         "severity, action, action_params, per_node, per_metric, enabled, clear_after, "
-        "clear_after_seconds, runbook); params and action_params are replaced as a whole.",
+        "clear_after_seconds, runbook, shadow: observe only); params and action_params are "
+        "replaced as a whole.",
     )
 
 

@@ -75,3 +75,28 @@ def test_in_intervals_is_half_open():
         True,
         True,
     ]
+
+
+@pytest.mark.parametrize(("shadow", "kept"), [(False, False), (True, True)])
+def test_a_snapshot_keeps_shadow_only_when_it_is_set(shadow, kept):
+    """A rule set that never used shadow mode keeps the fingerprint it had before the field
+    existed (no spurious "changed outside the console" version on upgrade)."""
+    from breakers.detection.engine import RuleSpec
+    from breakers.detection.ruleset_core import diff, snapshot
+
+    rule = RuleSpec("r", "R", "stability", "loss", "non_finite", shadow=shadow).to_dict()
+    snap = snapshot([rule], {})
+    assert ("shadow" in snap["rules"]["r"]) is kept
+    without = {k: v for k, v in rule.items() if k != "shadow"}
+    assert diff(snapshot([without], {}), snap) == (
+        [
+            {
+                "kind": "rule",
+                "key": "r",
+                "change": "changed",
+                "fields": [{"field": "shadow", "old": None, "new": True}],
+            }
+        ]
+        if shadow
+        else []
+    )
