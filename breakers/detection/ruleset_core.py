@@ -298,7 +298,11 @@ def diff(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[dict[str
     if old is None:
         return [{"kind": "first", "rules": len(new["rules"])}]
     entries: list[dict[str, Any]] = []
-    old_rules, new_rules = old.get("rules", {}), new.get("rules", {})
+    # A field left out at its default reads as that default: "shadow False → True".
+    old_rules, new_rules = (
+        {key: {**OMITTED_AT_DEFAULT, **rule} for key, rule in snap.get("rules", {}).items()}
+        for snap in (old, new)
+    )
     for key in sorted(set(old_rules) | set(new_rules)):
         if key not in old_rules:
             entries.append({"kind": "rule", "key": key, "change": "added", "fields": []})

@@ -94,7 +94,7 @@ def test_a_snapshot_keeps_shadow_only_when_it_is_set(shadow, kept):
                 "kind": "rule",
                 "key": "r",
                 "change": "changed",
-                "fields": [{"field": "shadow", "old": None, "new": True}],
+                "fields": [{"field": "shadow", "old": False, "new": True}],
             }
         ]
         if shadow
