@@ -241,8 +241,8 @@ def _paging_context(request: HttpRequest, team: Team, admin: bool) -> dict[str, 
         "on_call": who_is_on_call(team.pk, now),
         "shifts": team_shifts(team, ending_after=now),
         "rotations": rotation_rows(team, now),
-        "shift_start": now.strftime("%Y-%m-%dT%H:%M"),
-        "shift_end": (now + timedelta(hours=12)).strftime("%Y-%m-%dT%H:%M"),
+        "shift_start": now.strftime("%Y-%m-%d %H:%M"),
+        "shift_end": (now + timedelta(hours=12)).strftime("%Y-%m-%d %H:%M"),
     }
 
 
