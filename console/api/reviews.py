@@ -199,6 +199,7 @@ class TeamIncidentReportView(PersonView):
     @extend_schema(
         tags=["reviews"],
         summary="A team's incidents over a period, with median and p90 of each link by level",
+        description="Fire drills' incidents are left out; `drill_incidents` counts them.",
         parameters=[
             OpenApiParameter("since", OpenApiTypes.STR, description="ISO date or date-time"),
             OpenApiParameter("until", OpenApiTypes.STR, description="default: now"),
