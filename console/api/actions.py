@@ -17,7 +17,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from breakers.control import job_actions as actions
-from breakers.control.commands import command_payload
+from breakers.control.payload import command_payload
 from breakers.models import Command, CommandKind
 from console.api.person_auth import PersonView, audit_context, error_responses
 from incidents.models import PauseConfirmation, PauseDecision
