@@ -32,7 +32,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from breakers.executors.restart import restart_replica
-from breakers.executors.traffic import TrafficError, TrafficExecutor, traffic_executor
+from breakers.executors.traffic import TrafficError, TrafficExecutor
+from breakers.executors.traffic.job_traffic import traffic_executor
 from breakers.models import InferenceReplica, ReplicaStatus
 from breakers.models.inference import REPLICA_TRANSITIONS
 from core.transitions import compare_and_swap

@@ -145,7 +145,8 @@ def local_restart(request):
 
 
 def haproxy_traffic(request):
-    from breakers.executors.traffic import TrafficError, traffic_executor
+    from breakers.executors.traffic import TrafficError
+    from breakers.executors.traffic.job_traffic import traffic_executor
 
     a, b = request.getfixturevalue("jobs")
     haproxy = request.getfixturevalue("haproxy")
