@@ -7,10 +7,9 @@ every executor (local processes, Slurm) returns one.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from incidents.models import Job
+from incidents.models import Job
 
 
 @dataclass(frozen=True)
