@@ -248,7 +248,11 @@ class ConfirmPauseView(PersonView):
 
 
 def confirmation_out(confirmation: PauseConfirmation) -> dict[str, Any]:
-    command = Command.objects.filter(pk=confirmation.command_id).first()
+    command = (
+        Command.objects.filter(pk=confirmation.command_id).first()
+        if confirmation.command_id is not None
+        else None
+    )
     return {
         "id": confirmation.pk,
         "job_id": confirmation.job_id,
