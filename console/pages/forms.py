@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal, overload
 
 from django.contrib import messages
 from django.http import HttpRequest
@@ -26,6 +26,14 @@ def attempt(request: HttpRequest, done: str, call: Callable[[], Any]) -> bool:
         return False
     messages.success(request, done)
     return True
+
+
+@overload
+def utc_field(request: HttpRequest, name: str, *, required: Literal[True] = True) -> datetime: ...
+
+
+@overload
+def utc_field(request: HttpRequest, name: str, *, required: bool) -> datetime | None: ...
 
 
 def utc_field(request: HttpRequest, name: str, *, required: bool = True) -> datetime | None:

@@ -12,7 +12,7 @@ from django.shortcuts import redirect, render
 
 from breakers.detection import ruleset_core, rulesets
 from breakers.detection.engine import ACTIONS, LAYERS, SEVERITIES
-from console.api.person_auth import audit_context
+from console.api.person_auth import audit_context, signed_in
 from console.pages.forms import attempt
 from console.pages.teams import _team
 from core.errors import InvalidInput
@@ -66,7 +66,7 @@ def _change(request: HttpRequest) -> dict[str, Any]:
 def _post(request: HttpRequest, team_id: int) -> None:
     def change() -> None:
         rulesets.change_rules(
-            request.user,
+            signed_in(request),
             team_id,
             request.POST.get("why", ""),
             [_change(request)],

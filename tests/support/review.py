@@ -87,7 +87,8 @@ def run_flow(team: Team) -> Flow:
     """The complete loop through the real services, each step at its fixed instant."""
     from breakers.agent.protocol import PointIn
     from breakers.agent.store import store_points
-    from breakers.control.commands import acknowledge_command, issue_command
+    from breakers.control.acknowledge import acknowledge_command
+    from breakers.control.commands import issue_command
     from breakers.detection.evaluation import evaluate_job
     from breakers.detection.rules import install_default_pack
     from breakers.models import Command
