@@ -169,6 +169,18 @@ def torch_available() -> bool:
 # --- A fault and its scenario ---------------------------------------------------------------
 
 
+def brake_crossed_fault(stack: Stack, scenario: Scenario) -> str:
+    """What most faults must prove: the NaN logged for the fault reached its brake only after
+    the part went down, so the brake had to get through the fault (a brake done before the
+    kill proves nothing about the fault)."""
+    job, began = scenario.nan_during, scenario.fault_started
+    if began is None or not job.brakes:
+        return "the fault never began, or the NaN was never braked"
+    if job.brakes[0][0] <= began:
+        return f"the NaN was braked {began - job.brakes[0][0]:.2f} s before the part went down"
+    return ""
+
+
 @dataclass
 class Fault:
     key: str
@@ -184,9 +196,9 @@ class Fault:
     # At most this many seconds past its deadline the hung job must be caught (None: after the
     # part's return, whenever its moved deadline runs out).
     hung_within: float | None = None
-    # What proves the fault overlapped the moment it claims to test (None: nothing to prove);
-    # returns a sentence saying what did not overlap, or "" when it did.
-    overlapped: Callable[[Stack, Scenario], str] | None = None
+    # What proves the fault overlapped the moment it claims to test: a sentence saying what
+    # did not overlap, or "" when it did. Every fault proves something.
+    overlapped: Callable[[Stack, Scenario], str] = brake_crossed_fault
     # The longest /api/v1/health may take to answer while the part is down (None: no bound).
     health_wait_within: float | None = None
     # The NaN's brake cannot save (its job answers "checkpoint failed"): that must page.

@@ -324,6 +324,12 @@ class Stack:
                 return name
         return None
 
+    def hold(self, names: list[str], sig: int = signal.SIGSTOP) -> None:
+        """SIGSTOP (or, with SIGCONT, release) processes in place: a held worker takes no task,
+        so what is queued stays owed until the fault strikes."""
+        for name in names:
+            self.processes[name].send_signal(sig)
+
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         process = self.processes.pop(name)
         process.send_signal(sig)

@@ -5,6 +5,7 @@ from django.contrib import admin
 
 from breakers.detection import ruleset_core, rulesets
 from breakers.detection.engine import RuleSpec
+from breakers.executors.targets import normalise_root
 from breakers.models import (
     CheckpointRoot,
     EvaluationState,
@@ -239,8 +240,6 @@ class CheckpointRootForm(forms.ModelForm):
         fields = ["team", "job", "root"]
 
     def clean_root(self) -> str:
-        from breakers.executors.targets import normalise_root
-
         try:
             return normalise_root(self.cleaned_data["root"])
         except ValueError as error:

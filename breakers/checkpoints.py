@@ -42,6 +42,7 @@ from breakers.models import (
     CommandStatus,
 )
 from core.errors import InvalidInput
+from core.realtime import job_group, publish_after_commit
 from incidents.models import Incident, Job
 
 MAX_PATH_LENGTH = 4096
@@ -161,6 +162,11 @@ def record_checkpoint(
             set_id = values["checkpoint_set_id"]
             Checkpoint.objects.filter(pk=row.pk).update(checkpoint_set_id=set_id)
             row.checkpoint_set_id = set_id
+        if created and not report.rank:
+            # The catalogue on the job's page follows; rank 0 speaks for a set, so a job of a
+            # thousand ranks sends one message per checkpoint, not a thousand.
+            message = {"type": "checkpoint.reported", "job_id": job_id, "step": report.step}
+            publish_after_commit(job_group(job_id), message, robust=True)
     return row, created
 
 

@@ -33,6 +33,7 @@ application = ProtocolTypeRouter(
         # Agent requests are authenticated before their body is read, and bounded; the hot
         # path's are then answered without Django's middleware and DRF.
         "http": agent_http_stack(django_asgi_application),
-        "websocket": AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
+        # Django's path() patterns, as channels documents; its stubs want their own subclass.
+        "websocket": AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),  # type: ignore[arg-type]
     }
 )

@@ -266,7 +266,11 @@ def acknowledged_by(alert_ids: list[int]) -> dict[int, str]:
     rows = TimelineEntry.objects.filter(
         alert_id__in=alert_ids, kind=TimelineKind.ACKNOWLEDGED
     ).select_related("actor")
-    return {r.alert_id: (r.actor.get_username() if r.actor else "someone") for r in rows}
+    return {
+        r.alert_id: (r.actor.get_username() if r.actor else "someone")
+        for r in rows
+        if r.alert_id is not None
+    }
 
 
 def escalation_buttons(user: Any, role: str | None, request: EscalationRequest) -> list[Button]:
@@ -447,7 +451,7 @@ def attention(
         return 3, "L2 alert firing"
     if open_alerts:
         return 4, f"{len(open_alerts)} open alert(s)"
-    order = {JobStatus.RUNNING: 5, JobStatus.PENDING: 6, JobStatus.PAUSED: 7}
+    order: dict[str, int] = {JobStatus.RUNNING: 5, JobStatus.PENDING: 6, JobStatus.PAUSED: 7}
     return order.get(status, 8), ""
 
 

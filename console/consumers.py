@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
@@ -30,7 +32,7 @@ CLOSE_INVALID = 4400
 RECHECK_SECONDS = 30.0
 
 
-def token_from_scope(scope: dict) -> str | None:
+def token_from_scope(scope: Mapping[str, Any]) -> str | None:
     for name, value in scope.get("headers", []):
         if name == b"authorization":
             return bearer_token(value)
@@ -38,7 +40,7 @@ def token_from_scope(scope: dict) -> str | None:
     return values[0] if values else None
 
 
-def rank_from_scope(scope: dict) -> int | None:
+def rank_from_scope(scope: Mapping[str, Any]) -> int | None:
     """The ``rank`` query parameter: which rank of a multi-rank job this socket is (None: not
     said — one process, or an older SDK). Hostile: anything but one whole number from 0 to
     2³¹−1 is refused naming the field."""
@@ -54,7 +56,7 @@ def rank_from_scope(scope: dict) -> int | None:
     )
 
 
-def ranks_from_scope(scope: dict) -> list[int] | None:
+def ranks_from_scope(scope: Mapping[str, Any]) -> list[int] | None:
     """The ``ranks`` query parameter of a node's one socket (protocol 4): the ranks its
     forwarder hands commands to, comma-separated (None: not said). Hostile: anything but 1 to
     MAX_BUNDLE_PARTS whole numbers from 0 to 2³¹−1 is refused naming the field."""
@@ -154,7 +156,9 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json({"type": "command", "command": event["command"]})
         await database_sync_to_async(mark_delivered)([event["command"]["id"]])
 
-    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+    async def receive(
+        self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any
+    ) -> None:
         """Every message is hostile until parsed, as on the HTTP endpoints: within the byte
         limit, UTF-8 JSON without duplicate keys, an object."""
         raw = text_data.encode("utf-8", "surrogatepass") if text_data is not None else b""
@@ -174,10 +178,11 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
     async def receive_json(self, content: dict, **kwargs) -> None:
         """Acks, {"type": "ack", "id": 17, "status": …}, and metrics batches,
         {"type": "metrics", "batch": "<id>", "points": […]} (the same rules as over HTTP)."""
-        if not await self._recheck():
+        job_id = self.job_id  # set before the socket was accepted: every message has it
+        if job_id is None or not await self._recheck():
             return
         if content.get("type") == "metrics":
-            await self._receive_metrics(content)
+            await self._receive_metrics(job_id, content)
             return
         # A command id is a whole number; `true` is not 1 (bool is an int in Python).
         if content.get("type") != "ack" or not is_whole_number(content.get("id")):
@@ -199,28 +204,28 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         body = {k: v for k, v in content.items() if k in {"status", "result", "error"}}
         try:
             command = await database_sync_to_async(breaker_services.receive_acknowledgement)(
-                self.job_id, content["id"], json.dumps(body).encode()
+                job_id, content["id"], json.dumps(body).encode()
             )
         except ServiceError as error:
             await self.send_json({"type": "error", **error.as_body()})
             return
         await self.send_json({"type": "acked", "id": command.pk, "status": command.status})
 
-    async def _receive_metrics(self, content: dict) -> None:
+    async def _receive_metrics(self, job_id: int, content: dict) -> None:
         body = {key: value for key, value in content.items() if key != "type"}
         batch = body.get("batch")
         try:
-            stored = await database_sync_to_async(self._ingest)(body)
+            stored = await database_sync_to_async(self._ingest)(job_id, body)
         except ServiceError as error:
             await self.send_json({"type": "error", "batch": batch, **error.as_body()})
             return
         await self.send_json({"type": "accepted", "batch": batch, "accepted": stored.accepted})
 
-    def _ingest(self, body: dict) -> Stored:
+    def _ingest(self, job_id: int, body: dict) -> Stored:
         """The HTTP endpoint's rate limit and service, for a batch sent over the socket."""
-        job = Job.objects.get(pk=self.job_id)
+        job = Job.objects.get(pk=job_id)
         limit, period = agent_rate(job.world_size)
-        wait = rate_counter().hit(f"agent:{self.job_id}", limit, period)
+        wait = rate_counter().hit(f"agent:{job_id}", limit, period)
         if wait:
             raise InvalidInput(
                 f"Rate limited: retry in {wait:.0f} s.", code="rate_limited", fields={}

@@ -14,7 +14,7 @@ from breakers.drills import runs, workloads
 from breakers.drills.launch import slurm_available
 from breakers.drills.scenarios import SCENARIOS
 from breakers.models import DrillRun, DrillWorkload
-from console.api.person_auth import audit_context
+from console.api.person_auth import audit_context, signed_in
 from console.pages.forms import attempt
 from incidents.models import Team
 from incidents.teams.access import role_in_team, visible_team_ids
@@ -54,7 +54,7 @@ def team_drills_page(request: HttpRequest, pk: int) -> HttpResponse:
             if data["command"].strip()
             else "The team's drills run the built-in workload again.",
             lambda: workloads.save_team_workload(
-                request.user, team.pk, data, context=audit_context(request)
+                signed_in(request), team.pk, data, context=audit_context(request)
             ),
         )
         return redirect(f"/teams/{team.pk}/drills/")

@@ -49,7 +49,9 @@ CLOSE_FORBIDDEN = 4403  # a subscription the person may no longer view (removed 
 RECHECK_SECONDS = 30.0
 METRICS_INTERVAL = 0.1  # seconds: at most ~10 chart updates per second per job
 # Group message types forwarded to the browser (the first part of "alert.raised").
-FORWARDED = frozenset({"alert", "command", "executor", "escalation", "metrics", "job", "incident"})
+FORWARDED = frozenset(
+    {"alert", "checkpoint", "command", "executor", "escalation", "metrics", "job", "incident"}
+)
 MAX_SUBSCRIPTIONS = 500
 
 

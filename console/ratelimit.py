@@ -79,7 +79,8 @@ def agent_rate(world_size: int | None) -> tuple[int, int]:
     process still is."""
     from rest_framework.settings import api_settings
 
-    limit, period = parse_rate(api_settings.DEFAULT_THROTTLE_RATES["agent"])
+    rate = api_settings.DEFAULT_THROTTLE_RATES["agent"]
+    limit, period = parse_rate(rate)  # type: ignore[arg-type]  # DRF's rates are "N/period" strings; its stubs type them as numbers
     if (world_size or 1) <= 1:
         return limit, period
     per_rank, per_rank_period = parse_rate(settings.AGENT_RATE_PER_RANK)

@@ -36,7 +36,8 @@ class AgentTraffic:
         self._reset(clock())
 
     def _reset(self, now: float) -> None:
-        self.started, self.requests, self.points, self.refused = now, 0, 0, Counter()
+        self.started, self.requests, self.points = now, 0, 0
+        self.refused: Counter[int] = Counter()
 
     def record(self, status: int, points: int = 0) -> None:
         with self._lock:

@@ -15,7 +15,7 @@ from django.shortcuts import redirect, render
 
 from breakers.ledger import goodput_ledger
 from breakers.metrics import points_between
-from console.api.person_auth import audit_context
+from console.api.person_auth import audit_context, signed_in
 from console.api.reviews import report_period
 from console.ledger_view import ledger_for_page
 from console.review_chart import Chart, chart
@@ -52,11 +52,13 @@ def incident_review(request: HttpRequest, pk: int) -> HttpResponse:
             if not may_edit(request.user, data.incident):
                 # Refused before the form is read (its size is the sender's choice); the
                 # service says why and audits the attempt.
-                save_review(request.user, pk, {}, base_revision=0, context=audit_context(request))
+                save_review(
+                    signed_in(request), pk, {}, base_revision=0, context=audit_context(request)
+                )
             content = _posted_content(request)
             base = _form_count(request.POST.get("revision", "0"), "revision", 2**31)
             save_review(
-                request.user, pk, content, base_revision=base, context=audit_context(request)
+                signed_in(request), pk, content, base_revision=base, context=audit_context(request)
             )
         except Forbidden as refusal:
             return render(request, "review_refused.html", {"reason": refusal.detail}, status=403)
@@ -168,7 +170,7 @@ def chain_bars(durations: Durations) -> list[dict[str, Any]]:
             "measured": link.measured,
             "end_kind": (link.end_kind or "").replace("_", " "),
             "span": link_span(link, origin),
-            "width": max(0.5, 100 * max(link.seconds, 0) / longest) if link.measured else 0,
+            "width": 0 if link.seconds is None else max(0.5, 100 * max(link.seconds, 0) / longest),
             "slowest": slowest is not None and link.key == slowest.key,
         }
         for link in durations.links

@@ -7,7 +7,9 @@ from console.consumers import AgentConsumer
 from console.live import ConsoleConsumer
 
 websocket_urlpatterns = [
-    path("ws/agent/", AgentConsumer.as_asgi()),
+    # channels routes ASGI applications through Django's path(); django-stubs types it for views
+    # only.
+    path("ws/agent/", AgentConsumer.as_asgi()),  # type: ignore[arg-type]
     # A browser's socket, authenticated by its session cookie: only from a page of ours (the
     # Origin among ALLOWED_HOSTS), or any site could open it with the person's cookie.
     path("ws/live/", AllowedHostsOriginValidator(ConsoleConsumer.as_asgi())),

@@ -68,6 +68,8 @@ def job_page(request: HttpRequest, pk: int) -> HttpResponse:
     if _partial(request) == "ranks":  # a page, a sort or a search of the ranks table
         table = ranks_page(job.pk, RanksQuery.parse(request.GET))
         return render(request, "partials/job_ranks.html", {"table": table})
+    if _partial(request) == "checkpoints":
+        return render(request, "partials/checkpoints.html", {"job_id": job.pk})
     state = board.job_state(request.user, job)
     if _partial(request) == "state":
         return render(request, "partials/job_state.html", state)

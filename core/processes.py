@@ -1,7 +1,7 @@
 """What Linux's /proc says about a local process: its start time, process group and environment.
 
 Used to tell whether a process id an agent reported really is the job's process before anything
-signals it (``breakers.executors.local``), and to record the process's identity when the pid is
+signals it (``breakers.executors.identity``), and to record the process's identity when the pid is
 first registered (``incidents.jobs.record_heartbeat``). Every reader returns None when the
 process does not exist or cannot be read; nothing here raises for a missing process.
 """

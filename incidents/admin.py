@@ -1,5 +1,11 @@
 from django.contrib import admin
 
+# The other admin modules of the app register their pages when imported: the authorisation
+# chain's (audit trail, escalations, shifts, tokens) and the post-incident review's (job sizes,
+# reviews). Django's admin autodiscovery imports only this module.
+import incidents.reviews.admin  # noqa: F401
+import incidents.teams.admin  # noqa: F401
+from incidents.admin_read_only import ReadOnlyAdmin
 from incidents.models import (
     AgentToken,
     Alert,
@@ -49,20 +55,6 @@ class AgentTokenAdmin(admin.ModelAdmin):
     readonly_fields = ["token_hash", "prefix", "job", "created_at"]
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Alerts, incidents and timelines change only through their services (transitions with
-    timeline rows); the admin shows them."""
-
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
-
-
 class TimelineInline(admin.TabularInline):
     model = TimelineEntry
     fields = readonly_fields = ("at", "kind", "actor_kind", "actor", "step", "message")
@@ -94,10 +86,3 @@ class AlertAdmin(ReadOnlyAdmin):
 class TimelineEntryAdmin(ReadOnlyAdmin):
     list_display = ["at", "incident", "kind", "actor_kind", "step", "message"]
     list_filter = ["kind", "actor_kind"]
-
-
-# The authorisation chain's pages (audit trail, escalations, shifts, tokens).
-import incidents.teams.admin  # noqa: E402, F401
-
-# The post-incident review's pages (job sizes, reviews).
-from incidents.reviews import admin as review_admin  # noqa: E402, F401

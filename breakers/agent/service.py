@@ -21,7 +21,8 @@ from breakers.agent.protocol import (
     parse_metrics_body,
 )
 from breakers.agent.store import Stored, store_batch
-from breakers.control.commands import acknowledge_command, deliverable_commands
+from breakers.control.acknowledge import acknowledge_command
+from breakers.control.commands import deliverable_commands
 from breakers.detection.tasks import schedule_evaluation
 from breakers.executors.launchers import record_launcher
 from breakers.executors.scheduler import record_scheduler_context

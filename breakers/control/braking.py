@@ -13,8 +13,8 @@ from __future__ import annotations
 from django.db import transaction
 
 from breakers.control.commands import IDEMPOTENCY_KEY_LENGTH, issue_command
-from breakers.control.inference import take_replica_out
 from breakers.control.job_state import ACCEPTED_IN
+from breakers.control.replica_response import take_replica_out
 from breakers.control.timeline import active_incident
 from breakers.models import Command, CommandKind
 from core.errors import Conflict

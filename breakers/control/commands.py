@@ -1,9 +1,10 @@
-"""The control plane: issuing commands to jobs, delivering them, recording acknowledgements.
+"""The control plane: issuing commands to jobs and delivering them.
 
 Every command — an automatic L3 brake, an on-call engineer's pause button, an approved L2
 escalation, a drill — goes through ``issue_command``. A command is a stored record with an
 idempotency key; it is pushed to the job's websocket after commit and also returned in every
 heartbeat and metrics reply until it is acknowledged, so a job with no websocket still gets it.
+The job's answer is recorded by ``breakers.control.acknowledge``.
 """
 
 from __future__ import annotations
@@ -17,20 +18,16 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
-from breakers.checkpoints import record_from_acknowledgement
-from breakers.control.acks import clear_split, counts_ranks, record_rank_ack
 from breakers.control.apply_at import apply_at_step_for
-from breakers.control.failed_brake import raise_failed_brake_alert
 from breakers.control.hearing import heard_until
-from breakers.control.job_state import ON_ISSUE, ON_SUCCESS, refusal
+from breakers.control.job_state import ON_ISSUE, refusal
+from breakers.control.payload import command_payload
 from breakers.control.timeline import (
-    record_acknowledged,
     record_executor_outcome,
     record_issued,
 )
-from breakers.control.unapplied import clear_unapplied
-from breakers.executors.local import ExecutorOutcome, executor_for
-from breakers.executors.scheduler import route_to_scheduler
+from breakers.executors.outcome import ExecutorOutcome
+from breakers.executors.scheduler import executor_for, route_to_scheduler
 from breakers.models import (
     COMMAND_TRANSITIONS,
     OPEN_COMMAND_STATUSES,
@@ -38,22 +35,17 @@ from breakers.models import (
     CommandKind,
     CommandStatus,
 )
-from core.errors import Conflict, InvalidInput, NotFound
+from core.errors import Conflict, InvalidInput
 from core.realtime import agent_group, job_group, publish_after_commit
 from core.text import fit
 from core.transitions import compare_and_swap, compare_and_swap_all
 from incidents.alerts.lifecycle import settle_incident
 from incidents.jobs import move_job
 from incidents.models import (
-    ISOLATABLE_NODE_STATUSES,
-    NODE_TRANSITIONS,
     ActorKind,
     Job,
-    Node,
-    NodeStatus,
 )
 
-DONE_COMMAND_STATUSES = (CommandStatus.SUCCEEDED, CommandStatus.FAILED)
 IDEMPOTENCY_KEY_LENGTH = Command._meta.get_field("idempotency_key").max_length or 200
 
 
@@ -61,19 +53,6 @@ IDEMPOTENCY_KEY_LENGTH = Command._meta.get_field("idempotency_key").max_length o
 class IssuedCommand:
     command: Command
     created: bool  # False: the idempotency key named a command issued before
-
-
-def command_payload(command: Command) -> dict[str, Any]:
-    """The command as the agent protocol shows it (docs/protocol.md "Commands": id, kind, …)."""
-    return {
-        "id": command.pk,
-        "kind": command.kind,
-        "params": command.params,
-        "severity": command.severity or None,
-        "reason": command.reason,
-        "issued_at": command.issued_at.isoformat().replace("+00:00", "Z"),
-        "apply_at_step": command.apply_at_step,
-    }
 
 
 def acknowledgement_deadline_seconds(kind: str) -> float:
@@ -201,100 +180,6 @@ def deliverable_commands(job_id: int, rank: int | None = None) -> list[dict[str,
     commands = list(open_commands.order_by("pk"))
     mark_delivered([c.pk for c in commands if c.status == CommandStatus.PENDING])
     return [command_payload(c) for c in commands]
-
-
-def _job_effect_on_success(command: Command) -> None:
-    """Job status follows acknowledgements: paused only once the checkpoint is confirmed."""
-    if command.kind == CommandKind.ISOLATE_NODE and command.params.get("node"):
-        # The node is out of the job only once the job (or its scheduler) says it is.
-        compare_and_swap_all(
-            Node.objects.filter(job_id=command.job_id, hostname=command.params["node"]),
-            table=NODE_TRANSITIONS,
-            expected=ISOLATABLE_NODE_STATUSES,
-            new=NodeStatus.ISOLATED,
-        )
-    event = ON_SUCCESS.get(command.kind)
-    if event is not None:
-        extra = {"heartbeat_deadline": None} if event == "terminate" else {}
-        move_job(command.job_id, event, **extra)
-
-
-def acknowledge_command(
-    job_id: int,
-    command_id: int,
-    *,
-    status: str,
-    result: dict | None = None,
-    error: str = "",
-    rank: int | None = None,
-) -> Command:
-    """Record the job's answer to a command. Acknowledging twice is harmless. ``rank``: one
-    rank's answer; a multi-rank job's command is done only when every rank answered the same
-    step (breakers.control.acks), and stays deliverable to the others until then."""
-    with transaction.atomic():
-        # The job's row first, then the command's: the order of heartbeats and metrics
-        # replies (job, then the commands they mark delivered), so they cannot deadlock. The
-        # lock also counts the ranks' acknowledgements of one command one after another.
-        job = Job.objects.select_for_update().filter(pk=job_id).first()
-        command = Command.objects.filter(pk=command_id, job_id=job_id).first()
-        if command is None or job is None:
-            # Another job's command is as invisible as a missing one: 404, never 403.
-            raise NotFound(f"The job has no command {command_id}.")
-        if command.status in DONE_COMMAND_STATUSES:
-            return command
-        result = result or {}
-        per_rank = counts_ranks(command, job, rank)
-        if per_rank:
-            assert rank is not None
-            verdict, result, error = record_rank_ack(
-                command, job, rank, status=status, result=result, error=error
-            )
-            if verdict.status == "waiting":
-                command.refresh_from_db()
-                return command
-            status = verdict.status
-        won = compare_and_swap(
-            Command,
-            command.pk,
-            table=COMMAND_TRANSITIONS,
-            expected=[CommandStatus.PENDING, CommandStatus.DELIVERED, CommandStatus.EXPIRED],
-            new=status,
-            acknowledged_at=timezone.now(),
-            result=result,
-            error=error,
-        )
-        command.refresh_from_db()
-        if won:
-            _record_outcome(command, per_rank)
-    return command
-
-
-def _record_outcome(command: Command, per_rank: bool) -> None:
-    job_id = command.job_id
-    if command.status == CommandStatus.SUCCEEDED:
-        _job_effect_on_success(command)
-        if command.kind == CommandKind.CHECKPOINT_AND_PAUSE:
-            record_from_acknowledgement(job_id, command.pk, command.result)
-        if per_rank:
-            clear_split(job_id, command.result.get("step"))
-    elif command.kind == CommandKind.CHECKPOINT_AND_PAUSE:
-        if command.result.get("paused") is True:
-            # The save failed (disk full...) but the SDK holds anyway, without releasing: the
-            # job is paused, with no new checkpoint. Left "pausing" it would look stuck.
-            move_job(job_id, "paused")
-        raise_failed_brake_alert(command)  # a brake that could not save pages someone
-    record_acknowledged(command)
-    clear_unapplied(job_id, command.result.get("step"))
-    publish_after_commit(
-        job_group(job_id),
-        {
-            "type": "command.acknowledged",
-            "command": command_payload(command),
-            "status": command.status,
-            "result": command.result,
-            "error": command.error,
-        },
-    )
 
 
 STOP_ON_EXPIRY = (CommandKind.CHECKPOINT_AND_PAUSE, CommandKind.TERMINATE)

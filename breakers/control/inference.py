@@ -2,7 +2,8 @@
 
 An inference replica holds no training state, so its L3 is aggressive and needs no
 checkpoint. For a job of kind ``inference``, ``breakers.control.braking.brake_for_alert`` hands
-any L3 to :func:`take_replica_out` instead of issuing checkpoint_and_pause:
+any L3 to ``breakers.control.replica_response.take_replica_out`` instead of issuing
+checkpoint_and_pause:
 
 1. in the alert's transaction: the replica ``serving → draining`` (compare-and-swap, its
    timeline row), and the recovery queued after commit;
@@ -31,18 +32,18 @@ from django.db.models import Q
 from django.utils import timezone
 
 from breakers.executors.restart import restart_replica
-from breakers.executors.traffic import TrafficError, TrafficExecutor, traffic_executor
-from breakers.models import CommandKind, InferenceReplica, ReplicaStatus
+from breakers.executors.traffic import TrafficError, TrafficExecutor
+from breakers.executors.traffic.job_traffic import traffic_executor
+from breakers.models import InferenceReplica, ReplicaStatus
 from breakers.models.inference import REPLICA_TRANSITIONS
 from core.transitions import compare_and_swap
 from incidents.alerts.lifecycle import append_timeline, resolve_alert
-from incidents.models import Alert, TimelineKind
-from incidents.teams.authority import SYSTEM, action_for_command, decide
+from incidents.models import TimelineKind
 
 DRAIN_POLL_SECONDS = 0.05
 
 
-def _note(replica: InferenceReplica, message: str, event: str, **data: object) -> None:
+def note_replica(replica: InferenceReplica, message: str, event: str, **data: object) -> None:
     if replica.incident_id is not None:
         append_timeline(
             replica.incident_id,
@@ -53,7 +54,7 @@ def _note(replica: InferenceReplica, message: str, event: str, **data: object) -
         )
 
 
-def _move(replica: InferenceReplica, expected: str, new: str, **fields: Any) -> bool:
+def move_replica(replica: InferenceReplica, expected: str, new: str, **fields: Any) -> bool:
     won = compare_and_swap(
         InferenceReplica,
         replica.pk,
@@ -67,56 +68,12 @@ def _move(replica: InferenceReplica, expected: str, new: str, **fields: Any) -> 
     return won
 
 
-def take_replica_out(alert: Alert) -> list:
-    """The L3 of an inference job (inside the alert's transaction). Returns no command: the
-    response is the replica's, not the job's."""
-    # Judged as the pause it stands in for: what the system may do at the alert's level.
-    decision = decide(SYSTEM, action_for_command(CommandKind.CHECKPOINT_AND_PAUSE), alert.severity)
-    replica = InferenceReplica.objects.filter(job_id=alert.job_id, name=alert.node).first()
-    why = None if decision.allowed else decision.reason
-    if why is None and replica is None:
-        why = f"no replica named {alert.node!r} heartbeats for this job"
-    if why is not None:
-        if alert.incident_id is not None:
-            append_timeline(
-                alert.incident_id,
-                TimelineKind.NOTE,
-                f"No automatic replica restart: {why}",
-                alert_id=alert.pk,
-                data={"event": "replica_response_refused"},
-            )
-        return []
-    assert replica is not None
-    now = timezone.now()
-    moved = _move(
-        replica,
-        ReplicaStatus.SERVING,
-        ReplicaStatus.DRAINING,
-        out_of_traffic_since=now,
-        response_alert_id=alert.pk,
-        incident_id=alert.incident_id,
-        pid_before_restart=replica.pid,
-        recovery_claimed_at=None,
-    )
-    if not moved:
-        return []  # already out of traffic: one response at a time
-    _note(
-        replica,
-        f"Inference L3: replica {replica.backend}/{replica.name} leaves traffic, "
-        "restarts and comes back when healthy (no checkpoint)",
-        "replica_response_started",
-    )
-    from breakers.executors.traffic.tasks import recover_replica_task
-
-    replica_id = replica.pk
-    transaction.on_commit(lambda: recover_replica_task.delay(replica_id))
-    return []
-
-
 def _fail(replica: InferenceReplica, expected: str, why: str) -> None:
     with transaction.atomic():
-        if _move(replica, expected, ReplicaStatus.FAILED):
-            _note(replica, f"Replica {replica.name} stays out of traffic: {why}", "replica_failed")
+        if move_replica(replica, expected, ReplicaStatus.FAILED):
+            note_replica(
+                replica, f"Replica {replica.name} stays out of traffic: {why}", "replica_failed"
+            )
 
 
 def _drain(executor: TrafficExecutor, replica: InferenceReplica) -> float:
@@ -166,7 +123,7 @@ def recover_replica(replica_id: int) -> None:
         _fail(replica, ReplicaStatus.DRAINING, str(error))
         return
     with transaction.atomic():
-        _note(
+        note_replica(
             replica,
             f"Drained in {executor.name} ({replica.backend}/{replica.name}): no "
             f"request in flight after {seconds:.2f} s; in maintenance",
@@ -176,13 +133,13 @@ def recover_replica(replica_id: int) -> None:
     outcome = restart_replica(replica, grace_seconds=settings.EXECUTOR_GRACE_SECONDS)
     with transaction.atomic():
         if outcome.stopped:
-            _move(
+            move_replica(
                 replica,
                 ReplicaStatus.DRAINING,
                 ReplicaStatus.RESTARTING,
                 restarts=replica.restarts + 1,
             )
-            _note(
+            note_replica(
                 replica,
                 "Restarted by the local executor: " + "; ".join(outcome.steps),
                 "replica_restarted",
@@ -190,14 +147,14 @@ def recover_replica(replica_id: int) -> None:
             )
             return
         # Another host, or a pid not proven the replica's: the replica's SDK restarts itself.
-        _move(
+        move_replica(
             replica,
             ReplicaStatus.DRAINING,
             ReplicaStatus.RESTARTING,
             pending_action="restart",
             restarts=replica.restarts + 1,
         )
-        _note(
+        note_replica(
             replica,
             f"Local restart {outcome.detail}; the replica is asked to restart itself",
             "replica_restart_requested",
@@ -224,7 +181,7 @@ def reenable_if_healthy(replica: InferenceReplica, now: datetime | None = None) 
     seconds = (now - out_since).total_seconds() if out_since else 0.0
     alert_id = replica.response_alert_id
     with transaction.atomic():
-        if not _move(
+        if not move_replica(
             replica,
             ReplicaStatus.RESTARTING,
             ReplicaStatus.SERVING,
@@ -232,7 +189,7 @@ def reenable_if_healthy(replica: InferenceReplica, now: datetime | None = None) 
             pending_action="",
         ):
             return False
-        _note(
+        note_replica(
             replica,
             f"Back in traffic ({replica.backend}/{replica.name} ready, "
             f"{'confirmed' if in_traffic else 'not yet confirmed'} by the load balancer) as "

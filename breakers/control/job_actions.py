@@ -23,8 +23,9 @@ from breakers.checkpoints import roll_back_params, roll_back_target
 from breakers.control.commands import issue_command
 from breakers.control.confirmations import CONFIRMABLE, pause_confirmation
 from breakers.control.timeline import active_incident
-from breakers.executors.scheduler import slurm_binding
 from breakers.executors.slurm import executor as slurm
+from breakers.executors.slurm.binding import slurm_binding
+from breakers.executors.slurm.client import job_nodes
 from breakers.models import Command, CommandKind
 from core.errors import Conflict, InvalidInput, NotFound
 from core.nodes import is_single_node_name
@@ -321,7 +322,7 @@ def _slurm_nodes(job_id: int, slurm_job_id: str) -> list[str] | None:
     verdict = slurm.verify_slurm_job(job_id, slurm_job_id)
     if not verdict.ok or verdict.slurm_job is None:
         return [] if verdict.reachable else None
-    nodes, _ = slurm.job_nodes(verdict.slurm_job.nodelist)
+    nodes, _ = job_nodes(verdict.slurm_job.nodelist)
     return nodes
 
 

@@ -27,6 +27,7 @@ from django.utils import timezone
 from breakers.agent.protocol import is_whole_number, load_json
 from breakers.control.braking import brake_for_alert
 from breakers.executors.targets import traffic_server
+from breakers.executors.traffic.tasks import reenable_replica_task
 from breakers.models import InferenceReplica, ReplicaStatus
 from core.errors import InvalidInput
 from core.processes import process_start_time, this_host
@@ -149,8 +150,6 @@ def record_replica_heartbeat(job: Job, raw: bytes) -> dict[str, Any]:
                 notify_alert(outcome.alert.pk)
     replica.refresh_from_db()
     if replica.status == ReplicaStatus.RESTARTING and beat.healthy:
-        from breakers.executors.traffic.tasks import reenable_replica_task
-
         reenable_replica_task.delay(replica.pk)
     commands = [{"action": replica.pending_action}] if replica.pending_action else []
     return {"replica": replica.name, "status": replica.status, "commands": commands}

@@ -18,7 +18,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from breakers.control.timeline import record_acknowledged
-from breakers.executors.scheduler import slurm_binding
+from breakers.executors.slurm.binding import slurm_binding
 from breakers.models import (
     COMMAND_TRANSITIONS,
     OPEN_COMMAND_STATUSES,

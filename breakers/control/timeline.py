@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from breakers.executors.local import ExecutorOutcome
+from breakers.executors.outcome import ExecutorOutcome
 from breakers.models import Command, CommandKind, CommandStatus
 from core.transitions import compare_and_swap
 from incidents.alerts.lifecycle import append_timeline, rearm_after_resume, settle_incident

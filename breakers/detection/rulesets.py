@@ -34,7 +34,8 @@ from django.utils import timezone
 
 from breakers.detection import ruleset_core as core
 from breakers.detection.engine import RuleSpec
-from breakers.models import Rule, RuleSetVersion
+from breakers.drills.scenarios import DRILL_SET, SCENARIOS
+from breakers.models import DrillRun, DrillStatus, Rule, RuleSetVersion
 from core.errors import Forbidden, InvalidInput
 from incidents.models import Alert, Team
 from incidents.teams.access import role_in_team, scoped_get
@@ -266,11 +267,16 @@ def _drill_results(team: Team, version: int) -> DrillResults:
 
     The coverage is the full drill set's (``all``): every scenario, each verified end to end on
     every change of the project; a rule no scenario rehearses is "uncovered"."""
-    from breakers.drills import runs  # runs stamps the version on a drill: no import cycle
-    from breakers.drills.scenarios import DRILL_SET, SCENARIOS
-
     coverage = {name: SCENARIOS[name].rules for name in DRILL_SET}
-    return DrillResults(coverage, runs.passing_scenarios(team, version))
+    return DrillResults(coverage, passing_scenarios(team, version))
+
+
+def passing_scenarios(team: Team, ruleset_version: int | None) -> set[str]:
+    """The scenarios with a passing drill of ``team`` on that rule-set version."""
+    runs = DrillRun.objects.filter(
+        team=team, status=DrillStatus.PASSED, ruleset_version=ruleset_version
+    )
+    return set(runs.values_list("scenario", flat=True).distinct())
 
 
 def drills_url(team_id: int, scenarios: Iterable[str] = ()) -> str:
@@ -326,8 +332,6 @@ class DueDrill:
 def _drilled_since(team: Team, version: int, period: int) -> bool:
     """A drill of this version was queued in this period (by the schedule or a person): the
     schedule starts none, so the beat running twice or a retry starts each set once."""
-    from breakers.models import DrillRun
-
     start = datetime.fromtimestamp(period * settings.DRILL_INTERVAL_SECONDS, tz=UTC)
     return DrillRun.objects.filter(
         team=team, ruleset_version=version, created_at__gte=start

@@ -18,10 +18,11 @@ from celery import shared_task
 from django.conf import settings
 
 from breakers.detection import evaluation, rulesets
+from breakers.drills.runs import expire_stale_runs, request_drills
 from core.errors import Conflict
 from core.redis_clients import redis_client
 from core.transient import TRANSIENT_ERRORS
-from incidents.models import UNHELD_JOB_STATUSES, Job
+from incidents.models import UNHELD_JOB_STATUSES, Job, Team
 
 log = logging.getLogger(__name__)
 
@@ -135,9 +136,6 @@ def schedule_drills() -> int:
     queued in this period for this rule-set version (by the schedule or a person) makes the
     team not due, and the schedule's key is unique per scenario, so two beats racing past that
     check, or a retry, queue it once."""
-    from breakers.drills.runs import expire_stale_runs, request_drills
-    from incidents.models import Team
-
     for run_id in expire_stale_runs():
         log.warning("drill #%s lost its runner: marked error", run_id)
     if not settings.DRILL_SCHEDULE:

@@ -29,6 +29,7 @@ from breakers.drills import workloads
 from breakers.drills.redaction import scrub
 from breakers.drills.scenarios import SCENARIOS, Scenario, resolve
 from breakers.drills.scorecard import Line
+from breakers.drills.tasks import page_failed_set_task
 from breakers.models import DRILL_TRANSITIONS, DrillCheck, DrillRun, DrillStatus
 from breakers.models.drills import FINISHED_DRILL_STATUSES, OPEN_DRILL_STATUSES
 from core.errors import Conflict, InvalidInput
@@ -230,13 +231,7 @@ def _after_finish(run: DrillRun) -> None:
     pass (nobody watched it start). Each run's commit asks; the task pages once per set."""
     if run.scheduled:
         drill_set = str(run.drill_set)
-        transaction.on_commit(lambda: _tasks().page_failed_set_task.delay(drill_set))
-
-
-def _tasks():
-    from breakers.drills import tasks  # the tasks module imports this one
-
-    return tasks
+        transaction.on_commit(lambda: page_failed_set_task.delay(drill_set))
 
 
 def expire_stale_runs(*, now: datetime | None = None) -> list[int]:
@@ -259,14 +254,6 @@ def expire_stale_runs(*, now: datetime | None = None) -> list[int]:
         if run.status == DrillStatus.ERROR:
             expired.append(run.pk)
     return expired
-
-
-def passing_scenarios(team: Team, ruleset_version: int | None) -> set[str]:
-    """The scenarios with a passing drill of ``team`` on that rule-set version."""
-    runs = DrillRun.objects.filter(
-        team=team, status=DrillStatus.PASSED, ruleset_version=ruleset_version
-    )
-    return set(runs.values_list("scenario", flat=True).distinct())
 
 
 def last_runs_by_scenario(team: Team) -> dict[str, dict[str, DrillRun | None]]:

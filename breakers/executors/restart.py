@@ -3,7 +3,7 @@
 The inference L3 response restarts a replica from outside, so a wedged replica (one that
 answers NaN, or nothing) restarts without its cooperation. The process is the one its
 heartbeats reported, proven to be the job's exactly as the local executor proves it before a
-stop (``breakers.executors.local.identity_refusal``: this host, the start time recorded when
+stop (``breakers.executors.identity.identity_refusal``: this host, the start time recorded when
 the pid was registered, the job's token in its environment).
 
 What is started again is what was running: the command line, working directory and
@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, cast
 
-from breakers.executors.local import ExecutorOutcome, _wait_for_exit
-from breakers.executors.local import process_is_running as running
+from breakers.executors.identity import process_is_running as running
+from breakers.executors.identity import wait_for_exit
+from breakers.executors.outcome import ExecutorOutcome
 from breakers.executors.targets import ProcessIdentity, local_process, register, restart_identity
 from breakers.models import InferenceReplica
 from core.processes import process_environment
@@ -136,10 +137,10 @@ def restart_replica(replica: InferenceReplica, *, grace_seconds: float) -> Execu
         f"restarted as uid {relaunch.identity.uid} gid {relaunch.identity.gid})"
     ]
     os.kill(pid, signal.SIGTERM)
-    if not _wait_for_exit(pid, grace_seconds):
+    if not wait_for_exit(pid, grace_seconds):
         steps.append(f"still running after {grace_seconds:g} s: SIGKILL to {pid}")
         os.kill(pid, signal.SIGKILL)
-        _wait_for_exit(pid, 5.0)
+        wait_for_exit(pid, 5.0)
     if running(pid):
         steps.append("the process did not exit: not started again")
         return ExecutorOutcome(NAME, False, steps, seconds=time.monotonic() - started)

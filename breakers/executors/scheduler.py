@@ -1,29 +1,31 @@
 """Which scheduler a job runs under, learnt from its heartbeats, and what is routed there.
 
 A heartbeat that carries a ``slurm_job_id`` binds the job to Slurm (``SchedulerBinding``) once
-Slurm confirms that job is this one's (``bind_if_confirmed``, in a worker: it exists, its
-comment or name carries the Brakeline job id, it runs on the reported nodes): from then on a
-hung job is stopped with ``scancel`` rather than a local signal, and the commands a job cannot
-carry out alone — draining a faulty node, cancelling on L4 — are also carried out through the
-scheduler, by a Celery task after the command commits (``breakers.executors.slurm.tasks``).
+Slurm confirms that job is this one's (``breakers.executors.slurm.binding``, in a worker: it
+exists, its comment or name carries the Brakeline job id, it runs on the reported nodes): from
+then on a hung job is stopped with ``scancel`` rather than a local signal, and the commands a
+job cannot carry out alone — draining a faulty node, cancelling on L4 — are also carried out
+through the scheduler, by a Celery task after the command commits
+(``breakers.executors.slurm.tasks``).
 """
 
 from __future__ import annotations
 
 import hashlib
-import logging
 
 from django.core.cache import cache
-from django.db import IntegrityError, connection, transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from breakers.agent.protocol import HeartbeatIn
-from breakers.control.timeline import active_incident
+from breakers.executors.local import LocalProcessExecutor
+from breakers.executors.outcome import Executor
+from breakers.executors.slurm.binding import apply_context, slurm_binding
+from breakers.executors.slurm.executor import SlurmExecutor
+from breakers.executors.slurm.tasks import act_through_slurm, confirm_slurm_binding
 from breakers.models import Command, CommandKind, ExecutorKind, SchedulerBinding
-from incidents.alerts.lifecycle import append_timeline
-from incidents.models import Job, TimelineKind
+from incidents.models import Job
 
-log = logging.getLogger(__name__)
 _UNBIND_SQL = (
     f"UPDATE {SchedulerBinding._meta.db_table} SET executor = %s, updated_at = %s "
     "WHERE job_id = %s AND executor = %s AND executor_pinned = %s"
@@ -66,43 +68,12 @@ def record_scheduler_context(job_id: int, heartbeat: HeartbeatIn) -> None:
         heartbeat.slurm_nodelist,
     )
     if known:
-        _apply_context(job_id, reported)
+        apply_context(job_id, reported)
         return
     if not _claim_check(job_id, reported):
         return  # checked (or being checked) lately, or too many checks of this job lately
-    from breakers.executors.slurm.tasks import confirm_slurm_binding  # it imports this module
-
     # robust: the heartbeat is stored; a broker hiccup only delays the binding (next context).
     transaction.on_commit(lambda: confirm_slurm_binding.delay(job_id, reported), robust=True)
-
-
-def _apply_context(job_id: int, reported: dict) -> None:
-    context = {key: reported[key] for key in ("slurm_job_id", "slurm_nodelist", "slurm_step_id")}
-    binding = SchedulerBinding.objects.filter(job_id=job_id).first()
-    if binding is None:
-        try:
-            with transaction.atomic():
-                SchedulerBinding.objects.create(
-                    job_id=job_id,
-                    executor=ExecutorKind.SLURM,
-                    hostname=reported["hostname"],
-                    rank=reported["rank"],
-                    **context,
-                )
-            return
-        except IntegrityError:  # another rank's heartbeat created it first
-            binding = SchedulerBinding.objects.get(job_id=job_id)
-    changes: dict[str, object] = {
-        key: value for key, value in context.items() if getattr(binding, key) != value
-    }
-    if changes:
-        # Ranks of one job differ only in host and rank: those follow a new context, never
-        # flip-flop between ranks on every heartbeat.
-        changes.update(hostname=reported["hostname"], rank=reported["rank"])
-    if not binding.executor_pinned and binding.executor != ExecutorKind.SLURM:
-        changes["executor"] = ExecutorKind.SLURM
-    if changes:
-        SchedulerBinding.objects.filter(pk=job_id).update(**changes, updated_at=timezone.now())
 
 
 CHECK_MEMORY_SECONDS = 60
@@ -134,46 +105,22 @@ def _claim_check(job_id: int, reported: dict) -> bool:
     return True
 
 
-def bind_if_confirmed(job_id: int, reported: dict) -> bool:
-    """Bind the job to the reported Slurm job if Slurm says it is this job's and runs on the
-    reported nodes (``breakers.executors.slurm.executor.verify_slurm_job``); else leave the
-    binding as it was (a binding to a confirmed job stays) and say why."""
-    from breakers.executors.slurm.executor import verify_slurm_job  # it builds on this module
-
-    slurm_job_id = reported["slurm_job_id"]
-    verdict = verify_slurm_job(job_id, slurm_job_id, nodelist=reported["slurm_nodelist"])
-    if verdict.ok:
-        _apply_context(job_id, reported)
-        return True
-    log.warning("Job %s not bound to Slurm job %s: %s", job_id, slurm_job_id, verdict.why)
-    incident = active_incident(job_id)
-    if incident is not None:
-        append_timeline(
-            incident.pk,
-            TimelineKind.NOTE,
-            f"Not bound to Slurm job {slurm_job_id} the agent reported: {verdict.why}",
-            data={
-                "event": "slurm_binding_refused",
-                "slurm_job_id": slurm_job_id,
-                **{"why": verdict.why},
-            },
-        )
-    return False
+# The executors by the name a scheduler binding gives (``SchedulerBinding.executor``).
+EXECUTORS: dict[str, Executor] = {
+    ExecutorKind.LOCAL.value: LocalProcessExecutor(),
+    ExecutorKind.SLURM.value: SlurmExecutor(),
+}
 
 
 def executor_name(job_id: int) -> str:
-    """The name of the job's executor in ``breakers.executors.local.EXECUTORS``."""
+    """The name of the job's executor in ``EXECUTORS``."""
     name = SchedulerBinding.objects.filter(job_id=job_id).values_list("executor", flat=True)
     return name.first() or ExecutorKind.LOCAL
 
 
-def slurm_binding(job_id: int) -> SchedulerBinding | None:
-    """The job's binding when the job is to be acted on through Slurm, else None."""
-    return (
-        SchedulerBinding.objects.filter(job_id=job_id, executor=ExecutorKind.SLURM)
-        .exclude(slurm_job_id="")
-        .first()
-    )
+def executor_for(job: Job) -> Executor:
+    """The executor the job's scheduler binding names; local by default."""
+    return EXECUTORS.get(executor_name(job.pk), EXECUTORS[ExecutorKind.LOCAL.value])
 
 
 def goes_to_scheduler(command: Command) -> bool:
@@ -188,10 +135,6 @@ def route_to_scheduler(command: Command) -> None:
     """Call inside the command's transaction: after commit, a task acts through Slurm too."""
     if not goes_to_scheduler(command) or slurm_binding(command.job_id) is None:
         return
-    from breakers.executors.slurm.tasks import (
-        act_through_slurm,  # the task module imports the control plane
-    )
-
     command_id = command.pk
     # robust: the command is stored and on its way to the job; a broker hiccup must not undo
     # that. A lost task leaves the command to the job and the executor fallback on expiry.

@@ -28,11 +28,12 @@ import os
 import posixpath
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from django.conf import settings
 
+from breakers.executors.identity import identity_refusal
+from breakers.executors.slurm.client import job_nodes
 from breakers.models import (
     BindingSource,
     CheckpointRoot,
@@ -41,9 +42,7 @@ from breakers.models import (
     SchedulerBinding,
 )
 from core.errors import InvalidInput
-
-if TYPE_CHECKING:
-    from incidents.models import Job
+from incidents.models import Job
 
 # --- The registry ------------------------------------------------------------------------------
 
@@ -75,8 +74,6 @@ EXTERNAL_CHECKS = frozenset({"slurm.verified_job", "slurm.node_of_the_job"})
 
 def local_process(job: Job, pid: int) -> str | None:
     """Why ``pid`` is not proven to be ``job``'s process on this host (None when it is)."""
-    from breakers.executors.local import identity_refusal  # it builds on this module
-
     return identity_refusal(job, pid)
 
 
@@ -291,11 +288,9 @@ AGENT_REPORTED = "agent"  # reported by the agent, unverified
 
 def _slurm_confirms(job_id: int, names: set[str]) -> bool:
     """The job's Slurm binding (made only once Slurm confirmed the job) lists the node."""
-    from breakers.executors.slurm import executor as slurm  # it builds on this module
-
     binding = SchedulerBinding.objects.filter(job_id=job_id, executor="slurm").first()
     if binding is None or not binding.slurm_nodelist:
         return False
     nodelist = binding.slurm_nodelist
-    hosts = nodelist.split(",") if "[" not in nodelist else slurm.job_nodes(nodelist)[0]
+    hosts = nodelist.split(",") if "[" not in nodelist else job_nodes(nodelist)[0]
     return bool(hosts) and bool(names & set(hosts or []))

@@ -24,12 +24,12 @@ import signal
 import time
 from dataclasses import dataclass
 
-from breakers.executors.local import (
-    ExecutorOutcome,
-    _environment_refusal,
+from breakers.executors.identity import (
+    environment_refusal,
     is_the_consoles_own,
     process_is_running,
 )
+from breakers.executors.outcome import ExecutorOutcome
 from breakers.models import JobLauncher
 from core.processes import process_group, process_start_time, this_host
 from incidents.models import AgentStatus, Job, JobRank
@@ -65,7 +65,7 @@ class Target:
         if self.launcher:
             return None  # proven the rank's parent at registration, and the same process now
         job = Job(pk=self.job_id)
-        return _environment_refusal(job, self.pid)
+        return environment_refusal(job, self.pid)
 
     @property
     def group(self) -> bool:

@@ -2,7 +2,7 @@
 
 The executor stops a job through its launcher — the agent's process group, so the agent stops
 its workers and cannot restart them — never through one rank's pid alone
-(``breakers.executors.local``). A row per (job, host, launcher pid): a multi-node torchrun has
+(``breakers.executors.whole_job``). A row per (job, host, launcher pid): a multi-node torchrun has
 an agent per node. ``start_time`` is what the console read from /proc when the launcher was
 first reported from the console's own host *as the parent of that rank's process*; only such a
 launcher is ever signalled, and only while its start time is still that one (pids wrap).

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from django.db.models import F, Q
 
-from breakers.executors.slurm import executor as slurm
+from breakers.executors.slurm.client import job_nodes
 from breakers.executors.targets import AGENT_REPORTED, node_binding
 from breakers.models import ExecutorKind, NodeBinding, SchedulerBinding
 from core.nodes import is_single_node_name
@@ -96,7 +96,7 @@ def _slurm_job_on_node(live, names: set[str]) -> Job | None:
     )
     for binding in bindings.select_related("job").order_by("-updated_at")[:50]:
         nodelist = binding.slurm_nodelist
-        hosts = nodelist.split(",") if "[" not in nodelist else slurm.job_nodes(nodelist)[0]
+        hosts = nodelist.split(",") if "[" not in nodelist else job_nodes(nodelist)[0]
         if hosts and names & set(hosts):
             return binding.job
     return None

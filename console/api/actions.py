@@ -17,7 +17,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from breakers.control import job_actions as actions
-from breakers.control.commands import command_payload
+from breakers.control.payload import command_payload
 from breakers.models import Command, CommandKind
 from console.api.person_auth import PersonView, audit_context, error_responses
 from incidents.models import PauseConfirmation, PauseDecision
@@ -248,7 +248,11 @@ class ConfirmPauseView(PersonView):
 
 
 def confirmation_out(confirmation: PauseConfirmation) -> dict[str, Any]:
-    command = Command.objects.filter(pk=confirmation.command_id).first()
+    command = (
+        Command.objects.filter(pk=confirmation.command_id).first()
+        if confirmation.command_id is not None
+        else None
+    )
     return {
         "id": confirmation.pk,
         "job_id": confirmation.job_id,

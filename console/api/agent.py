@@ -16,7 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from breakers.agent.protocol import PROTOCOL_VERSION
-from console.api.agent_auth import AgentRateThrottle, AgentTokenAuthentication
+from console.api.agent_auth import AgentRateThrottle, AgentTokenAuthentication, agent_job
 from console.api.agent_endpoints import (
     TOO_LARGE,
     body_is_typed,
@@ -114,7 +114,7 @@ class MetricsView(AgentView):
         summary="Upload a batch of metric points",
     )
     def post(self, request: Request) -> Response:
-        status, reply = metrics(request.user.job, self.raw_body(request), None)
+        status, reply = metrics(agent_job(request), self.raw_body(request), None)
         return Response(reply, status=status)
 
 
@@ -127,7 +127,7 @@ class HeartbeatView(AgentView):
         summary="Report that the training process is alive",
     )
     def post(self, request: Request) -> Response:
-        status, reply = heartbeat(request.user.job, self.raw_body(request), None)
+        status, reply = heartbeat(agent_job(request), self.raw_body(request), None)
         return Response(reply, status=status)
 
 
@@ -144,5 +144,5 @@ class CommandAckView(AgentView):
         summary="Acknowledge a command with its result (twice is harmless)",
     )
     def post(self, request: Request, command_id: int) -> Response:
-        status, reply = command_ack(request.user.job, self.raw_body(request), command_id)
+        status, reply = command_ack(agent_job(request), self.raw_body(request), command_id)
         return Response(reply, status=status)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
+from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 
 from console.ratelimit import agent_wait_seconds
@@ -39,7 +40,7 @@ def bearer_token(header_value: bytes | str) -> str | None:
     return token.strip()
 
 
-def required_bearer_token(header: bytes | str) -> str:
+def required_bearer_token(header: bytes | str | None) -> str:
     """The agent token of an Authorization header; 401 (with the reason) when there is none."""
     if not header:
         raise Unauthenticated(
@@ -51,6 +52,14 @@ def required_bearer_token(header: bytes | str) -> str:
             "The Authorization header must be 'Bearer <token>'.", code="malformed_token"
         )
     return token
+
+
+def agent_job(request: Request) -> Job:
+    """The job whose agent token authenticated the request (``AgentTokenAuthentication``)."""
+    principal = request.user
+    if not isinstance(principal, AgentPrincipal):
+        raise Unauthenticated("No agent token: send 'Authorization: Bearer <token>'.")
+    return principal.job
 
 
 class AgentTokenAuthentication(BaseAuthentication):

@@ -10,6 +10,7 @@ from rest_framework.response import Response
 
 from breakers.agent.bundle import MAX_BUNDLE_PARTS
 from console.api.agent import ERRORS, AgentView
+from console.api.agent_auth import agent_job
 from console.api.agent_endpoints import bundle
 
 
@@ -48,5 +49,5 @@ class BundleView(AgentView):
         summary="A node's ranks' metrics, heartbeats and acknowledgements in one request",
     )
     def post(self, request: Request) -> Response:
-        status, reply = bundle(request.user.job, self.raw_body(request), None)
+        status, reply = bundle(agent_job(request), self.raw_body(request), None)
         return Response(reply, status=status)

@@ -113,7 +113,9 @@ class CommandsDoc(serializers.Serializer):
 class ErrorDoc(serializers.Serializer):
     error = serializers.CharField(help_text="A machine-readable code, e.g. invalid, unknown_token.")
     detail = serializers.CharField(help_text="A human sentence.")
-    fields = serializers.DictField(
+    # A declared field named like a Serializer attribute: DRF's metaclass moves it into the
+    # serializer's fields; the stubs see a class attribute overriding the base's.
+    fields = serializers.DictField(  # type: ignore[assignment]
         child=serializers.CharField(), help_text="Field path → what is wrong with it."
     )
 

@@ -12,7 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from console.api.params import id_param, int_param
-from console.api.person_auth import PersonView, audit_context, error_responses
+from console.api.person_auth import PersonView, audit_context, error_responses, signed_in
 from core.errors import InvalidInput
 from incidents.alerts.acknowledge import acknowledge_alert
 from incidents.alerts.lifecycle import alert_payload
@@ -136,7 +136,7 @@ class AcknowledgeAlertView(PersonView):
         body = AcknowledgeIn(data=request.data)
         body.is_valid(raise_exception=True)
         alert = acknowledge_alert(
-            request.user,
+            signed_in(request),
             pk,
             note=body.validated_data.get("note", ""),
             context=audit_context(request),
@@ -163,7 +163,7 @@ class SnoozeAlertView(PersonView):
         body = SnoozeIn(data=request.data)
         body.is_valid(raise_exception=True)
         alert = snooze_alert(
-            request.user,
+            signed_in(request),
             pk,
             minutes=body.validated_data["minutes"],
             context=audit_context(request),

@@ -11,6 +11,7 @@ from rest_framework.response import Response
 
 from breakers import checkpoints as catalogue
 from console.api.agent import ERRORS, AgentView
+from console.api.agent_auth import agent_job
 from console.api.person_auth import PersonView
 from console.api.series import scoped_job
 
@@ -68,7 +69,7 @@ class AgentCheckpointView(AgentView):
         summary="Add a checkpoint the job wrote to its catalogue",
     )
     def post(self, request: Request) -> Response:
-        job = request.user.job
+        job = agent_job(request)
         report = catalogue.parse_report_body(self.raw_body(request))
         row, created = catalogue.record_checkpoint(job.pk, report)
         body = catalogue.checkpoint_out(row, catalogue.lineage(job.pk))

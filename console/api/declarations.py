@@ -21,7 +21,7 @@ from rest_framework.response import Response
 from breakers import declarations
 from breakers.executors.targets import declared_root
 from breakers.models import CheckpointRoot
-from console.api.person_auth import PersonView, audit_context, error_responses
+from console.api.person_auth import PersonView, audit_context, error_responses, signed_in
 from incidents.job_size import declare_job_size_as, size_out
 from incidents.models import Job, JobSize, Team
 from incidents.teams.access import scoped_get
@@ -101,7 +101,7 @@ class InferenceServersView(PersonView):
     )
     def put(self, request: Request, pk: int) -> Response:
         declarations.declare_inference_servers(
-            request.user, pk, request.data, context=audit_context(request)
+            signed_in(request), pk, request.data, context=audit_context(request)
         )
         return Response(declarations.servers_out(_job(request, pk)))
 
@@ -132,7 +132,7 @@ class TeamCheckpointRootView(PersonView):
     )
     def put(self, request: Request, pk: int) -> Response:
         declarations.declare_checkpoint_root(
-            request.user, pk, request.data, context=audit_context(request)
+            signed_in(request), pk, request.data, context=audit_context(request)
         )
         return Response(_root_out(pk, None))
 
@@ -155,7 +155,7 @@ class JobCheckpointRootView(PersonView):
     )
     def put(self, request: Request, pk: int) -> Response:
         declarations.declare_checkpoint_root(
-            request.user, 0, request.data, job_id=pk, context=audit_context(request)
+            signed_in(request), 0, request.data, job_id=pk, context=audit_context(request)
         )
         job = _job(request, pk)
         return Response(_root_out(job.team_id, job))

@@ -12,7 +12,7 @@ from rest_framework.response import Response
 from breakers.drills import runs, workloads
 from breakers.drills.scenarios import SCENARIOS
 from breakers.models import DrillRun, DrillWorkload
-from console.api.person_auth import PersonView, audit_context, error_responses
+from console.api.person_auth import PersonView, audit_context, error_responses, signed_in
 from incidents.models import Team
 from incidents.teams.access import scoped_get
 
@@ -182,7 +182,7 @@ class TeamWorkloadView(PersonView):
         body = WorkloadIn(data=request.data)
         body.is_valid(raise_exception=True)
         workloads.save_team_workload(
-            request.user, pk, dict(body.validated_data), context=audit_context(request)
+            signed_in(request), pk, dict(body.validated_data), context=audit_context(request)
         )
         team = scoped_get(Team.objects, request.user, pk, team_path="pk", noun="team")
         return Response(workload_out(team))

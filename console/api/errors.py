@@ -147,8 +147,8 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
         detail = str(exc.detail)
         body = {"error": code, "detail": detail, "fields": {"Content-Type": detail}}
     else:
-        detail = exc.detail if isinstance(exc, exceptions.APIException) else str(exc)
-        body = {"error": code, "detail": str(detail), "fields": {}}
+        # An APIException reads as its detail.
+        body = {"error": code, "detail": str(exc), "fields": {}}
     response.data = body
     return response
 

@@ -11,7 +11,7 @@ from rest_framework.response import Response
 from breakers.control.escalations import approve_escalation, request_escalation
 from console.api.alerts import LIMIT_PARAMETER, limit_param
 from console.api.params import id_param
-from console.api.person_auth import PersonView, audit_context, error_responses
+from console.api.person_auth import PersonView, audit_context, error_responses, signed_in
 from core.errors import InvalidInput
 from incidents.escalations import (
     ESCALATION_KINDS,
@@ -163,7 +163,7 @@ class RejectEscalationView(PersonView):
         body = DecisionIn(data=request.data)
         body.is_valid(raise_exception=True)
         escalation = reject_escalation(
-            request.user,
+            signed_in(request),
             pk,
             note=body.validated_data.get("note", ""),
             context=audit_context(request),

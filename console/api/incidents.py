@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from console.api.alerts import AcknowledgeIn, AlertOut
-from console.api.person_auth import PersonView, audit_context, error_responses
+from console.api.person_auth import PersonView, audit_context, error_responses, signed_in
 from incidents.alerts import ownership
 from incidents.alerts.acknowledge import acknowledge_incident
 from incidents.alerts.lifecycle import alert_payload
@@ -79,7 +79,7 @@ class AcknowledgeIncidentView(PersonView):
         body = AcknowledgeIn(data=request.data)
         body.is_valid(raise_exception=True)
         alerts = acknowledge_incident(
-            request.user,
+            signed_in(request),
             pk,
             note=body.validated_data.get("note", ""),
             context=audit_context(request),
@@ -98,7 +98,7 @@ class AssignIncidentView(PersonView):
         body = AssignIn(data=request.data)
         body.is_valid(raise_exception=True)
         incident = ownership.assign_incident(
-            request.user,
+            signed_in(request),
             pk,
             assignee_id=body.validated_data.get("user_id"),
             context=audit_context(request),
@@ -128,6 +128,6 @@ class NotesView(PersonView):
         body = NoteIn(data=request.data)
         body.is_valid(raise_exception=True)
         entry = ownership.add_note(
-            request.user, pk, text=body.validated_data["text"], context=audit_context(request)
+            signed_in(request), pk, text=body.validated_data["text"], context=audit_context(request)
         )
         return Response(note_out(entry), status=201)

@@ -10,6 +10,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from console.api.agent import ERRORS, AgentView
+from console.api.agent_auth import agent_job
 from console.api.agent_endpoints import replica_heartbeat
 
 ReplicaHeartbeatDoc = inline_serializer(
@@ -50,5 +51,5 @@ class ReplicaHeartbeatView(AgentView):
         summary="Heartbeat of one replica of an inference job, with its health",
     )
     def post(self, request: Request) -> Response:
-        status, reply = replica_heartbeat(request.user.job, self.raw_body(request), None)
+        status, reply = replica_heartbeat(agent_job(request), self.raw_body(request), None)
         return Response(reply, status=status)

@@ -27,7 +27,7 @@ from console.api.agent_schema import ErrorDoc
 from console.api.alerts import limit_param
 from console.api.person_auth import PersonView, audit_context, error_responses
 from console.ratelimit import parse_rate, rate_counter
-from core.errors import InvalidInput
+from core.errors import InvalidInput, Unauthenticated
 from incidents.models import Team
 from incidents.teams.access import visible_team_ids
 
@@ -43,6 +43,14 @@ class IntegrationPrincipal:
     @property
     def pk(self) -> int:
         return self.team.pk
+
+
+def integration_team(request: Request) -> Team:
+    """The team whose integration token authenticated the request."""
+    principal = request.user
+    if not isinstance(principal, IntegrationPrincipal):
+        raise Unauthenticated("No integration token: send 'Authorization: Bearer <token>'.")
+    return principal.team
 
 
 class IntegrationTokenAuthentication(BaseAuthentication):
@@ -102,7 +110,8 @@ class WebhookRateThrottle(BaseThrottle):
         team = getattr(request.user, "team", None)
         if team is None:
             return True
-        limit, period = parse_rate(api_settings.DEFAULT_THROTTLE_RATES["alertmanager"])
+        rate = api_settings.DEFAULT_THROTTLE_RATES["alertmanager"]
+        limit, period = parse_rate(rate)  # type: ignore[arg-type]  # DRF's rates are "N/period" strings; its stubs type them as numbers
         try:
             self.wait_seconds = rate_counter().hit(f"alertmanager:{team.pk}", limit, period)
         except Exception:  # Redis away: the webhook is still applied (fails open)
@@ -141,7 +150,7 @@ class AlertmanagerWebhookView(APIView):
     )
     def post(self, request: Request) -> Response:
         webhook = _parse(_body(request))
-        report = receive_alertmanager(request.user.team.pk, webhook)
+        report = receive_alertmanager(integration_team(request).pk, webhook)
         return Response({**report.as_dict(), "truncated_alerts": webhook.truncated_alerts})
 
 

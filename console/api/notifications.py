@@ -14,7 +14,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from console.api.person_auth import PersonView, audit_context, error_responses
+from console.api.person_auth import PersonView, audit_context, error_responses, signed_in
 from incidents.models import Alert, Delivery, DrillDelivery, Severity, Team
 from incidents.notifications.delivery import notifications_configured, policy_for
 from incidents.notifications.policy import (
@@ -175,7 +175,7 @@ class PolicyView(PersonView):
     )
     def put(self, request: Request, pk: int) -> Response:
         data = request.data if isinstance(request.data, dict) else {}
-        policy = save_policy(request.user, pk, dict(data), context=audit_context(request))
+        policy = save_policy(signed_in(request), pk, dict(data), context=audit_context(request))
         return Response(policy_out(policy.team_id, admin=True))
 
 
@@ -190,7 +190,11 @@ class ContactView(PersonView):
         body = ContactIn(data=request.data)
         body.is_valid(raise_exception=True)
         set_contact(
-            request.user, pk, user_id, body.validated_data["phone"], context=audit_context(request)
+            signed_in(request),
+            pk,
+            user_id,
+            body.validated_data["phone"],
+            context=audit_context(request),
         )
         return Response(status=204)
 
@@ -206,7 +210,7 @@ class TestNotificationView(PersonView):
         body = TestIn(data=request.data)
         body.is_valid(raise_exception=True)
         delivery = send_test_notification(
-            request.user,
+            signed_in(request),
             pk,
             body.validated_data["user_id"],
             body.validated_data["channel"],
@@ -234,7 +238,10 @@ class AskConfirmationView(PersonView):
         body = AskIn(data=request.data)
         body.is_valid(raise_exception=True)
         ids = ask_for_confirmation(
-            request.user, pk, body.validated_data.get("note", ""), context=audit_context(request)
+            signed_in(request),
+            pk,
+            body.validated_data.get("note", ""),
+            context=audit_context(request),
         )
         return Response({"deliveries": ids}, status=202)
 

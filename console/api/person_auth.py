@@ -27,6 +27,7 @@ from console.api.parsers import PERSON_PARSERS
 from core.errors import InvalidInput, Unauthenticated
 from incidents.models import PERSONAL_TOKEN_PREFIX
 from incidents.teams.audit import AuditContext
+from incidents.teams.users import User
 
 
 class PersonalTokenAuthentication(BaseAuthentication):
@@ -106,6 +107,16 @@ class PersonView(APIView):
             field_name = nul_field(request.data)
             if field_name:
                 raise InvalidInput("A NUL character is not allowed.", fields={field_name: "no NUL"})
+
+
+def signed_in(request: Request | HttpRequest) -> User:
+    """The person behind a request that only a signed-in person reaches (``IsAuthenticated``,
+    ``login_required``): the ``User`` the services that act take. Anybody else is refused as
+    not signed in, never served as nobody."""
+    user = request.user
+    if not isinstance(user, User):
+        raise Unauthenticated("Sign in, or send a personal token.")
+    return user
 
 
 def audit_context(request: Request | HttpRequest) -> AuditContext:

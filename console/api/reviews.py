@@ -18,7 +18,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from console.api.params import parse_moment
-from console.api.person_auth import PersonView, audit_context
+from console.api.person_auth import PersonView, audit_context, signed_in
 from console.api.person_auth import error_responses as person_errors
 from core.errors import InvalidInput
 from incidents.models import ReviewStatus
@@ -67,7 +67,11 @@ class ReviewIn(serializers.Serializer):
     root_cause = serializers.CharField(allow_blank=True, max_length=MAX_TEXT, default="")
     contributing_factors = serializers.CharField(allow_blank=True, max_length=MAX_TEXT, default="")
     what_went_well = serializers.CharField(allow_blank=True, max_length=MAX_TEXT, default="")
-    follow_ups = FollowUpSerializer(many=True, default=list, max_length=MAX_FOLLOW_UPS)
+    # many=True builds a ListSerializer, which takes max_length; the stubs type the child's
+    # arguments only.
+    follow_ups = FollowUpSerializer(  # type: ignore[call-arg]
+        many=True, default=list, max_length=MAX_FOLLOW_UPS
+    )
 
 
 class TimelineRowOut(serializers.Serializer):
@@ -77,13 +81,17 @@ class TimelineRowOut(serializers.Serializer):
     actor = serializers.DictField(help_text='{"kind": system|person|agent, "username": …}')
     step = serializers.IntegerField(allow_null=True)
     message = serializers.CharField()
-    data = serializers.DictField()
+    # A declared field named like a Serializer attribute: DRF's metaclass moves it into the
+    # serializer's fields; the stubs see a class attribute overriding the base's.
+    data = serializers.DictField()  # type: ignore[assignment]
     alert_id = serializers.IntegerField(allow_null=True)
 
 
 class LinkOut(serializers.Serializer):
     key = serializers.ChoiceField(choices=list(LINK_KEYS))
-    label = serializers.CharField()
+    # A declared field named like a Field attribute: DRF's metaclass moves it into the
+    # serializer's fields; the stubs see a class attribute overriding the base's.
+    label = serializers.CharField()  # type: ignore[assignment]
     seconds = serializers.FloatField(allow_null=True, help_text="null: not measured")
     steps = serializers.IntegerField(allow_null=True)
     start_at = serializers.DateTimeField(allow_null=True)
@@ -145,8 +153,8 @@ class ReviewView(PersonView):
     def put(self, request: Request, pk: int) -> Response:
         # ReviewIn documents the body; the service validates it (incidents.reviews.content),
         # so the API and the page's form name the same fields in their refusals.
-        body = request.data
-        revision = body.get("revision") if isinstance(body, dict) else None
+        body = request.data if isinstance(request.data, dict) else {}  # not an object: refused
+        revision = body.get("revision")
         if not isinstance(revision, int) or isinstance(revision, bool) or revision < 0:
             raise InvalidInput(
                 "The review was refused.",
@@ -154,7 +162,7 @@ class ReviewView(PersonView):
             )
         content = {key: value for key, value in body.items() if key != "revision"}
         save_review(
-            request.user, pk, content, base_revision=revision, context=audit_context(request)
+            signed_in(request), pk, content, base_revision=revision, context=audit_context(request)
         )
         return Response(review_document(load_review(request.user, pk)))
 
@@ -199,6 +207,7 @@ class TeamIncidentReportView(PersonView):
     @extend_schema(
         tags=["reviews"],
         summary="A team's incidents over a period, with median and p90 of each link by level",
+        description="Fire drills' incidents are left out; `drill_incidents` counts them.",
         parameters=[
             OpenApiParameter("since", OpenApiTypes.STR, description="ISO date or date-time"),
             OpenApiParameter("until", OpenApiTypes.STR, description="default: now"),

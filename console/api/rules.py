@@ -16,7 +16,7 @@ from rest_framework.response import Response
 from breakers.detection import ruleset_core, rulesets
 from breakers.models import RuleSetVersion
 from console.api.params import int_param
-from console.api.person_auth import PersonView, audit_context, error_responses
+from console.api.person_auth import PersonView, audit_context, error_responses, signed_in
 from core.errors import InvalidInput, NotFound
 from incidents.models import Team
 from incidents.teams.access import scoped_get
@@ -25,7 +25,9 @@ from incidents.teams.access import scoped_get
 class ChangeDoc(serializers.Serializer):
     op = serializers.ChoiceField(choices=list(ruleset_core.OPS))
     key = serializers.CharField(help_text="The rule's key (lower-case letters, digits, - and _).")
-    fields = serializers.DictField(
+    # A declared field named like a Serializer attribute: DRF's metaclass moves it into the
+    # serializer's fields; the stubs see a class attribute overriding the base's.
+    fields = serializers.DictField(  # type: ignore[assignment]
         required=False,
         help_text="create/update: the rule's fields (name, layer, metric, detector, params, "
         "severity, action, action_params, per_node, per_metric, enabled, clear_after, "
@@ -129,7 +131,9 @@ class RuleSetView(PersonView):
         except NotFound:
             # The service audits the refused probe for the owning team (who knocked), then
             # answers the same 404; the body is never looked at.
-            rulesets.change_rules(request.user, pk, None, None, context=audit_context(request))
+            rulesets.change_rules(
+                signed_in(request), pk, None, None, context=audit_context(request)
+            )
             raise
         data = request.data if isinstance(request.data, dict) else None
         if data is None:
@@ -139,7 +143,7 @@ class RuleSetView(PersonView):
             name = sorted(map(str, unknown))[0]
             raise InvalidInput(f"Unknown field {name!r}.", fields={name: "unknown field"})
         rulesets.change_rules(
-            request.user,
+            signed_in(request),
             team.pk,
             data.get("why"),
             data.get("changes"),

@@ -13,7 +13,7 @@ from rest_framework.response import Response
 
 from breakers.detection import shadow
 from breakers.detection.shadow_report import shadow_report
-from console.api.person_auth import PersonView, audit_context, error_responses
+from console.api.person_auth import PersonView, audit_context, error_responses, signed_in
 from console.api.reviews import report_period
 from console.api.rules import RuleSetOut, _ruleset, _team
 from core.errors import InvalidInput
@@ -58,5 +58,7 @@ class PromoteView(PersonView):
         unknown = sorted(set(map(str, data)) - {"why"})
         if unknown:
             raise InvalidInput(f"Unknown field {unknown[0]!r}.", fields={unknown[0]: "unknown"})
-        shadow.promote_rule(request.user, pk, key, data.get("why"), context=audit_context(request))
+        shadow.promote_rule(
+            signed_in(request), pk, key, data.get("why"), context=audit_context(request)
+        )
         return Response(_ruleset(_team(request, pk)), status=201)

@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from console.api.params import id_param
-from console.api.person_auth import PersonView, audit_context, error_responses
+from console.api.person_auth import PersonView, audit_context, error_responses, signed_in
 from incidents.models import Silence
 from incidents.silences import create_silence, end_silence, visible_silences
 
@@ -67,7 +67,7 @@ class SilenceListView(PersonView):
     )
     def get(self, request: Request) -> Response:
         team = id_param(request, "team")
-        silences = visible_silences(request.user, team_id=team)
+        silences = visible_silences(signed_in(request), team_id=team)
         return Response([silence_out(s) for s in silences[:200]])
 
     @extend_schema(
@@ -83,7 +83,7 @@ class SilenceListView(PersonView):
         body.is_valid(raise_exception=True)
         data = body.validated_data
         silence = create_silence(
-            request.user,
+            signed_in(request),
             data["team_id"],
             job_id=data.get("job_id"),
             rule_key=data.get("rule_key", ""),
@@ -103,5 +103,5 @@ class EndSilenceView(PersonView):
         responses={200: SilenceOut, **error_responses(401, 403, 404)},
     )
     def post(self, request: Request, pk: int) -> Response:
-        silence = end_silence(request.user, pk, context=audit_context(request))
+        silence = end_silence(signed_in(request), pk, context=audit_context(request))
         return Response(silence_out(silence))

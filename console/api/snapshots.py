@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from breakers.snapshots import intake as snapshots
 from breakers.snapshots import queries
 from console.api.agent import ERRORS, AgentView, declares_more_than
+from console.api.agent_auth import agent_job
 from console.api.person_auth import PersonView
 from console.api.series import scoped_job
 from core.errors import NotFound, PayloadTooLarge
@@ -60,7 +61,7 @@ class SnapshotView(AgentView):
         summary="Store an environment snapshot (at start, at each checkpoint, after a resume)",
     )
     def post(self, request: Request) -> Response:
-        job = request.user.job
+        job = agent_job(request)
         snapshot, created = snapshots.record_snapshot(job.pk, self.raw_body(request))
         body = {"id": snapshot.pk, "kind": snapshot.kind, "step": snapshot.step, "created": created}
         return Response(body, status=201 if created else 200)

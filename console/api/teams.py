@@ -13,7 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from console.api.params import parse_moment
-from console.api.person_auth import PersonView, audit_context, error_responses
+from console.api.person_auth import PersonView, audit_context, error_responses, signed_in
 from incidents.models import OnCallRotation, OnCallShift, Team
 from incidents.teams.access import scoped_get
 from incidents.teams.oncall import (
@@ -141,7 +141,7 @@ class ShiftListView(PersonView):
         body = ShiftIn(data=request.data)
         body.is_valid(raise_exception=True)
         shift = create_shift(
-            request.user,
+            signed_in(request),
             pk,
             person_id=body.validated_data["user_id"],
             starts_at=body.validated_data["starts_at"],
@@ -158,7 +158,7 @@ class ShiftDetailView(PersonView):
         responses={204: None, **error_responses(401, 403, 404)},
     )
     def delete(self, request: Request, pk: int, shift_id: int) -> Response:
-        delete_shift(request.user, pk, shift_id, context=audit_context(request))
+        delete_shift(signed_in(request), pk, shift_id, context=audit_context(request))
         return Response(status=204)
 
 
@@ -201,7 +201,7 @@ class RotationListView(PersonView):
         body = RotationIn(data=request.data)
         body.is_valid(raise_exception=True)
         row = create_rotation(
-            request.user, pk, **body.validated_data, context=audit_context(request)
+            signed_in(request), pk, **body.validated_data, context=audit_context(request)
         )
         return Response(rotation_out(row), status=201)
 
@@ -213,5 +213,5 @@ class RotationDetailView(PersonView):
         responses={204: None, **error_responses(401, 403, 404)},
     )
     def delete(self, request: Request, pk: int, rotation_id: int) -> Response:
-        delete_rotation(request.user, pk, rotation_id, context=audit_context(request))
+        delete_rotation(signed_in(request), pk, rotation_id, context=audit_context(request))
         return Response(status=204)

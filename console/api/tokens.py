@@ -14,6 +14,7 @@ from console.api.person_auth import (
     PersonView,
     audit_context,
     error_responses,
+    signed_in,
 )
 from core.errors import Forbidden
 from incidents.models import PersonalToken
@@ -58,7 +59,9 @@ class TokenListView(PersonView):
         responses={200: TokenOut(many=True), **error_responses(401)},
     )
     def get(self, request: Request) -> Response:
-        tokens = PersonalToken.objects.filter(user=request.user).order_by("-created_at", "-id")
+        tokens = PersonalToken.objects.filter(user=signed_in(request)).order_by(
+            "-created_at", "-id"
+        )
         return Response([token_out(t) for t in tokens])
 
     @extend_schema(
@@ -76,7 +79,7 @@ class TokenListView(PersonView):
         body = TokenIn(data=request.data)
         body.is_valid(raise_exception=True)
         issued = issue_personal_token(
-            request.user, body.validated_data["name"], context=audit_context(request)
+            signed_in(request), body.validated_data["name"], context=audit_context(request)
         )
         return Response({**token_out(issued.token), "token": issued.raw}, status=201)
 
@@ -88,5 +91,5 @@ class TokenRevokeView(PersonView):
         responses={200: TokenOut, **error_responses(401, 404)},
     )
     def delete(self, request: Request, pk: int) -> Response:
-        token = revoke_personal_token(request.user, pk, context=audit_context(request))
+        token = revoke_personal_token(signed_in(request), pk, context=audit_context(request))
         return Response(token_out(token))

@@ -4,6 +4,8 @@ tools fetch links to preview them."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_http_methods
@@ -19,7 +21,11 @@ def acknowledge_link_page(request: HttpRequest, token: str) -> HttpResponse:
         delivery = page_of_link(token)
     except ServiceError as error:
         return render(request, "ack_link.html", {"error": error.detail}, status=error.status)
-    context = {"delivery": delivery, "alert": delivery.alert, "person": delivery.recipient}
+    context: dict[str, Any] = {
+        "delivery": delivery,
+        "alert": delivery.alert,
+        "person": delivery.recipient,
+    }
     if request.method == "POST":
         try:
             acknowledge_by_link(token, audit_context(request))

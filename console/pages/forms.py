@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal, overload
 
 from django.contrib import messages
 from django.http import HttpRequest
@@ -28,8 +28,20 @@ def attempt(request: HttpRequest, done: str, call: Callable[[], Any]) -> bool:
     return True
 
 
+@overload
+def utc_field(request: HttpRequest, name: str, *, required: Literal[True] = True) -> datetime: ...
+
+
+@overload
+def utc_field(request: HttpRequest, name: str, *, required: bool) -> datetime | None: ...
+
+
 def utc_field(request: HttpRequest, name: str, *, required: bool = True) -> datetime | None:
-    """A ``datetime-local`` input, read as UTC (every page says times are UTC)."""
+    """A time typed as ISO ``YYYY-MM-DD HH:MM``, read as UTC (every page says times are UTC).
+
+    The pages use plain text inputs with a pattern rather than ``datetime-local``, whose picker
+    shows the browser's locale and time zone while everything else on the console is ISO UTC.
+    """
     raw = request.POST.get(name, "").strip()
     if not raw:
         if required:
@@ -38,7 +50,7 @@ def utc_field(request: HttpRequest, name: str, *, required: bool = True) -> date
     try:
         value = datetime.fromisoformat(raw)
     except ValueError:
-        raise InvalidInput(f"Bad {name}.", fields={name: "YYYY-MM-DDTHH:MM (UTC)"}) from None
+        raise InvalidInput(f"Bad {name}.", fields={name: "YYYY-MM-DD HH:MM (UTC)"}) from None
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value
 
 

@@ -10,7 +10,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 
 from breakers.detection.rulesets import rule_keys
-from console.api.person_auth import audit_context
+from console.api.person_auth import audit_context, signed_in
 from console.board import roles_by_team
 from console.pages.forms import attempt, int_field, utc_field
 from core.errors import NotFound
@@ -40,7 +40,7 @@ def _create(request: HttpRequest) -> None:
             hours = int_field(request, "hours") or 0
             ends = starts + timedelta(hours=hours)
         create_silence(
-            request.user,
+            signed_in(request),
             int_field(request, "team_id") or 0,
             job_id=int_field(request, "job_id", required=False),
             rule_key=request.POST.get("rule_key", ""),
@@ -61,7 +61,7 @@ def silences_page(request: HttpRequest) -> HttpResponse:
                 request,
                 "Silence ended: pages go out again.",
                 lambda: end_silence(
-                    request.user,
+                    signed_in(request),
                     int_field(request, "silence_id") or 0,
                     context=audit_context(request),
                 ),
@@ -74,7 +74,7 @@ def silences_page(request: HttpRequest) -> HttpResponse:
     team = request.GET.get("team", "")
     only = int(team) if team.isascii() and team.isdigit() and len(team) < 12 else None
     try:
-        found = visible_silences(request.user, team_id=only)
+        found = visible_silences(signed_in(request), team_id=only)
     except NotFound:
         raise Http404("There is no such team.") from None
     silences = list(found.order_by("-ends_at", "-id")[:PAGE])

@@ -7,7 +7,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
-from console.api.person_auth import audit_context
+from console.api.person_auth import audit_context, signed_in
 from console.pages.forms import attempt, int_field
 from incidents.notifications.outbox import answer_from_outbox, outbox, outbox_enabled
 from incidents.teams.access import visible_team_ids
@@ -22,8 +22,8 @@ def outbox_page(request: HttpRequest) -> HttpResponse:
         attempt(
             request,
             "Acknowledged from the Outbox: the paging of this alert stops.",
-            lambda: answer_from_outbox(request.user, delivery_id, audit_context(request)),
+            lambda: answer_from_outbox(signed_in(request), delivery_id, audit_context(request)),
         )
         return redirect("/outbox/")
-    entries = outbox(request.user, visible_team_ids(request.user))
+    entries = outbox(signed_in(request), visible_team_ids(signed_in(request)))
     return render(request, "outbox.html", {"entries": entries})

@@ -15,7 +15,7 @@ from django.utils import timezone
 from breakers.detection import ruleset_core, rulesets, shadow
 from breakers.detection.engine import ACTIONS, LAYERS, SEVERITIES
 from breakers.detection.shadow_report import shadow_report
-from console.api.person_auth import audit_context
+from console.api.person_auth import audit_context, signed_in
 from console.pages.forms import attempt
 from console.pages.teams import _team
 from core.errors import InvalidInput
@@ -75,7 +75,7 @@ def _post(request: HttpRequest, team_id: int) -> None:
 
     def change() -> None:
         rulesets.change_rules(
-            request.user,
+            signed_in(request),
             team_id,
             request.POST.get("why", ""),
             [_change(request)],
@@ -88,7 +88,7 @@ def _post(request: HttpRequest, team_id: int) -> None:
 def _promote(request: HttpRequest, team_id: int) -> None:
     def promote() -> None:
         shadow.promote_rule(
-            request.user,
+            signed_in(request),
             team_id,
             request.POST.get("key", "").strip(),
             request.POST.get("why", ""),

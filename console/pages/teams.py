@@ -13,7 +13,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 
 from console.api.notifications import delivery_out, is_admin, policy_out
-from console.api.person_auth import audit_context
+from console.api.person_auth import audit_context, signed_in
 from console.pages.forms import attempt, int_field, utc_field
 from core.errors import InvalidInput
 from incidents.models import Contact, Delivery, DrillDelivery, Membership, OnCallRotation, Team
@@ -98,18 +98,18 @@ def _save_policy(request: HttpRequest, team: Team) -> None:
         "drill_delivery": request.POST.get("drill_delivery", "on_call"),
         "drill_receivers": [int(v) if v.isdigit() else v for v in receivers],
     }
-    save_policy(request.user, team.pk, body, context=audit_context(request))
+    save_policy(signed_in(request), team.pk, body, context=audit_context(request))
 
 
 def _set_contact(request: HttpRequest, team: Team) -> None:
     person = int_field(request, "user_id") or 0
     phone = request.POST.get("phone", "")
-    set_contact(request.user, team.pk, person, phone, context=audit_context(request))
+    set_contact(signed_in(request), team.pk, person, phone, context=audit_context(request))
 
 
 def _create_shift(request: HttpRequest, team: Team) -> None:
     create_shift(
-        request.user,
+        signed_in(request),
         team.pk,
         person_id=int_field(request, "user_id") or 0,
         starts_at=utc_field(request, "starts_at"),
@@ -120,18 +120,20 @@ def _create_shift(request: HttpRequest, team: Team) -> None:
 
 def _delete_shift(request: HttpRequest, team: Team) -> None:
     shift = int_field(request, "shift_id") or 0
-    delete_shift(request.user, team.pk, shift, context=audit_context(request))
+    delete_shift(signed_in(request), team.pk, shift, context=audit_context(request))
 
 
 def _delete_rotation(request: HttpRequest, team: Team) -> None:
     rotation = int_field(request, "rotation_id") or 0
-    delete_rotation(request.user, team.pk, rotation, context=audit_context(request))
+    delete_rotation(signed_in(request), team.pk, rotation, context=audit_context(request))
 
 
 def _send_test(request: HttpRequest, team: Team) -> None:
     person = int_field(request, "user_id") or 0
     channel = request.POST.get("channel", "")
-    send_test_notification(request.user, team.pk, person, channel, context=audit_context(request))
+    send_test_notification(
+        signed_in(request), team.pk, person, channel, context=audit_context(request)
+    )
 
 
 def _people_by_name(team: Team, names: str) -> list[int]:
@@ -153,7 +155,7 @@ def _create_rotation(request: HttpRequest, team: Team) -> None:
     starts_on = _parsed(post.get("starts_on", ""), date.fromisoformat, "starts_on", "a date")
     length = post.get("length_days", "").strip()
     create_rotation(
-        request.user,
+        signed_in(request),
         team.pk,
         name=post.get("name", ""),
         people=_people_by_name(team, post.get("people", "")),
@@ -241,8 +243,8 @@ def _paging_context(request: HttpRequest, team: Team, admin: bool) -> dict[str, 
         "on_call": who_is_on_call(team.pk, now),
         "shifts": team_shifts(team, ending_after=now),
         "rotations": rotation_rows(team, now),
-        "shift_start": now.strftime("%Y-%m-%dT%H:%M"),
-        "shift_end": (now + timedelta(hours=12)).strftime("%Y-%m-%dT%H:%M"),
+        "shift_start": now.strftime("%Y-%m-%d %H:%M"),
+        "shift_end": (now + timedelta(hours=12)).strftime("%Y-%m-%d %H:%M"),
     }
 
 

@@ -8,6 +8,8 @@ from typing import Any
 
 from django import template
 
+from breakers.checkpoints import catalogue
+
 register = template.Library()
 
 
@@ -66,6 +68,4 @@ def split(value: str) -> list[str]:
 @register.simple_tag
 def checkpoint_catalogue(job_id: int) -> list[dict[str, Any]]:
     """The job's checkpoints, newest first, clean or after the anomaly (breakers.checkpoints)."""
-    from breakers.checkpoints import catalogue
-
     return catalogue(job_id)

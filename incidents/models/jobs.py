@@ -208,8 +208,6 @@ class JobRank(models.Model):
     # per step, the wait for the other ranks left out (the straggler check's basis).
     sync_step = models.BigIntegerField(null=True, blank=True)
     compute_seconds = models.FloatField(null=True, blank=True)
-    # Not a column: past its deadline at the time of reading (``console.ranks_table``).
-    silent: bool = False
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["job", "rank"], name="rank_unique_in_job")]

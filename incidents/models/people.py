@@ -15,7 +15,8 @@ from django.db import models
 from django.db.models import F, Q
 
 from core.append_only import AppendOnlyModel, AppendOnlyQuerySet
-from incidents.models import Alert, Incident, Job, Severity, Team, hash_token
+from incidents.models.alerts import Alert, Incident, Severity
+from incidents.models.jobs import Job, Team, hash_token
 
 __all__ = [
     "ACTIVE_ESCALATION_STATUSES",

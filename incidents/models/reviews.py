@@ -11,7 +11,8 @@ from django.db import models
 from django.db.models import Q
 
 from core.append_only import AppendOnlyModel
-from incidents.models import Incident, Job
+from incidents.models.alerts import Incident
+from incidents.models.jobs import Job
 
 __all__ = [
     "REVIEW_TRANSITIONS",

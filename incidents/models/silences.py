@@ -9,7 +9,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
 
-from incidents.models import Job, Team
+from incidents.models.jobs import Job, Team
 
 __all__ = ["Silence"]
 

@@ -58,6 +58,7 @@ from incidents.models import (
 from incidents.notifications import grouping
 from incidents.notifications import senders as channels
 from incidents.notifications.outgoing import outgoing_of
+from incidents.notifications.queue import DISPATCH_ALERT, FIRE_ROUND, SEND_DELIVERY, task
 from incidents.notifications.reply_codes import REPLY_CHANNELS, new_reply_code
 from incidents.notifications.routing import (
     DIGEST,
@@ -73,12 +74,6 @@ from incidents.teams.oncall import who_is_on_call
 log = logging.getLogger(__name__)
 
 
-def tasks() -> Any:
-    from incidents.notifications import tasks  # the tasks import this module
-
-    return tasks
-
-
 def policy_for(team_id: int) -> NotificationPolicy:
     """The team's policy; the default policy (unsaved) when it has none (docs/design.md
     "Notifications and paging")."""
@@ -92,7 +87,7 @@ def notifications_configured(team_id: int) -> bool:
 
 def notify_alert(alert_id: int) -> None:
     """Call inside the transaction that raised or escalated the alert: notifies after commit."""
-    transaction.on_commit(lambda: tasks().dispatch_alert_task.delay(alert_id))
+    transaction.on_commit(lambda: task(DISPATCH_ALERT).delay(alert_id))
 
 
 # --- Content ---------------------------------------------------------------------------------
@@ -320,7 +315,7 @@ def _schedule_next_round(
         alert=alert, severity=round_.severity, number=round_.number + 1, defaults={"due_at": due}
     )
     if created:
-        transaction.on_commit(lambda: tasks().fire_round_task.apply_async((following.pk,), eta=due))
+        transaction.on_commit(lambda: task(FIRE_ROUND).apply_async((following.pk,), eta=due))
 
 
 def fire_due_rounds(*, now: datetime | None = None) -> list[int]:
@@ -478,7 +473,7 @@ def lease(now: datetime, extra_seconds: float = 0.0) -> datetime:
 
 def fan_out(delivery_ids: list[int]) -> None:
     for delivery_id in delivery_ids:
-        tasks().send_delivery_task.delay(delivery_id)
+        task(SEND_DELIVERY).delay(delivery_id)
 
 
 def _claim(delivery: Delivery) -> bool:

@@ -28,7 +28,8 @@ from incidents.models import (
     TimelineEntry,
     TimelineKind,
 )
-from incidents.notifications.delivery import lease, tasks
+from incidents.notifications.delivery import lease
+from incidents.notifications.queue import DISPATCH_ALERT, SEND_DELIVERY, task
 
 # Queued deliveries a sweep re-queues at most: the rest wait for the next sweep.
 SWEEP_LIMIT = 500
@@ -85,10 +86,10 @@ def sweep_deliveries(*, now: datetime | None = None) -> list[int]:
     lost = undispatched_alerts(now)
     if lost:
         log.warning("dispatching %d alerts whose dispatch was lost: %s", len(lost), lost)
-        transaction.on_commit(lambda: [tasks().dispatch_alert_task.delay(pk) for pk in lost])
+        transaction.on_commit(lambda: [task(DISPATCH_ALERT).delay(pk) for pk in lost])
     if requeued:
         log.warning("re-queued %d deliveries whose lease ran out: %s", len(requeued), requeued)
         transaction.on_commit(
-            lambda: [tasks().send_delivery_task.delay(pk, attempt) for pk, attempt in requeued]
+            lambda: [task(SEND_DELIVERY).delay(pk, attempt) for pk, attempt in requeued]
         )
     return [pk for pk, _ in requeued]

@@ -12,17 +12,15 @@ from celery import shared_task
 from incidents.models import NotificationPolicy
 from incidents.notifications import delivery as notifications
 from incidents.notifications import policy as notify_services
-from incidents.notifications import sweep
+from incidents.notifications import queue, sweep
 
 
-@shared_task(name="notifications.dispatch_alert", acks_late=True, ignore_result=True)
+@shared_task(name=queue.DISPATCH_ALERT, acks_late=True, ignore_result=True)
 def dispatch_alert_task(alert_id: int) -> None:
     notifications.dispatch_alert(alert_id)
 
 
-@shared_task(
-    name="notifications.fire_round", bind=True, acks_late=True, ignore_result=True, max_retries=None
-)
+@shared_task(name=queue.FIRE_ROUND, bind=True, acks_late=True, ignore_result=True, max_retries=None)
 def fire_round_task(self, round_id: int) -> None:
     if notifications.fire_round(round_id) is None and not self.request.is_eager:
         # Handed out early (a broker's visibility timeout can redeliver an ETA task).
@@ -35,7 +33,7 @@ def fire_due_rounds_task() -> None:
 
 
 @shared_task(
-    name="notifications.send_delivery",
+    name=queue.SEND_DELIVERY,
     bind=True,
     acks_late=True,
     ignore_result=True,

@@ -53,6 +53,9 @@ def team_incident_report(user: Visitor, team_id: int, since: datetime, until: da
         "incidents": [_incident_line(incident, durations) for incident, durations in measured],
         "levels": [_level_line(level, group) for level, group in groups]
         + [_level_line("all", [d for _, d in measured])],
+        "drill_incidents": Incident.objects.filter(
+            job__team_id=team_id, opened_at__gte=since, opened_at__lt=until, job__drill_sandbox=True
+        ).count(),
     }
 
 
@@ -66,8 +69,11 @@ def _check_storable(moment: datetime, name: str) -> None:
 
 
 def _incidents(team_id: int, since: datetime, until: datetime) -> list[Incident]:
+    # A fire drill's incident is a rehearsal with a fault injected on purpose: it is scored on
+    # the drill's own page and would only blur the team's real chain here.
     incidents = list(
         Incident.objects.filter(job__team_id=team_id, opened_at__gte=since, opened_at__lt=until)
+        .exclude(job__drill_sandbox=True)
         .select_related("job")
         .order_by("opened_at", "id")[: MAX_INCIDENTS + 1]
     )

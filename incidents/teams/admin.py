@@ -6,7 +6,7 @@ plain data; tokens are shown by prefix only and can be revoked through the API.
 
 from django.contrib import admin
 
-from incidents.admin import ReadOnlyAdmin
+from incidents.admin_read_only import ReadOnlyAdmin
 from incidents.models import (
     AuditEntry,
     EscalationRequest,

@@ -11,7 +11,6 @@ import json
 import math
 import random
 import threading
-import time
 from contextlib import contextmanager
 
 import pytest
@@ -159,7 +158,7 @@ def test_the_periodic_tick_evaluates_what_a_lost_task_left_behind(client, agent,
     # The flag says "queued" but no task is: as if the broker lost the message.
     tasks._redis().set(tasks._flag("evaluate", agent.job_id), 1, ex=60)
     post_points(client, agent, [{"name": "loss", "step": 1, "value": "NaN"}])
-    time.sleep(0.2)
+    wait_for(worker_idle, "the worker to settle")  # had a task been sent, it would have run
     assert not Alert.objects.filter(job_id=agent.job_id).exists()
     assert tasks.tick_evaluations.apply().result == 1  # beat: one tick per running job
     wait_for(lambda: Alert.objects.filter(job_id=agent.job_id).exists(), "the alert")

@@ -11,7 +11,8 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
-from breakers.control.commands import acknowledge_command, issue_command
+from breakers.control.acknowledge import acknowledge_command
+from breakers.control.commands import issue_command
 from breakers.control.failed_brake import RULE_KEY
 from incidents.alerts.lifecycle import AlertSignal, raise_or_update_alert
 from incidents.jobs import create_job

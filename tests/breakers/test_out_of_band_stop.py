@@ -14,7 +14,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from breakers.control.commands import expire_overdue_commands, issue_command, stop_hung_job
-from breakers.executors.local import process_is_running
+from breakers.executors.identity import process_is_running
 from breakers.models import Command, CommandStatus
 from incidents.jobs import record_heartbeat
 from incidents.models import Incident, Job, JobRank, JobStatus

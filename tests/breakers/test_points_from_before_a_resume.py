@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from breakers.agent.points import PointIn
 from breakers.agent.store import store_points
-from breakers.control.commands import acknowledge_command
+from breakers.control.acknowledge import acknowledge_command
 from breakers.control.job_actions import confirm_pause
 from breakers.detection.evaluation import evaluate_job
 from breakers.detection.rules import install_default_pack

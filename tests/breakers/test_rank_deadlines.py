@@ -7,7 +7,8 @@ import pytest
 import time_machine
 from django.utils import timezone
 
-from breakers.control.commands import acknowledge_command, issue_command
+from breakers.control.acknowledge import acknowledge_command
+from breakers.control.commands import issue_command
 from breakers.control.heartbeats import check_heartbeats
 from breakers.control.watchdog import watchdog_tick
 from breakers.models import Command

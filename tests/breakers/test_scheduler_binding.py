@@ -12,9 +12,10 @@ from django.utils import timezone
 
 from breakers.agent.protocol import parse_heartbeat
 from breakers.control.commands import expire_overdue_commands, issue_command, stop_hung_job
-from breakers.executors.local import executor_for
+from breakers.executors.scheduler import executor_for
 from breakers.executors.slurm import executor as slurm
 from breakers.executors.slurm.actions import act_on_command
+from breakers.executors.slurm.client import SlurmCall
 from breakers.executors.slurm.executor import SlurmExecutor
 from breakers.models import NodeDrain, SchedulerBinding
 from core.errors import InvalidInput
@@ -81,9 +82,9 @@ def slurm_knows(monkeypatch):
     known: dict[str, tuple[str, str]] = {}
 
     def show_job(slurm_job_id: str):
-        call = slurm.SlurmCall(("scontrol", "show", "job", slurm_job_id), 0, "", "", 0.0)
+        call = SlurmCall(("scontrol", "show", "job", slurm_job_id), 0, "", "", 0.0)
         if slurm_job_id not in known:
-            failed = slurm.SlurmCall(call.argv, 1, "", "Invalid job id specified", 0.0)
+            failed = SlurmCall(call.argv, 1, "", "Invalid job id specified", 0.0)
             return None, failed
         name, nodelist = known[slurm_job_id]
         return slurm.SlurmJob(slurm_job_id, "RUNNING", name, "", nodelist), call

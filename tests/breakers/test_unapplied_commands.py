@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from breakers.control.commands import acknowledge_command, issue_command
+from breakers.control.acknowledge import acknowledge_command
+from breakers.control.commands import issue_command
 from breakers.control.unapplied import UNAPPLIED_STEPS, flag_unapplied_commands
 from breakers.models import Command
 from incidents.models import Alert, Job

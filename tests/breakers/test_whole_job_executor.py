@@ -10,7 +10,8 @@ import sys
 import pytest
 from django.utils import timezone
 
-from breakers.executors.local import LocalProcessExecutor, process_is_running
+from breakers.executors.identity import process_is_running
+from breakers.executors.local import LocalProcessExecutor
 from breakers.models import JobLauncher
 from core.processes import process_start_time, this_host
 from incidents.jobs import record_heartbeat

@@ -12,7 +12,8 @@ from django.test import Client
 from django.utils import timezone
 
 from breakers.checkpoints import CheckpointReport, record_checkpoint
-from breakers.control.commands import acknowledge_command, issue_command
+from breakers.control.acknowledge import acknowledge_command
+from breakers.control.commands import issue_command
 from breakers.models import Command
 from incidents.models import (
     AuditEntry,

@@ -11,7 +11,8 @@ from django.utils import timezone
 
 from breakers.agent.protocol import PointIn
 from breakers.agent.store import store_points
-from breakers.control.commands import acknowledge_command, issue_command
+from breakers.control.acknowledge import acknowledge_command
+from breakers.control.commands import issue_command
 from incidents.alerts.lifecycle import AlertSignal, raise_or_update_alert
 from incidents.models import Job, JobStatus, Membership, Role, Team
 

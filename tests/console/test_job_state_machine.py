@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from breakers.control.acknowledge import acknowledge_command
 from breakers.control.braking import brake_for_alert
-from breakers.control.commands import acknowledge_command
 from breakers.control.job_state import ACCEPTED_IN, refusal
 from breakers.models import Checkpoint, Command, CommandKind
 from incidents.alerts.lifecycle import AlertSignal, raise_or_update_alert

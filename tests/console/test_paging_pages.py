@@ -251,3 +251,23 @@ def test_an_admin_sends_the_drills_to_receivers_on_the_page_and_nobody_is_refuse
     html = client.get(path).content.decode()
     assert 'name="drill_delivery"' not in html
     assert "Fire drills page the team's drill receivers: olga, vic." in html
+
+
+def test_every_time_field_is_typed_as_iso_utc_not_in_the_browsers_locale(client, crew):
+    """A ``date`` or ``datetime-local`` input shows the browser's locale (12/05/2026, 02:00 PM)
+    while every other time on the console is ISO UTC: the forms take ISO text, and the page's
+    own suggestion is what a person would type."""
+    job, people = crew
+    client.force_login(people["ana"])
+    paging = f"/teams/{job.team_id}/paging/"
+    for path in (paging, "/silences/", f"/teams/{job.team_id}/report/"):
+        html = client.get(path).content.decode()
+        assert not re.search(r'type="(date|datetime-local|time)"', html), path
+    form = re.search(r'name="starts_at" value="([^"]+)"', client.get(paging).content.decode())
+    assert form and re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d", form.group(1))
+    start = datetime.fromisoformat(form.group(1)).replace(tzinfo=UTC)
+    shift = {"form": "shift", "user_id": people["olga"].pk, "starts_at": form.group(1)}
+    client.post(paging, {**shift, "ends_at": (start + timedelta(hours=2)).isoformat(" ")[:16]})
+    assert OnCallShift.objects.get().ends_at == start + timedelta(hours=2)
+    refused = client.post(paging, {**shift, "ends_at": "12/05/2026 02:00 PM"}, follow=True)
+    assert b"ends_at: YYYY-MM-DD HH:MM (UTC)" in refused.content

@@ -12,7 +12,7 @@ from django.test import Client
 from incidents.alerts.lifecycle import append_timeline
 from incidents.job_size import declare_job_size
 from incidents.jobs import create_job
-from incidents.models import AuditEntry, Incident, TimelineEntry
+from incidents.models import AuditEntry, Incident, Job, TimelineEntry
 from incidents.reviews.export import durations_from_document, rows_from_document
 from tests.support.review import T0, Team
 
@@ -241,3 +241,21 @@ def test_the_team_report_gives_median_and_p90_by_level(team: Team):
     assert client.get(url, {"since": "yesterday"}).status_code == 400
     stranger = client_for(team.person(None))
     assert stranger.get(url).status_code == 404
+
+
+def test_a_fire_drills_incidents_are_left_out_of_the_teams_report(team: Team):
+    """A drill's fault is injected on purpose: its incident is scored on the drill's page, and
+    would only blur the medians of the team's real chain."""
+    episode(team.job_id, "L3", 10, 5)
+    drill = create_job(team.team.name, "drill-nan_loss-1").job
+    Job.objects.filter(pk=drill.pk).update(drill_sandbox=True)
+    episode(drill.pk, "L3", 20, 90)
+    client = client_for(team.person("viewer"))
+    url = f"/api/v1/teams/{team.team.pk}/incident-report"
+    report = client.get(url, {"since": "2026-03-01", "until": "2026-03-03"}).json()
+    assert [i["job"] for i in report["incidents"]] == [Job.objects.get(pk=team.job_id).name]
+    assert report["drill_incidents"] == 1
+    page = client.get(
+        f"/teams/{team.team.pk}/report/", {"since": "2026-03-01", "until": "2026-03-03"}
+    )
+    assert "1 fire drill incident in this period is not counted here" in page.content.decode()

@@ -28,6 +28,19 @@ def sessions() -> int:
         return int(cursor.fetchone()[0])
 
 
+def wait_until_done(app, count: int, deadline: float) -> None:
+    """Until the worker has taken ``count`` watchdog tasks and runs none: its own counters,
+    asked over Celery's remote control (an event, not a guessed time)."""
+    while time.monotonic() < deadline:
+        inspect = app.control.inspect(timeout=1)
+        stats, active = inspect.stats() or {}, inspect.active() or {}
+        taken = sum(s.get("total", {}).get("control.watchdog", 0) for s in stats.values())
+        if stats and taken >= count and not any(active.values()):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the worker did not run {count} watchdog tasks in time")
+
+
 def test_a_prefork_worker_does_not_reconnect_for_every_task(settings):
     from config.celery import app
 
@@ -57,23 +70,14 @@ def test_a_prefork_worker_does_not_reconnect_for_every_task(settings):
         stderr=subprocess.DEVNULL,
     )
     try:
-        warm = app.send_task("control.watchdog", kwargs={})
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and app.control.inspect(timeout=1).active() is None:
-            time.sleep(0.5)
-        time.sleep(2)  # the warm-up task has run: its connections are open now
+        deadline = time.monotonic() + 180
+        app.send_task("control.watchdog", kwargs={})  # the warm-up: the pool's connections open
+        wait_until_done(app, 1, deadline)
         before = sessions()
         for _ in range(TASKS):
             app.send_task("control.watchdog", kwargs={}, expires=600)
-        # Wait on the queue draining (an event), not a fixed time.
-        import redis
-
-        broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-        while time.monotonic() < deadline and broker.llen(f"{queue}-watchdog"):
-            time.sleep(0.2)
-        time.sleep(1)
+        wait_until_done(app, 1 + TASKS, deadline)
         opened = sessions() - before
-        del warm
     finally:
         worker.terminate()
         worker.wait(timeout=30)

@@ -1,5 +1,5 @@
 """Drills without the heavy stack: the console refuses faults to ordinary jobs, the authority
-(admins only), the status table, the append-only report, ``passing_scenarios``, the API and
+(admins only), the status table, the append-only report, ``rulesets.passing_scenarios``, the API and
 the pages. The runner itself is exercised end to end in test_drill_end_to_end.py."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from breakers.control.commands import issue_command
+from breakers.detection import rulesets
 from breakers.drills import runs
 from breakers.drills.scenarios import DRILL_SET, SCENARIOS, covering, resolve
 from breakers.drills.scorecard import Line
@@ -114,8 +115,8 @@ def test_passing_scenarios_are_per_team_and_rule_set_version(scene):
         runs.finish(run, lines)
     version = passed.ruleset_version  # the rule-set version in force when they were queued
     assert version is not None and version != 7
-    assert runs.passing_scenarios(scene.team, version) == {"nan_loss"}
-    assert runs.passing_scenarios(scene.team, 7) == {"heartbeat_loss"}
+    assert rulesets.passing_scenarios(scene.team, version) == {"nan_loss"}
+    assert rulesets.passing_scenarios(scene.team, 7) == {"heartbeat_loss"}
 
 
 def test_the_scenario_registry_answers_which_scenarios_cover_a_rule():

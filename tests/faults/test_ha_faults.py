@@ -15,7 +15,8 @@ import pytest
 
 from bench import ha_faults
 from bench._hastack import HAStack, ha_missing
-from bench.faults import failures, run_fault, table
+from bench.faults import run_fault, table
+from tests.faults.criteria import failures
 from tests.faults.stacks import started
 
 JOBS = 3

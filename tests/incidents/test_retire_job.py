@@ -10,7 +10,7 @@ import pytest
 
 from breakers.agent.points import PointIn
 from breakers.agent.store import store_points
-from breakers.control.commands import acknowledge_command
+from breakers.control.acknowledge import acknowledge_command
 from breakers.detection.evaluation import evaluate_job
 from breakers.detection.rules import install_default_pack
 from breakers.models import Command, CommandKind

@@ -220,7 +220,8 @@ def test_an_unresolved_incident_cannot_be_signed_off(team):
     ],
 )
 def test_an_acknowledged_soft_mitigation_mitigates_the_incident(team, kind, status, expected):
-    from breakers.control.commands import acknowledge_command, issue_command
+    from breakers.control.acknowledge import acknowledge_command
+    from breakers.control.commands import issue_command
 
     alert = raise_alert(team.job_id, "L2")
     command = issue_command(

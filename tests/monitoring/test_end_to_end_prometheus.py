@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from bench._stack import daphne_command
-from breakers.control.commands import acknowledge_command
+from breakers.control.acknowledge import acknowledge_command
 from breakers.models import Command, ExternalAlert, IntegrationToken, NodeBinding
 from incidents.jobs import create_job
 from incidents.models import Alert, Incident, Job, Node, Team

@@ -8,8 +8,8 @@ import pytest
 import time_machine
 from prometheus_client.parser import text_string_to_metric_families
 
+from breakers.control.acknowledge import acknowledge_command
 from breakers.control.braking import system_command
-from breakers.control.commands import acknowledge_command
 from incidents.jobs import create_job
 from incidents.models import Job
 from tests.support.authz import raise_alert

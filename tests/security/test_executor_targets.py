@@ -37,7 +37,8 @@ ACTING = re.compile(
 )
 # Modules that act only through a registered one (said why).
 HELPERS = {
-    "breakers.executors.local": "signal 0 probes only; the stop is whole_job's, registered",
+    "breakers.executors.identity": "signal 0 probes only; the stop is whole_job's, registered",
+    "breakers.executors.slurm.client": "runs a Slurm client for the registered Slurm modules",
 }
 
 
@@ -144,7 +145,8 @@ def local_restart(request):
 
 
 def haproxy_traffic(request):
-    from breakers.executors.traffic import TrafficError, traffic_executor
+    from breakers.executors.traffic import TrafficError
+    from breakers.executors.traffic.job_traffic import traffic_executor
 
     a, b = request.getfixturevalue("jobs")
     haproxy = request.getfixturevalue("haproxy")

@@ -88,7 +88,8 @@ def run_flow(team: Team, *, roll_back: dict[str, Any] | None = None) -> Flow:
     ``roll_back``: the catalogue checkpoint (path, step, sha256) the resume rolls back to."""
     from breakers.agent.protocol import PointIn
     from breakers.agent.store import store_points
-    from breakers.control.commands import acknowledge_command, issue_command
+    from breakers.control.acknowledge import acknowledge_command
+    from breakers.control.commands import issue_command
     from breakers.detection.evaluation import evaluate_job
     from breakers.detection.rules import install_default_pack
     from breakers.models import Command

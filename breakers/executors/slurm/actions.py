@@ -14,9 +14,10 @@ import re
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from breakers.control.commands import acknowledge_command
-from breakers.executors.scheduler import slurm_binding
+from breakers.control.acknowledge import acknowledge_command
 from breakers.executors.slurm import executor as slurm
+from breakers.executors.slurm.binding import slurm_binding
+from breakers.executors.slurm.client import job_nodes
 from breakers.executors.targets import register
 from breakers.models import (
     OPEN_COMMAND_STATUSES,
@@ -128,7 +129,7 @@ def _node_of_the_job(
     verdict = slurm.verified_job(call_log, command.job_id, binding.slurm_job_id, purpose)
     if not verdict.ok or verdict.slurm_job is None:
         return False
-    nodes, call = slurm.job_nodes(verdict.slurm_job.nodelist)
+    nodes, call = job_nodes(verdict.slurm_job.nodelist)
     if call is not None:
         call_log.record(call, f"list the nodes of Slurm job {binding.slurm_job_id}")
     if nodes is None:

@@ -14,10 +14,7 @@ the job's own business.
 from __future__ import annotations
 
 import logging
-import os
 import re
-import shlex
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,7 +24,8 @@ from django.conf import settings
 from django.db import transaction
 
 from breakers.control.timeline import active_incident
-from breakers.executors.local import EXECUTORS, ExecutorOutcome
+from breakers.executors.outcome import ExecutorOutcome
+from breakers.executors.slurm.client import SlurmCall, run_slurm, seconds_since
 from breakers.executors.targets import register
 from breakers.models import ExecutorKind, SchedulerBinding
 from core.errors import ServiceError
@@ -44,7 +42,6 @@ from incidents.teams.users import User
 
 log = logging.getLogger(__name__)
 
-OUTPUT_LIMIT = 4000  # characters of stdout/stderr kept on the timeline
 POLL_SECONDS = 0.2
 # The timeouts are settings (BRAKELINE_SLURM_COMMAND_TIMEOUT_SECONDS, 30 s, and
 # BRAKELINE_SLURM_CANCEL_WAIT_SECONDS, 40 s: scancel sends SIGTERM, then SIGKILL after the
@@ -72,74 +69,6 @@ ENDED_STATES = frozenset(
 class SchedulerFailed(ServiceError):
     status = 502
     code = "scheduler_failed"
-
-
-def slurm_bin_dir() -> str:
-    return getattr(settings, "SLURM_BIN_DIR", "") or os.environ.get("BRAKELINE_SLURM_BIN_DIR", "")
-
-
-def slurm_conf() -> str | None:
-    return getattr(settings, "SLURM_CONF", None) or os.environ.get("SLURM_CONF") or None
-
-
-@dataclass(frozen=True)
-class SlurmCall:
-    argv: tuple[str, ...]
-    returncode: int | None  # None: it could not run, or timed out
-    stdout: str
-    stderr: str
-    seconds: float
-
-    @property
-    def ok(self) -> bool:
-        return self.returncode == 0
-
-    @property
-    def command_line(self) -> str:
-        return shlex.join(self.argv)
-
-    @property
-    def output(self) -> str:
-        return "\n".join(part for part in (self.stdout.strip(), self.stderr.strip()) if part)
-
-    def as_data(self) -> dict[str, Any]:
-        return {
-            "command_line": self.command_line,
-            "argv": list(self.argv),
-            "exit_status": self.returncode,
-            "stdout": self.stdout[:OUTPUT_LIMIT],
-            "stderr": self.stderr[:OUTPUT_LIMIT],
-            "seconds": round(self.seconds, 3),
-        }
-
-
-def run_slurm(arguments: list[str]) -> SlurmCall:
-    """Run one Slurm client command; never raises (a failure is a SlurmCall that is not ok)."""
-    tool, *rest = arguments
-    argv = (os.path.join(slurm_bin_dir(), tool) if slurm_bin_dir() else tool, *rest)
-    env = dict(os.environ)
-    conf = slurm_conf()
-    if conf:
-        env["SLURM_CONF"] = conf
-    started = time.monotonic()
-    try:
-        completed = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=float(settings.SLURM_COMMAND_TIMEOUT_SECONDS),
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return SlurmCall(argv, None, "", f"{type(error).__name__}: {error}", _since(started))
-    return SlurmCall(
-        argv, completed.returncode, completed.stdout, completed.stderr, _since(started)
-    )
-
-
-def _since(started: float) -> float:
-    return time.monotonic() - started
 
 
 # --- The timeline ----------------------------------------------------------------------------
@@ -312,7 +241,7 @@ class SlurmExecutor:
             state = cancel(slurm_id, call_log)
         stopped = state in ENDED_STATES
         steps.append(f"Slurm job {slurm_id} {'ended: ' if stopped else 'is still '}{state}")
-        return ExecutorOutcome(self.name, stopped, steps, seconds=_since(started))
+        return ExecutorOutcome(self.name, stopped, steps, seconds=seconds_since(started))
 
 
 def cancel(slurm_id: str, call_log: CallLog) -> str:
@@ -430,14 +359,6 @@ def show_job(slurm_job_id: str) -> tuple[SlurmJob | None, SlurmCall]:
     )
 
 
-def job_nodes(nodelist: str) -> tuple[list[str] | None, SlurmCall | None]:
-    """The node names of a host list (``scontrol show hostnames``); None if Slurm refused."""
-    if not nodelist:
-        return [], None
-    call = run_slurm(["scontrol", "show", "hostnames", nodelist])
-    return (call.stdout.split() if call.ok else None), call
-
-
 @dataclass(frozen=True)
 class Verdict:
     """Whether the console may treat ``slurm_job_id`` as the Brakeline job's."""
@@ -501,8 +422,6 @@ def refused(call_log: CallLog, purpose: str, why: str) -> None:
     )
 
 
-# Registered here: breakers.executors.local cannot import this module (it builds on that one).
-EXECUTORS[ExecutorKind.SLURM.value] = SlurmExecutor()
 register(
     ExecutorKind.SLURM.value,
     __name__,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from breakers.executors.scheduler import bind_if_confirmed
 from breakers.executors.slurm.actions import act_on_command
+from breakers.executors.slurm.binding import bind_if_confirmed
 
 
 @shared_task(name="slurm.act_through_slurm", acks_late=True, ignore_result=True)

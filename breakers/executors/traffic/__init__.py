@@ -9,9 +9,9 @@ it. A server is named as the load balancer names it: a backend and a server in i
 - ``ready``: back in traffic;
 - ``state``: what the load balancer says now (admin state, health, sessions in flight).
 
-Every change goes through ``JobTraffic``, the job's view of the load balancer: it acts only on
-a backend/server a team admin declared for the job (``breakers.executors.targets``), never on
-one a replica's heartbeat merely named.
+Every change goes through ``breakers.executors.traffic.job_traffic.JobTraffic``, the job's view
+of the load balancer: it acts only on a backend/server a team admin declared for the job
+(``breakers.executors.targets``), never on one a replica's heartbeat merely named.
 """
 
 from __future__ import annotations
@@ -47,45 +47,3 @@ class TrafficExecutor(Protocol):
     def ready(self, backend: str, server: str) -> None: ...
 
     def state(self, backend: str, server: str) -> ServerState: ...
-
-
-class JobTraffic:
-    """The load balancer as one job may use it: each call first asks the seam whether the
-    server is declared for the job, and refuses (TrafficError) when it is not."""
-
-    def __init__(self, executor: TrafficExecutor, job_id: int) -> None:
-        self.executor, self.job_id, self.name = executor, job_id, executor.name
-
-    def _checked(self, backend: str, server: str) -> None:
-        from breakers.executors.targets import traffic_server
-
-        why = traffic_server(self.job_id, backend, server)
-        if why is not None:
-            raise TrafficError(f"refused: {why}")
-
-    def drain(self, backend: str, server: str) -> None:
-        self._checked(backend, server)
-        self.executor.drain(backend, server)
-
-    def maintenance(self, backend: str, server: str) -> None:
-        self._checked(backend, server)
-        self.executor.maintenance(backend, server)
-
-    def ready(self, backend: str, server: str) -> None:
-        self._checked(backend, server)
-        self.executor.ready(backend, server)
-
-    def state(self, backend: str, server: str) -> ServerState:
-        self._checked(backend, server)
-        return self.executor.state(backend, server)
-
-
-def traffic_executor(job_id: int) -> JobTraffic | None:
-    """The configured traffic executor (``BRAKELINE_HAPROXY_SOCKET``) as job ``job_id`` may
-    use it, or None when none is configured."""
-    from django.conf import settings
-
-    from breakers.executors.traffic.haproxy import HAProxyExecutor
-
-    address = getattr(settings, "HAPROXY_SOCKET", "")
-    return JobTraffic(HAProxyExecutor(address), job_id) if address else None

@@ -35,10 +35,12 @@
       const before = finiteSorted(values, 0, start, excluded);
       const lo = quantile(before, 0.01), hi = quantile(before, 0.99);
       const margin = before.length ? Math.max(hi - lo, Math.abs(hi) * 0.05, 1e-12) * 0.5 : 0;
-      // Back in range: the first finite value after the anchor within the earlier range.
+      // The episode lasts while the series stays above the earlier range: the run-up is a
+      // climb, and a loss that goes on falling below everything before is learning, not the
+      // anomaly, so it stays in view.
       let end = i;
       while (end < steps.length && (!isNum(values[end]) ||
-             (before.length && (values[end] > hi + margin || values[end] < lo - margin)))) end++;
+             (before.length && values[end] > hi + margin))) end++;
       if (!before.length) end = i + 1;
       for (let n = start; n < end; n++) excluded[n] = 1;
       from = Math.max(from, end);

@@ -355,7 +355,15 @@ JS_CASES = """() => {
                    [2e6, 1e6], [-0.25, 0.05], ["NaN", null]].map(([v, s]) => M.formatNumber(v, s));
   const items = Array.from({length: 20}, (_, i) => ({x: 100 + (i % 3), width: 50, label: "m" + i}));
   const layout = M.layoutLabels(items, 400, 4, 4);
-  return {numbers, placed: layout.placed, hidden: layout.hidden.length};
+  const steps = Array.from({length: 400}, (_, s) => s);
+  const wiggle = (s) => (s % 5) * 0.004;
+  // A schedule's decay at step 200 drops the loss below all it held before, and a deviation
+  // alert marks it: the lower loss is learning, every point of it stays in view.
+  const dropped = steps.map((s) => (s < 200 ? 2.0 : 1.2) + wiggle(s));
+  // An explosion into a NaN at 399: the climb is left out, the range is the healthy one.
+  const exploded = steps.map((s) => (s < 380 ? 2.0 + wiggle(s) : s < 399 ? 10 ** (s - 378) : NaN));
+  const ranges = [M.healthyRange(steps, dropped, [200]), M.healthyRange(steps, exploded, [399])];
+  return {numbers, placed: layout.placed, hidden: layout.hidden.length, ranges};
 }"""
 
 
@@ -367,6 +375,9 @@ def test_the_chart_rules_in_the_browser(page, live_console, people, log_in):
     page.goto(f"{live_console}/")
     page.add_script_tag(url=f"{live_console}/static/console/chart-math.js")
     got = page.evaluate(JS_CASES)
+    (dropped, exploded) = got["ranges"]
+    assert dropped["min"] == 1.2 and dropped["max"] >= 2.0, dropped
+    assert exploded["max"] < 2.1 and exploded["min"] == 2.0, exploded
     assert got["numbers"] == ["0.25", "1.5k", "3.5e33", "1e33", "1.2e-4", "2M", "-0.25", "NaN"]
     placed = got["placed"]
     assert len(placed) + got["hidden"] == 20 and got["hidden"] > 0

@@ -59,3 +59,34 @@ def test_the_roll_back_dialog_offers_the_catalogue_with_the_last_clean_one_first
         expect(page.locator("#checkpoints")).to_contain_text("ab" * 32)
     finally:
         page.close()
+
+
+def test_the_catalogue_follows_a_brake_and_a_report_without_a_reload(
+    browser, live_console, celery_worker, scripted_agent, people, log_in
+):
+    """The page opened before any checkpoint: the brake's checkpoint (in its ack) and a later
+    report appear in the catalogue as they happen, never "No checkpoint reported yet" beside a
+    state panel that shows the saved one."""
+    install_default_pack()
+    agent = scripted_agent(name="llm-7b")
+    people("olga", "vision", Role.ONCALL)
+    agent.heartbeat(99)
+    agent.metrics([(s, loss(s)) for s in range(100)])
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    try:
+        log_in(page, "olga")
+        page.goto(f"{live_console}/jobs/{agent.job_id}/")
+        page.evaluate("window.__sameDocument = true")
+        table = page.locator("#checkpoints")
+        expect(table).to_contain_text("No checkpoint reported yet")
+        agent.metrics([(100, "NaN")])
+        agent.ack_checkpoint(agent.wait_for_command("checkpoint_and_pause", 100), 100)
+        # Well within the catalogue's 15 s poll: the ack's event brings it.
+        expect(table).to_contain_text("ab" * 32, timeout=10_000)
+        expect(table).not_to_contain_text("No checkpoint reported yet")
+        report = CheckpointReport(path="/ckpt/step-90.pt", sha256="cd" * 32, step=90)
+        in_thread(lambda: record_checkpoint(agent.job_id, report))
+        expect(table).to_contain_text("cd" * 32, timeout=10_000)
+        assert page.evaluate("window.__sameDocument === true")  # no reload
+    finally:
+        page.close()

@@ -1,0 +1,1 @@
+"""Development tools of the repository (never installed, never imported by the product)."""
