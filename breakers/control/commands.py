@@ -24,6 +24,7 @@ from breakers.control.failed_brake import raise_failed_brake_alert
 from breakers.control.hearing import heard_until
 from breakers.control.job_state import ON_ISSUE, ON_SUCCESS, refusal
 from breakers.control.timeline import (
+    active_incident,
     record_acknowledged,
     record_executor_outcome,
     record_issued,
@@ -38,6 +39,7 @@ from breakers.models import (
     CommandKind,
     CommandStatus,
 )
+from breakers.recovery.progress import brake_confirmed, person_commanded, resume_answered
 from core.errors import Conflict, InvalidInput, NotFound
 from core.realtime import agent_group, job_group, publish_after_commit
 from core.text import fit
@@ -153,6 +155,9 @@ def _after_issue(command: Command) -> None:
     pushes to the agent and the job page once it commits."""
     _job_effect_on_issue(command)
     record_issued(command)
+    if command.issued_by_kind == ActorKind.PERSON:
+        incident = active_incident(command.job_id)
+        person_commanded(command, incident.pk if incident is not None else None)
     route_to_scheduler(command)  # Slurm-bound jobs: drains and L4 cancels go there too
     payload = command_payload(command)
     job_id = command.job_id
@@ -275,6 +280,7 @@ def _record_outcome(command: Command, per_rank: bool) -> None:
         _job_effect_on_success(command)
         if command.kind == CommandKind.CHECKPOINT_AND_PAUSE:
             record_from_acknowledgement(job_id, command.pk, command.result)
+            brake_confirmed(command)
         if per_rank:
             clear_split(job_id, command.result.get("step"))
     elif command.kind == CommandKind.CHECKPOINT_AND_PAUSE:
@@ -284,6 +290,8 @@ def _record_outcome(command: Command, per_rank: bool) -> None:
             move_job(job_id, "paused")
         raise_failed_brake_alert(command)  # a brake that could not save pages someone
     record_acknowledged(command)
+    if command.kind == CommandKind.RESUME:
+        resume_answered(command)
     clear_unapplied(job_id, command.result.get("step"))
     publish_after_commit(
         job_group(job_id),
