@@ -38,11 +38,12 @@ class Gathered:
     checkpoint: dict[str, Any] | None  # the catalogue's last clean entry
 
 
-def _rule_policy(job_id: int, rule_key: str) -> tuple[str, int]:
+def _rule_policy(job_id: int, rule_key: str) -> tuple[str, int, str]:
+    """The rule's policy, budget and cause (its runbook entry, else its key)."""
     rule = next((r for r in rules_for_job(job_id) if r.key == rule_key), None)
     if rule is None:
-        return HOLD_POLICY, 1
-    return rule.recovery, rule.recovery_budget
+        return HOLD_POLICY, 1, rule_key
+    return rule.recovery, rule.recovery_budget, rule.runbook or rule.key
 
 
 def _rank_on(job_id: int, node: str) -> int | None:
@@ -71,7 +72,7 @@ def _earlier(job_id: int, pause_id: int, now: Any) -> tuple[list[EarlierRecovery
         pause_command_id=pause_id
     )
     earlier = [
-        EarlierRecovery(r.rule_key, r.first_step, r.last_step) for r in rows.order_by("decided_at")
+        EarlierRecovery(r.cause, r.first_step, r.last_step) for r in rows.order_by("decided_at")
     ]
     return earlier, rows.filter(decided_at__gte=now - BUDGET_WINDOW).count()
 
@@ -88,7 +89,7 @@ def gather(pause: Command, *, now: Any = None) -> Gathered | None:
     if alert is None or alert.incident is None:
         return None
     job = Job.objects.get(pk=pause.job_id)
-    policy, budget = _rule_policy(job.pk, alert.rule_key)
+    policy, budget, cause = _rule_policy(job.pk, alert.rule_key)
     step = pause.result.get("step")
     last_step = step if isinstance(step, int) and step >= alert.first_step else alert.step
     earlier, last_hour = _earlier(job.pk, pause.pk, now)
@@ -96,6 +97,7 @@ def gather(pause: Command, *, now: Any = None) -> Gathered | None:
     checkpoint = _last_clean(job.pk)
     evidence = Evidence(
         rule_key=alert.rule_key,
+        cause=cause,
         policy=policy,
         budget=budget,
         first_step=alert.first_step,
@@ -116,12 +118,13 @@ def evidence_out(evidence: Evidence) -> dict[str, Any]:
     """The evidence as the Recovery row keeps it (JSON)."""
     return {
         "rule_key": evidence.rule_key,
+        "cause": evidence.cause,
         "policy": evidence.policy,
         "budget": evidence.budget,
         "window": [evidence.first_step, evidence.last_step],
         "rank": evidence.rank,
         "node": evidence.node,
-        "earlier": [[e.rule_key, e.first_step, e.last_step] for e in evidence.earlier],
+        "earlier": [[e.cause, e.first_step, e.last_step] for e in evidence.earlier],
         "recoveries_last_hour": evidence.recoveries_last_hour,
         "hardware_signals": list(evidence.hardware_signals),
         "clean_checkpoint_step": evidence.clean_checkpoint_step,

@@ -99,6 +99,7 @@ def _create(pause: Command, gathered: Gathered, verdict: Verdict, reasons: list[
         alert=gathered.alert,
         pause_command_id=pause.pk,
         rule_key=evidence.rule_key,
+        cause=evidence.cause,
         first_step=evidence.first_step,
         last_step=evidence.last_step,
         rank=evidence.rank,

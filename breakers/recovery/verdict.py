@@ -4,8 +4,10 @@ Pure (no Django), so every caller gets the same answer and the table is tested i
 milliseconds. The evidence is what the console knows when the brake's checkpoint is confirmed:
 which rule braked, the offending step window, the rank and node, the job's earlier automatic
 recoveries, whether a hardware signal names the node, the budget, and whether a clean
-checkpoint exists. The first matching row of the table decides; every fact that weighs is
-listed in the reasons, so the incident and the review say why.
+checkpoint exists. Two rules that point at the same runbook entry (the loss's NaN and the step
+guard's refused update both point at ``nan-inf``) are one cause. The first matching row of the
+table decides; every fact that weighs is listed in the reasons, so the incident and the review
+say why.
 
 | evidence (first match wins)                           | verdict          |
 |-------------------------------------------------------|------------------|
@@ -13,7 +15,7 @@ listed in the reasons, so the incident and the review say why.
 | the job is a drill sandbox, or a person took over     | HOLD             |
 | a hardware signal on the node                         | ISOLATE_AND_PAGE |
 | the step window overlaps an earlier recovery's        | STOP_AND_PAGE    |
-| the same rule recovered before, too little progress   | STOP_AND_PAGE    |
+| the same cause recovered before, too little progress  | STOP_AND_PAGE    |
 | the budget (recoveries per job per hour) is spent     | STOP_AND_PAGE    |
 | no clean checkpoint to roll back to                   | STOP_AND_PAGE    |
 | more steps to skip than the policy allows             | STOP_AND_PAGE    |
@@ -44,7 +46,7 @@ class Verdict(enum.StrEnum):
 class EarlierRecovery:
     """An automatic recovery the job went through before (its verdict was RECOVER)."""
 
-    rule_key: str
+    cause: str
     first_step: int
     last_step: int  # the window's last step: the brake's step
 
@@ -52,6 +54,7 @@ class EarlierRecovery:
 @dataclass(frozen=True)
 class Evidence:
     rule_key: str
+    cause: str  # what the rule points at: its runbook entry (nan-inf), else its key
     policy: str  # HOLD_POLICY or RECOVER_POLICY
     budget: int  # at most this many automatic recoveries per job per hour
     first_step: int  # the offending window: the anomaly's first step ...
@@ -95,7 +98,7 @@ def _overlapping(evidence: Evidence) -> EarlierRecovery | None:
 def _same_cause_without_progress(evidence: Evidence) -> tuple[EarlierRecovery, int] | None:
     """The latest earlier recovery of the same rule, and the healthy steps trained since its
     window, when they are fewer than the progress the policy asks for."""
-    same = [e for e in evidence.earlier if e.rule_key == evidence.rule_key]
+    same = [e for e in evidence.earlier if e.cause == evidence.cause]
     if not same:
         return None
     latest = same[-1]
@@ -117,7 +120,7 @@ def _stop(evidence: Evidence) -> str | None:
     if repeat is not None:
         latest, progress = repeat
         return (
-            f"same cause ({evidence.rule_key}) recovered at step {latest.last_step}; only "
+            f"same cause ({evidence.cause}) recovered at step {latest.last_step}; only "
             f"{progress} healthy step(s) since, fewer than {evidence.min_progress_steps}: "
             "no progress"
         )
@@ -159,7 +162,7 @@ def decide(evidence: Evidence) -> Decision:
     stop = _stop(evidence)
     if stop is not None:
         return Decision(Verdict.STOP_AND_PAGE, (*reasons, stop))
-    if any(e.rule_key == evidence.rule_key for e in evidence.earlier):
+    if any(e.cause == evidence.cause for e in evidence.earlier):
         reasons.append("same cause recovered before, and the run made progress since")
     else:
         reasons.append("first time for this cause in this job")

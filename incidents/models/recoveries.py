@@ -70,6 +70,7 @@ class Recovery(models.Model):
     )
     pause_command_id = models.BigIntegerField(unique=True)
     rule_key = models.CharField(max_length=100)
+    cause = models.CharField(max_length=100, help_text="The rule's runbook entry, else its key.")
     first_step = models.BigIntegerField(help_text="The offending window's first step.")
     last_step = models.BigIntegerField(help_text="The step the brake held at.")
     rank = models.IntegerField(null=True, blank=True)

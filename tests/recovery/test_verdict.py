@@ -21,6 +21,7 @@ from breakers.recovery.verdict import (
 NAN = "non-finite-loss-or-gradients"
 BASE = Evidence(
     rule_key=NAN,
+    cause="nan-inf",
     policy="recover",
     budget=3,
     first_step=30,
@@ -31,8 +32,8 @@ BASE = Evidence(
 )
 
 
-def earlier(first: int, last: int, rule: str = NAN) -> EarlierRecovery:
-    return EarlierRecovery(rule, first, last)
+def earlier(first: int, last: int, cause: str = "nan-inf") -> EarlierRecovery:
+    return EarlierRecovery(cause, first, last)
 
 
 VERDICTS = [
@@ -84,9 +85,20 @@ VERDICTS = [
         "made progress since",
     ),
     (
-        "another cause right after: not the same cause",
+        "another rule of the same cause right after: the same cause",
         {
             "rule_key": "update-refused-by-guard",
+            "first_step": 31,
+            "last_step": 31,
+            "earlier": (earlier(30, 30),),
+        },
+        Verdict.STOP_AND_PAGE,
+        "same cause (nan-inf)",
+    ),
+    (
+        "another cause right after: not the same cause",
+        {
+            "cause": "loss-divergence",
             "first_step": 31,
             "last_step": 31,
             "earlier": (earlier(30, 30),),
