@@ -12,7 +12,6 @@ from breakers.detection.rules import rules_for_job
 from breakers.recovery.verdict import RECOVER_POLICY
 from console.buttons import Button
 from incidents.alerts import ownership
-from incidents.recoveries import recoveries
 from incidents.models import (
     ACTIVE_INCIDENT_STATUSES,
     Alert,
@@ -21,6 +20,7 @@ from incidents.models import (
     Membership,
     TimelineEntry,
 )
+from incidents.recoveries import recoveries
 from incidents.teams.access import role_in_team
 from incidents.teams.authority import Action, decide
 

@@ -85,6 +85,8 @@ def gather(pause: Command, *, now: Any = None) -> Gathered | None:
     """The evidence of an automatic L3 brake whose checkpoint is confirmed; None when the
     command is not one (a person's pause, a brake without an alert or incident)."""
     now = now or timezone.now()
+    if pause.alert_id is None:
+        return None
     alert = Alert.objects.filter(pk=pause.alert_id).select_related("incident").first()
     if alert is None or alert.incident is None:
         return None
