@@ -17,7 +17,16 @@ from breakers.detection.rules import rules_for_job
 from breakers.models import Command
 from breakers.monitoring.dcgm import agent_rules
 from breakers.recovery.verdict import HOLD_POLICY, EarlierRecovery, Evidence
-from incidents.models import Alert, Incident, Job, JobRank, Recovery, RecoveryVerdict
+from incidents.models import (
+    ActorKind,
+    Alert,
+    Incident,
+    Job,
+    JobRank,
+    PauseConfirmation,
+    Recovery,
+    RecoveryVerdict,
+)
 
 # Rules whose alert on a node is a hardware signal: the default pack's hardware rules, DCGM's
 # fields pushed through the agent, and whatever the cluster's Alertmanager routed to the job.
@@ -77,6 +86,28 @@ def _earlier(job_id: int, pause_id: int, now: Any) -> tuple[list[EarlierRecovery
     return earlier, rows.filter(decided_at__gte=now - BUDGET_WINDOW).count()
 
 
+def person_in_charge(incident: Incident, alert: Alert, pause: Command) -> str:
+    """Who took this over from the machine: the incident's taker, else a person who sent the
+    job a command since the alert was raised or confirmed this pause (any manual action
+    cancels the automatic plan, even one made before the verdict)."""
+    if incident.taken_over_by_id is not None:
+        return f"{incident.taken_over_by} took over this incident"
+    command = (
+        Command.objects.filter(
+            job_id=pause.job_id, issued_by_kind=ActorKind.PERSON, issued_at__gte=alert.raised_at
+        )
+        .select_related("issued_by")
+        .order_by("pk")
+        .first()
+    )
+    if command is not None:
+        return f"{command.issued_by} sent {command.kind} #{command.pk}: a person is acting"
+    confirmed = PauseConfirmation.objects.filter(pause_command_id=pause.pk).first()
+    if confirmed is not None:
+        return f"{confirmed.decided_by} confirmed pause #{pause.pk}: {confirmed.decision}"
+    return ""
+
+
 def _last_clean(job_id: int) -> dict[str, Any] | None:
     return next((entry for entry in catalogue(job_id) if entry["preselected"]), None)
 
@@ -111,7 +142,7 @@ def gather(pause: Command, *, now: Any = None) -> Gathered | None:
         hardware_signals=hardware_signals(job.pk, alert.node, now=now),
         clean_checkpoint_step=checkpoint["step"] if checkpoint is not None else None,
         drill=job.drill_sandbox,
-        taken_over_by=str(incident.taken_over_by) if incident.taken_over_by_id else "",
+        taken_over_by=person_in_charge(incident, alert, pause),
     )
     return Gathered(evidence, incident, alert, checkpoint)
 

@@ -12,7 +12,7 @@ say why.
 | evidence (first match wins)                           | verdict          |
 |-------------------------------------------------------|------------------|
 | the rule's policy is "hold for a person"              | HOLD             |
-| the job is a drill sandbox, or a person took over     | HOLD             |
+| a drill sandbox, or a person took over or acted       | HOLD             |
 | a hardware signal on the node                         | ISOLATE_AND_PAGE |
 | the step window overlaps an earlier recovery's        | STOP_AND_PAGE    |
 | the same cause recovered before, too little progress  | STOP_AND_PAGE    |
@@ -68,7 +68,7 @@ class Evidence:
     min_progress_steps: int = 10  # healthy steps after a recovery that count as progress
     max_skip_steps: int = 100  # a wider window is not a batch to skip: a person looks
     drill: bool = False
-    taken_over_by: str = ""  # a person who took this incident over
+    taken_over_by: str = ""  # who took over from the machine, and how (empty: nobody)
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,7 @@ def _hold(evidence: Evidence) -> str | None:
     if evidence.drill:
         return "a drill sandbox: recovery is a person's to practise"
     if evidence.taken_over_by:
-        return f"{evidence.taken_over_by} took over this incident"
+        return evidence.taken_over_by
     return None
 
 

@@ -14,7 +14,7 @@ import pytest
 from breakers.checkpoints import CheckpointReport, record_checkpoint
 from breakers.control.braking import system_command
 from breakers.control.commands import acknowledge_command, issue_command
-from breakers.control.job_actions import pause_job
+from breakers.control.job_actions import confirm_pause, pause_job
 from breakers.detection import rulesets
 from breakers.models import Command, CommandKind
 from breakers.recovery.service import consider_recovery
@@ -190,6 +190,17 @@ def test_taking_over_first_makes_the_verdict_hold(agent):
     recovery = consider_recovery(pause.pk)
     assert recovery.verdict == RecoveryVerdict.HOLD
     assert any(f"{oncall} took over" in reason for reason in recovery.reasons)
+    assert not Command.objects.filter(kind=CommandKind.RESUME).exists()
+
+
+def test_a_person_confirming_the_pause_first_keeps_the_machine_out(agent):
+    _policy(agent.job_id)
+    pause = _brake(agent.job_id, 30)
+    oncall = make_member(Job.objects.get(pk=agent.job_id).team, "oncall")
+    confirm_pause(oncall, agent.job_id, decision="keep_paused", reason="looking at the data")
+    recovery = consider_recovery(pause.pk)
+    assert recovery.verdict == RecoveryVerdict.HOLD
+    assert any(f"{oncall} confirmed pause #{pause.pk}" in r for r in recovery.reasons)
     assert not Command.objects.filter(kind=CommandKind.RESUME).exists()
 
 

@@ -41,7 +41,12 @@ VERDICTS = [
     ("first time, clean checkpoint", {}, Verdict.RECOVER, "first time for this cause"),
     ("policy says hold", {"policy": "hold"}, Verdict.HOLD, "policy is hold for a person"),
     ("a drill sandbox", {"drill": True}, Verdict.HOLD, "drill sandbox"),
-    ("a person took over", {"taken_over_by": "ana"}, Verdict.HOLD, "ana took over"),
+    (
+        "a person took over",
+        {"taken_over_by": "ana took over this incident"},
+        Verdict.HOLD,
+        "ana took over",
+    ),
     (
         "hardware signal on the node",
         {"hardware_signals": ("dcgm-xid on gpu-a (L2, firing)",)},
