@@ -245,6 +245,9 @@ def test_the_take_over_api_and_the_pages(agent, client):
     assert (
         "Automatic recovery" in page and "Take over" in page and "first time for this cause" in page
     )
+    job_page = client.get(f"/jobs/{agent.job_id}/").content.decode()
+    assert "Automatic recovery: <b>Recover: roll back, skip, resume</b>" in job_page
+    assert "Take over" in job_page
     answer = Api(oncall).post(f"{url}/take-over", {})
     assert answer.status_code == 200 and answer.json()["taken_over_by"] == oncall.get_username()
     assert answer.json()["recoveries"][0]["status"] == "taken_over"
