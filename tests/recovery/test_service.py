@@ -257,3 +257,5 @@ def test_the_take_over_api_and_the_pages(agent, client):
     assert "Take over</button>" not in page and "Taken over by" in page
     review = client.get(f"/incidents/{recovery.incident_id}/review/").content.decode()
     assert "Automatic recovery: the verdicts" in review and "roll back to the clean" in review
+    markdown = Api(viewer).get(f"{url}/review.md").content.decode()
+    assert "## Automatic recovery" in markdown and "| recover | taken_over |" in markdown
