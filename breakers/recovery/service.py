@@ -24,6 +24,7 @@ from breakers.recovery.evidence import Gathered, evidence_out, gather
 from breakers.recovery.progress import finish
 from breakers.recovery.verdict import RECOVER_POLICY, Verdict, decide, skip_steps
 from core.errors import Conflict, InvalidInput
+from core.realtime import job_group, publish_after_commit
 from core.transitions import compare_and_swap
 from incidents.alerts.lifecycle import append_timeline
 from incidents.models import (
@@ -129,6 +130,9 @@ def _create(pause: Command, gathered: Gathered, verdict: Verdict, reasons: list[
             "reasons": reasons,
             "pause_command_id": pause.pk,
         },
+    )
+    publish_after_commit(
+        job_group(pause.job_id), {"type": "incident.updated", "incident_id": gathered.incident.pk}
     )
     return recovery
 
