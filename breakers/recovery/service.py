@@ -13,6 +13,8 @@ are ``breakers.recovery.progress``'s.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import transaction
 from django.utils import timezone
 
@@ -92,8 +94,21 @@ def _record_verdict(pause: Command) -> Recovery | None:
     return recovery
 
 
-def _create(pause: Command, gathered: Gathered, verdict: Verdict, reasons: list[str]) -> Recovery:
+def _roll_back_plan(gathered: Gathered, verdict: Verdict) -> dict[str, Any]:
+    """Where a RECOVER rolls back to and which batches it skips (nothing for other verdicts)."""
     evidence, checkpoint = gathered.evidence, gathered.checkpoint
+    if checkpoint is None or verdict != Verdict.RECOVER:
+        return {}
+    return {
+        "checkpoint_id": checkpoint["id"],
+        "checkpoint_step": checkpoint["step"],
+        "skip_steps": skip_steps(evidence.first_step, evidence.last_step, checkpoint["step"]),
+    }
+
+
+def _create(pause: Command, gathered: Gathered, verdict: Verdict, reasons: list[str]) -> Recovery:
+    """The verdict's row and its timeline row, by the system, in the caller's transaction."""
+    evidence = gathered.evidence
     recovery = Recovery.objects.create(
         job_id=pause.job_id,
         incident=gathered.incident,
@@ -109,13 +124,7 @@ def _create(pause: Command, gathered: Gathered, verdict: Verdict, reasons: list[
         reasons=reasons,
         evidence=evidence_out(evidence),
         decided_at=timezone.now(),
-        checkpoint_id=checkpoint["id"] if checkpoint and verdict == Verdict.RECOVER else None,
-        checkpoint_step=checkpoint["step"] if checkpoint and verdict == Verdict.RECOVER else None,
-        skip_steps=(
-            skip_steps(evidence.first_step, evidence.last_step, checkpoint["step"])
-            if checkpoint and verdict == Verdict.RECOVER
-            else []
-        ),
+        **_roll_back_plan(gathered, verdict),
     )
     append_timeline(
         gathered.incident.pk,
