@@ -237,6 +237,8 @@ def test_the_take_over_api_and_the_pages(agent, client):
     viewer, oncall = make_member(team, "viewer"), make_member(team, "oncall")
     outsider = make_member(Team.objects.create(name="other"), "oncall")
     assert Api(outsider).post(f"{url}/take-over", {}).status_code == 404
+    assert Api(outsider).get(f"{url}/recoveries").status_code == 404
+    assert Api(oncall).post("/api/v1/incidents/999999/take-over", {}).status_code == 404
     assert Api(viewer).post(f"{url}/take-over", {}).status_code == 403
     listed = Api(viewer).get(f"{url}/recoveries").json()
     assert listed["taken_over_by"] is None and listed["recoveries"][0]["verdict"] == "recover"
@@ -251,7 +253,8 @@ def test_the_take_over_api_and_the_pages(agent, client):
     answer = Api(oncall).post(f"{url}/take-over", {})
     assert answer.status_code == 200 and answer.json()["taken_over_by"] == oncall.get_username()
     assert answer.json()["recoveries"][0]["status"] == "taken_over"
-    assert Api(oncall).post(f"{url}/take-over", {}).status_code == 200  # twice: no change
+    twice = Api(oncall).post(f"{url}/take-over", {"junk": 1})  # a body is ignored
+    assert twice.status_code == 200  # twice: no change
     assert _events(recovery.incident_id).count("recovery_taken_over") == 1
     page = client.get(f"/incidents/{recovery.incident_id}/").content.decode()
     assert "Take over</button>" not in page and "Taken over by" in page
