@@ -89,6 +89,7 @@ class RuleAdmin(admin.ModelAdmin):
         ("What it watches", {"fields": ["layer", "metric", "per_metric", "per_node"]}),
         ("Detector", {"fields": ["detector", "params", "clear_after", "clear_after_seconds"]}),
         ("Response", {"fields": ["severity", "action", "action_params", "runbook"]}),
+        ("After an automatic L3 brake", {"fields": ["recovery", "recovery_budget"]}),
         ("Version", {"fields": ["why"]}),
     ]
 

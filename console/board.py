@@ -394,6 +394,7 @@ def job_state(user: Any, job: Job) -> dict[str, Any]:
             for a in alerts
         ],
         "incident": incident,
+        "recovery": incident.recoveries.order_by("-pk").first() if incident else None,
         "incident_buttons": incident_buttons(user, role, incident, alerts, on_job_page=True),
         "silences": list(silences),
         "escalations": [

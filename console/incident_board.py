@@ -8,6 +8,8 @@ from typing import Any
 
 from django.utils import timezone
 
+from breakers.detection.rules import rules_for_job
+from breakers.recovery.verdict import RECOVER_POLICY
 from console.buttons import Button
 from incidents.alerts import ownership
 from incidents.models import (
@@ -18,6 +20,7 @@ from incidents.models import (
     Membership,
     TimelineEntry,
 )
+from incidents.recoveries import recoveries
 from incidents.teams.access import role_in_team
 from incidents.teams.authority import Action, decide
 
@@ -40,6 +43,19 @@ def assignable_members(incident: Incident) -> list[list[Any]]:
         for m in members
         if decide(m.role, Action.ASSIGN_INCIDENT).allowed
     ]
+
+
+def _recovery_in_play(incident: Incident, alerts: list[Alert]) -> bool:
+    """Automatic recovery may act on this incident: it has a verdict already, or one of its
+    alerts is of a rule that recovers automatically (its verdict comes once the checkpoint is
+    confirmed; a person may take over before)."""
+    if incident.recoveries.exists():
+        return True
+    keys = {a.rule_key for a in alerts if a.action == "checkpoint_and_pause"}
+    if not keys:
+        return False
+    rules = rules_for_job(incident.job_id)
+    return any(r.key in keys and r.recovery == RECOVER_POLICY for r in rules)
 
 
 def incident_buttons(
@@ -70,6 +86,16 @@ def incident_buttons(
         )
     if not decide(role, Action.ASSIGN_INCIDENT).allowed:
         return buttons
+    if incident.taken_over_by_id is None and _recovery_in_play(incident, alerts):
+        buttons.append(
+            Button(
+                "Take over",
+                f"{base}/take-over",
+                "danger",
+                title="Stop automatic recovery here: this incident's next steps are yours",
+                now=True,
+            )
+        )
     if incident.assignee_id != user.pk:
         buttons.append(
             Button("Take it", f"{base}/assign", title=f"Take incident #{incident.pk}", now=True)
@@ -98,6 +124,7 @@ def incident_state(user: Any, incident: Incident) -> dict[str, Any]:
         "buttons": incident_buttons(user, role, incident, alerts),
         "firing": sum(1 for a in alerts if a.status == AlertStatus.FIRING),
         "notes": ownership.notes(incident.pk),
+        "recoveries": recoveries(incident.pk),
         "may_note": decide(role, Action.NOTE_INCIDENT).allowed,
         "timeline": timeline.order_by("at", "id"),
         "alerts": alerts,

@@ -133,6 +133,7 @@ def _context(
         "durations": data.durations,
         "accelerator_hours": data.durations.accelerator_hours,
         "rows": _rows(data.rows, incident.first_time),
+        "recoveries": data.recoveries,
         "chart": _curve(data),
         "can_edit": may_edit(request.user, incident),
         "revisions": list(review.revisions.select_related("author")) if review else [],

@@ -18,6 +18,7 @@ from breakers.control.payload import command_payload
 from breakers.control.timeline import record_acknowledged
 from breakers.control.unapplied import clear_unapplied
 from breakers.models import COMMAND_TRANSITIONS, Command, CommandKind, CommandStatus
+from breakers.recovery.progress import brake_confirmed, resume_answered
 from core.errors import NotFound
 from core.realtime import job_group, publish_after_commit
 from core.transitions import compare_and_swap, compare_and_swap_all
@@ -105,6 +106,7 @@ def _record_outcome(command: Command, per_rank: bool) -> None:
         _job_effect_on_success(command)
         if command.kind == CommandKind.CHECKPOINT_AND_PAUSE:
             record_from_acknowledgement(job_id, command.pk, command.result)
+            brake_confirmed(command)
         if per_rank:
             clear_split(job_id, command.result.get("step"))
     elif command.kind == CommandKind.CHECKPOINT_AND_PAUSE:
@@ -114,6 +116,8 @@ def _record_outcome(command: Command, per_rank: bool) -> None:
             move_job(job_id, "paused")
         raise_failed_brake_alert(command)  # a brake that could not save pages someone
     record_acknowledged(command)
+    if command.kind == CommandKind.RESUME:
+        resume_answered(command)
     clear_unapplied(job_id, command.result.get("step"))
     publish_after_commit(
         job_group(job_id),

@@ -23,6 +23,7 @@ from breakers.control.hearing import heard_until
 from breakers.control.job_state import ON_ISSUE, refusal
 from breakers.control.payload import command_payload
 from breakers.control.timeline import (
+    active_incident,
     record_executor_outcome,
     record_issued,
 )
@@ -35,6 +36,7 @@ from breakers.models import (
     CommandKind,
     CommandStatus,
 )
+from breakers.recovery.progress import person_commanded
 from core.errors import Conflict, InvalidInput
 from core.realtime import agent_group, job_group, publish_after_commit
 from core.text import fit
@@ -132,6 +134,9 @@ def _after_issue(command: Command) -> None:
     pushes to the agent and the job page once it commits."""
     _job_effect_on_issue(command)
     record_issued(command)
+    if command.issued_by_kind == ActorKind.PERSON:
+        incident = active_incident(command.job_id)
+        person_commanded(command, incident.pk if incident is not None else None)
     route_to_scheduler(command)  # Slurm-bound jobs: drains and L4 cancels go there too
     payload = command_payload(command)
     job_id = command.job_id

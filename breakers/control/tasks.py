@@ -7,6 +7,7 @@ from celery import shared_task
 from breakers.control.commands import stop_hung_job
 from breakers.control.escalations import expire_escalations as expire_due_escalations
 from breakers.control.watchdog import watchdog_tick
+from breakers.recovery.service import consider_recovery as consider
 
 
 @shared_task(name="control.watchdog", acks_late=True, ignore_result=True, expires=5)
@@ -27,3 +28,10 @@ def expire_escalations() -> int:
     per request), so an overlapping or redelivered run does nothing twice. Here, not in
     ``incidents``: an expiry may issue the system's automatic L3 pause, a command."""
     return len(expire_due_escalations())
+
+
+@shared_task(name="control.consider_recovery", acks_late=True, ignore_result=True)
+def consider_recovery(pause_id: int) -> None:
+    """An automatic L3 brake's checkpoint is confirmed: record the recovery verdict and act
+    on it. Idempotent: one verdict per brake (breakers.recovery.service)."""
+    consider(pause_id)

@@ -38,6 +38,13 @@ from breakers.detection.detectors import (
     make_config,
 )
 from breakers.detection.detectors import DETECTORS as DETECTOR_KINDS
+from breakers.recovery.verdict import (
+    DEFAULT_BUDGET,
+    HOLD_POLICY,
+    MAX_BUDGET,
+    POLICIES,
+    RECOVER_POLICY,
+)
 from core.nonfinite import decode
 
 LAYERS = ("health", "stability", "performance")
@@ -148,6 +155,10 @@ class RuleSpec:
     clear_after: int = 1
     clear_after_seconds: float = 0.0
     runbook: str = ""  # runbook entry the console shows as the suggested next step
+    # After its automatic L3 brake: hold for a person, or recover automatically within
+    # ``recovery_budget`` recoveries per job per hour (breakers.recovery, docs/recovery.md).
+    recovery: str = HOLD_POLICY
+    recovery_budget: int = DEFAULT_BUDGET
     # Observe only: the rule is evaluated like any other, but what it finds is recorded as
     # "would have fired" (breakers.detection.shadow) instead of raising an alert or acting.
     shadow: bool = False
@@ -157,6 +168,7 @@ class RuleSpec:
 
     def __post_init__(self) -> None:
         self._check_enumerations()
+        self._check_recovery()
         if not isinstance(self.clear_after, int) or self.clear_after < 1:
             raise ValueError(f"{self.key}: clear_after must be an integer >= 1")
         if not self.clear_after_seconds >= 0:
@@ -179,6 +191,22 @@ class RuleSpec:
         # Identifies the detector configuration: stored state is reused only when equal.
         canonical = json.dumps([self.detector, self.params], sort_keys=True, default=str)
         object.__setattr__(self, "fingerprint", hashlib.sha256(canonical.encode()).hexdigest()[:16])
+
+    def _check_recovery(self) -> None:
+        if self.recovery not in POLICIES:
+            raise ValueError(f"{self.key}: recovery must be one of {', '.join(POLICIES)}")
+        budget = self.recovery_budget
+        if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= MAX_BUDGET:
+            raise ValueError(
+                f"{self.key}: recovery_budget must be a whole number 1 to {MAX_BUDGET}"
+            )
+        if self.recovery == RECOVER_POLICY and (
+            self.severity != "L3" or self.action != "checkpoint_and_pause"
+        ):
+            raise ValueError(
+                f"{self.key}: recovery recover is only for an L3 rule whose action is "
+                "checkpoint_and_pause"
+            )
 
     def _check_enumerations(self) -> None:
         if not self.key or not isinstance(self.key, str):

@@ -21,6 +21,7 @@ from typing import Any
 
 from breakers.detection.detectors import DETECTORS
 from breakers.detection.engine import ACTIONS, LAYERS, SEVERITIES, RuleSpec
+from breakers.recovery.verdict import MAX_BUDGET, POLICIES
 
 # The columns of a rule (``breakers.models.Rule.SPEC_FIELDS``), in display order.
 RULE_FIELDS: tuple[str, ...] = (
@@ -39,6 +40,8 @@ RULE_FIELDS: tuple[str, ...] = (
     "clear_after",
     "clear_after_seconds",
     "runbook",
+    "recovery",
+    "recovery_budget",
     "shadow",
 )
 # Fields left out of a snapshot while they hold their default: a rule set that never used
@@ -51,9 +54,16 @@ MAX_CHANGES = 100
 KEY_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}$")
 _TEXT_LIMITS = {"name": 200, "metric": 300, "runbook": 64}
 DETECTOR_KINDS: tuple[str, ...] = tuple(sorted(DETECTORS))
-_CHOICES = {"layer": LAYERS, "severity": SEVERITIES, "action": ACTIONS, "detector": DETECTOR_KINDS}
+_CHOICES = {
+    "layer": LAYERS,
+    "severity": SEVERITIES,
+    "action": ACTIONS,
+    "detector": DETECTOR_KINDS,
+    "recovery": POLICIES,
+}
 _MAX_CLEAR_AFTER = 1_000_000
 _MAX_SECONDS = 10_000_000.0
+_WHOLE_LIMITS = {"clear_after": _MAX_CLEAR_AFTER, "recovery_budget": MAX_BUDGET}
 _MAX_JSON_DEPTH = 4
 
 
@@ -134,11 +144,10 @@ def _parse_value(name: str, value: Any, path: str) -> Any:
     elif name in ("per_node", "per_metric", "enabled", "shadow"):
         if not isinstance(value, bool):
             raise ChangeError(f"{name} must be true or false.", path)
-    elif name == "clear_after":
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ChangeError("clear_after must be a whole number ≥ 1.", path)
-        if not 1 <= value <= _MAX_CLEAR_AFTER:
-            raise ChangeError(f"clear_after must be from 1 to {_MAX_CLEAR_AFTER}.", path)
+    elif name in _WHOLE_LIMITS:
+        limit = _WHOLE_LIMITS[name]
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+            raise ChangeError(f"{name} must be a whole number from 1 to {limit}.", path)
     elif name == "clear_after_seconds":
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
         if not number or not math.isfinite(value) or not 0 <= value <= _MAX_SECONDS:
@@ -237,7 +246,8 @@ def _field_of(message: str) -> str:
     parameters (``make_config``'s messages name the parameter, not the column)."""
     if "only record" in message:  # a performance-layer rule with a braking action
         return "action"
-    for name in ("clear_after_seconds", "clear_after", "metric", "layer", "severity", "action"):
+    names = ("recovery_budget", "recovery", "clear_after_seconds", "clear_after", "metric")
+    for name in (*names, "layer", "severity", "action"):
         if re.search(rf"\b{name}\b", message):
             return name
     if message.startswith("unknown detector kind"):

@@ -7,6 +7,7 @@ from django.db import models
 
 from breakers.detection.engine import ACTIONS, DETECTOR_KINDS, LAYERS, SEVERITIES, RuleSpec
 from breakers.detection.ruleset_core import RULE_FIELDS
+from breakers.recovery.verdict import DEFAULT_BUDGET, HOLD_POLICY, POLICIES
 from core.fields import NonFiniteFloatField, PostgresArrayField
 from incidents.models import Job, Team
 
@@ -189,6 +190,16 @@ class Rule(models.Model):
         default=0.0, help_text="... spanning at least this many seconds (hysteresis)."
     )
     runbook = models.CharField(max_length=64, blank=True)
+    recovery = models.CharField(
+        max_length=16,
+        choices=_choices(POLICIES),
+        default=HOLD_POLICY,
+        help_text="After this rule's automatic L3 brake: hold for a person, or recover "
+        "automatically (roll back to the last clean checkpoint, skip the batch, resume).",
+    )
+    recovery_budget = models.PositiveSmallIntegerField(
+        default=DEFAULT_BUDGET, help_text="At most this many automatic recoveries per job per hour."
+    )
     shadow = models.BooleanField(
         default=False,
         help_text="Observe only: record what the rule would have done, raise and do nothing.",

@@ -31,8 +31,10 @@ class ChangeDoc(serializers.Serializer):
         required=False,
         help_text="create/update: the rule's fields (name, layer, metric, detector, params, "
         "severity, action, action_params, per_node, per_metric, enabled, clear_after, "
-        "clear_after_seconds, runbook, shadow: observe only); params and action_params are "
-        "replaced as a whole.",
+        "clear_after_seconds, runbook, recovery, recovery_budget, shadow); params and "
+        "action_params are replaced as a whole. recovery: hold (a person decides after the "
+        "rule's automatic L3 pause) or recover (docs/recovery.md); shadow: observe only "
+        "(docs/rules.md).",
     )
 
 

@@ -20,6 +20,7 @@ from console.api import (
     ledger,
     nodes,
     notifications,
+    recoveries,
     reviews,
     rules,
     series,
@@ -156,6 +157,16 @@ incident_routes = [
         name="incident-assign",
     ),
     path(f"{V1}/incidents/<int:pk>/notes", incidents.NotesView.as_view(), name="incident-notes"),
+    path(
+        f"{V1}/incidents/<int:pk>/recoveries",
+        recoveries.RecoveriesView.as_view(),
+        name="incident-recoveries",
+    ),
+    path(
+        f"{V1}/incidents/<int:pk>/take-over",
+        recoveries.TakeOverView.as_view(),
+        name="incident-take-over",
+    ),
     path(f"{V1}/incidents/<int:pk>/review", reviews.ReviewView.as_view(), name="review-api"),
     path(
         f"{V1}/incidents/<int:pk>/review.md",

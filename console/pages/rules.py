@@ -58,6 +58,11 @@ def rule_from_form(request: HttpRequest) -> dict[str, Any]:
     fields["action_params"] = _json_field(request, "action_params")
     fields["clear_after"] = _number(request, "clear_after", int)
     fields["clear_after_seconds"] = _number(request, "clear_after_seconds", float)
+    # The recovery policy: left as it is when the form does not carry it.
+    if "recovery" in request.POST:
+        fields["recovery"] = request.POST["recovery"]
+    if "recovery_budget" in request.POST:
+        fields["recovery_budget"] = _number(request, "recovery_budget", int)
     return fields
 
 

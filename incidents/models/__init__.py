@@ -70,6 +70,13 @@ from incidents.models.people import (  # noqa: F401
     PauseDecision,
     PersonalToken,
 )
+from incidents.models.recoveries import (  # noqa: F401
+    OPEN_RECOVERY_STATUSES,
+    RECOVERY_TRANSITIONS,
+    Recovery,
+    RecoveryStatus,
+    RecoveryVerdict,
+)
 from incidents.models.reviews import (  # noqa: F401
     REVIEW_TRANSITIONS,
     FollowUp,
@@ -151,4 +158,9 @@ __all__ = [
     "Review",
     "FollowUp",
     "ReviewRevision",
+    "OPEN_RECOVERY_STATUSES",
+    "RECOVERY_TRANSITIONS",
+    "Recovery",
+    "RecoveryStatus",
+    "RecoveryVerdict",
 ]

@@ -88,6 +88,15 @@ class Incident(models.Model):
         related_name="+",
     )
     assigned_at = models.DateTimeField(null=True, blank=True)
+    # A person took the incident over from automatic recovery: its next brakes hold for them.
+    taken_over_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    taken_over_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [

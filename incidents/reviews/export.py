@@ -109,6 +109,7 @@ def to_markdown(document: Mapping[str, Any]) -> str:
     lines += _facts(document)
     lines += ["", "## Durations", ""]
     lines += _durations(document["durations"])
+    lines += _recoveries(document.get("recoveries") or [])
     for name in TEXT_FIELDS:
         lines += ["", f"## {SECTION_TITLES[name]}", "", review[name] or "_Not written yet._"]
     lines += ["", "## Follow-ups", ""]
@@ -126,6 +127,23 @@ def to_markdown(document: Mapping[str, Any]) -> str:
     lines += ["", "## Timeline", ""]
     lines += _timeline(document)
     return "\n".join(lines) + "\n"
+
+
+def _recoveries(recoveries: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The automatic recovery verdicts, each with its reasons (none: no section)."""
+    if not recoveries:
+        return []
+    rows = [
+        [
+            r["verdict"],
+            r["status"],
+            f"pause #{r['pause_command_id']}, {r['rule_key']}, "
+            f"steps {r['window'][0]}–{r['window'][1]}",
+            "; ".join(r["reasons"]),
+        ]
+        for r in recoveries
+    ]
+    return ["", "## Automatic recovery", "", *_table(["verdict", "status", "brake", "why"], rows)]
 
 
 def _facts(document: Mapping[str, Any]) -> list[str]:

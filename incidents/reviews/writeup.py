@@ -32,12 +32,14 @@ from incidents.models import (
     IncidentStatus,
     JobSize,
     Membership,
+    Recovery,
     Review,
     ReviewRevision,
     ReviewStatus,
     TimelineEntry,
     TimelineKind,
 )
+from incidents.recoveries import recoveries
 from incidents.reviews.content import TEXT_FIELDS, frozen_part, validate_content
 from incidents.reviews.draft import IncidentFacts, draft
 from incidents.reviews.durations import DeclaredSize, Durations, Row, measure
@@ -59,6 +61,7 @@ class ReviewData:
     durations: Durations
     review: Review | None  # None: not edited yet, ``content`` is the automatic draft
     content: dict[str, Any]
+    recoveries: list[Recovery]  # the automatic recovery verdicts, oldest first
 
 
 def readable_incident(user: Visitor, incident_id: int) -> Incident:
@@ -132,7 +135,9 @@ def load_review(user: Visitor, incident_id: int) -> ReviewData:
         content["follow_ups"] = []
     else:
         content = stored_content(review)
-    return ReviewData(incident, rows, [pk for pk, _ in pairs], size, durations, review, content)
+    verdicts = recoveries(incident.pk)
+    ids = [pk for pk, _ in pairs]
+    return ReviewData(incident, rows, ids, size, durations, review, content, verdicts)
 
 
 def stored_content(review: Review) -> dict[str, Any]:
@@ -173,6 +178,7 @@ def review_document(data: ReviewData) -> dict[str, Any]:
         ),
         "timeline": [row_as_dict(row, pk) for pk, row in zip(data.row_ids, data.rows, strict=True)],
         "durations": data.durations.as_dict(),
+        "recoveries": [recovery_dict(r) for r in data.recoveries],
         "review": {
             **data.content,
             "generated": review is None,
@@ -190,6 +196,25 @@ def review_document(data: ReviewData) -> dict[str, Any]:
             }
             for r in revisions
         ],
+    }
+
+
+def recovery_dict(row: Recovery) -> dict[str, Any]:
+    """An automatic recovery's verdict as the export shows it."""
+    return {
+        "pause_command_id": row.pause_command_id,
+        "rule_key": row.rule_key,
+        "cause": row.cause,
+        "window": [row.first_step, row.last_step],
+        "rank": row.rank,
+        "node": row.node,
+        "verdict": row.verdict,
+        "reasons": list(row.reasons),
+        "status": row.status,
+        "decided_at": iso(row.decided_at),
+        "checkpoint_step": row.checkpoint_step,
+        "skip_steps": list(row.skip_steps),
+        "taken_over_by": _username(row.taken_over_by),
     }
 
 

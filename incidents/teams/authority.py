@@ -204,7 +204,7 @@ MATRIX: Mapping[Action, ActionPolicy] = MappingProxyType(
                 None: _CONFIRM_OUTSIDE_L3,
                 Level.L1: _CONFIRM_OUTSIDE_L3,
                 Level.L2: _CONFIRM_OUTSIDE_L3,
-                Level.L3: Cell(Role.ONCALL),
+                Level.L3: Cell(Role.ONCALL, system=True),
                 Level.L4: _nobody(
                     "an L4 job is terminated, not paused, so there is no pause to confirm"
                 ),
@@ -215,7 +215,9 @@ MATRIX: Mapping[Action, ActionPolicy] = MappingProxyType(
             "the breaker acted without a person, so the person on "
             "duty must be able to undo a false alarm at once. Any other pause (one a person "
             "asked for, or an approved L2 escalation) ends only by a manager's decision, "
-            "because resuming is a manager's call everywhere else.",
+            "because resuming is a manager's call everywhere else. The system confirms an "
+            "automatic L3 pause only as a roll back to the last clean checkpoint, and only when "
+            "the braking rule's recovery policy says recover automatically (docs/recovery.md).",
         ),
         Action.REQUEST_ESCALATION: ActionPolicy(
             "request an escalation",
@@ -261,7 +263,9 @@ MATRIX: Mapping[Action, ActionPolicy] = MappingProxyType(
             "resume a job",
             _same_everywhere(Role.MANAGER),
             "Managers resume jobs (docs/design.md). On-call resumes only by confirming an L3 pause "
-            "(confirm_pause). The system never resumes: resuming needs a person's judgement.",
+            "(confirm_pause). The system never resumes on this action: its only resume is the "
+            "roll back of an automatic L3 pause that a rule's recovery policy allows "
+            "(confirm_pause).",
         ),
         Action.TERMINATE_JOB: ActionPolicy(
             "terminate a job",

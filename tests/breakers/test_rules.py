@@ -112,6 +112,8 @@ def test_rules_are_editable_in_the_admin(admin_client):
         "action": row.action,
         "action_params": "{}",
         "runbook": row.runbook,
+        "recovery": row.recovery,
+        "recovery_budget": row.recovery_budget,
         "why": "a calmer L1",  # every change is a version of the teams' rule sets, with a why
     }
     assert admin_client.post(f"/admin/breakers/rule/{row.pk}/change/", form).status_code == 302

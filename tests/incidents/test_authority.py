@@ -45,7 +45,7 @@ EXPECTED: dict[str, dict[str | None, str]] = {
     "assign_incident": {"*": ONCALL_UP},
     "note_incident": {"*": ONCALL_UP},
     "pause_job": {"*": ONCALL_UP, "L3": ONCALL_UP + " system"},
-    "confirm_pause": {"*": MANAGER_UP, "L3": ONCALL_UP, "L4": NOBODY},
+    "confirm_pause": {"*": MANAGER_UP, "L3": ONCALL_UP + " system", "L4": NOBODY},
     "request_escalation": {"*": NOBODY, "L1": ONCALL_UP, "L2": ONCALL_UP},
     "approve_escalation": {"*": MANAGER_UP},
     "reject_escalation": {"*": MANAGER_UP},
@@ -274,7 +274,7 @@ def test_role_values_are_exact() -> None:
         (SYSTEM, None, set()),
         (SYSTEM, "L1", set()),
         (SYSTEM, "L2", {"apply_mitigation"}),
-        (SYSTEM, "L3", {"pause_job"}),
+        (SYSTEM, "L3", {"pause_job", "confirm_pause"}),
         (SYSTEM, "L4", {"terminate_job", "isolate_node"}),
         (
             "oncall",

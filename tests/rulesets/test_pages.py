@@ -120,6 +120,8 @@ def test_the_django_admin_edits_the_default_pack_through_the_service(crew, admin
         "action": row.action,
         "action_params": "{}",
         "runbook": row.runbook,
+        "recovery": row.recovery,
+        "recovery_budget": row.recovery_budget,
     }
     url = f"/admin/breakers/rule/{row.pk}/change/"
     assert b"This field is required" in admin_client.post(url, form).content  # no why

@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('breakers', '0026_latest_value_of_rank_zero'),
+        ('breakers', '0027_rule_recovery_policy'),
         ('incidents', '0020_incident_assignee_alert_snooze'),
     ]
 

@@ -1,0 +1,201 @@
+"""The verdict with history, table by table: recover, stop and page, isolate and page, or hold.
+The pure core (breakers.recovery.verdict): no Django, no database."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from breakers.detection.engine import RuleSpec
+from breakers.detection.rulepack import DEFAULT_RULES
+from breakers.detection.ruleset_core import ChangeError, apply_changes, parse_changes
+from breakers.recovery.verdict import (
+    EarlierRecovery,
+    Evidence,
+    Verdict,
+    decide,
+    skip_steps,
+)
+
+NAN = "non-finite-loss-or-gradients"
+BASE = Evidence(
+    rule_key=NAN,
+    cause="nan-inf",
+    policy="recover",
+    budget=3,
+    first_step=30,
+    last_step=30,
+    rank=0,
+    node="gpu-a",
+    clean_checkpoint_step=30,
+)
+
+
+def earlier(first: int, last: int, cause: str = "nan-inf") -> EarlierRecovery:
+    return EarlierRecovery(cause, first, last)
+
+
+VERDICTS = [
+    # (why, changes to the evidence, verdict, a phrase one of the reasons holds)
+    ("first time, clean checkpoint", {}, Verdict.RECOVER, "first time for this cause"),
+    ("policy says hold", {"policy": "hold"}, Verdict.HOLD, "policy is hold for a person"),
+    ("a drill sandbox", {"drill": True}, Verdict.HOLD, "drill sandbox"),
+    (
+        "a person took over",
+        {"taken_over_by": "ana took over this incident"},
+        Verdict.HOLD,
+        "ana took over",
+    ),
+    (
+        "hardware signal on the node",
+        {"hardware_signals": ("dcgm-xid on gpu-a (L2, firing)",)},
+        Verdict.ISOLATE_AND_PAGE,
+        "hardware signal on the node: dcgm-xid",
+    ),
+    (
+        "hardware beats a repeat: the node is what to take out",
+        {"hardware_signals": ("hardware-error on gpu-a",), "earlier": (earlier(30, 30),)},
+        Verdict.ISOLATE_AND_PAGE,
+        "hardware",
+    ),
+    (
+        "hold beats hardware: the policy is the team's word",
+        {"policy": "hold", "hardware_signals": ("hardware-error on gpu-a",)},
+        Verdict.HOLD,
+        "policy",
+    ),
+    (
+        "the same step window again",
+        {"earlier": (earlier(28, 31, "other-rule"),)},
+        Verdict.STOP_AND_PAGE,
+        "same step window (28–31)",
+    ),
+    (
+        "same cause, the very next window: no progress",
+        {"first_step": 31, "last_step": 31, "earlier": (earlier(30, 30),)},
+        Verdict.STOP_AND_PAGE,
+        "only 0 healthy step(s) since",
+    ),
+    (
+        "same cause, a few steps later: still no progress",
+        {"first_step": 39, "last_step": 39, "earlier": (earlier(30, 30),)},
+        Verdict.STOP_AND_PAGE,
+        "only 8 healthy step(s) since, fewer than 10",
+    ),
+    (
+        "same cause after enough progress",
+        {"first_step": 41, "last_step": 41, "earlier": (earlier(30, 30),)},
+        Verdict.RECOVER,
+        "made progress since",
+    ),
+    (
+        "another rule of the same cause right after: the same cause",
+        {
+            "rule_key": "update-refused-by-guard",
+            "first_step": 31,
+            "last_step": 31,
+            "earlier": (earlier(30, 30),),
+        },
+        Verdict.STOP_AND_PAGE,
+        "same cause (nan-inf)",
+    ),
+    (
+        "another cause right after: not the same cause",
+        {
+            "cause": "loss-divergence",
+            "first_step": 31,
+            "last_step": 31,
+            "earlier": (earlier(30, 30),),
+        },
+        Verdict.RECOVER,
+        "first time for this cause",
+    ),
+    (
+        "budget spent",
+        {"recoveries_last_hour": 3, "earlier": (earlier(5, 5, "a"), earlier(9, 9, "b"))},
+        Verdict.STOP_AND_PAGE,
+        "budget spent: 3 automatic recoveries in the last hour (at most 3)",
+    ),
+    ("budget not spent", {"recoveries_last_hour": 2}, Verdict.RECOVER, "recovery 3 of at most 3"),
+    (
+        "no clean checkpoint",
+        {"clean_checkpoint_step": None},
+        Verdict.STOP_AND_PAGE,
+        "no clean checkpoint",
+    ),
+    (
+        "a window too wide to be a batch",
+        {"first_step": 100, "last_step": 400, "clean_checkpoint_step": 90},
+        Verdict.STOP_AND_PAGE,
+        "301 steps to skip, more than 100",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("why", "changes", "verdict", "phrase"), VERDICTS, ids=[v[0] for v in VERDICTS]
+)
+def test_the_verdict_table(why, changes, verdict, phrase):
+    decision = decide(replace(BASE, **changes))
+    assert decision.verdict == verdict, decision.reasons
+    assert any(phrase in reason for reason in decision.reasons), decision.reasons
+    # The first reason always says which rule, where: the incident reads it first.
+    assert decision.reasons[0].startswith(f"rule {changes.get('rule_key', NAN)} at step")
+
+
+def test_the_first_reason_names_the_window_rank_and_node():
+    decision = decide(replace(BASE, first_step=30, last_step=32))
+    assert decision.reasons[0] == f"rule {NAN} at steps 30–32, rank 0 on gpu-a"
+    assert decide(replace(BASE, rank=None, node="")).reasons[0] == f"rule {NAN} at step 30"
+
+
+@pytest.mark.parametrize(
+    ("first", "last", "checkpoint", "skipped"),
+    [
+        (30, 30, 30, []),  # the guard's brake checkpoint: the batch is behind it already
+        (30, 30, 28, [30]),
+        (30, 32, 28, [30, 31, 32]),
+        (30, 32, 31, [32]),
+        (30, 32, 35, []),
+    ],
+)
+def test_skip_steps_are_the_window_after_the_checkpoint(first, last, checkpoint, skipped):
+    assert skip_steps(first, last, checkpoint) == skipped
+
+
+# --- The policy as a rule's fields -------------------------------------------------------
+
+RULES = {r["key"]: RuleSpec.from_dict(r).to_dict() for r in DEFAULT_RULES}
+
+
+def test_a_rule_holds_for_a_person_by_default():
+    assert RULES[NAN]["recovery"] == "hold" and RULES[NAN]["recovery_budget"] == 3
+
+
+def test_an_l3_brake_rule_may_recover_automatically():
+    changes = parse_changes(
+        [{"op": "update", "key": NAN, "fields": {"recovery": "recover", "recovery_budget": 5}}]
+    )
+    rows = apply_changes({}, RULES, changes)
+    assert rows[NAN]["recovery"] == "recover" and rows[NAN]["recovery_budget"] == 5
+
+
+@pytest.mark.parametrize(
+    ("key", "fields", "field"),
+    [
+        (NAN, {"recovery": "always"}, "changes[0].fields.recovery"),
+        (NAN, {"recovery_budget": 0}, "changes[0].fields.recovery_budget"),
+        (NAN, {"recovery_budget": 101}, "changes[0].fields.recovery_budget"),
+        (NAN, {"recovery_budget": True}, "changes[0].fields.recovery_budget"),
+        (NAN, {"recovery_budget": 2.5}, "changes[0].fields.recovery_budget"),
+        # Only an automatic L3 pause is recovered: never an L4, never a soft mitigation.
+        ("hardware-error", {"recovery": "recover"}, "changes[0].fields.recovery"),
+        ("loss-deviation", {"recovery": "recover"}, "changes[0].fields.recovery"),
+        (NAN, {"recovery": "recover", "severity": "L4"}, "changes[0].fields.recovery"),
+    ],
+)
+def test_a_policy_that_cannot_be_is_refused_naming_its_field(key, fields, field):
+    with pytest.raises(ChangeError) as refused:
+        apply_changes({}, RULES, parse_changes([{"op": "update", "key": key, "fields": fields}]))
+    assert refused.value.field == field
