@@ -12,8 +12,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from breakers.checkpoints import CheckpointReport, record_checkpoint
+from breakers.control.acknowledge import acknowledge_command
 from breakers.control.braking import system_command
-from breakers.control.commands import acknowledge_command, issue_command
+from breakers.control.commands import issue_command
 from breakers.control.job_actions import confirm_pause, pause_job
 from breakers.detection import rulesets
 from breakers.models import Command, CommandKind
