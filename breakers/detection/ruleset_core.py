@@ -21,7 +21,7 @@ from typing import Any
 
 from breakers.detection.detectors import DETECTORS
 from breakers.detection.engine import ACTIONS, LAYERS, SEVERITIES, RuleSpec
-from breakers.recovery.verdict import MAX_BUDGET, POLICIES
+from breakers.recovery.verdict import DEFAULT_BUDGET, HOLD_POLICY, MAX_BUDGET, POLICIES
 
 # The columns of a rule (``breakers.models.Rule.SPEC_FIELDS``), in display order.
 RULE_FIELDS: tuple[str, ...] = (
@@ -46,7 +46,11 @@ RULE_FIELDS: tuple[str, ...] = (
 )
 # Fields left out of a snapshot while they hold their default: a rule set that never used
 # them keeps the fingerprint it had before they existed (no spurious "outside change").
-OMITTED_AT_DEFAULT: Mapping[str, Any] = {"shadow": False}
+OMITTED_AT_DEFAULT: Mapping[str, Any] = {
+    "shadow": False,
+    "recovery": HOLD_POLICY,
+    "recovery_budget": DEFAULT_BUDGET,
+}
 EDITABLE_FIELDS = frozenset(RULE_FIELDS) - {"key"}
 REQUIRED_ON_CREATE = ("name", "layer", "metric", "detector")
 OPS = ("create", "update", "enable", "disable", "delete")

@@ -228,3 +228,22 @@ def test_the_schedule_period_is_stable_within_a_period_and_moves_after_it():
     month = 30 * 86400.0
     assert core.schedule_period(0, month) == core.schedule_period(month - 1, month) == 0
     assert core.schedule_period(month, month) == 1
+
+
+@pytest.mark.parametrize(
+    ("field", "changed"), [("recovery", "recover"), ("recovery_budget", 5), ("shadow", True)]
+)
+def test_fields_a_rule_set_never_used_leave_its_fingerprint_as_it_was(field, changed):
+    """A console upgraded to a version with a new rule field records no spurious "changed
+    outside the console" version: at its default the field is left out of the snapshot."""
+    from breakers.detection.engine import RuleSpec
+
+    spec = RuleSpec("r", "R", "stability", "loss", "non_finite", severity="L3")
+    rule = spec.to_dict()
+    before = {k: v for k, v in rule.items() if k not in core.OMITTED_AT_DEFAULT}
+    assert core.fingerprint(core.snapshot([rule], {})) == core.fingerprint(
+        core.snapshot([before], {})
+    )
+    assert core.fingerprint(core.snapshot([{**rule, field: changed}], {})) != core.fingerprint(
+        core.snapshot([rule], {})
+    )
