@@ -8,22 +8,41 @@ first and stops with one sentence when nothing, or something else, answers there
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from typing import Any
 
 HEALTH_PATH = "/api/v1/health"  # console/api/urls.py: public, 200 healthy or 503 degraded
 HEALTH_TIMEOUT_SECONDS = 5.0
+# A console answers "starting" until its beat's first tick (BRAKELINE_HEALTH_STARTING_SECONDS,
+# 15 s by default): a drill started with it waits rather than stopping.
+STARTING_WAIT_SECONDS = 30.0
 
 
 def console_health(
-    url: str, timeout: float = HEALTH_TIMEOUT_SECONDS
+    url: str, timeout: float = HEALTH_TIMEOUT_SECONDS, starting_wait: float = STARTING_WAIT_SECONDS
 ) -> tuple[str | None, str | None]:
     """(problem, note) about the console at ``url``, as its health endpoint answers. A problem
     is the sentence to stop on: nothing answers there, or not as a Brakeline console. A note
     says what a console that answers 503 ("degraded": it is there) lacks, which the drill will
-    likely fail on. Asked directly, without the environment's proxies: the sandbox's
-    environment (an allowlist) has none either."""
+    likely fail on. A console still starting (its first seconds, before the beat's first
+    tick) is waited for, up to ``starting_wait`` seconds."""
+    deadline = time.monotonic() + starting_wait
+    while True:
+        problem, report = _ask(url, timeout)
+        if problem is not None:
+            return problem, None
+        if report.get("status") != "starting":
+            return None, _degraded_note(url, report)
+        if time.monotonic() >= deadline:
+            return None, f"The console at {url} is still starting: the drill may fail on it."
+        time.sleep(0.5)
+
+
+def _ask(url: str, timeout: float) -> tuple[str | None, dict[str, Any]]:
+    """(problem, report) of one question to the health endpoint. Asked directly, without the
+    environment's proxies: the sandbox's environment (an allowlist) has none either."""
     target = url.rstrip("/") + HEALTH_PATH
     option = (
         "point the drill at the console its sandboxes should report to with --console-url "
@@ -36,19 +55,19 @@ def console_health(
     except urllib.error.HTTPError as error:
         if error.code != 503:
             answer = f"{url} answered {HEALTH_PATH} with HTTP {error.code}"
-            return f"{answer}, so it is not a Brakeline console: {option}", None
+            return f"{answer}, so it is not a Brakeline console: {option}", {}
         body = error.read(65536)
     except (urllib.error.URLError, OSError, ValueError) as error:
         reason = getattr(error, "reason", None) or error
-        return f"No Brakeline console answers at {url} ({reason}): start it, or {option}", None
+        return f"No Brakeline console answers at {url} ({reason}): start it, or {option}", {}
     try:
         report = json.loads(body)
         status = report.get("status")
     except (ValueError, AttributeError):
         report, status = {}, None
-    if status not in ("ok", "degraded"):
-        return f"{url} answered {HEALTH_PATH} but not as a Brakeline console does: {option}", None
-    return None, _degraded_note(url, report)
+    if status not in ("ok", "degraded", "starting"):
+        return f"{url} answered {HEALTH_PATH} but not as a Brakeline console does: {option}", {}
+    return None, report
 
 
 def _degraded_note(url: str, report: dict[str, Any]) -> str | None:

@@ -106,20 +106,18 @@ def test_a_queued_set_without_a_console_ends_as_error_saying_why(settings):
         assert run.status == DrillStatus.ERROR and url in run.error
 
 
-def test_a_degraded_console_is_there_and_the_note_says_what_it_lacks():
-    """503 from the health endpoint: the console answers (the drill goes on), with a note."""
-    report = {
-        "status": "degraded",
-        "database": {"ok": True},
-        "redis": {"ok": True},
-        "beat": {"stale": True},
-        "workers": {"count": 0, "stale": True},
-    }
+def health_answers(reports: list[dict]) -> tuple[str | None, str | None, int]:
+    """console_health against a health endpoint that answers ``reports`` in turn (the last one
+    from then on), 503 unless the status is "ok"; and how many times it was asked."""
+    asked: list[int] = []
 
     class Health(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            report = reports[min(len(asked), len(reports) - 1)]
+            asked.append(1)
             body = json.dumps(report).encode()
-            self.send_response(503 if self.path == "/api/v1/health" else 404)
+            ok = report["status"] == "ok"
+            self.send_response((200 if ok else 503) if self.path == "/api/v1/health" else 404)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -131,13 +129,34 @@ def test_a_degraded_console_is_there_and_the_note_says_what_it_lacks():
     server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/"
-        problem, note = console_health(url)
+        problem, note = console_health(f"http://127.0.0.1:{server.server_address[1]}/")
     finally:
         server.shutdown()
         server.server_close()
+    return problem, note, len(asked)
+
+
+def test_a_degraded_console_is_there_and_the_note_says_what_it_lacks():
+    """503 from the health endpoint: the console answers (the drill goes on), with a note."""
+    report = {
+        "status": "degraded",
+        "database": {"ok": True},
+        "redis": {"ok": True},
+        "beat": {"stale": True},
+        "workers": {"count": 0, "stale": True},
+    }
+    problem, note, _ = health_answers([report])
     assert problem is None
     assert note is not None and "no Celery worker answers" in note and "beat is stale" in note
+
+
+def test_a_console_still_starting_is_waited_for():
+    """A console started a moment ago answers "starting" until its beat's first tick: a drill
+    started with it waits for it instead of refusing it as no console."""
+    starting = {"status": "starting", "database": {"ok": True}, "redis": {"ok": True}}
+    ready = {**starting, "status": "ok", "workers": {"count": 1}}
+    problem, note, asked = health_answers([starting, starting, ready])
+    assert (problem, note, asked) == (None, None, 3)
 
 
 def _lines(stream, into: queue.Queue) -> None:
