@@ -151,7 +151,7 @@ SCENARIOS: MappingProxyType[str, Scenario] = MappingProxyType(
     }
 )
 # The full drill set of the default pack (``all``): every scenario, each verified end to end in
-# CI (tests/drills/test_drill_end_to_end.py).
+# CI (tests/breakers/drills/test_drill_end_to_end.py).
 DRILL_SET: tuple[str, ...] = tuple(SCENARIOS)
 
 

@@ -3,7 +3,7 @@ brake trend, the admin's form) and one drill's scorecard, at a desktop and at a 
 (no sideways scroll). Screenshots land in docs/screenshots/ (drills-*.png).
 
 The drills shown are judged by the real services (``breakers.drills.runs``) from scorecard
-lines like the runner's; the runner itself runs end to end in tests/drills/.
+lines like the runner's; the runner itself runs end to end in tests/breakers/drills/.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from tests.console.browser.test_live_console import in_thread
 from tests.console.browser.test_phone import PHONE, sideways
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-OWN_SCRIPT = Path(__file__).parents[2] / "drills" / "scripts" / "own_train.py"
+OWN_SCRIPT = Path(__file__).parents[2] / "breakers" / "drills" / "scripts" / "own_train.py"
 
 
 def lines(loads: bool, brake_s: float) -> list[Line]:

@@ -1,6 +1,6 @@
 """The job page's readiness grade and a snapshot diff, in Chromium, desktop and phone.
 
-Real SDK runs (tests/snapshots/scripts/resume_run.py) send the snapshots: a run checkpoints,
+Real SDK runs (tests/breakers/snapshots/scripts/resume_run.py) send the snapshots: a run checkpoints,
 a careless resume (another seed, the loader not restored) raises the L1. The pages are looked
 at as an on-call person would, and the screenshots land in docs/screenshots/."""
 
@@ -18,7 +18,7 @@ from tests.brakeline.live import training_environment
 from tests.console.browser.conftest import SCREENSHOTS
 from tests.support.waiting import wait_for
 
-SCRIPT = Path(__file__).resolve().parents[2] / "snapshots" / "scripts" / "resume_run.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "breakers" / "snapshots" / "scripts" / "resume_run.py"
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 

@@ -11,7 +11,7 @@ from breakers.models import Rule, RuleSetVersion
 from core.append_only import AppendOnlyError
 from core.errors import Forbidden, InvalidInput
 from incidents.models import AuditEntry, Team
-from tests.rulesets.conftest import disable
+from tests.breakers.rulesets.conftest import disable
 
 pytestmark = pytest.mark.django_db
 

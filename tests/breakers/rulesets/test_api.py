@@ -9,7 +9,7 @@ import pytest
 
 from breakers.models import Rule, RuleSetVersion
 from incidents.models import AuditEntry
-from tests.rulesets.conftest import disable
+from tests.breakers.rulesets.conftest import disable
 
 pytestmark = pytest.mark.django_db
 

@@ -20,7 +20,7 @@ import pytest
 from breakers.models import EnvironmentSnapshot
 from breakers.snapshots.queries import job_readiness
 from tests.brakeline.live import training_environment
-from tests.snapshots import sandboxes
+from tests.breakers.snapshots import sandboxes
 from tests.support.waiting import wait_for
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "sandbox_run.py"
