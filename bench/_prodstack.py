@@ -23,7 +23,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from _stack import ROOT, free_port
+try:
+    from _stack import ROOT, free_port
+except ImportError:  # imported as bench._prodstack, from the test suite
+    from bench._stack import ROOT, free_port
 
 TICKS = os.sysconf("SC_CLK_TCK")
 HAPROXY = "/usr/sbin/haproxy"

@@ -170,9 +170,11 @@ async def one_round(args, running, connection, url: str) -> dict:
 
 def row(config: str, outcome: dict) -> dict:
     cpu, ranks = outcome["cpu"], outcome["ranks"]
-    rank_seconds = cpu["elapsed"] * ranks
-    served = outcome["points"] / outcome["points_per_rank_s"] / rank_seconds
-    ms = {kind: 1000 * cpu[kind] / rank_seconds for kind in (*KINDS, "client")}
+    # Rank-seconds of training whose points the console accepted: a console that does not
+    # keep up serves fewer than the wall clock's, and its CPU is spread over those.
+    served_seconds = max(1e-9, outcome["points"] / outcome["points_per_rank_s"])
+    served = served_seconds / (cpu["elapsed"] * ranks)
+    ms = {kind: 1000 * cpu[kind] / served_seconds for kind in (*KINDS, "client")}
     hold = outcome["hold"] or [float("nan")]
     return {
         "config": config,
@@ -199,7 +201,7 @@ def print_rows(rows: list[dict], args) -> None:
         f"\nScale-out: one job of N ranks in node mode ({args.ranks_per_node} ranks per node, "
         f"SDK defaults), through HAProxy, {args.seconds:g} s measured\n"
     )
-    print("config | ranks | req/s | served | ms of CPU per rank-second:")
+    print("config | ranks | req/s | served | ms of CPU per rank-second served:")
     print("       |       |       |        |   web | worker | postgres | redis | haproxy | beat | TOTAL | simulator")
     for r in rows:
         ms = r["ms"]
@@ -235,12 +237,15 @@ def print_evaluation(rows: list[dict]) -> None:
     while measured, and how often a backend of the job's database waited on a lock."""
     print("\none job's evaluation over the workers: cores each worker kept busy, and the share")
     print("of 50 ms samples in which a backend waited on a lock (any; the evaluator's state row)")
-    print("config | ranks | worker cores | any lock wait | evaluator waiting")
+    print("and the worker CPU one job of 10,000 ranks would need: its evaluation is serialised")
+    print("(one worker process at a time holds the job's evaluation state), so above 1 core it")
+    print("cannot keep up however many workers there are")
+    print("config | ranks | worker cores | any lock wait | evaluator waiting | 10,000 ranks")
     for r in rows:
         cores = " + ".join(f"{seconds / r['elapsed']:.2f}" for seconds in r["workers"])
         print(
             f"{r['config']:>6} | {r['ranks']:5d} | {cores:>12} | {r['lock_share']:13.1%} "
-            f"| {r['evaluator_share']:6.1%}"
+            f"| {r['evaluator_share']:17.1%} | {r['ms']['worker'] * 10:.1f} cores"
         )
 
 
