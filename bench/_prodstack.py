@@ -178,7 +178,11 @@ class Stack:
             _wait_for_page(f"{self.urls[count]}/login/")
 
     def stop(self) -> None:
-        for process in [*self.web, *self.others.values()]:
+        processes = [*self.web, *self.others.values()]
+        for process in processes:  # all asked at once: each may take seconds to finish
+            if process.poll() is None:
+                process.terminate()
+        for process in processes:
             _stop(process)
 
     def cpu(self) -> dict[str, float]:

@@ -150,7 +150,12 @@ async def one_round(args, running, connection, url: str) -> dict:
     fleet = Fleet(config, traffic)
     fleet.start()
     await asyncio.sleep(args.warm)
+    steps = sum(rank.step for rank in fleet.ranks)
     steady = await measured(args, running, connection, traffic, job_id, acks)
+    # The simulator's own pace: steps its ranks took against the SDK's cadence (a simulator
+    # short of CPU falls behind, and then sends less than real ranks would).
+    expected = args.ranks * steady["cpu"]["elapsed"] / config.step_seconds
+    steady["pace"] = (sum(rank.step for rank in fleet.ranks) - steps) / expected
     fleet.inject_nan()
     held = await fleet.wait_held(args.hold_timeout)
     nan_at = traffic.nan_at or time.monotonic()
@@ -181,6 +186,7 @@ def row(config: str, outcome: dict) -> dict:
         "ranks": ranks,
         "rps": outcome["requests"] / cpu["elapsed"],
         "served": served,
+        "pace": outcome["pace"],
         "ms": ms,
         "total": sum(ms[kind] for kind in KINDS),
         "lag": (statistics.median(outcome["lag"]), percentile(outcome["lag"], 0.95)),
@@ -201,18 +207,27 @@ def print_rows(rows: list[dict], args) -> None:
         f"\nScale-out: one job of N ranks in node mode ({args.ranks_per_node} ranks per node, "
         f"SDK defaults), through HAProxy, {args.seconds:g} s measured\n"
     )
-    print("config | ranks | req/s | served | ms of CPU per rank-second served:")
-    print("       |       |       |        |   web | worker | postgres | redis | haproxy | beat | TOTAL | simulator")
+    print("pace: steps the simulated ranks took against the SDK's cadence; served: rank-seconds")
+    print("of points the console accepted against the wall clock's")
+    print("config | ranks | req/s | pace | served | ms of CPU per rank-second served:")
+    print(
+        "       |       |       |      |        |   web | worker | postgres | redis | haproxy "
+        "| beat | TOTAL | simulator"
+    )
     for r in rows:
         ms = r["ms"]
         print(
-            f"{r['config']:>6} | {r['ranks']:5d} | {r['rps']:5.0f} | {r['served']:5.0%}  "
+            f"{r['config']:>6} | {r['ranks']:5d} | {r['rps']:5.0f} | {r['pace']:4.0%} "
+            f"| {r['served']:5.0%}  "
             f"| {ms['web']:5.2f} | {ms['worker']:6.2f} | {ms['postgres']:8.2f} "
             f"| {ms['redis']:5.2f} | {ms['haproxy']:7.2f} | {ms['beat']:4.2f} "
             f"| {r['total']:5.2f} | {ms['client']:5.2f}"
         )
     print("\nevaluation lag and NaN on one rank → every rank's acknowledged hold (over ranks)")
-    print("config | ranks | lag p50 | lag p95 | hold p50 | p95 | max | held | at one step | heard on websocket")
+    print(
+        "config | ranks | lag p50 | lag p95 | hold p50 | p95 | max | held | at one step "
+        "| heard on websocket"
+    )
     for r in rows:
         print(
             f"{r['config']:>6} | {r['ranks']:5d} | {r['lag'][0]:6.2f}s | {r['lag'][1]:6.2f}s "

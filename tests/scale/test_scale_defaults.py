@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from brakeline._forwarder import URGENT_WAIT
 from brakeline._settings import Settings
-
 from breakers.agent.bundle import MAX_BUNDLE_PARTS
 from console.ratelimit import agent_rate
 

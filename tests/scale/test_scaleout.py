@@ -23,7 +23,9 @@ from incidents.models import Job, JobRank
 RANKS, PER_NODE = 104, 8
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(not Path(HAPROXY).exists() and not shutil.which("haproxy"), reason="no HAProxy"),
+    pytest.mark.skipif(
+        not Path(HAPROXY).exists() and not shutil.which("haproxy"), reason="no HAProxy"
+    ),
 ]
 
 
