@@ -164,7 +164,10 @@ async def one_round(args, running, connection, url: str) -> dict:
         **steady,
         "ranks": args.ranks,
         "held": len(traffic.acked),
-        "hold": sorted(at - nan_at for _, at in traffic.acked.values()),
+        "hold": sorted(at - nan_at for _, at in traffic.acked.values() if at >= nan_at),
+        # Ranks braked before any NaN: the console, too slow to record their heartbeats in
+        # time, judged them silent (heartbeat-timeout, whose action is checkpoint_and_pause).
+        "early": sum(at < nan_at for _, at in traffic.acked.values()),
         "steps": {step for step, _ in traffic.acked.values()},
         "all_held": held,
         "pushed": sum(1 for rank in range(args.ranks) if traffic.pushed[rank]),
@@ -192,6 +195,7 @@ def row(config: str, outcome: dict) -> dict:
         "lag": (statistics.median(outcome["lag"]), percentile(outcome["lag"], 0.95)),
         "hold": (statistics.median(hold), percentile(hold, 0.95), max(hold)),
         "held": outcome["held"],
+        "early": outcome["early"],
         "one_step": len(outcome["steps"]) == 1,
         "pushed": outcome["pushed"],
         "workers": cpu["workers"],
@@ -235,6 +239,11 @@ def print_rows(rows: list[dict], args) -> None:
             f"| {r['held']}/{r['ranks']} | {'yes' if r['one_step'] else 'NO'} "
             f"| {r['pushed']}/{r['ranks']}"
         )
+        if r["early"]:
+            print(
+                f"       {r['early']} ranks were braked before the NaN: the console judged them"
+                " silent (heartbeat-timeout), too slow to record their heartbeats in time"
+            )
         if r["errors"]:
             print(f"       client errors: {r['errors']}")
     print_evaluation(rows)
