@@ -180,9 +180,10 @@ def row(config: str, outcome: dict) -> dict:
     cpu, ranks = outcome["cpu"], outcome["ranks"]
     # Rank-seconds of training whose points the console accepted: a console that does not
     # keep up serves fewer than the wall clock's, and its CPU is spread over those.
-    served_seconds = max(1e-9, outcome["points"] / outcome["points_per_rank_s"])
+    served_seconds = outcome["points"] / outcome["points_per_rank_s"]
     served = served_seconds / (cpu["elapsed"] * ranks)
-    ms = {kind: 1000 * cpu[kind] / served_seconds for kind in (*KINDS, "client")}
+    per = 1000 / served_seconds if served_seconds else float("nan")  # nothing served: no cost
+    ms = {kind: cpu[kind] * per for kind in (*KINDS, "client")}
     hold = outcome["hold"] or [float("nan")]
     return {
         "config": config,
@@ -192,6 +193,7 @@ def row(config: str, outcome: dict) -> dict:
         "pace": outcome["pace"],
         "ms": ms,
         "total": sum(ms[kind] for kind in KINDS),
+        "cores": sum(cpu[kind] for kind in KINDS) / cpu["elapsed"],
         "lag": (statistics.median(outcome["lag"]), percentile(outcome["lag"], 0.95)),
         "hold": (statistics.median(hold), percentile(hold, 0.95), max(hold)),
         "held": outcome["held"],
@@ -216,7 +218,7 @@ def print_rows(rows: list[dict], args) -> None:
     print("config | ranks | req/s | pace | served | ms of CPU per rank-second served:")
     print(
         "       |       |       |      |        |   web | worker | postgres | redis | haproxy "
-        "| beat | TOTAL | simulator"
+        "| beat | TOTAL | simulator | console cores busy"
     )
     for r in rows:
         ms = r["ms"]
@@ -225,7 +227,7 @@ def print_rows(rows: list[dict], args) -> None:
             f"| {r['served']:5.0%}  "
             f"| {ms['web']:5.2f} | {ms['worker']:6.2f} | {ms['postgres']:8.2f} "
             f"| {ms['redis']:5.2f} | {ms['haproxy']:7.2f} | {ms['beat']:4.2f} "
-            f"| {r['total']:5.2f} | {ms['client']:5.2f}"
+            f"| {r['total']:5.2f} | {ms['client']:5.2f} | {r['cores']:.2f}"
         )
     print("\nevaluation lag and NaN on one rank → every rank's acknowledged hold (over ranks)")
     print(
