@@ -49,8 +49,8 @@ def test_a_10000_rank_job_of_nodes_sends_far_fewer_bundles_than_its_limit():
     nodes = RANKS // PER_NODE
     steady = nodes * 60 / Settings().flush_interval
     assert limit >= 10 * steady, (limit, steady)
-    # A brake's few seconds: every node sending urgent bundles back to back.
-    assert limit / 60 >= nodes / URGENT_WAIT / 10
+    # Even every node sending urgent bundles back to back, all minute long, is not refused.
+    assert limit / 60 >= nodes / URGENT_WAIT, (limit, nodes)
     assert PER_NODE * 3 <= MAX_BUNDLE_PARTS  # a batch, a heartbeat and an ack per rank
 
 
