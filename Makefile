@@ -19,7 +19,7 @@ PYTEST_ARGS ?=
 # Options of `manage.py demo`, e.g. make demo DEMO_ARGS="--port 8001" (--host, --simulator...).
 DEMO_ARGS ?=
 
-.PHONY: install demo test lint bench bench-fleet bench-ranks clean faults
+.PHONY: install demo test lint bench bench-fleet bench-scaleout bench-ranks clean faults
 
 # Two distributions, both editable: the SDK (sdk/, `brakeline`) and the console with its test
 # dependencies (`brakeline-console[dev]`).
@@ -68,6 +68,12 @@ bench: install
 FLEET_ARGS ?=
 bench-fleet: install
 	cd bench && $(TEST_ENV) ../$(BIN)/python fleet.py $(FLEET_ARGS)
+
+# Scale-out, run: N Daphnes behind the shipped HAProxy config and M workers, one node-mode job;
+# SCALEOUT_ARGS="--configs 1x1,2x2 --ranks 400" (docs in bench/scaleout.py).
+SCALEOUT_ARGS ?=
+bench-scaleout: install
+	cd bench && $(TEST_ENV) ../$(BIN)/python scaleout.py $(SCALEOUT_ARGS)
 
 # The console at 1,000 ranks: each page's server time and size against a 2-rank job.
 bench-ranks: install

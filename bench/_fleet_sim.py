@@ -77,6 +77,7 @@ class Traffic:
     nan_at: float | None = None
     errors: Counter = field(default_factory=Counter)
     parts: int = 0  # the ranks' requests that travelled in bundles
+    pushed: Counter = field(default_factory=Counter)  # rank -> commands heard on a websocket
     on_accepted: Any = None  # callback(points) for lag watching
 
 
@@ -356,6 +357,7 @@ class Rank:
                             continue
                         payload = json.loads(message)
                         if payload.get("type") == "command":
+                            self.fleet.traffic.pushed[self.rank] += 1
                             self.offer([payload.get("command")])
             except Exception as error:  # reconnect, as the SDK does
                 self.fleet.traffic.errors[f"ws:{type(error).__name__}"] += 1
@@ -429,6 +431,7 @@ class NodeRelay:
                             named = payload.get("ranks")
                             for rank in self.ranks:
                                 if named is None or rank.rank in named:
+                                    self.fleet.traffic.pushed[rank.rank] += 1
                                     rank.offer([payload.get("command")])
             except Exception as error:  # reconnect, as the SDK does
                 self.fleet.traffic.errors[f"ws:{type(error).__name__}"] += 1

@@ -23,7 +23,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from _stack import ROOT, free_port
+try:
+    from _stack import ROOT, free_port
+except ImportError:  # imported as bench._prodstack, from the test suite
+    from bench._stack import ROOT, free_port
 
 TICKS = os.sysconf("SC_CLK_TCK")
 HAPROXY = "/usr/sbin/haproxy"
@@ -114,8 +117,12 @@ class Stack:
     balances over the first n web processes (so 1 → n is measured without a restart, the
     idle ones costing nothing)."""
 
-    def __init__(self, web: int, env: dict[str, str]) -> None:
+    def __init__(
+        self, web: int, env: dict[str, str], workers: int = 1, concurrency: int | None = None
+    ) -> None:
         self.web_count, self.env = web, env
+        # Worker processes, each a prefork pool of ``concurrency`` children (None: one per core).
+        self.worker_count, self.concurrency = workers, concurrency
         self.web: list[subprocess.Popen] = []
         self.others: dict[str, subprocess.Popen] = {}
         self.urls: dict[int, str] = {}
@@ -140,13 +147,17 @@ class Stack:
         return self
 
     def _start_celery(self) -> None:
-        """A prefork worker on the three queues, and the beat."""
+        """Prefork workers on the three queues, and the beat."""
         queue = os.environ.get("BRAKELINE_CELERY_QUEUE", "brakeline")
         celery = [sys.executable, "-m", "celery", "-A", "config"]
         queues = f"{queue}-watchdog,{queue},{queue}-ticks"
-        self.others["worker"] = spawn(
-            [*celery, "worker", "--loglevel", "WARNING", "--queues", queues], self.env
-        )
+        worker = [*celery, "worker", "--loglevel", "WARNING", "--queues", queues]
+        if self.concurrency:
+            worker += ["--concurrency", str(self.concurrency)]
+        for index in range(self.worker_count):
+            # Each worker its own node name: two of one name on a host confuse Celery's control.
+            named = [*worker, "--hostname", f"bench{index}@%h"] if index else worker
+            self.others["worker" if not index else f"worker-{index}"] = spawn(named, self.env)
         schedule = str(Path(self._dir) / "beat-schedule")
         self.others["beat"] = spawn(
             [*celery, "beat", "--loglevel", "WARNING", "--schedule", schedule], self.env
@@ -167,15 +178,20 @@ class Stack:
             _wait_for_page(f"{self.urls[count]}/login/")
 
     def stop(self) -> None:
-        for process in [*self.web, *self.others.values()]:
+        processes = [*self.web, *self.others.values()]
+        for process in processes:  # all asked at once: each may take seconds to finish
+            if process.poll() is None:
+                process.terminate()
+        for process in processes:
             _stop(process)
 
     def cpu(self) -> dict[str, float]:
-        """CPU seconds so far of the web processes (together), the worker with its pool,
+        """CPU seconds so far of the web processes (together), the workers with their pools,
         beat and HAProxy."""
+        workers = [p for name, p in self.others.items() if name.startswith("worker")]
         return {
             "web": sum(tree_cpu(p.pid) for p in self.web),
-            "worker": tree_cpu(self.others["worker"].pid),
+            "worker": sum(tree_cpu(p.pid) for p in workers),
             "beat": tree_cpu(self.others["beat"].pid),
             "haproxy": tree_cpu(self.others["haproxy"].pid) if "haproxy" in self.others else 0.0,
         }
@@ -185,12 +201,28 @@ class Stack:
 
 
 @contextmanager
-def stack(web: int, env: dict[str, str]) -> Iterator[Stack]:
-    running = Stack(web, env)
+def stack(
+    web: int, env: dict[str, str], workers: int = 1, concurrency: int | None = None
+) -> Iterator[Stack]:
+    running = Stack(web, env, workers, concurrency)
     try:
         yield running.start()
     finally:
         running.stop()
+
+
+@contextmanager
+def private_redis() -> Iterator[tuple[str, subprocess.Popen]]:
+    """A Redis server of the benchmark's own (no persistence), so its CPU is the console's
+    alone: the machine's shared Redis also serves other work. Yields its URL and process."""
+    port = free_port()
+    command = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    process = spawn([*command, "--appendonly", "no", "--maxclients", "20000"])
+    try:
+        _wait_for_port(port, process, "redis-server")
+        yield f"redis://127.0.0.1:{port}/0", process
+    finally:
+        _stop(process)
 
 
 def process_cpu(pid: int) -> float:
