@@ -56,7 +56,8 @@ def test_a_command_is_taken_exactly_in_the_statuses_its_event_starts_from(kind, 
         CommandKind.INJECT_FAULT: (S.PENDING, S.RUNNING),
     }[kind]
     assert ACCEPTED_IN[kind] == expected
-    # Faults go to drill sandboxes only (tests/breakers/drills: an ordinary job refuses them always).
+    # Faults go to drill sandboxes only (tests/breakers/drills: an ordinary job refuses them
+    # always).
     job = Job(pk=None, name="j", status=status, drill_sandbox=kind == CommandKind.INJECT_FAULT)
     if kind in (CommandKind.RESUME, CommandKind.TERMINATE) and status in expected:
         request.getfixturevalue("db")  # one at a time: it asks for an open one (there is none)

@@ -1,8 +1,8 @@
 """The job page's readiness grade and a snapshot diff, in Chromium, desktop and phone.
 
-Real SDK runs (tests/breakers/snapshots/scripts/resume_run.py) send the snapshots: a run checkpoints,
-a careless resume (another seed, the loader not restored) raises the L1. The pages are looked
-at as an on-call person would, and the screenshots land in docs/screenshots/."""
+Real SDK runs (tests/breakers/snapshots/scripts/resume_run.py) send the snapshots: a run
+checkpoints, a careless resume (another seed, the loader not restored) raises the L1. The pages
+are looked at as an on-call person would, and the screenshots land in docs/screenshots/."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from tests.brakeline.live import training_environment
 from tests.console.browser.conftest import SCREENSHOTS
 from tests.support.waiting import wait_for
 
-SCRIPT = Path(__file__).resolve().parents[2] / "breakers" / "snapshots" / "scripts" / "resume_run.py"
+SCRIPTS = Path(__file__).resolve().parents[2] / "breakers" / "snapshots" / "scripts"
+SCRIPT = SCRIPTS / "resume_run.py"
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 

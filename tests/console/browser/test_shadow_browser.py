@@ -12,9 +12,9 @@ from breakers.detection import rulesets
 from breakers.detection.rules import install_default_pack
 from breakers.models import ShadowFiring
 from incidents.models import Role
+from tests.breakers.shadow.test_shadow_pages import RULE
 from tests.console.browser.test_live_console import in_thread
 from tests.console.browser.test_phone import PHONE, sideways
-from tests.breakers.shadow.test_shadow_pages import RULE
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
