@@ -357,32 +357,37 @@ def _says_job_wide(job: Job, beat: RankBeat) -> bool:
 
 
 def _record_rank_alone(job: Job, beat: RankBeat, now: datetime) -> bool:
-    """The steady beat: the rank's own row, locked alone (``job`` read without a lock). False,
-    with nothing written and the row's lock let go, when the beat must also write the job's
-    row: then the job's row is locked first, as every other writer of both locks them."""
+    """The steady beat: the rank's own row only (``job`` read without a lock), written as a
+    compare-and-swap on the rank's last heartbeat, so no lock is held before the one UPDATE
+    and a beat that turns out to say more can still lock the job's row first, as every other
+    writer of both does. False, with nothing written, when the beat must also write the job's
+    row (or another beat of the same rank wrote in between)."""
     if _says_job_wide(job, beat):
         return False
-    with transaction.atomic():
-        rank_0 = JobRank.objects.filter(job_id=job.pk, rank=0)
-        seat = (
-            JobRank.objects.select_for_update()
-            .filter(job_id=job.pk, rank=beat.rank)
-            .annotate(rank_0_spoke=Exists(rank_0))
-            .first()
-        )
-        if seat is None or not seat.rank_0_spoke or _rank_back_or_new(seat, beat, now):
-            transaction.set_rollback(True)  # lets the row's lock go with the savepoint
-            return False
-        _update_rank(job, seat, beat, now)
-        if seat.heartbeat_deadline is not None and (
-            job.heartbeat_deadline is None or seat.heartbeat_deadline < job.heartbeat_deadline
-        ):
-            # Its deadline came nearer than the job's (a faster step: a shorter timeout): the
-            # job's stays the earliest, so the watchdog's index on it still finds this rank.
-            transaction.set_rollback(True)
-            return False
-        seat.save()
-    return True
+    rank_0 = JobRank.objects.filter(job_id=job.pk, rank=0)
+    seat = (
+        JobRank.objects.filter(job_id=job.pk, rank=beat.rank)
+        .annotate(rank_0_spoke=Exists(rank_0))
+        .first()
+    )
+    if seat is None or not seat.rank_0_spoke or _rank_back_or_new(seat, beat, now):
+        return False
+    previous = seat.last_heartbeat_at
+    _update_rank(job, seat, beat, now)
+    if seat.heartbeat_deadline is not None and (
+        job.heartbeat_deadline is None or seat.heartbeat_deadline < job.heartbeat_deadline
+    ):
+        # Its deadline came nearer than the job's (a faster step: a shorter timeout): the
+        # job's stays the earliest, so the watchdog's index on it still finds this rank.
+        return False
+    written = {name: getattr(seat, name) for name in RANK_HEARTBEAT_FIELDS}
+    return JobRank.objects.filter(pk=seat.pk, last_heartbeat_at=previous).update(**written) == 1
+
+
+# What a beat writes on its rank's row: all but the row's identity.
+RANK_HEARTBEAT_FIELDS = tuple(
+    f.attname for f in JobRank._meta.concrete_fields if f.name not in ("id", "job", "rank")
+)
 
 
 def _rank_back_or_new(seat: JobRank, beat: RankBeat, now: datetime) -> bool:

@@ -14,10 +14,13 @@ refuses only that part.
 
 Served as one: a node's parts cost the console about what one rank's request does. The bundle
 is one transaction; each part's own writes (a batch's id claim and riding heartbeat, a
-heartbeat, an acknowledgement) run in a savepoint of their own, so a part refused there leaves
-nothing. Then the points of every batch stored are written in one COPY, the job's step moved
-once, the commands owed to the bundle's ranks looked up once, and the live charts told once.
-A steady heartbeat locks its rank's row only (``incidents.jobs.record_heartbeat``), and the
+heartbeat, an acknowledgement) leave nothing of a part refused there: an acknowledgement runs
+in a savepoint of its own, and a validated batch or heartbeat, whose only refusal while stored
+is a new run under a finished job's token, in one when the job is final — a refusal met
+without one rolls the bundle back whole and serves it again, every part in a savepoint.
+Then the points of every batch stored are written in one COPY, the job's step moved once,
+the commands owed to the bundle's ranks looked up once, and the live charts told once. A
+steady heartbeat writes its rank's row only (``incidents.jobs.record_heartbeat``), and the
 job's row is locked last (by the step's move) or by rank 0's beat, for the few statements
 left to the commit.
 """
@@ -38,13 +41,14 @@ from breakers.agent.protocol import HeartbeatIn, json_type, parse_heartbeat, par
 from breakers.agent.store import (
     Stored,
     claim_batch,
+    claim_batches,
     on_dropped_partition,
     prepare_blocks,
     write_points,
 )
 from breakers.control.commands import deliverable_commands, deliverable_to_each
 from core.errors import InvalidInput, ServiceError
-from incidents.models import Job, JobStatus
+from incidents.models import FINAL_JOB_STATUSES, Job, JobStatus
 
 # A node of 8 ranks sends up to three parts each per interval (a batch, a heartbeat, an ack).
 MAX_BUNDLE_PARTS = 256
@@ -117,7 +121,24 @@ def bundle_reply(job: Job, raw_body: bytes) -> dict[str, Any]:
     received_at = timezone.now()
     read = [_read(job, part, received_at) for part in parts]
     blocks = [block for each in read if isinstance(each, _Batch) for block in each.blocks or ()]
-    return {"results": on_dropped_partition(blocks, lambda: _serve_together(job, read))}
+    return {"results": on_dropped_partition(blocks, lambda: _serve_bundle(job, read))}
+
+
+class _RefusedAfterWriting(Exception):
+    """A part was refused after a write of its own, with no savepoint to undo just that: the
+    bundle's transaction rolls back whole, and it is served again, every part in a savepoint."""
+
+
+def _serve_bundle(job: Job, read: list[_Read]) -> list[dict[str, Any]]:
+    # A validated batch or heartbeat is refused while stored only as a new run under a
+    # finished job's token (a 409): a savepoint per part (two statements each) is paid for
+    # the final job only, and for the rare refusal that comes as the job finishes.
+    if job.status not in FINAL_JOB_STATUSES:
+        try:
+            return _serve_together(job, read, careful=False)
+        except _RefusedAfterWriting:
+            pass
+    return _serve_together(job, read, careful=True)
 
 
 def _serve(job: Job, part: PartIn) -> dict[str, Any]:
@@ -137,6 +158,10 @@ class _Batch:
     blocks: list[tuple] | None
     received_at: datetime
     stored: Stored | None = None
+    # Claimed with the bundle's other batches (``_claim_together``): then ``earlier`` is what
+    # a first copy stored (None: this one claimed its id).
+    claimed: bool = False
+    earlier: int | None = None
 
 
 _Read = _Batch | HeartbeatIn | PartIn | ServiceError
@@ -156,13 +181,18 @@ def _read(job: Job, part: PartIn, received_at: datetime) -> _Read:
     return part  # an acknowledgement: read by its own service
 
 
-def _serve_together(job: Job, read: list[_Read]) -> list[dict[str, Any]]:
+def _serve_together(job: Job, read: list[_Read], *, careful: bool) -> list[dict[str, Any]]:
     """The bundle in one transaction: each part's own writes (a batch's claim and riding
-    heartbeat, a heartbeat, an acknowledgement) in a savepoint of its own, so a refused part
-    leaves nothing; then the points of every stored batch in one write, the commands owed
-    looked up once for the bundle's ranks, and one live message."""
+    heartbeat, a heartbeat, an acknowledgement; ``careful``: each in a savepoint of its own,
+    so a refused part leaves nothing); then the points of every stored batch in one write,
+    the commands owed looked up once for the bundle's ranks, and one live message."""
+    for each in read:
+        if isinstance(each, _Batch):  # served again: nothing of the first try stands
+            each.stored, each.claimed, each.earlier = None, False, None
     with transaction.atomic():
-        outcomes = [_write_part(job, each) for each in read]
+        if not careful:
+            _claim_together(job, read)
+        outcomes = [_write_part(job, each, careful) for each in read]
         batches = [b for b in outcomes if isinstance(b, _Batch) and b.stored is not None]
         fresh = [b for b in batches if b.stored is not None and not b.stored.duplicate]
         points = [p for b in fresh for p in b.batch.points]
@@ -176,22 +206,51 @@ def _serve_together(job: Job, read: list[_Read]) -> list[dict[str, Any]]:
     return [_result(each, owed) for each in outcomes]
 
 
-def _write_part(job: Job, part: _Read) -> _Read | dict[str, Any]:
-    """One part's own writes in a savepoint; a refusal (or an acknowledgement's answer) is
-    its result."""
+def _write_part(job: Job, part: _Read, careful: bool) -> _Read | dict[str, Any]:
+    """One part's own writes; a refusal (or an acknowledgement's answer) is its result. An
+    acknowledgement, and every part when ``careful``, writes in a savepoint of its own."""
     if isinstance(part, ServiceError):
         return part
+    if not careful and not isinstance(part, PartIn):
+        try:
+            return _write(job, part)
+        except ServiceError as error:
+            raise _RefusedAfterWriting from error
     try:
         with transaction.atomic():
-            if isinstance(part, _Batch):
-                part.stored = _claim(job, part)
-            elif isinstance(part, HeartbeatIn):
-                service.record_rank_heartbeat(job.pk, part)
-            else:
-                status, body = _ack(job, part)
-                return {"status": status, "body": body}
+            return _write(job, part)
     except ServiceError as error:
         return error
+
+
+def _claim_together(job: Job, read: list[_Read]) -> None:
+    """Every batch's id claimed in one statement (a batch id twice in one bundle: the first
+    copy claims it, the second is its retry)."""
+    batches = [b for b in read if isinstance(b, _Batch) and b.batch.batch_id is not None]
+    claims: dict[str, int] = {}
+    for each in batches:
+        claims.setdefault(each.batch.batch_id or "", len(each.batch.points))
+    if not batches:
+        return
+    earlier = claim_batches(job.pk, claims, batches[0].received_at)
+    seen: set[str] = set()
+    for each in batches:
+        batch_id = each.batch.batch_id or ""
+        each.earlier = earlier[batch_id]
+        if batch_id in seen and each.earlier is None:
+            each.earlier = claims[batch_id]  # what the bundle's first copy stores
+        seen.add(batch_id)
+        each.claimed = True
+
+
+def _write(job: Job, part: _Batch | HeartbeatIn | PartIn) -> _Read | dict[str, Any]:
+    if isinstance(part, _Batch):
+        part.stored = _claim(job, part)
+    elif isinstance(part, HeartbeatIn):
+        service.record_rank_heartbeat(job.pk, part)
+    else:
+        status, body = _ack(job, part)
+        return {"status": status, "body": body}
     return part
 
 
@@ -200,7 +259,11 @@ def _claim(job: Job, part: _Batch) -> Stored:
     nothing) and its riding heartbeat written; its points are written with the bundle's."""
     batch = part.batch
     if batch.batch_id is not None:
-        earlier = claim_batch(job.pk, batch.batch_id, len(batch.points), part.received_at)
+        earlier = (
+            part.earlier
+            if part.claimed
+            else claim_batch(job.pk, batch.batch_id, len(batch.points), part.received_at)
+        )
         if earlier is not None:
             return Stored(earlier, duplicate=True)
     riding = service.riding_writes(job.pk, batch)

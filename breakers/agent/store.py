@@ -169,6 +169,35 @@ def claim_batch(job_id: int, batch_id: str, accepted: int, received_at: datetime
     )
 
 
+CLAIM_BATCHES_SQL = (
+    f"INSERT INTO {MetricBatch._meta.db_table} (job_id, batch_id, accepted, received_at) "
+    "SELECT %s, b, a, %s FROM unnest(%s::text[], %s::int[]) AS u(b, a) "
+    "ON CONFLICT (job_id, batch_id) DO NOTHING RETURNING batch_id"
+)
+
+
+def claim_batches(
+    job_id: int, claims: dict[str, int], received_at: datetime
+) -> dict[str, int | None]:
+    """``claim_batch`` for several batches (batch id → its points) in one statement: for each
+    id, None when claimed now, else the number of points its first copy stored."""
+    if not claims:
+        return {}
+    ids = list(claims)
+    with connection.cursor() as cursor:
+        cursor.execute(CLAIM_BATCHES_SQL, [job_id, received_at, ids, list(claims.values())])
+        claimed = {row[0] for row in cursor.fetchall()}
+    taken = [batch_id for batch_id in ids if batch_id not in claimed]
+    earlier = dict(
+        MetricBatch.objects.filter(job_id=job_id, batch_id__in=taken).values_list(
+            "batch_id", "accepted"
+        )
+        if taken
+        else ()
+    )
+    return {batch_id: None if batch_id in claimed else earlier[batch_id] for batch_id in ids}
+
+
 def store_points(
     job_id: int,
     points: Sequence[PointIn],
