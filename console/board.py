@@ -33,6 +33,7 @@ from console.incident_board import incident_buttons
 from incidents import silences as silencing
 from incidents.alerts.lifecycle import alert_payload
 from incidents.alerts.snooze import SNOOZE_CHOICES, snoozed
+from incidents.jobs import past_deadline
 from incidents.models import (
     ACTIVE_ALERT_STATUSES,
     LIVE_JOB_STATUSES,
@@ -82,7 +83,10 @@ def display_status(job: Job, now: datetime | None = None) -> str:
     heartbeat while they hold) is past its heartbeat deadline, as the watchdog judges it."""
     now = now or timezone.now()
     live = job.status in LIVE_JOB_STATUSES
-    if live and job.heartbeat_deadline is not None and job.heartbeat_deadline < now:
+    # The job's deadline is never later than its earliest rank's: past it, a rank may be
+    # silent, and the ranks' own deadlines say (one probe of their index).
+    past = live and job.heartbeat_deadline is not None and job.heartbeat_deadline < now
+    if past and Job.objects.filter(past_deadline(now), pk=job.pk).exists():
         return "silent"
     return job.status
 

@@ -11,7 +11,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
-from django.db.models import Min
+from django.db.models import Exists, Min, OuterRef, Q
 from django.utils import timezone
 
 from core.errors import Conflict, InvalidInput, Unauthenticated
@@ -312,51 +312,139 @@ def record_heartbeat(
     now: datetime | None = None,
     pace: RankPaceReport | None = None,
 ) -> Job:
-    """Store one rank's heartbeat (no rank: rank 0): its row, the job's world size, and the
-    job's deadline — the earliest of its unfinished ranks'. The job-level agent fields
-    (pid, host, status, step time) are rank 0's (until rank 0 speaks, the reporting rank's);
-    the job finishes when every rank has — by ``finish_event``: "terminate" when the caller
-    knows the processes were told to stop (their last beat may overtake the acknowledgement)."""
+    """Store one rank's heartbeat (no rank: rank 0): its row, with its own deadline.
+
+    A steady beat of a rank other than 0 writes its own row only, locked alone: a thousand
+    ranks of one job never queue behind one row lock. The job's row is written, under its
+    lock, by a beat that says something of the whole job (``_says_job_wide``): rank 0's (the
+    job-level agent fields: pid, host, status, step time — until rank 0 speaks, the reporting
+    rank's), a new rank or world size, a finish, a first or restarted process, a rank back
+    from silence. The job finishes when every rank has — by ``finish_event``: "terminate"
+    when the caller knows the processes were told to stop (their last beat may overtake the
+    acknowledgement)."""
     now = now or timezone.now()
+    beat = RankBeat(rank or 0, step, status, pid, hostname, world_size, pace)
+    job = Job.objects.get(pk=job_id)
+    if job.status in FINAL_JOB_STATUSES and status == AgentStatus.RUNNING:
+        _refuse_a_new_run(job, beat.rank, pid)
+    if _record_rank_alone(job, beat, now):
+        return job
+    return _record_job_heartbeat(job_id, beat, finish_event, now)
+
+
+@dataclass(frozen=True, slots=True)
+class RankBeat:
+    """One rank's heartbeat, validated."""
+
+    rank: int
+    step: int
+    status: str
+    pid: int | None
+    hostname: str
+    world_size: int | None
+    pace: RankPaceReport | None
+
+
+def _says_job_wide(job: Job, beat: RankBeat) -> bool:
+    """What the beat says of the whole job, before its rank's row is read."""
+    resized = beat.world_size is not None and beat.world_size != job.world_size
+    return (
+        beat.rank == 0
+        or resized
+        or beat.status == AgentStatus.FINISHED
+        or job.status in job_statuses_for("start")
+    )
+
+
+def _record_rank_alone(job: Job, beat: RankBeat, now: datetime) -> bool:
+    """The steady beat: the rank's own row only (``job`` read without a lock), written as a
+    compare-and-swap on the rank's last heartbeat, so no lock is held before the one UPDATE
+    and a beat that turns out to say more can still lock the job's row first, as every other
+    writer of both does. False, with nothing written, when the beat must also write the job's
+    row (or another beat of the same rank wrote in between)."""
+    if _says_job_wide(job, beat):
+        return False
+    rank_0 = JobRank.objects.filter(job_id=job.pk, rank=0)
+    seat = (
+        JobRank.objects.filter(job_id=job.pk, rank=beat.rank)
+        .annotate(rank_0_spoke=Exists(rank_0))
+        .first()
+    )
+    if seat is None or not seat.rank_0_spoke or _rank_back_or_new(seat, beat, now):
+        return False
+    previous = seat.last_heartbeat_at
+    _update_rank(job, seat, beat, now)
+    if seat.heartbeat_deadline is not None and (
+        job.heartbeat_deadline is None or seat.heartbeat_deadline < job.heartbeat_deadline
+    ):
+        # Its deadline came nearer than the job's (a faster step: a shorter timeout): the
+        # job's stays the earliest, so the watchdog's index on it still finds this rank.
+        return False
+    written = {name: getattr(seat, name) for name in RANK_HEARTBEAT_FIELDS}
+    return JobRank.objects.filter(pk=seat.pk, last_heartbeat_at=previous).update(**written) == 1
+
+
+# What a beat writes on its rank's row: all but the row's identity.
+RANK_HEARTBEAT_FIELDS = tuple(
+    f.attname for f in JobRank._meta.concrete_fields if f.name not in ("id", "job", "rank")
+)
+
+
+def _rank_back_or_new(seat: JobRank, beat: RankBeat, now: datetime) -> bool:
+    """A rank that was past its deadline (its beat may end the job's silence), or finished,
+    or another process under the rank's number (a restart)."""
+    overdue = seat.heartbeat_deadline is None or seat.heartbeat_deadline < now
+    other_process = seat.pid is not None and beat.pid is not None and beat.pid != seat.pid
+    return overdue or other_process
+
+
+def _record_job_heartbeat(job_id: int, beat: RankBeat, finish_event: str, now: datetime) -> Job:
+    """A beat that writes the job's row too, under the job's row lock: the rank's row, the
+    world size, the job-level agent fields, and the job's deadline — the earliest of its
+    unfinished ranks' (what the watchdog's index finds it by)."""
     with transaction.atomic():
-        # The job's row lock serialises the heartbeats of all its ranks: each rank's step time
-        # is measured against its own previous beat, and the earliest deadline is read whole.
         job = Job.objects.select_for_update().get(pk=job_id)
-        if job.status in FINAL_JOB_STATUSES and status == AgentStatus.RUNNING:
-            _refuse_a_new_run(job, rank or 0, pid)
-        if world_size is not None and world_size != job.world_size:
+        if beat.world_size is not None and beat.world_size != job.world_size:
             # A smaller restart leaves seats above its size: gone once, when the size changes
             # (not a DELETE with every heartbeat of a steady job).
-            job.world_size = world_size
-            JobRank.objects.filter(job=job, rank__gte=world_size).delete()
-        seat, new_process = _record_rank(job, rank or 0, step, status, pid, hostname, now, pace)
+            job.world_size = beat.world_size
+            JobRank.objects.filter(job=job, rank__gte=beat.world_size).delete()
+        seat = JobRank.objects.select_for_update().filter(job=job, rank=beat.rank).first()
+        seat, new_process = _record_rank(job, seat, beat, now)
         job.last_heartbeat_at = now
         if seat.rank == 0 or not JobRank.objects.filter(job=job, rank=0).exists():
             # Rank 0's, or — until rank 0 speaks — the reporting rank's: a lone process that
             # inherited RANK=3 still gets its pid on the job for the executor.
-            job.step_time_seconds, job.last_heartbeat_step = seat.step_time_seconds, step
-            job.agent_status, job.agent_pid = status, seat.pid
+            job.step_time_seconds, job.last_heartbeat_step = seat.step_time_seconds, beat.step
+            job.agent_status, job.agent_pid = beat.status, seat.pid
             job.agent_hostname, job.agent_pid_start_time = seat.hostname, seat.pid_start_time
         job.heartbeat_deadline = _earliest_deadline(job)
-        # One UPDATE of the job's row per heartbeat (a 1,000-rank job sends hundreds a second,
-        # and each UPDATE is a new version of this one hot row): the step moves forward here,
-        # under the row lock that metrics ingest takes too, not in an UPDATE of its own.
+        step = beat.step
         job.current_step = max(step, job.current_step if job.current_step is not None else step)
         job.save(update_fields=[*JOB_HEARTBEAT_FIELDS, "current_step"])
-        moved = False
-        if status == AgentStatus.FINISHED and _every_rank_finished(job):
-            moved = move_job(job_id, finish_event, heartbeat_deadline=None)
-        elif job.status in job_statuses_for("start"):  # read under the lock: the first moves it
-            moved = mark_job_running(job_id)
-        elif status == AgentStatus.RUNNING and new_process:
-            moved = _restarted_outside(job, seat, now)
-        back = job.heartbeat_deadline is None or job.heartbeat_deadline >= now
-        if job.heartbeat_overdue_since is not None and back:
-            _end_heartbeat_silence(job, now)
-            moved = True
-    if moved:  # another statement changed the row: read it back (a steady beat reads nothing)
+        moved = _move_on_heartbeat(job, seat, new_process, finish_event, now)
+    if moved:  # another statement changed the row: read it back
         job.refresh_from_db()
     return job
+
+
+def _move_on_heartbeat(
+    job: Job, seat: JobRank, new_process: bool, finish_event: str, now: datetime
+) -> bool:
+    """The job's status as the beat moves it (read under the job's row lock), and the end of
+    its silence; whether the row changed."""
+    moved = False
+    if seat.status == AgentStatus.FINISHED and _every_rank_finished(job):
+        moved = move_job(job.pk, finish_event, heartbeat_deadline=None)
+    elif job.status in job_statuses_for("start"):  # read under the lock: the first moves it
+        moved = mark_job_running(job.pk)
+    elif seat.status == AgentStatus.RUNNING and new_process:
+        moved = _restarted_outside(job, seat, now)
+    back = job.heartbeat_deadline is None or job.heartbeat_deadline >= now
+    if job.heartbeat_overdue_since is not None and back:
+        _end_heartbeat_silence(job, now)
+        moved = True
+    return moved
 
 
 JOB_HEARTBEAT_FIELDS = (
@@ -370,6 +458,16 @@ JOB_HEARTBEAT_FIELDS = (
     "agent_pid_start_time",
     "heartbeat_deadline",
 )
+
+
+def past_deadline(now: datetime) -> Q:
+    """Jobs with a rank past its own deadline at ``now`` (a job with no rank rows: past its
+    own). The job's ``heartbeat_deadline`` is never later than its earliest rank's (every
+    write of the job's row sets it to that, and a rank whose deadline comes nearer writes
+    it), so its index narrows the search to a few jobs before their ranks are read."""
+    ranks = JobRank.objects.filter(job=OuterRef("pk"))
+    rank_silent = Exists(ranks.filter(heartbeat_deadline__lt=now))
+    return Q(heartbeat_deadline__lt=now) & (Q(rank_silent) | ~Q(Exists(ranks)))
 
 
 def _refuse_a_new_run(job: Job, rank: int, pid: int | None) -> None:
@@ -416,43 +514,47 @@ class RankPaceReport:
 
 
 def _record_rank(
-    job: Job,
-    rank: int,
-    step: int,
-    status: str,
-    pid: int | None,
-    hostname: str,
-    now: datetime,
-    pace: RankPaceReport | None = None,
+    job: Job, seat: JobRank | None, beat: RankBeat, now: datetime
 ) -> tuple[JobRank, bool]:
-    """The rank's row, updated; and whether the heartbeat comes from another process than the
-    rank's last one (a pid it did not have before: a restart)."""
-    seat = JobRank.objects.filter(job=job, rank=rank).first()
+    """The rank's row (``seat``: as read under its lock, None for a new rank), updated; and
+    whether the heartbeat comes from another process than the rank's last one (a pid it did
+    not have before: a restart)."""
+    pid = beat.pid
     new_process = seat is not None and seat.pid is not None and pid is not None and pid != seat.pid
-    step_time = _measured_step_time(seat, step, now)
     if seat is None:
-        seat = JobRank(job=job, rank=rank)
-    elif new_process or step < seat.step:
-        seat.sync_step = None  # another process, or a roll back: the old word is stale
+        seat = JobRank(job=job, rank=beat.rank)
+    elif new_process:
+        seat.sync_step = None  # another process: its old word is stale
+    _update_rank(job, seat, beat, now)
+    seat.save()
+    return seat, new_process
+
+
+def _update_rank(job: Job, seat: JobRank, beat: RankBeat, now: datetime) -> None:
+    """The beat on the rank's row (not saved), its own deadline with it: now + the job's
+    timeout for the rank's measured step time (none once the rank said it finished)."""
+    known = seat.pk is not None
+    step_time = _measured_step_time(seat, beat.step, now) if known else None
+    if known and beat.step < seat.step:
+        seat.sync_step = None  # a roll back: the old word is stale
     seat.step_time_seconds, seat.step, seat.status, seat.last_heartbeat_at = (
         step_time,
-        step,
-        status,
+        beat.step,
+        beat.status,
         now,
     )
-    if pid is not None:
-        _register_process(seat, pid, hostname)
-    if hostname:
-        seat.hostname = hostname
+    if beat.pid is not None:
+        _register_process(seat, beat.pid, beat.hostname)
+    if beat.hostname:
+        seat.hostname = beat.hostname
+    pace = beat.pace
     if pace is not None and pace.sync_step is not None:
         seat.sync_step = pace.sync_step
     if pace is not None and pace.compute_seconds is not None:
         seat.compute_seconds = pace.compute_seconds
-    finished = status == AgentStatus.FINISHED
+    finished = beat.status == AgentStatus.FINISHED
     timeout = timedelta(seconds=heartbeat_timeout_seconds(job, step_time))
     seat.heartbeat_deadline = None if finished else now + timeout
-    seat.save()
-    return seat, new_process
 
 
 def _earliest_deadline(job: Job) -> datetime | None:

@@ -9,10 +9,20 @@ rank's heartbeat and series apart, and a part's refusal names its rank's field a
 
 Hostile until parsed: the bundle's own shape (``parts``, each ``path`` and ``body``) is checked
 whole before any part is served (400 naming ``parts[i].path``, nothing written); then each part
-is served in a transaction of its own, all of it or nothing, and answered with its own status,
-so one rank's malformed batch refuses only that part. One transaction per part, not one for the
-bundle: a part that moves the job's step locks the job's row until its commit, and that lock
-must not be held through the other parts while other nodes' bundles of the job wait for it.
+is validated on its own and answered with its own status, so one rank's malformed batch
+refuses only that part.
+
+Served as one: a node's parts cost the console about what one rank's request does. The bundle
+is one transaction; each part's own writes (a batch's id claim and riding heartbeat, a
+heartbeat, an acknowledgement) leave nothing of a part refused there: an acknowledgement runs
+in a savepoint of its own, and a validated batch or heartbeat, whose only refusal while stored
+is a new run under a finished job's token, in one when the job is final — a refusal met
+without one rolls the bundle back whole and serves it again, every part in a savepoint.
+Then the points of every batch stored are written in one COPY, the job's step moved once,
+the commands owed to the bundle's ranks looked up once, and the live charts told once. A
+steady heartbeat writes its rank's row only (``incidents.jobs.record_heartbeat``), and the
+job's row is locked last (by the step's move) or by rank 0's beat, for the few statements
+left to the commit.
 """
 
 from __future__ import annotations
@@ -20,15 +30,25 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
+from django.utils import timezone
 
 from breakers.agent import service
-from breakers.agent.protocol import json_type, parse_json_object
-from breakers.control.commands import deliverable_commands
+from breakers.agent.protocol import HeartbeatIn, json_type, parse_heartbeat, parse_json_object
+from breakers.agent.store import (
+    Stored,
+    claim_batch,
+    claim_batches,
+    on_dropped_partition,
+    prepare_blocks,
+    write_points,
+)
+from breakers.control.commands import deliverable_commands, deliverable_to_each
 from core.errors import InvalidInput, ServiceError
-from incidents.models import Job
+from incidents.models import FINAL_JOB_STATUSES, Job, JobStatus
 
 # A node of 8 ranks sends up to three parts each per interval (a batch, a heartbeat, an ack).
 MAX_BUNDLE_PARTS = 256
@@ -96,7 +116,29 @@ def bundle_reply(job: Job, raw_body: bytes) -> dict[str, Any]:
     """Serve every part of one bundle of ``job``; the answer holds one result per part, in
     order: ``{"status": <the part's own HTTP status>, "body": <its own answer>}``."""
     parts = parse_bundle(raw_body)
-    return {"results": [_serve(job, part) for part in parts]}
+    if connection.vendor != "postgresql":  # the embedded mode: a part at a time
+        return {"results": [_serve(job, part) for part in parts]}
+    received_at = timezone.now()
+    read = [_read(job, part, received_at) for part in parts]
+    blocks = [block for each in read if isinstance(each, _Batch) for block in each.blocks or ()]
+    return {"results": on_dropped_partition(blocks, lambda: _serve_bundle(job, read))}
+
+
+class _RefusedAfterWriting(Exception):
+    """A part was refused after a write of its own, with no savepoint to undo just that: the
+    bundle's transaction rolls back whole, and it is served again, every part in a savepoint."""
+
+
+def _serve_bundle(job: Job, read: list[_Read]) -> list[dict[str, Any]]:
+    # A validated batch or heartbeat is refused while stored only as a new run under a
+    # finished job's token (a 409): a savepoint per part (two statements each) is paid for
+    # the final job only, and for the rare refusal that comes as the job finishes.
+    if job.status not in FINAL_JOB_STATUSES:
+        try:
+            return _serve_together(job, read, careful=False)
+        except _RefusedAfterWriting:
+            pass
+    return _serve_together(job, read, careful=True)
 
 
 def _serve(job: Job, part: PartIn) -> dict[str, Any]:
@@ -106,6 +148,151 @@ def _serve(job: Job, part: PartIn) -> dict[str, Any]:
     except ServiceError as error:
         return {"status": error.status, "body": error.as_body()}
     return {"status": status, "body": body}
+
+
+@dataclass(slots=True)
+class _Batch:
+    """A metrics part, validated, with its block rows; ``stored`` once served."""
+
+    batch: service.BatchIn
+    blocks: list[tuple] | None
+    received_at: datetime
+    stored: Stored | None = None
+    # Claimed with the bundle's other batches (``_claim_together``): then ``earlier`` is what
+    # a first copy stored (None: this one claimed its id).
+    claimed: bool = False
+    earlier: int | None = None
+
+
+_Read = _Batch | HeartbeatIn | PartIn | ServiceError
+
+
+def _read(job: Job, part: PartIn, received_at: datetime) -> _Read:
+    """A part validated before anything of the bundle is written (its refusal, if any)."""
+    try:
+        if part.path == "metrics":
+            batch = service.parse_batch(parse_json_object(part.body))
+            blocks = prepare_blocks(job.pk, batch.points, received_at)
+            return _Batch(batch, blocks, received_at)
+        if part.path == "heartbeat":
+            return parse_heartbeat(part.body)
+    except ServiceError as error:
+        return error
+    return part  # an acknowledgement: read by its own service
+
+
+def _serve_together(job: Job, read: list[_Read], *, careful: bool) -> list[dict[str, Any]]:
+    """The bundle in one transaction: each part's own writes (a batch's claim and riding
+    heartbeat, a heartbeat, an acknowledgement; ``careful``: each in a savepoint of its own,
+    so a refused part leaves nothing); then the points of every stored batch in one write,
+    the commands owed looked up once for the bundle's ranks, and one live message."""
+    for each in read:
+        if isinstance(each, _Batch):  # served again: nothing of the first try stands
+            each.stored, each.claimed, each.earlier = None, False, None
+    with transaction.atomic():
+        if not careful:
+            _claim_together(job, read)
+        outcomes = [_write_part(job, each, careful) for each in read]
+        batches = [b for b in outcomes if isinstance(b, _Batch) and b.stored is not None]
+        fresh = [b for b in batches if b.stored is not None and not b.stored.duplicate]
+        points = [p for b in fresh for p in b.batch.points]
+        if fresh:
+            blocks = [row for b in fresh for row in b.blocks or ()]
+            pending = job.status == JobStatus.PENDING
+            write_points(job.pk, points, blocks, fresh[0].received_at, job_is_pending=pending)
+        if points:
+            service.after_stored(job.pk, points)
+        owed = deliverable_to_each(job.pk, [_rank(each) for each in outcomes])
+    return [_result(each, owed) for each in outcomes]
+
+
+def _write_part(job: Job, part: _Read, careful: bool) -> _Read | dict[str, Any]:
+    """One part's own writes; a refusal (or an acknowledgement's answer) is its result. An
+    acknowledgement, and every part when ``careful``, writes in a savepoint of its own."""
+    if isinstance(part, ServiceError):
+        return part
+    if not careful and not isinstance(part, PartIn):
+        try:
+            return _write(job, part)
+        except ServiceError as error:
+            raise _RefusedAfterWriting from error
+    try:
+        with transaction.atomic():
+            return _write(job, part)
+    except ServiceError as error:
+        return error
+
+
+def _claim_together(job: Job, read: list[_Read]) -> None:
+    """Every batch's id claimed in one statement (a batch id twice in one bundle: the first
+    copy claims it, the second is its retry)."""
+    batches = [b for b in read if isinstance(b, _Batch) and b.batch.batch_id is not None]
+    claims: dict[str, int] = {}
+    for each in batches:
+        claims.setdefault(each.batch.batch_id or "", len(each.batch.points))
+    if not batches:
+        return
+    earlier = claim_batches(job.pk, claims, batches[0].received_at)
+    seen: set[str] = set()
+    for each in batches:
+        batch_id = each.batch.batch_id or ""
+        each.earlier = earlier[batch_id]
+        if batch_id in seen and each.earlier is None:
+            each.earlier = claims[batch_id]  # what the bundle's first copy stores
+        seen.add(batch_id)
+        each.claimed = True
+
+
+def _write(job: Job, part: _Batch | HeartbeatIn | PartIn) -> _Read | dict[str, Any]:
+    if isinstance(part, _Batch):
+        part.stored = _claim(job, part)
+    elif isinstance(part, HeartbeatIn):
+        service.record_rank_heartbeat(job.pk, part)
+    else:
+        status, body = _ack(job, part)
+        return {"status": status, "body": body}
+    return part
+
+
+def _claim(job: Job, part: _Batch) -> Stored:
+    """The batch's id claimed (a retried batch answers what its first copy stored, and writes
+    nothing) and its riding heartbeat written; its points are written with the bundle's."""
+    batch = part.batch
+    if batch.batch_id is not None:
+        earlier = (
+            part.earlier
+            if part.claimed
+            else claim_batch(job.pk, batch.batch_id, len(batch.points), part.received_at)
+        )
+        if earlier is not None:
+            return Stored(earlier, duplicate=True)
+    riding = service.riding_writes(job.pk, batch)
+    if riding is not None:
+        riding()
+    return Stored(len(batch.points), duplicate=False)
+
+
+def _rank(outcome: _Read | dict[str, Any]) -> int | None:
+    if isinstance(outcome, _Batch):
+        return outcome.batch.rank
+    if isinstance(outcome, HeartbeatIn):
+        return outcome.rank or 0
+    return None
+
+
+def _result(
+    outcome: _Read | dict[str, Any], owed: dict[int | None, list[dict[str, Any]]]
+) -> dict[str, Any]:
+    if isinstance(outcome, ServiceError):
+        return {"status": outcome.status, "body": outcome.as_body()}
+    if isinstance(outcome, _Batch):
+        assert outcome.stored is not None  # every batch that was not refused was claimed
+        body = {"accepted": outcome.stored.accepted, "commands": owed[outcome.batch.rank]}
+        return {"status": 202, "body": body}
+    if isinstance(outcome, HeartbeatIn):
+        return {"status": 200, "body": {"commands": owed[outcome.rank or 0]}}
+    assert isinstance(outcome, dict)  # an acknowledgement's own answer
+    return outcome
 
 
 def _verb(part: PartIn) -> str:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -53,10 +54,20 @@ def ingest_metrics_body(job: Job, body: dict) -> Stored:
     return _ingest(job, body)[0]
 
 
-def _ingest(job: Job, body: dict) -> tuple[Stored, int | None]:
-    """Store the batch, and the heartbeat riding in it in the same transaction (a retried
-    batch id stores neither again); also the one rank its points came from (None: none, or
-    several; the heartbeat's rank when it carries no points)."""
+@dataclass(frozen=True, slots=True)
+class BatchIn:
+    """A metrics batch, validated: its points, its id, the heartbeat riding in it, and the
+    one rank it speaks for (None: several ranks' points)."""
+
+    points: list[PointIn]
+    batch_id: str | None
+    heartbeat: HeartbeatIn | None
+    rank: int | None
+
+
+def parse_batch(body: dict) -> BatchIn:
+    """Validate a decoded metrics batch whole (InvalidInput naming the first wrong field):
+    nothing of it is written before."""
     riding = body.pop("heartbeat", None)
     batch = parse_metrics_body(
         body,
@@ -64,28 +75,46 @@ def _ingest(job: Job, body: dict) -> tuple[Stored, int | None]:
         time_window_seconds=settings.AGENT_TIME_WINDOW_SECONDS,
     )
     heartbeat = None if riding is None else _riding_heartbeat(riding, body.get("rank") or 0)
-    points = batch.points
-    stored = store_batch(
-        job.pk,
-        points,
-        batch.batch_id,
-        job_is_pending=job.status == JobStatus.PENDING,
-        then=None if heartbeat is None else lambda: _record_heartbeat(job.pk, heartbeat),
-    )
-    if stored.accepted and not stored.duplicate:
-        # After commit, so the worker always finds the batch it was woken for (store_batch
-        # has committed, or will with an outer transaction). robust: a broker hiccup must not
-        # turn a stored batch into an error the agent would answer by resending it; the
-        # periodic tick evaluates whatever is pending anyway.
-        job_id = job.pk
-        transaction.on_commit(lambda: schedule_evaluation(job_id), robust=True)
-        # Live charts: a summary only (the console fetches the new points from the series
-        # API); its websocket consumer coalesces these to at most ~10 per second per job.
-        publish_after_commit(job_group(job_id), metrics_appended(job_id, points), robust=True)
-    ranks = {point.rank for point in points}
+    ranks = {point.rank for point in batch.points}
     if not ranks and heartbeat is not None:
         ranks = {heartbeat.rank or 0}
-    return stored, (ranks.pop() if len(ranks) == 1 else None)
+    rank = ranks.pop() if len(ranks) == 1 else None
+    return BatchIn(list(batch.points), batch.batch_id, heartbeat, rank)
+
+
+def riding_writes(job_id: int, batch: BatchIn) -> Callable[[], object] | None:
+    """What the batch's transaction writes after its points: its heartbeat, if it carries
+    one."""
+    heartbeat = batch.heartbeat
+    return None if heartbeat is None else lambda: record_rank_heartbeat(job_id, heartbeat)
+
+
+def after_stored(job_id: int, points: Sequence[PointIn]) -> None:
+    """Once stored points commit: wake the evaluator, and tell live charts (one message)."""
+    # After commit, so the worker always finds the batch it was woken for (the batch has
+    # committed, or will with an outer transaction). robust: a broker hiccup must not turn
+    # a stored batch into an error the agent would answer by resending it; the periodic tick
+    # evaluates whatever is pending anyway.
+    transaction.on_commit(lambda: schedule_evaluation(job_id), robust=True)
+    # Live charts: a summary only (the console fetches the new points from the series API);
+    # its websocket consumer coalesces these to at most ~10 per second per job.
+    publish_after_commit(job_group(job_id), metrics_appended(job_id, points), robust=True)
+
+
+def _ingest(job: Job, body: dict) -> tuple[Stored, int | None]:
+    """Store the batch, and the heartbeat riding in it in the same transaction (a retried
+    batch id stores neither again); also the one rank it speaks for."""
+    batch = parse_batch(body)
+    stored = store_batch(
+        job.pk,
+        batch.points,
+        batch.batch_id,
+        job_is_pending=job.status == JobStatus.PENDING,
+        then=riding_writes(job.pk, batch),
+    )
+    if stored.accepted and not stored.duplicate:
+        after_stored(job.pk, batch.points)
+    return stored, batch.rank
 
 
 def _riding_heartbeat(raw: object, batch_rank: int) -> HeartbeatIn:
@@ -132,11 +161,13 @@ def heartbeat_reply(job_id: int, raw_body: bytes) -> list[dict]:
     """Record one rank's heartbeat; its reply's commands: the open ones that rank has not
     acknowledged yet (a multi-rank command stays open until every rank has)."""
     heartbeat = parse_heartbeat(raw_body)
-    _record_heartbeat(job_id, heartbeat)
+    record_rank_heartbeat(job_id, heartbeat)
     return deliverable_commands(job_id, rank=heartbeat.rank or 0)
 
 
-def _record_heartbeat(job_id: int, heartbeat: HeartbeatIn) -> Job:
+def record_rank_heartbeat(job_id: int, heartbeat: HeartbeatIn) -> Job:
+    """Store a validated heartbeat: the rank's row (and the job's when it says something of
+    the whole job), its Slurm context and launcher."""
     job = record_heartbeat(
         job_id,
         step=heartbeat.step,

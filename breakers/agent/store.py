@@ -11,7 +11,7 @@ from __future__ import annotations
 import time as clock
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import psycopg
 from django.db import IntegrityError, connection, transaction
@@ -154,7 +154,7 @@ RECORD_BATCH_SQL = (
 )
 
 
-def _record_batch(job_id: int, batch_id: str, accepted: int, received_at: datetime) -> int | None:
+def claim_batch(job_id: int, batch_id: str, accepted: int, received_at: datetime) -> int | None:
     """Claim the batch id inside the batch's transaction: None when claimed now, else the
     number of points the first copy stored. A concurrent copy of the same batch blocks on the
     unique index until the first commits (then sees its row) or rolls back (then claims it)."""
@@ -167,6 +167,35 @@ def _record_batch(job_id: int, batch_id: str, accepted: int, received_at: dateti
         .values_list("accepted", flat=True)
         .get()
     )
+
+
+CLAIM_BATCHES_SQL = (
+    f"INSERT INTO {MetricBatch._meta.db_table} (job_id, batch_id, accepted, received_at) "
+    "SELECT %s, b, a, %s FROM unnest(%s::text[], %s::int[]) AS u(b, a) "
+    "ON CONFLICT (job_id, batch_id) DO NOTHING RETURNING batch_id"
+)
+
+
+def claim_batches(
+    job_id: int, claims: dict[str, int], received_at: datetime
+) -> dict[str, int | None]:
+    """``claim_batch`` for several batches (batch id → its points) in one statement: for each
+    id, None when claimed now, else the number of points its first copy stored."""
+    if not claims:
+        return {}
+    ids = list(claims)
+    with connection.cursor() as cursor:
+        cursor.execute(CLAIM_BATCHES_SQL, [job_id, received_at, ids, list(claims.values())])
+        claimed = {row[0] for row in cursor.fetchall()}
+    taken = [batch_id for batch_id in ids if batch_id not in claimed]
+    earlier = dict(
+        MetricBatch.objects.filter(job_id=job_id, batch_id__in=taken).values_list(
+            "batch_id", "accepted"
+        )
+        if taken
+        else ()
+    )
+    return {batch_id: None if batch_id in claimed else earlier[batch_id] for batch_id in ids}
 
 
 def store_points(
@@ -194,20 +223,40 @@ def store_batch(
     ``then`` runs inside the batch's transaction once its points are written (never for a
     batch stored before): what rides in the batch commits with it or not at all."""
     received_at = received_at or timezone.now()
+    blocks = prepare_blocks(job_id, points, received_at)
+    return on_dropped_partition(
+        blocks,
+        lambda: _write(job_id, points, blocks, batch_id, received_at, job_is_pending, then),
+    )
+
+
+def prepare_blocks(
+    job_id: int, points: Sequence[PointIn], received_at: datetime
+) -> list[tuple] | None:
+    """The batch's block rows (PostgreSQL; None: stored as rows), their day partitions made
+    sure of — before the batch's transaction, which must not lock the table."""
     if not points or connection.vendor != "postgresql":
-        return _write(job_id, points, None, batch_id, received_at, job_is_pending, then)
+        return None
     blocks = _block_rows(job_id, points, received_at)
     _ensure_days(blocks)
+    return blocks
+
+
+T = TypeVar("T")
+
+
+def on_dropped_partition(blocks: list[tuple] | None, write: Callable[[], T]) -> T:
+    """Run ``write`` (a whole transaction); once more when a day partition this process knew
+    of was dropped since (retention, or a rolled-back transaction that created it): the write
+    rolled back whole, the partition is made, and it stores again."""
     try:
-        return _write(job_id, points, blocks, batch_id, received_at, job_is_pending, then)
+        return write()
     except (IntegrityError, psycopg.errors.CheckViolation) as error:  # COPY's is psycopg's own
-        # A day partition this process knew of was dropped since (retention, or a rolled-back
-        # transaction that created it): the batch rolled back whole; create it, store again.
-        if "no partition" not in str(error):
+        if not blocks or "no partition" not in str(error):
             raise
         _known_days.clear()
         _ensure_days(blocks)
-        return _write(job_id, points, blocks, batch_id, received_at, job_is_pending, then)
+        return write()
 
 
 def _write(
@@ -220,29 +269,42 @@ def _write(
     then: Callable[[], object] | None = None,
 ) -> Stored:
     with transaction.atomic():
-        if blocks:
-            # Before any point id is taken: the cursor readers' horizon waits for this batch
-            # (breakers.storage.writers). Shared: the job's batches never wait for each other.
-            announce_writer(job_id)
         if batch_id is not None:
-            earlier = _record_batch(job_id, batch_id, len(points), received_at)
+            earlier = claim_batch(job_id, batch_id, len(points), received_at)
             if earlier is not None:
                 return Stored(earlier, duplicate=True)
-        if blocks:
-            _copy_blocks(blocks)
-            _register_names(job_id, {p.name for p in points})
-        elif points:
-            _insert_points(job_id, points, received_at)
-        if points:
-            _register_nodes(job_id, {p.node for p in points if p.node})
-        # Last, and only when the batch moves the job's step or its metric time is stale: the
-        # job's row is locked from this UPDATE to the commit, and a batch that changes nothing
-        # on it takes no lock (a thousand ranks at one step update it once per step).
-        advance_current_step(
-            job_id, max((p.step for p in points), default=None), last_metric_at=received_at
-        )
-        if job_is_pending:
-            mark_job_running(job_id)
+        write_points(job_id, points, blocks, received_at, job_is_pending=job_is_pending)
         if then is not None:
             then()
     return Stored(len(points), duplicate=False)
+
+
+def write_points(
+    job_id: int,
+    points: Sequence[PointIn],
+    blocks: list[tuple] | None,
+    received_at: datetime,
+    *,
+    job_is_pending: bool,
+) -> None:
+    """Write claimed points — one batch's, or several batches' at once (a node's bundle) —
+    inside the caller's transaction: one COPY of their blocks, their names and nodes, and the
+    job's step."""
+    if blocks:
+        # Before any point id is taken: the cursor readers' horizon waits for these points
+        # (breakers.storage.writers). Shared: the job's batches never wait for each other.
+        announce_writer(job_id)
+        _copy_blocks(blocks)
+        _register_names(job_id, {p.name for p in points})
+    elif points:
+        _insert_points(job_id, points, received_at)
+    if points:
+        _register_nodes(job_id, {p.node for p in points if p.node})
+    # Last, and only when the points move the job's step or its metric time is stale: the
+    # job's row is locked from this UPDATE to the commit, and points that change nothing on
+    # it take no lock (a thousand ranks at one step update it once per step).
+    advance_current_step(
+        job_id, max((p.step for p in points), default=None), last_metric_at=received_at
+    )
+    if job_is_pending:
+        mark_job_running(job_id)

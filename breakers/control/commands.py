@@ -9,6 +9,7 @@ The job's answer is recorded by ``breakers.control.acknowledge``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -33,6 +34,7 @@ from breakers.models import (
     COMMAND_TRANSITIONS,
     OPEN_COMMAND_STATUSES,
     Command,
+    CommandAck,
     CommandKind,
     CommandStatus,
 )
@@ -177,14 +179,29 @@ def deliverable_commands(job_id: int, rank: int | None = None) -> list[dict[str,
     """Open commands of the job, oldest first, marked delivered (they are being sent now).
     A multi-rank command is open until every rank acked it; ``rank`` (a heartbeat's) leaves
     out the ones that rank has acked already."""
+    return deliverable_to_each(job_id, [rank])[rank]
+
+
+def deliverable_to_each(
+    job_id: int, ranks: Iterable[int | None]
+) -> dict[int | None, list[dict[str, Any]]]:
+    """``deliverable_commands`` for several ranks at once (a node's bundle answers its ranks
+    together): one look at the open commands and their acknowledgements for all of them."""
+    wanted = set(ranks)
     if not _any_open(job_id):
-        return []
-    open_commands = Command.objects.filter(job_id=job_id, status__in=OPEN_COMMAND_STATUSES)
-    if rank is not None:
-        open_commands = open_commands.exclude(rank_acks__rank=rank)
-    commands = list(open_commands.order_by("pk"))
-    mark_delivered([c.pk for c in commands if c.status == CommandStatus.PENDING])
-    return [command_payload(c) for c in commands]
+        return {rank: [] for rank in wanted}
+    commands = list(
+        Command.objects.filter(job_id=job_id, status__in=OPEN_COMMAND_STATUSES).order_by("pk")
+    )
+    acked = set(
+        CommandAck.objects.filter(
+            command__in=[c.pk for c in commands], rank__in=[r for r in wanted if r is not None]
+        ).values_list("command_id", "rank")
+    )
+    owed = {rank: [c for c in commands if (c.pk, rank) not in acked] for rank in wanted}
+    sent = {c.pk for each in owed.values() for c in each}
+    mark_delivered([c.pk for c in commands if c.status == CommandStatus.PENDING and c.pk in sent])
+    return {rank: [command_payload(c) for c in each] for rank, each in owed.items()}
 
 
 STOP_ON_EXPIRY = (CommandKind.CHECKPOINT_AND_PAUSE, CommandKind.TERMINATE)

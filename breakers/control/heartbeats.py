@@ -1,11 +1,13 @@
 """The heartbeat watchdog: a job whose agent went silent past its deadline is braked (L3).
 
-One indexed query per tick finds the overdue jobs (the ``heartbeat_deadline`` column, not a
-scan of heartbeats): a job's deadline is the earliest of its ranks' (``JobRank``), so one
-silent rank among heartbeating ones is found, and named, by the same query. Paused jobs are
-watched too: their ranks heartbeat while they hold. Each silence raises its alert once — the
-claim on ``heartbeat_overdue_since`` is a compare-and-swap, so two watchdogs never both raise
-it — and the heartbeat that leaves no rank overdue clears it
+One query per tick finds the overdue jobs: each rank has its own deadline (``JobRank``,
+written by that rank's heartbeats alone, without the job's row lock), and a job is overdue
+when one of its ranks is past it (``incidents.jobs.past_deadline``: the job's own
+``heartbeat_deadline``, never later than its earliest rank's, narrows the search through its
+index), so one silent rank among heartbeating ones is found, and named, by the same query.
+Paused jobs are watched too: their ranks heartbeat while they hold. Each silence raises its
+alert once — the claim on ``heartbeat_overdue_since`` is a compare-and-swap, so two watchdogs
+never both raise it — and the heartbeat that leaves no rank overdue clears it
 (``incidents.jobs.record_heartbeat``). The alert's action is checkpoint_and_pause: a job that
 is merely slow answers it; a hung one does not, its command expires, and the executor stops
 it from the outside. A paused job is not paused again: its alert calls a person.
@@ -26,7 +28,7 @@ from breakers.control.hearing import heard_until
 from breakers.detection.evaluation import report_failing_breakers
 from core.transient import TRANSIENT_ERRORS
 from incidents.alerts.lifecycle import AlertSignal, raise_or_update_alert
-from incidents.jobs import HEARTBEAT_RULE_KEY, heartbeat_timeout_seconds
+from incidents.jobs import HEARTBEAT_RULE_KEY, heartbeat_timeout_seconds, past_deadline
 from incidents.models import LIVE_JOB_STATUSES, Job, JobRank, JobStatus
 from incidents.notifications.delivery import notify_alert
 
@@ -166,7 +168,7 @@ def _nodes(silence: Silence) -> tuple[str, ...]:
 def overdue_jobs(now: datetime) -> list[Job]:
     return list(
         Job.objects.filter(
-            heartbeat_deadline__lt=now,
+            past_deadline(now),
             heartbeat_overdue_since__isnull=True,
             status__in=WATCHED_STATUSES,
         ).order_by("heartbeat_deadline")
@@ -201,9 +203,7 @@ def _raise_heartbeat_alert(job: Job, now: datetime, heard: datetime) -> int | No
     the console had been deaf)."""
     with transaction.atomic():
         claimed = Job.objects.filter(
-            pk=job.pk,
-            heartbeat_overdue_since__isnull=True,
-            heartbeat_deadline__lt=heard,
+            past_deadline(heard), pk=job.pk, heartbeat_overdue_since__isnull=True
         ).update(heartbeat_overdue_since=now)
         if not claimed:
             return None

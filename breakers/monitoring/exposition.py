@@ -38,7 +38,7 @@ from breakers.models import (
     ExternalAlertStatus,
 )
 from breakers.storage.points import oldest_after
-from incidents.jobs import HEARTBEAT_RULE_KEY
+from incidents.jobs import HEARTBEAT_RULE_KEY, past_deadline
 from incidents.models import (
     ACTIVE_ALERT_STATUSES,
     TRAINING_JOB_STATUSES,
@@ -164,7 +164,7 @@ def _heartbeats() -> Iterator[Metric]:
     # watchdog (its beat) is away too.
     overdue = GaugeMetricFamily("brakeline_jobs_heartbeat_overdue", "Jobs silent right now")
     heard = heard_until(timezone.now())
-    silent = Job.objects.filter(status__in=WATCHED_STATUSES, heartbeat_deadline__lt=heard)
+    silent = Job.objects.filter(past_deadline(heard), status__in=WATCHED_STATUSES)
     overdue.add_metric([], silent.count())
     yield overdue
     yield from _hearing()

@@ -9,14 +9,15 @@ import math
 
 import pytest
 
-from breakers.agent.bundle import MAX_BUNDLE_PARTS, deliverable_to_ranks
+from breakers.agent.bundle import MAX_BUNDLE_PARTS, bundle_reply, deliverable_to_ranks
 from breakers.control.commands import issue_command
-from breakers.models import CommandAck, CommandKind
+from breakers.models import Command, CommandAck, CommandKind, MetricBatch
 from breakers.storage.points import stored_points
-from incidents.models import JobRank
+from incidents.models import Job, JobRank, JobStatus
 
 URL = "/api/v1/agent/bundle"
 pytestmark = pytest.mark.django_db
+BOTH_AGENT_DOORS = True
 
 
 def metrics(rank, value='"NaN"', step=7, batch=None, heartbeat=None):
@@ -80,6 +81,69 @@ def test_one_ranks_bad_part_refuses_that_part_only_naming_its_field(agent, agent
     assert [r["status"] for r in results] == [202, 400, 200]
     assert "points[0].value" in results[1]["body"]["fields"], results[1]
     assert {p.rank for p in stored_points(agent.job_id)} == {0}  # nothing of rank 1's batch
+
+
+def test_a_nodes_batches_are_stored_together_and_announced_once(agent, agent_post, monkeypatch):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from breakers.agent import service
+
+    told = []
+    monkeypatch.setattr(
+        service, "publish_after_commit", lambda group, message, **_: told.append(message)
+    )
+    beats = [{"step": 7, "status": "running", "rank": r, "world_size": 8} for r in range(8)]
+    agent_post(URL, {"parts": [heartbeat(r) for r in range(8)]})  # first words: new ranks
+    parts = [metrics(r, value=str(r), heartbeat=beats[r]) for r in range(8)]
+    with CaptureQueriesContext(connection) as queries:
+        results = agent_post(URL, {"parts": parts}).json()["results"]
+    assert [r["status"] for r in results] == [202] * 8
+    assert sorted(p.rank for p in stored_points(agent.job_id)) == list(range(8))
+    # One live message for the node's eight batches, and the commands owed asked once.
+    assert [(m["type"], m["count"]) for m in told] == [("metrics.appended", 8)]
+    asked = [
+        q["sql"] for q in queries if q["sql"].startswith(f"SELECT 1 FROM {Command._meta.db_table} ")
+    ]
+    assert len(asked) == 1, asked
+
+
+def test_a_part_refused_while_stored_leaves_nothing_of_its_own(agent, agent_post):
+    agent_post(URL, {"parts": [heartbeat(0), heartbeat(1)]})
+    Job.objects.filter(pk=agent.job_id).update(status=JobStatus.FINISHED)
+    # Rank 1's batch carries the word of a process the finished job never had: a new run
+    # under an old token, refused (409) with its batch; rank 0's batch is stored.
+    stranger = {"step": 8, "status": "running", "rank": 1, "pid": 999, "world_size": 4}
+    parts = [metrics(0, value="1.5"), metrics(1, value="2.5", heartbeat=stranger)]
+    results = agent_post(URL, {"parts": parts}).json()["results"]
+    assert [r["status"] for r in results] == [202, 409], results
+    assert {p.rank for p in stored_points(agent.job_id)} == {0}
+    assert not MetricBatch.objects.filter(job_id=agent.job_id, batch_id="r1-1").exists()
+    assert ranks(agent.job_id)[1] == (7, "running")  # its old word stands
+
+
+def test_a_part_refused_as_the_job_finishes_leaves_nothing_of_its_own(agent, agent_post):
+    agent_post(URL, {"parts": [heartbeat(0), heartbeat(1)]})
+    running = Job.objects.get(pk=agent.job_id)  # as the gate read it
+    Job.objects.filter(pk=agent.job_id).update(status=JobStatus.FINISHED)  # then it finished
+    # Served without savepoints (the job read as running): rank 1's refusal comes after its
+    # batch id was claimed, so the bundle is served again, every part in a savepoint.
+    stranger = {"step": 8, "status": "running", "rank": 1, "pid": 999, "world_size": 4}
+    parts = [metrics(0, value="1.5"), metrics(1, value="2.5", heartbeat=stranger)]
+    results = bundle_reply(running, json.dumps({"parts": parts}).encode())["results"]
+    assert [r["status"] for r in results] == [202, 409], results
+    assert {p.rank for p in stored_points(agent.job_id)} == {0}
+    assert not MetricBatch.objects.filter(job_id=agent.job_id, batch_id="r1-1").exists()
+    assert MetricBatch.objects.filter(job_id=agent.job_id, batch_id="r0-1").count() == 1
+
+
+def test_a_batch_sent_twice_is_stored_once_in_one_bundle_and_across_bundles(agent, agent_post):
+    parts = [metrics(0, value="1.5"), metrics(0, value="1.5"), metrics(1, value="2.5")]
+    for _ in range(2):  # the bundle, then its retry
+        results = agent_post(URL, {"parts": parts}).json()["results"]
+        assert [(r["status"], r["body"]["accepted"]) for r in results] == [(202, 1)] * 3
+    assert sorted(p.rank for p in stored_points(agent.job_id)) == [0, 1]
+    assert MetricBatch.objects.filter(job_id=agent.job_id).count() == 2
 
 
 def test_a_part_answers_404_for_another_jobs_command(agent, agent_post):

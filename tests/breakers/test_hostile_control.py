@@ -26,7 +26,7 @@ from breakers.control.watchdog import watchdog_tick
 from breakers.detection.evaluation import BREAKERS_FAILING_RULE
 from breakers.models import Command, CommandAck, CommandStatus
 from incidents.jobs import HEARTBEAT_RULE_KEY
-from incidents.models import Alert, Job, JobStatus, TimelineEntry
+from incidents.models import Alert, Job, JobRank, JobStatus, TimelineEntry
 from tests.support.authz import raise_alert
 
 pytestmark = pytest.mark.django_db
@@ -49,6 +49,12 @@ def at_the_last_step(agent_post) -> None:
     two_ranks(agent_post)
     point = {"name": "loss", "step": MAX_STEP, "value": "NaN"}
     assert agent_post(METRICS, {"points": [point]}).status_code == 202
+
+
+def overdue(job_id: int, deadline) -> None:
+    """The job's ranks (and so the job) past their deadline, as silence leaves them."""
+    Job.objects.filter(pk=job_id).update(heartbeat_deadline=deadline)
+    JobRank.objects.filter(job_id=job_id).update(heartbeat_deadline=deadline)
 
 
 def test_a_job_at_the_last_step_is_still_braked_by_a_person(agent, agent_post):
@@ -78,8 +84,8 @@ def test_one_jobs_failing_heartbeat_check_leaves_the_others_judged(
         )
         assert response.status_code == 200
     past = timezone.now() - timedelta(seconds=5)
-    Job.objects.filter(pk=agent.job_id).update(heartbeat_deadline=past - timedelta(seconds=1))
-    Job.objects.filter(pk=other.job_id).update(heartbeat_deadline=past)
+    overdue(agent.job_id, past - timedelta(seconds=1))
+    overdue(other.job_id, past)
     # Whatever breaks one job's check (the overflow above was one such thing): here its
     # signal, for the first job only.
     from breakers.control import heartbeats
@@ -113,8 +119,7 @@ def test_an_outage_of_the_consoles_redis_is_retried_not_blamed_on_the_job(
     """Seen in the fault suite: Redis restarted while a silence was judged made that job's L3
     "breakers failing" alert (paged, and counted as an alert nobody provoked)."""
     assert agent_post(HEARTBEAT, {"step": 1, "status": "running"}).status_code == 200
-    overdue = timezone.now() - timedelta(seconds=5)
-    Job.objects.filter(pk=agent.job_id).update(heartbeat_deadline=overdue)
+    overdue(agent.job_id, timezone.now() - timedelta(seconds=5))
     from breakers.control import heartbeats
 
     def down(job, now):
