@@ -17,7 +17,7 @@ from breakers.ledger import goodput_ledger
 from breakers.metrics import points_between
 from console.api.person_auth import audit_context, signed_in
 from console.api.reviews import report_period
-from console.ledger_view import ledger_for_page
+from console.pages.ledger import ledger_for_page
 from console.review_chart import Chart, chart
 from core.errors import Forbidden, InvalidInput, NotFound, ServiceError
 from incidents.models import Membership
