@@ -2,7 +2,7 @@
 pages back, and the record of every page it held back.
 
 A silence stops *pages*, never *brakes*: it is consulted only where a notification round is
-about to page someone (``incidents.notifications.delivery.fire_round``). The evaluation, the
+about to page someone (``incidents.notifications.rounds.fire_round``). The evaluation, the
 alert, its incident and the automatic L3/L4 command are untouched, so a maintenance window can
 never keep a NaN run burning accelerators. Each held-back page is a timeline row (a note, so
 the review's "time to notify" never counts it as a notification) and a system audit row.

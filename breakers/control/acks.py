@@ -37,7 +37,7 @@ from incidents.alerts.lifecycle import (
     resolve_alert,
 )
 from incidents.models import Job, JobRank, Layer
-from incidents.notifications.delivery import notify_alert
+from incidents.notifications.rounds import notify_alert
 
 RULE_KEY = "split-job"
 RULE_NAME = "Split job: ranks disagree on a command"

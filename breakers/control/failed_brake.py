@@ -16,8 +16,8 @@ from breakers.models import Command
 from core.text import fit
 from incidents.alerts.lifecycle import AlertSignal, raise_or_update_alert
 from incidents.models import Layer
-from incidents.notifications.delivery import notify_alert
 from incidents.notifications.grouping import FAILED_BRAKE_RULE
+from incidents.notifications.rounds import notify_alert
 
 RULE_KEY = FAILED_BRAKE_RULE
 RULE_NAME = "Brake checkpoint failed"

@@ -30,7 +30,7 @@ from core.transient import TRANSIENT_ERRORS
 from incidents.alerts.lifecycle import AlertSignal, raise_or_update_alert
 from incidents.jobs import HEARTBEAT_RULE_KEY, heartbeat_timeout_seconds, past_deadline
 from incidents.models import LIVE_JOB_STATUSES, Job, JobRank, JobStatus
-from incidents.notifications.delivery import notify_alert
+from incidents.notifications.rounds import notify_alert
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from core.errors import InvalidInput
 from core.processes import process_start_time, this_host
 from incidents.alerts.lifecycle import AlertSignal, raise_or_update_alert
 from incidents.models import Job, JobKind
-from incidents.notifications.delivery import notify_alert
+from incidents.notifications.rounds import notify_alert
 
 UNHEALTHY_RULE_KEY = "inference-replica-unhealthy"
 _NAME = re.compile(r"^[A-Za-z0-9_.:\-]{1,100}$")

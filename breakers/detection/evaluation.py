@@ -50,7 +50,7 @@ from incidents.alerts.lifecycle import (
     settle_incident,
 )
 from incidents.models import Job, Layer, TimelineEntry, TimelineKind
-from incidents.notifications.delivery import notify_alert
+from incidents.notifications.rounds import notify_alert
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def on_alert_raised(outcome: AlertOutcome) -> None:
     brake_for_alert(outcome.alert)
     notify_alert(
         outcome.alert.pk
-    )  # pages the on-call after commit (incidents.notifications.delivery)
+    )  # pages the on-call after commit (incidents.notifications.rounds)
 
 
 BREAKERS_FAILING_RULE = "breakers-failing"

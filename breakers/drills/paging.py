@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from breakers.models import DrillRun, DrillStatus
 from breakers.models.drills import FINISHED_DRILL_STATUSES
-from incidents.notifications.delivery import console_link
+from incidents.notifications.messages import console_link
 from incidents.notifications.policy import notify_team_admins
 
 

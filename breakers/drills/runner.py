@@ -73,8 +73,9 @@ from incidents.models import (
     TimelineEntry,
     TimelineKind,
 )
-from incidents.notifications.delivery import people_to_page, stop_notifications
+from incidents.notifications.delivery import stop_notifications
 from incidents.notifications.grouping import PAGES_ALONE
+from incidents.notifications.recipients import people_to_page
 from incidents.notifications.routing import DIGEST, channels_for
 from incidents.teams.oncall import who_is_on_call
 

@@ -18,7 +18,7 @@ from breakers.models import EnvironmentSnapshot, SnapshotKind
 from breakers.snapshots.diff import describe_resume_change, diff_snapshots
 from core.text import fit
 from incidents.alerts.lifecycle import AlertSignal, raise_or_update_alert
-from incidents.notifications.delivery import notify_alert
+from incidents.notifications.rounds import notify_alert
 
 RESUME_RULE_KEY = "environment-changed-across-resume"
 RESUME_RULE_NAME = "Environment changed across resume"

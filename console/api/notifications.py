@@ -16,7 +16,6 @@ from rest_framework.views import APIView
 
 from console.api.person_auth import PersonView, audit_context, error_responses, signed_in
 from incidents.models import Alert, Delivery, DrillDelivery, Severity, Team
-from incidents.notifications.delivery import notifications_configured, policy_for
 from incidents.notifications.policy import (
     MAX_DRILL_RECEIVERS,
     ask_for_confirmation,
@@ -25,6 +24,7 @@ from incidents.notifications.policy import (
     set_contact,
 )
 from incidents.notifications.receipts import last_delivered, record_receipt
+from incidents.notifications.recipients import notifications_configured, policy_for
 from incidents.notifications.replies import (
     acknowledge_by_keypress,
     acknowledge_by_sms,

@@ -172,7 +172,7 @@ class Delivery(models.Model):
     )
     attempts = models.PositiveIntegerField(default=0)
     # While queued: the moment by which a worker must have finished (or been handed) the next
-    # attempt; past it, the sweeper re-queues the delivery (incidents.notifications.delivery).
+    # attempt; past it, the sweeper re-queues the delivery (incidents.notifications.sweep).
     lease_until = models.DateTimeField(null=True, blank=True)
     provider_id = models.CharField(max_length=200, blank=True)
     # The short code an alert's page carries ("reply 1 K7Q2P"): with the address it was sent

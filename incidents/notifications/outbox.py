@@ -14,8 +14,8 @@ from django.conf import settings
 from core.errors import Forbidden, InvalidInput, NotFound
 from incidents.models import Alert, AlertStatus, Delivery
 from incidents.notifications import senders as channels
-from incidents.notifications.delivery import policy_for
 from incidents.notifications.outgoing import outgoing_of
+from incidents.notifications.recipients import policy_for
 from incidents.notifications.replies import (
     acknowledge_by_keypress,
     acknowledge_by_link,

@@ -33,13 +33,10 @@ from incidents.models import (
     Team,
     TimelineKind,
 )
-from incidents.notifications.delivery import (
-    job_link,
-    managers_of,
-    notifications_configured,
-    queue_message,
-)
+from incidents.notifications.messages import job_link
 from incidents.notifications.outbound import RefusedURL, check_url
+from incidents.notifications.recipients import managers_of, notifications_configured
+from incidents.notifications.rounds import queue_message
 from incidents.notifications.routing import (
     CHANNELS,
     LEVELS,
@@ -165,7 +162,7 @@ def _check_drills_page_somebody(policy: NotificationPolicy, receivers: list[User
     if policy.drill_delivery != DrillDelivery.RECEIVERS:
         return
     if receivers is None:
-        # Receivers who have left the team are no longer paged (delivery.people_to_page).
+        # Receivers who have left the team are no longer paged (recipients.people_to_page).
         exists = (
             policy.pk is not None
             and policy.drill_receivers.filter(memberships__team_id=policy.team_id).exists()

@@ -14,7 +14,7 @@ from typing import Any
 from django.utils import timezone
 
 from incidents.models import Contact, Team
-from incidents.notifications.delivery import managers_of, notifications_configured, policy_for
+from incidents.notifications.recipients import managers_of, notifications_configured, policy_for
 from incidents.notifications.routing import DIGEST, channels_for
 from incidents.teams.oncall import who_is_on_call
 

@@ -10,26 +10,25 @@ from __future__ import annotations
 from celery import shared_task
 
 from incidents.models import NotificationPolicy
-from incidents.notifications import delivery as notifications
+from incidents.notifications import delivery, queue, rounds, sweep
 from incidents.notifications import policy as notify_services
-from incidents.notifications import queue, sweep
 
 
 @shared_task(name=queue.DISPATCH_ALERT, acks_late=True, ignore_result=True)
 def dispatch_alert_task(alert_id: int) -> None:
-    notifications.dispatch_alert(alert_id)
+    rounds.dispatch_alert(alert_id)
 
 
 @shared_task(name=queue.FIRE_ROUND, bind=True, acks_late=True, ignore_result=True, max_retries=None)
 def fire_round_task(self, round_id: int) -> None:
-    if notifications.fire_round(round_id) is None and not self.request.is_eager:
+    if rounds.fire_round(round_id) is None and not self.request.is_eager:
         # Handed out early (a broker's visibility timeout can redeliver an ETA task).
         raise self.retry(countdown=5)
 
 
 @shared_task(name="notifications.fire_due_rounds", acks_late=True, ignore_result=True)
 def fire_due_rounds_task() -> None:
-    notifications.fire_due_rounds()
+    rounds.fire_due_rounds()
 
 
 @shared_task(
@@ -42,10 +41,10 @@ def fire_due_rounds_task() -> None:
 def send_delivery_task(self, delivery_id: int, attempt: int = 0) -> None:
     # Each task owns one attempt number: a duplicate message, or a second worker, finds the
     # attempt already taken and sends nothing. Only transient failures come back with a delay.
-    retry_in = notifications.attempt_delivery(delivery_id, expected_attempts=attempt)
+    retry_in = delivery.attempt_delivery(delivery_id, expected_attempts=attempt)
     while retry_in is not None and self.request.is_eager:
         attempt += 1
-        retry_in = notifications.attempt_delivery(delivery_id, expected_attempts=attempt)
+        retry_in = delivery.attempt_delivery(delivery_id, expected_attempts=attempt)
     if retry_in is not None:
         raise self.retry(args=(delivery_id, attempt + 1), countdown=retry_in)
 

@@ -26,7 +26,7 @@ from incidents.models import (
     NotificationPolicy,
     OnCallShift,
 )
-from incidents.notifications.delivery import notify_alert
+from incidents.notifications.rounds import notify_alert
 from tests.support.waiting import wait_for
 
 ERROR = "checkpoint failed (OSError: [Errno 30] Read-only file system: '/ckpt')"

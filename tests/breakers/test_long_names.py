@@ -27,7 +27,8 @@ from incidents.models import (
     NotificationPolicy,
     OnCallShift,
 )
-from incidents.notifications.delivery import attempt_delivery, dispatch_alert, fire_due_rounds
+from incidents.notifications.delivery import attempt_delivery
+from incidents.notifications.rounds import dispatch_alert, fire_due_rounds
 from incidents.notifications.routing import FIRST_LINE_LENGTH
 
 # What the protocol lets through in a name: any character but NUL and lone surrogates.

@@ -29,7 +29,7 @@ from console.ratelimit import RedisRateCounter
 from incidents.alerts.lifecycle import raise_or_update_alert
 from incidents.jobs import create_job
 from incidents.models import NotificationPolicy, NotificationRound
-from incidents.notifications.delivery import dispatch_alert
+from incidents.notifications.rounds import dispatch_alert
 from incidents.notifications.sweep import sweep_deliveries, undispatched_alerts
 from tests.conftest import free_port
 from tests.incidents.test_notifications import nan_signal

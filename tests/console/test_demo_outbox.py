@@ -12,8 +12,8 @@ from breakers.drills.scorecard import Facts, paging_line
 from console.management.commands.demo import DEMO_TEAM, set_up_demo_data
 from incidents.alerts.lifecycle import raise_or_update_alert
 from incidents.models import AuditEntry, Delivery, Job, Team
-from incidents.notifications.delivery import dispatch_alert
 from incidents.notifications.reach import paging_reach
+from incidents.notifications.rounds import dispatch_alert
 from incidents.notifications.senders import OUTBOX_RESPONSE
 from tests.incidents.test_notifications import nan_signal, send_all
 

@@ -23,7 +23,7 @@ from incidents.models import (
     TimelineEntry,
     job_statuses_for,
 )
-from incidents.notifications.delivery import alert_message
+from incidents.notifications.messages import alert_message
 from tests.support.authz import T0, Api, Scene, raise_alert
 
 S = JobStatus

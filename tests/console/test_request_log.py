@@ -200,5 +200,5 @@ def test_the_demos_console_prints_the_summary_and_the_warning(tmp_path):
     assert any("INFO brakeline.requests: agent traffic: " in line for line in lines), output
     warnings = [line for line in lines if " WARNING " in line]
     assert len(warnings) == 1, output  # the one that matters, and no noise around it
-    assert "WARNING incidents.notifications.delivery: team 'quiet' (id " in warnings[0], output
+    assert "WARNING incidents.notifications.rounds: team 'quiet' (id " in warnings[0], output
     assert ": L3 alert " in warnings[0] and "pages nobody" in warnings[0]

@@ -1,7 +1,7 @@
 """Issue 19: a team's fire drills page either the real people (the on-call person, then the
 managers: ``on_call``, the default) or the team's drill receivers (``receivers``). Admins set it
 in the notification policy; every refusal is a 400 naming the field, with nothing saved; the
-round and the drill runner ask the same rule (``delivery.people_to_page``)."""
+round and the drill runner ask the same rule (``recipients.people_to_page``)."""
 
 from __future__ import annotations
 
@@ -23,8 +23,9 @@ from incidents.models import (
     NotificationPolicy,
     OnCallShift,
 )
-from incidents.notifications.delivery import dispatch_alert, fire_due_rounds, people_to_page
 from incidents.notifications.policy import save_policy
+from incidents.notifications.recipients import people_to_page
+from incidents.notifications.rounds import dispatch_alert, fire_due_rounds
 from tests.incidents.test_notifications import T0, nan_signal
 
 pytestmark = pytest.mark.django_db

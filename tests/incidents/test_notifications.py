@@ -32,12 +32,8 @@ from incidents.models import (
     OnCallShift,
     TimelineEntry,
 )
-from incidents.notifications.delivery import (
-    _still_pages,
-    attempt_delivery,
-    dispatch_alert,
-    fire_due_rounds,
-)
+from incidents.notifications.delivery import attempt_delivery
+from incidents.notifications.rounds import dispatch_alert, fire_due_rounds, still_pages
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 FIRST_LINE = "L3 research/llama-7b: loss is NaN at step 4512 — paused"
@@ -301,7 +297,7 @@ def test_an_acknowledgement_during_the_fan_out_stops_the_rest(team, receiver, fa
 def test_raised_alerts_fan_out_through_a_real_worker(team, receiver, celery_worker, settings):  # noqa: E501
     """The trigger path: notify_alert after commit → dispatch task → one task per delivery.
     The phone provider fails twice (retried with backoff) while the chat is already delivered."""
-    from incidents.notifications.delivery import notify_alert
+    from incidents.notifications.rounds import notify_alert
 
     settings.NOTIFY_RETRY_BASE_SECONDS = 0.2
     receiver.plans["Calls.json"] = [500, 500]
@@ -326,7 +322,7 @@ def test_a_braking_alert_resolved_before_its_page_still_pages_saying_so(
     """A stalled loop that answers the watchdog's brake at once: its next heartbeat resolves
     the alert before the dispatch task runs. The page still goes out (through a real worker,
     to the real receiver), says the alert has since resolved, and nothing escalates."""
-    from incidents.notifications.delivery import notify_alert
+    from incidents.notifications.rounds import notify_alert
 
     _, job, _, _ = team
     with transaction.atomic():
@@ -350,7 +346,7 @@ def test_firing_a_round_locks_the_alert_only_not_its_job(team, receiver):
     import threading
 
     from incidents.models import Job
-    from incidents.notifications.delivery import fire_round
+    from incidents.notifications.rounds import fire_round
 
     _, job, _, _ = team
     alert = raise_or_update_alert(job.pk, nan_signal(), now=T0).alert
@@ -403,7 +399,7 @@ def test_which_alerts_still_page(status, severity, action, acknowledged, number,
         action=action,
         acknowledged_at=T0 if acknowledged else None,
     )
-    assert _still_pages(alert, number) is pages
+    assert still_pages(alert, number) is pages
 
 
 @pytest.mark.django_db
@@ -416,7 +412,7 @@ def test_the_embedded_mode_sends_in_process(
     """Eager tasks: the raise → dispatch → deliveries chain runs after commit, in process;
     a transient failure is retried at once, and the next round waits for the sweep."""
     from config.celery import app
-    from incidents.notifications.delivery import notify_alert
+    from incidents.notifications.rounds import notify_alert
 
     was_eager = app.conf.task_always_eager
     app.conf.task_always_eager = True

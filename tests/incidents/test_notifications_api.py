@@ -11,7 +11,8 @@ import pytest
 from breakers.control.escalations import request_escalation
 from incidents.escalations import notify_managers_of_request
 from incidents.models import AuditEntry, Contact, Delivery, NotificationPolicy
-from incidents.notifications.delivery import attempt_delivery, dispatch_alert
+from incidents.notifications.delivery import attempt_delivery
+from incidents.notifications.rounds import dispatch_alert
 from incidents.notifications.routing import DEFAULT_RULES
 from tests.support.authz import raise_alert
 

@@ -9,7 +9,7 @@ import pytest
 import time_machine
 
 from incidents.models import Membership, OnCallRotation, OnCallShift
-from incidents.notifications.delivery import people_to_page
+from incidents.notifications.recipients import people_to_page
 from incidents.teams.oncall import create_rotation, on_call_summary, who_is_on_call
 from incidents.teams.rotation import (
     Override,

@@ -29,7 +29,7 @@ from incidents.models import (
     Silence,
     TimelineEntry,
 )
-from incidents.notifications.delivery import dispatch_alert, fire_due_rounds
+from incidents.notifications.rounds import dispatch_alert, fire_due_rounds
 from incidents.silences import create_silence, end_silence
 from tests.support.authz import Api
 from tests.support.waiting import wait_for

@@ -15,7 +15,7 @@ from incidents.alerts.acknowledge import acknowledge_alert
 from incidents.alerts.lifecycle import raise_or_update_alert
 from incidents.alerts.snooze import snooze_alert
 from incidents.models import AuditEntry, Delivery, Membership, TimelineEntry
-from incidents.notifications.delivery import dispatch_alert, fire_due_rounds
+from incidents.notifications.rounds import dispatch_alert, fire_due_rounds
 from tests.incidents.test_silences import T0, paging, signal  # noqa: F401 (a fixture)
 from tests.support.authz import make_member
 

@@ -22,8 +22,8 @@ from incidents.models import (
     TimelineEntry,
     default_rules,
 )
-from incidents.notifications.delivery import dispatch_alert
 from incidents.notifications.reply_codes import BadReply, parse_sms_reply
+from incidents.notifications.rounds import dispatch_alert
 from tests.incidents.test_notifications import T0, nan_signal, send_all, team  # noqa: F401
 
 SMS_PATH = "/api/v1/notifications/replies/sms"

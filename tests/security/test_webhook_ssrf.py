@@ -11,7 +11,8 @@ import socket
 import pytest
 
 from incidents.models import Delivery, NotificationPolicy
-from incidents.notifications.delivery import attempt_delivery, dispatch_alert
+from incidents.notifications.delivery import attempt_delivery
+from incidents.notifications.rounds import dispatch_alert
 from tests.support.authz import raise_alert
 
 SECRET = "internal-secret-answer " + "x" * 2000

@@ -17,8 +17,8 @@ from bench._stack import daphne_command
 from incidents.alerts.lifecycle import raise_or_update_alert
 from incidents.jobs import create_job
 from incidents.models import Contact, Delivery, Membership, NotificationPolicy, OnCallRotation
-from incidents.notifications.delivery import dispatch_alert
 from incidents.notifications.reply_codes import ack_link
+from incidents.notifications.rounds import dispatch_alert
 from tests.conftest import free_port, server_environment, wait_for_port
 from tests.console.browser.conftest import SCREENSHOTS
 from tests.console.browser.test_live_console import in_thread
