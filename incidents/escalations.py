@@ -286,20 +286,6 @@ def record_decision(
     return request
 
 
-def reject_escalation(
-    user: User, request_id: int, *, note: str = "", context: AuditContext | None = None
-) -> EscalationRequest:
-    """A manager (never the requester) says no; nothing is sent to the job."""
-    with audited(user, Action.REJECT_ESCALATION, "escalation", request_id, context) as attempt:
-        request = scoped_request(user, request_id, attempt)
-        check_decider(attempt, user, request, Action.REJECT_ESCALATION)
-        with transaction.atomic():
-            request = record_decision(request, user, EscalationStatus.REJECTED, note)
-            attempt.succeeded(f"escalation #{request.pk} rejected")
-            publish_escalation(request, "escalation.rejected")
-    return request
-
-
 # --- Expiry ---------------------------------------------------------------------------------
 
 

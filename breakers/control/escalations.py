@@ -1,8 +1,9 @@
-"""Escalation decisions that send a command: approving, and expiring into an automatic L3 pause.
+"""Escalation requests, every verb the front doors call: request, approve, reject, expire.
 
-The request's life is ``incidents.escalations`` (request, reject, the compare-and-swaps and
-their timeline rows); this module adds the command, in the same transaction, because commands
-are ``breakers``' and ``incidents`` never imports ``breakers``.
+Approving and expiring send a command (a lower_lr, a pause, an automatic L3 pause), in the same
+transaction as the request's decision, and commands are ``breakers``'. The request's records —
+its checks, the compare-and-swaps of its status and their timeline rows, its payload — are
+``incidents.escalations``, which never imports ``breakers``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from breakers.control.job_state import refusal
 from breakers.models import CommandKind
 from incidents import escalations
 from incidents.escalations import (
+    check_decider,
     due_escalation_ids,
     expire_escalation,
     publish_escalation,
@@ -53,6 +55,20 @@ def request_escalation(user: Any, job_id: int, **request: Any) -> EscalationRequ
     refused at once when the job could not take it now (``job_state.refusal``): a lower_lr
     requested for a paused job would only wait for an approval that fails."""
     return escalations.request_escalation(user, job_id, refusal=refusal, **request)
+
+
+def reject_escalation(
+    user: Any, request_id: int, *, note: str = "", context: AuditContext | None = None
+) -> EscalationRequest:
+    """A manager (never the requester) says no; nothing is sent to the job."""
+    with audited(user, Action.REJECT_ESCALATION, "escalation", request_id, context) as attempt:
+        request = scoped_request(user, request_id, attempt)
+        check_decider(attempt, user, request, Action.REJECT_ESCALATION)
+        with transaction.atomic():
+            request = record_decision(request, user, EscalationStatus.REJECTED, note)
+            attempt.succeeded(f"escalation #{request.pk} rejected")
+            publish_escalation(request, "escalation.rejected")
+    return request
 
 
 def approve_escalation(

@@ -8,7 +8,11 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from breakers.control.escalations import approve_escalation, request_escalation
+from breakers.control.escalations import (
+    approve_escalation,
+    reject_escalation,
+    request_escalation,
+)
 from console.api.alerts import LIMIT_PARAMETER, limit_param
 from console.api.params import id_param
 from console.api.person_auth import PersonView, audit_context, error_responses, signed_in
@@ -16,7 +20,6 @@ from core.errors import InvalidInput
 from incidents.escalations import (
     ESCALATION_KINDS,
     escalation_payload,
-    reject_escalation,
     scoped_request,
 )
 from incidents.models import EscalationRequest, EscalationStatus, OnExpiry
