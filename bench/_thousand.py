@@ -1,5 +1,5 @@
 """A job of a thousand ranks as the console would hold it after a while of training: one
-``JobRank`` row per rank (the columns ``incidents.jobs.record_heartbeat`` writes, written in
+``JobRank`` row per rank (the columns ``incidents.heartbeats.record_heartbeat`` writes, written in
 one bulk insert), the loss of every rank stored through the ingest service
 (``breakers.agent.store.store_points``, one batch per rank, as each rank's SDK sends it),
 a few silent ranks (past their deadline), a few stragglers (flagged by the pace check) and

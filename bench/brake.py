@@ -79,7 +79,8 @@ def missed_push(job_id: int) -> float | str:
 
 def heartbeat_detection_once(base_url: str, index: int, timeout: float) -> float:
     """Seconds between a silent job's heartbeat deadline and its alert being raised."""
-    from incidents.jobs import HEARTBEAT_RULE_KEY, create_job
+    from incidents.heartbeats import HEARTBEAT_RULE_KEY
+    from incidents.jobs import create_job
     from incidents.models import Alert, Job
 
     created = create_job("bench", f"silent-{time.time_ns()}-{index}")

@@ -17,7 +17,8 @@ from _stack import median, percentile, set_up_django
 
 
 def measure(world_size: int, rounds: int) -> list[float]:
-    from incidents.jobs import create_job, record_heartbeat
+    from incidents.heartbeats import record_heartbeat
+    from incidents.jobs import create_job
 
     job = create_job("bench-ranks", f"ranks-{world_size}-{time.time_ns()}").job
     timings = []

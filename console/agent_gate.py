@@ -33,7 +33,7 @@ from console.api.errors import database_recently_away, outage_body, outage_part
 from console.api.params import length_exceeds
 from console.request_log import agent_traffic
 from core.errors import PayloadTooLarge, ServiceError
-from incidents.jobs import authenticate_agent
+from incidents.agent_tokens import authenticate_agent
 from incidents.models import Job
 
 

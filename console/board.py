@@ -33,7 +33,7 @@ from console.incident_board import incident_buttons
 from incidents import silences as silencing
 from incidents.alerts.lifecycle import alert_payload
 from incidents.alerts.snooze import SNOOZE_CHOICES, snoozed
-from incidents.jobs import past_deadline
+from incidents.heartbeats import past_deadline
 from incidents.models import (
     ACTIVE_ALERT_STATUSES,
     LIVE_JOB_STATUSES,

@@ -22,7 +22,7 @@ from console.api.agent_auth import bearer_token
 from console.ratelimit import agent_rate, rate_counter
 from core.errors import InvalidInput, PayloadTooLarge, ServiceError
 from core.realtime import agent_group
-from incidents.jobs import authenticate_agent
+from incidents.agent_tokens import authenticate_agent
 from incidents.models import Job
 
 CLOSE_UNAUTHENTICATED = 4401

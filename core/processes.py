@@ -2,7 +2,7 @@
 
 Used to tell whether a process id an agent reported really is the job's process before anything
 signals it (``breakers.executors.identity``), and to record the process's identity when the pid is
-first registered (``incidents.jobs.record_heartbeat``). Every reader returns None when the
+first registered (``incidents.heartbeats.record_heartbeat``). Every reader returns None when the
 process does not exist or cannot be read; nothing here raises for a missing process.
 """
 

@@ -39,7 +39,7 @@ class JobAdmin(admin.ModelAdmin):
 
 @admin.register(JobRank)
 class JobRankAdmin(admin.ModelAdmin):
-    # Written by heartbeats only (incidents.jobs.record_heartbeat).
+    # Written by heartbeats only (incidents.heartbeats.record_heartbeat).
     list_display = ["job", "rank", "hostname", "pid", "step", "status", "last_heartbeat_at"]
     readonly_fields = [field.name for field in JobRank._meta.fields]
 

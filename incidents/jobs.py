@@ -1,4 +1,5 @@
-"""Services for teams, jobs and agents: one function per verb, used by every entry point."""
+"""A job's life: created with its token, moved through its transition table, marked running,
+its step advanced, retired."""
 
 from __future__ import annotations
 
@@ -6,64 +7,26 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
-from django.contrib.auth import get_user_model
-from django.contrib.auth.password_validation import validate_password
-from django.core.exceptions import ValidationError
 from django.db import connection, transaction
-from django.db.models import Exists, Min, OuterRef, Q
 from django.utils import timezone
 
-from core.errors import Conflict, InvalidInput, Unauthenticated
-from core.processes import process_start_time, this_host
-from core.realtime import agent_group, publish_after_commit
+from core.errors import Conflict, InvalidInput
 from core.transitions import compare_and_swap
-
-# Alert and incident services live in incidents.alerts.lifecycle; re-exported so every verb of the
-# app is
-# reachable from here.
-from incidents.alerts.lifecycle import (  # noqa: F401
-    AlertOutcome,
-    AlertSignal,
-    active_alert,
-    alert_payload,
-    append_timeline,
-    raise_or_update_alert,
-    resolve_alert,
-    settle_incident,
-)
+from incidents.alerts.lifecycle import append_timeline, resolve_alert, settle_incident
 from incidents.models import (
     ACTIVE_ALERT_STATUSES,
     ACTIVE_INCIDENT_STATUSES,
-    FINAL_JOB_STATUSES,
     JOB_EVENTS,
     JOB_TRANSITIONS,
-    ActorKind,
-    AgentStatus,
     AgentToken,
     Alert,
     Incident,
     Job,
     JobKind,
-    JobRank,
-    Membership,
-    Role,
     Team,
     TimelineKind,
-    hash_token,
     job_statuses_for,
 )
-from incidents.teams.audit import AuditContext, audited
-from incidents.teams.authority import Action
-
-# Heartbeat timeout: the job's own setting, else this many measured step times, never below
-# the floor (settings.HEARTBEAT_TIMEOUT_FLOOR_SECONDS), and the default until a step time has
-# been measured (settings.HEARTBEAT_TIMEOUT_DEFAULT_SECONDS).
-HEARTBEAT_STEP_TIME_MULTIPLIER = 8.0
-# The alert the heartbeat watchdog raises (breakers.control.heartbeats) and a heartbeat resolves.
-HEARTBEAT_RULE_KEY = "heartbeat-timeout"
-# Weight of the newest measurement in the step-time moving average.
-STEP_TIME_SMOOTHING = 0.2
 
 
 @dataclass(frozen=True)
@@ -96,90 +59,6 @@ def create_job(team_name: str, name: str, kind: str = JobKind.TRAINING) -> Creat
     return CreatedJob(job=job, raw_token=raw_token, team_created=team_created)
 
 
-@dataclass(frozen=True)
-class AddedMember:
-    membership: Membership
-    user_created: bool
-    team_created: bool
-    previous_role: str | None  # None: the user had no role in the team before
-
-
-def add_member(
-    team_name: str,
-    username: str,
-    role: str,
-    *,
-    password: str | None = None,
-    context: AuditContext | None = None,
-) -> AddedMember:
-    """Give ``username`` the ``role`` in the team, replacing any role they had there.
-
-    The team is created if new, and so is the user, which then needs a password (checked by
-    AUTH_PASSWORD_VALIDATORS); an existing user's password is left alone. An operator's act at
-    the server (``manage.py add_member``): audited as ``manage_members`` by the system.
-    """
-    team_name, username = team_name.strip(), username.strip()
-    given = {"team": team_name, "user": username}
-    errors = {key: "must not be empty" for key, value in given.items() if not value}
-    if role not in Role.values:
-        errors["role"] = f"must be one of {', '.join(Role.values)}"
-    if errors:
-        raise InvalidInput("The member cannot be added.", fields=errors)
-    context = context or AuditContext(via="command")
-    with audited(None, Action.MANAGE_MEMBERS, "team", None, context) as attempt:
-        attempt.allowed, attempt.reason = True, "An operator at the server manages members."
-        with transaction.atomic():
-            user, user_created = _member_user(username, password)  # may refuse: no team yet
-            team, team_created = Team.objects.get_or_create(name=team_name)
-            attempt.team_id = attempt.target_id = team.pk
-            previous = _role_of(user, team)
-            membership, _ = Membership.objects.update_or_create(
-                user=user, team=team, defaults={"role": role}
-            )
-            was = f" (was {previous})" if previous else ""
-            attempt.succeeded(f"{username} is {role} of {team_name}{was}")
-    return AddedMember(membership, user_created, team_created, previous)
-
-
-def _role_of(user: Any, team: Team) -> str | None:
-    return Membership.objects.filter(user=user, team=team).values_list("role", flat=True).first()
-
-
-def _member_user(username: str, password: str | None) -> tuple[Any, bool]:
-    """The user, created with ``password`` when there is none yet."""
-    User = get_user_model()
-    user = User.objects.filter(username=username).first()
-    if user is not None:
-        return user, False
-    if not password:
-        raise InvalidInput(
-            f"There is no user {username!r}: a password is needed to create it.",
-            fields={"password": "required for a new user"},
-        )
-    try:
-        validate_password(password, User(username=username))
-    except ValidationError as error:
-        raise InvalidInput(
-            "The password is refused.", fields={"password": " ".join(error.messages)}
-        ) from None
-    return User.objects.create_user(username, password=password), True
-
-
-def issue_agent_token(job: Job) -> str:
-    """A new token for ``job`` (the old ones stay valid until revoked)."""
-    return AgentToken.issue(job)[1]
-
-
-def revoke_agent_tokens(job: Job) -> int:
-    """Revoke the job's tokens; its open agent sockets check theirs again at once (and close)."""
-    revoked = AgentToken.objects.filter(job=job, revoked_at__isnull=True).update(
-        revoked_at=timezone.now()
-    )
-    if revoked:
-        publish_after_commit(agent_group(job.pk), {"type": "agent.revoked"}, robust=True)
-    return revoked
-
-
 def retire_job(job_id: int, reason: str, now: datetime | None = None) -> bool:
     """A run known to be over though it never said so (its process is gone: the demo was
     started again): terminated, with ``reason`` on its incident's timeline, and its alerts
@@ -199,25 +78,6 @@ def retire_job(job_id: int, reason: str, now: datetime | None = None) -> bool:
             resolve_alert(alert_id, reason=f"the run is over: {reason}", now=now)
         settle_incident(job_id, None, now=now)
     return True
-
-
-# Every request of every rank starts here: one plain statement (a raw queryset builds the Job
-# without the ORM compiling a join each time, which cost more than PostgreSQL's answer).
-_TOKEN_SQL = (
-    f"SELECT j.*, t.revoked_at AS token_revoked_at FROM {Job._meta.db_table} j "
-    f"JOIN {AgentToken._meta.db_table} t ON t.job_id = j.id WHERE t.token_hash = %s"
-)
-
-
-def authenticate_agent(raw_token: str) -> Job:
-    """The job a raw agent token belongs to; Unauthenticated if unknown or revoked."""
-    found = list(Job.objects.raw(_TOKEN_SQL, [hash_token(raw_token)]))  # token_hash is unique
-    if not found:
-        raise Unauthenticated("The agent token is unknown.", code="unknown_token")
-    job = found[0]
-    if getattr(job, "token_revoked_at", None) is not None:  # the SELECT's extra column
-        raise Unauthenticated("The agent token has been revoked.", code="revoked_token")
-    return job
 
 
 def move_job(job_id: int, event: str, **other_fields: Any) -> bool:
@@ -246,6 +106,8 @@ def mark_job_running(job_id: int) -> bool:
 # A job's newest metric time is kept to this precision: a batch within it of the stored time,
 # and not ahead of the job's step, changes nothing and so does not lock the job's row.
 METRIC_TIME_PRECISION_SECONDS = 1.0
+
+
 _ADVANCE_SQL = (
     f"UPDATE {Job._meta.db_table} SET "
     "last_metric_at = CASE WHEN last_metric_at IS NULL OR last_metric_at < %(at)s "
@@ -270,331 +132,4 @@ def advance_current_step(job_id: int, step: int | None, last_metric_at: datetime
                 "step": step,
                 "job": job_id,
             },
-        )
-
-
-def heartbeat_timeout_seconds(job: Job, step_time: float | None = None) -> float:
-    """The job's own timeout, else 8 step times (``step_time``: one rank's; by default the
-    job's, rank 0's), never below the floor; the default until a step time is measured."""
-    if job.heartbeat_timeout_seconds:
-        return job.heartbeat_timeout_seconds
-    step_time = job.step_time_seconds if step_time is None else step_time
-    if step_time:
-        return max(
-            settings.HEARTBEAT_TIMEOUT_FLOOR_SECONDS, HEARTBEAT_STEP_TIME_MULTIPLIER * step_time
-        )
-    return settings.HEARTBEAT_TIMEOUT_DEFAULT_SECONDS
-
-
-def _measured_step_time(seat: JobRank | None, step: int, now: datetime) -> float | None:
-    """The rank's step time, measured between two heartbeats of that same rank (ranks
-    interleave, so two heartbeats of different ranks measure nothing)."""
-    if seat is None:
-        return None
-    if step <= seat.step:
-        return seat.step_time_seconds
-    sample = (now - seat.last_heartbeat_at).total_seconds() / (step - seat.step)
-    if seat.step_time_seconds is None:
-        return sample
-    return (1 - STEP_TIME_SMOOTHING) * seat.step_time_seconds + STEP_TIME_SMOOTHING * sample
-
-
-def record_heartbeat(
-    job_id: int,
-    *,
-    step: int,
-    status: str,
-    pid: int | None = None,
-    hostname: str = "",
-    rank: int | None = None,
-    world_size: int | None = None,
-    finish_event: str = "finish",
-    now: datetime | None = None,
-    pace: RankPaceReport | None = None,
-) -> Job:
-    """Store one rank's heartbeat (no rank: rank 0): its row, with its own deadline.
-
-    A steady beat of a rank other than 0 writes its own row only, locked alone: a thousand
-    ranks of one job never queue behind one row lock. The job's row is written, under its
-    lock, by a beat that says something of the whole job (``_says_job_wide``): rank 0's (the
-    job-level agent fields: pid, host, status, step time — until rank 0 speaks, the reporting
-    rank's), a new rank or world size, a finish, a first or restarted process, a rank back
-    from silence. The job finishes when every rank has — by ``finish_event``: "terminate"
-    when the caller knows the processes were told to stop (their last beat may overtake the
-    acknowledgement)."""
-    now = now or timezone.now()
-    beat = RankBeat(rank or 0, step, status, pid, hostname, world_size, pace)
-    job = Job.objects.get(pk=job_id)
-    if job.status in FINAL_JOB_STATUSES and status == AgentStatus.RUNNING:
-        _refuse_a_new_run(job, beat.rank, pid)
-    if _record_rank_alone(job, beat, now):
-        return job
-    return _record_job_heartbeat(job_id, beat, finish_event, now)
-
-
-@dataclass(frozen=True, slots=True)
-class RankBeat:
-    """One rank's heartbeat, validated."""
-
-    rank: int
-    step: int
-    status: str
-    pid: int | None
-    hostname: str
-    world_size: int | None
-    pace: RankPaceReport | None
-
-
-def _says_job_wide(job: Job, beat: RankBeat) -> bool:
-    """What the beat says of the whole job, before its rank's row is read."""
-    resized = beat.world_size is not None and beat.world_size != job.world_size
-    return (
-        beat.rank == 0
-        or resized
-        or beat.status == AgentStatus.FINISHED
-        or job.status in job_statuses_for("start")
-    )
-
-
-def _record_rank_alone(job: Job, beat: RankBeat, now: datetime) -> bool:
-    """The steady beat: the rank's own row only (``job`` read without a lock), written as a
-    compare-and-swap on the rank's last heartbeat, so no lock is held before the one UPDATE
-    and a beat that turns out to say more can still lock the job's row first, as every other
-    writer of both does. False, with nothing written, when the beat must also write the job's
-    row (or another beat of the same rank wrote in between)."""
-    if _says_job_wide(job, beat):
-        return False
-    rank_0 = JobRank.objects.filter(job_id=job.pk, rank=0)
-    seat = (
-        JobRank.objects.filter(job_id=job.pk, rank=beat.rank)
-        .annotate(rank_0_spoke=Exists(rank_0))
-        .first()
-    )
-    if seat is None or not seat.rank_0_spoke or _rank_back_or_new(seat, beat, now):
-        return False
-    previous = seat.last_heartbeat_at
-    _update_rank(job, seat, beat, now)
-    if seat.heartbeat_deadline is not None and (
-        job.heartbeat_deadline is None or seat.heartbeat_deadline < job.heartbeat_deadline
-    ):
-        # Its deadline came nearer than the job's (a faster step: a shorter timeout): the
-        # job's stays the earliest, so the watchdog's index on it still finds this rank.
-        return False
-    written = {name: getattr(seat, name) for name in RANK_HEARTBEAT_FIELDS}
-    return JobRank.objects.filter(pk=seat.pk, last_heartbeat_at=previous).update(**written) == 1
-
-
-# What a beat writes on its rank's row: all but the row's identity.
-RANK_HEARTBEAT_FIELDS = tuple(
-    f.attname for f in JobRank._meta.concrete_fields if f.name not in ("id", "job", "rank")
-)
-
-
-def _rank_back_or_new(seat: JobRank, beat: RankBeat, now: datetime) -> bool:
-    """A rank that was past its deadline (its beat may end the job's silence), or finished,
-    or another process under the rank's number (a restart)."""
-    overdue = seat.heartbeat_deadline is None or seat.heartbeat_deadline < now
-    other_process = seat.pid is not None and beat.pid is not None and beat.pid != seat.pid
-    return overdue or other_process
-
-
-def _record_job_heartbeat(job_id: int, beat: RankBeat, finish_event: str, now: datetime) -> Job:
-    """A beat that writes the job's row too, under the job's row lock: the rank's row, the
-    world size, the job-level agent fields, and the job's deadline — the earliest of its
-    unfinished ranks' (what the watchdog's index finds it by)."""
-    with transaction.atomic():
-        job = Job.objects.select_for_update().get(pk=job_id)
-        if beat.world_size is not None and beat.world_size != job.world_size:
-            # A smaller restart leaves seats above its size: gone once, when the size changes
-            # (not a DELETE with every heartbeat of a steady job).
-            job.world_size = beat.world_size
-            JobRank.objects.filter(job=job, rank__gte=beat.world_size).delete()
-        seat = JobRank.objects.select_for_update().filter(job=job, rank=beat.rank).first()
-        seat, new_process = _record_rank(job, seat, beat, now)
-        job.last_heartbeat_at = now
-        if seat.rank == 0 or not JobRank.objects.filter(job=job, rank=0).exists():
-            # Rank 0's, or — until rank 0 speaks — the reporting rank's: a lone process that
-            # inherited RANK=3 still gets its pid on the job for the executor.
-            job.step_time_seconds, job.last_heartbeat_step = seat.step_time_seconds, beat.step
-            job.agent_status, job.agent_pid = beat.status, seat.pid
-            job.agent_hostname, job.agent_pid_start_time = seat.hostname, seat.pid_start_time
-        job.heartbeat_deadline = _earliest_deadline(job)
-        step = beat.step
-        job.current_step = max(step, job.current_step if job.current_step is not None else step)
-        job.save(update_fields=[*JOB_HEARTBEAT_FIELDS, "current_step"])
-        moved = _move_on_heartbeat(job, seat, new_process, finish_event, now)
-    if moved:  # another statement changed the row: read it back
-        job.refresh_from_db()
-    return job
-
-
-def _move_on_heartbeat(
-    job: Job, seat: JobRank, new_process: bool, finish_event: str, now: datetime
-) -> bool:
-    """The job's status as the beat moves it (read under the job's row lock), and the end of
-    its silence; whether the row changed."""
-    moved = False
-    if seat.status == AgentStatus.FINISHED and _every_rank_finished(job):
-        moved = move_job(job.pk, finish_event, heartbeat_deadline=None)
-    elif job.status in job_statuses_for("start"):  # read under the lock: the first moves it
-        moved = mark_job_running(job.pk)
-    elif seat.status == AgentStatus.RUNNING and new_process:
-        moved = _restarted_outside(job, seat, now)
-    back = job.heartbeat_deadline is None or job.heartbeat_deadline >= now
-    if job.heartbeat_overdue_since is not None and back:
-        _end_heartbeat_silence(job, now)
-        moved = True
-    return moved
-
-
-JOB_HEARTBEAT_FIELDS = (
-    "world_size",
-    "step_time_seconds",
-    "last_heartbeat_at",
-    "last_heartbeat_step",
-    "agent_status",
-    "agent_pid",
-    "agent_hostname",
-    "agent_pid_start_time",
-    "heartbeat_deadline",
-)
-
-
-def past_deadline(now: datetime) -> Q:
-    """Jobs with a rank past its own deadline at ``now`` (a job with no rank rows: past its
-    own). The job's ``heartbeat_deadline`` is never later than its earliest rank's (every
-    write of the job's row sets it to that, and a rank whose deadline comes nearer writes
-    it), so its index narrows the search to a few jobs before their ranks are read."""
-    ranks = JobRank.objects.filter(job=OuterRef("pk"))
-    rank_silent = Exists(ranks.filter(heartbeat_deadline__lt=now))
-    return Q(heartbeat_deadline__lt=now) & (Q(rank_silent) | ~Q(Exists(ranks)))
-
-
-def _refuse_a_new_run(job: Job, rank: int, pid: int | None) -> None:
-    """A process the finished (or terminated) job never had says it trains: a new run under an
-    old token. Its breakers could never act (the job takes no more commands), so it is told,
-    with 409, before anything is written; the job's own late heartbeats still count."""
-    known = JobRank.objects.filter(job=job, rank=rank).values_list("pid", flat=True).first()
-    if pid is not None and known is not None and pid != known:
-        raise Conflict(
-            f"Job '{job.name}' is {job.status}: a new run needs a job of its own "
-            "(manage.py create_job) and its token; this one's breakers no longer act.",
-            code="job_over",
-        )
-
-
-def _restarted_outside(job: Job, seat: JobRank, now: datetime) -> bool:
-    """A process other than the one that paused says it trains: the job runs again (the
-    "restart" event, from paused only), written on its open incident in the same transaction.
-    Whether it moved."""
-    if job.status not in job_statuses_for("restart") or not move_job(job.pk, "restart"):
-        return False
-    incident = job.incidents.filter(status__in=ACTIVE_INCIDENT_STATUSES).first()
-    if incident is not None:
-        append_timeline(
-            incident.pk,
-            TimelineKind.RESUMED,
-            f"Training restarted outside the console: a new process (rank {seat.rank}, pid "
-            f"{seat.pid}) reports it trains while the job was paused; its breakers act again.",
-            at=now,
-            step=seat.step,
-            actor_kind=ActorKind.AGENT,
-            data={"restart": True, "rank": seat.rank, "pid": seat.pid},
-        )
-    return True
-
-
-@dataclass(frozen=True)
-class RankPaceReport:
-    """What a heartbeat says of the rank's place in its step (either may be absent: then the
-    rank's last word stands)."""
-
-    sync_step: int | None = None
-    compute_seconds: float | None = None
-
-
-def _record_rank(
-    job: Job, seat: JobRank | None, beat: RankBeat, now: datetime
-) -> tuple[JobRank, bool]:
-    """The rank's row (``seat``: as read under its lock, None for a new rank), updated; and
-    whether the heartbeat comes from another process than the rank's last one (a pid it did
-    not have before: a restart)."""
-    pid = beat.pid
-    new_process = seat is not None and seat.pid is not None and pid is not None and pid != seat.pid
-    if seat is None:
-        seat = JobRank(job=job, rank=beat.rank)
-    elif new_process:
-        seat.sync_step = None  # another process: its old word is stale
-    _update_rank(job, seat, beat, now)
-    seat.save()
-    return seat, new_process
-
-
-def _update_rank(job: Job, seat: JobRank, beat: RankBeat, now: datetime) -> None:
-    """The beat on the rank's row (not saved), its own deadline with it: now + the job's
-    timeout for the rank's measured step time (none once the rank said it finished)."""
-    known = seat.pk is not None
-    step_time = _measured_step_time(seat, beat.step, now) if known else None
-    if known and beat.step < seat.step:
-        seat.sync_step = None  # a roll back: the old word is stale
-    seat.step_time_seconds, seat.step, seat.status, seat.last_heartbeat_at = (
-        step_time,
-        beat.step,
-        beat.status,
-        now,
-    )
-    if beat.pid is not None:
-        _register_process(seat, beat.pid, beat.hostname)
-    if beat.hostname:
-        seat.hostname = beat.hostname
-    pace = beat.pace
-    if pace is not None and pace.sync_step is not None:
-        seat.sync_step = pace.sync_step
-    if pace is not None and pace.compute_seconds is not None:
-        seat.compute_seconds = pace.compute_seconds
-    finished = beat.status == AgentStatus.FINISHED
-    timeout = timedelta(seconds=heartbeat_timeout_seconds(job, step_time))
-    seat.heartbeat_deadline = None if finished else now + timeout
-
-
-def _earliest_deadline(job: Job) -> datetime | None:
-    deadlines = JobRank.objects.filter(job=job, heartbeat_deadline__isnull=False)
-    return deadlines.aggregate(earliest=Min("heartbeat_deadline"))["earliest"]
-
-
-def _every_rank_finished(job: Job) -> bool:
-    """Every rank said "finished": all of the world size when it is known, else all ranks
-    that ever heartbeated (a job of one process finishes with its one heartbeat)."""
-    ranks = JobRank.objects.filter(job=job)
-    if ranks.exclude(status=AgentStatus.FINISHED).exists():
-        return False
-    return job.world_size is None or ranks.count() >= job.world_size
-
-
-def _register_process(seat: JobRank, pid: int, hostname: str) -> None:
-    """The reported pid, with its identity (start time) read here, server-side, only when the
-    heartbeat says it comes from this very host: only then is /proc the process's own. A pid
-    reported from elsewhere, or without a hostname, is kept with no identity, and the local
-    executor never signals it (``breakers.executors.local``)."""
-    same_process = (
-        pid == seat.pid and seat.pid_start_time is not None and hostname in ("", seat.hostname)
-    )
-    if same_process:
-        return  # registered already: its identity was read when it was first reported
-    seat.pid = pid
-    seat.pid_start_time = process_start_time(pid) if hostname == this_host() else None
-
-
-def _end_heartbeat_silence(job: Job, now: datetime) -> None:
-    """Heartbeats are back: clear the edge trigger and resolve the watchdog's alert."""
-    Job.objects.filter(pk=job.pk).update(heartbeat_overdue_since=None)
-    alert = active_alert(job.pk, HEARTBEAT_RULE_KEY, "")
-    if alert is not None:
-        assert job.heartbeat_overdue_since is not None  # what the caller checked
-        silent = (now - job.heartbeat_overdue_since).total_seconds()
-        resolve_alert(
-            alert.pk,
-            reason=f"heartbeats are back ({silent:.1f} s after the alert)",
-            step=job.last_heartbeat_step,
-            now=now,
         )

@@ -31,7 +31,7 @@ from breakers.models import Command, CommandKind, CommandStatus
 from core.errors import InvalidInput, NotFound
 from core.nonfinite import encode
 from core.realtime import job_group, publish_after_commit
-from incidents.jobs import RankPaceReport, record_heartbeat
+from incidents.heartbeats import RankPaceReport, record_heartbeat
 from incidents.models import Job, JobStatus
 
 

@@ -2,13 +2,13 @@
 
 One query per tick finds the overdue jobs: each rank has its own deadline (``JobRank``,
 written by that rank's heartbeats alone, without the job's row lock), and a job is overdue
-when one of its ranks is past it (``incidents.jobs.past_deadline``: the job's own
+when one of its ranks is past it (``incidents.heartbeats.past_deadline``: the job's own
 ``heartbeat_deadline``, never later than its earliest rank's, narrows the search through its
 index), so one silent rank among heartbeating ones is found, and named, by the same query.
 Paused jobs are watched too: their ranks heartbeat while they hold. Each silence raises its
 alert once — the claim on ``heartbeat_overdue_since`` is a compare-and-swap, so two watchdogs
 never both raise it — and the heartbeat that leaves no rank overdue clears it
-(``incidents.jobs.record_heartbeat``). The alert's action is checkpoint_and_pause: a job that
+(``incidents.heartbeats.record_heartbeat``). The alert's action is checkpoint_and_pause: a job that
 is merely slow answers it; a hung one does not, its command expires, and the executor stops
 it from the outside. A paused job is not paused again: its alert calls a person.
 """
@@ -28,7 +28,7 @@ from breakers.control.hearing import heard_until
 from breakers.detection.evaluation import report_failing_breakers
 from core.transient import TRANSIENT_ERRORS
 from incidents.alerts.lifecycle import AlertSignal, raise_or_update_alert
-from incidents.jobs import HEARTBEAT_RULE_KEY, heartbeat_timeout_seconds, past_deadline
+from incidents.heartbeats import HEARTBEAT_RULE_KEY, heartbeat_timeout_seconds, past_deadline
 from incidents.models import LIVE_JOB_STATUSES, Job, JobRank, JobStatus
 from incidents.notifications.rounds import notify_alert
 

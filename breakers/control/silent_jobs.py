@@ -35,7 +35,7 @@ from breakers.control.heartbeats import (
 from breakers.control.timeline import active_incident
 from breakers.models import OPEN_COMMAND_STATUSES, Command, CommandAck
 from incidents.alerts.lifecycle import active_alert, append_timeline, raise_or_update_alert
-from incidents.jobs import HEARTBEAT_RULE_KEY
+from incidents.heartbeats import HEARTBEAT_RULE_KEY
 from incidents.models import Job, JobRank, JobStatus, TimelineEntry, TimelineKind
 
 ALL_SILENT_EVENT = "all_ranks_silent"

@@ -62,7 +62,8 @@ from breakers.models import (
 )
 from breakers.storage.points import StoredPoint, first_point
 from core.errors import ServiceError
-from incidents.jobs import create_job, heartbeat_timeout_seconds
+from incidents.heartbeats import heartbeat_timeout_seconds
+from incidents.jobs import create_job
 from incidents.models import (
     ActorKind,
     Alert,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-HEARTBEAT_RULE = "heartbeat-timeout"  # incidents.jobs.HEARTBEAT_RULE_KEY, the watchdog's
+HEARTBEAT_RULE = "heartbeat-timeout"  # incidents.heartbeats.HEARTBEAT_RULE_KEY, the watchdog's
 
 
 @dataclass(frozen=True)

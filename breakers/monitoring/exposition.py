@@ -38,7 +38,7 @@ from breakers.models import (
     ExternalAlertStatus,
 )
 from breakers.storage.points import oldest_after
-from incidents.jobs import HEARTBEAT_RULE_KEY, past_deadline
+from incidents.heartbeats import HEARTBEAT_RULE_KEY, past_deadline
 from incidents.models import (
     ACTIVE_ALERT_STATUSES,
     TRAINING_JOB_STATUSES,

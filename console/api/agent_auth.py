@@ -11,7 +11,7 @@ from rest_framework.throttling import BaseThrottle
 
 from console.ratelimit import agent_wait_seconds
 from core.errors import Unauthenticated
-from incidents.jobs import authenticate_agent
+from incidents.agent_tokens import authenticate_agent
 from incidents.models import Job
 
 # The ASGI scope key under which console.agent_gate leaves (token, job) once it has

@@ -186,9 +186,9 @@ class Job(models.Model):
 
 class JobRank(models.Model):
     """One rank (process) of a job as its heartbeats describe it: written by
-    ``incidents.jobs.record_heartbeat`` only, by the rank's own beats without the job's row
+    ``incidents.heartbeats.record_heartbeat`` only, by the rank's own beats without the job's row
     lock. Each rank has its own deadline; the job's own ``heartbeat_deadline`` is never later
-    than the earliest of them (``incidents.jobs.past_deadline``), so the watchdog's query on
+    than the earliest of them (``incidents.heartbeats.past_deadline``), so the watchdog's query on
     jobs still finds a job with one silent rank while the others go on heartbeating."""
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="ranks")

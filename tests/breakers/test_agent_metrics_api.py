@@ -9,7 +9,7 @@ import pytest
 
 from breakers.storage.points import any_points_stored, stored_points
 from console.ratelimit import rate_counter
-from incidents.jobs import revoke_agent_tokens
+from incidents.agent_tokens import revoke_agent_tokens
 from incidents.models import Job, JobStatus, Node
 
 # Each test runs through the lean route and through the DRF views (tests/support/agent_doors.py).

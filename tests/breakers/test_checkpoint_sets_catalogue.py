@@ -7,7 +7,7 @@ import pytest
 
 from breakers.checkpoints import catalogue, roll_back_params, roll_back_target
 from breakers.models import Checkpoint, CheckpointSet
-from incidents.jobs import record_heartbeat
+from incidents.heartbeats import record_heartbeat
 
 pytestmark = pytest.mark.django_db
 

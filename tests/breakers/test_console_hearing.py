@@ -20,7 +20,7 @@ from breakers.control.hearing import DEAF_AFTER_SECONDS, beacon, heard_until
 from breakers.control.heartbeats import check_heartbeats
 from breakers.models import Command, CommandStatus, Hearing
 from breakers.monitoring.exposition import registry
-from incidents.jobs import record_heartbeat
+from incidents.heartbeats import record_heartbeat
 from incidents.models import Alert, Job, JobRank
 
 pytestmark = pytest.mark.django_db

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from breakers.control.heartbeats import check_heartbeats
 from breakers.models import Command
-from incidents.jobs import record_heartbeat
+from incidents.heartbeats import record_heartbeat
 from incidents.models import Alert, Job, JobStatus, TimelineEntry
 
 pytestmark = pytest.mark.django_db

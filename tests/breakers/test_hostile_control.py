@@ -25,7 +25,7 @@ from breakers.control.commands import issue_command
 from breakers.control.watchdog import watchdog_tick
 from breakers.detection.evaluation import BREAKERS_FAILING_RULE
 from breakers.models import Command, CommandAck, CommandStatus
-from incidents.jobs import HEARTBEAT_RULE_KEY
+from incidents.heartbeats import HEARTBEAT_RULE_KEY
 from incidents.models import Alert, Job, JobRank, JobStatus, TimelineEntry
 from tests.support.authz import raise_alert
 

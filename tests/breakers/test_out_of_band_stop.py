@@ -16,7 +16,7 @@ from django.utils import timezone
 from breakers.control.commands import expire_overdue_commands, issue_command, stop_hung_job
 from breakers.executors.identity import process_is_running
 from breakers.models import Command, CommandStatus
-from incidents.jobs import record_heartbeat
+from incidents.heartbeats import record_heartbeat
 from incidents.models import Incident, Job, JobRank, JobStatus
 from tests.support.authz import raise_alert
 

@@ -19,7 +19,8 @@ from breakers.executors.slurm.client import SlurmCall
 from breakers.executors.slurm.executor import SlurmExecutor
 from breakers.models import NodeDrain, SchedulerBinding
 from core.errors import InvalidInput
-from incidents.jobs import create_job, record_heartbeat
+from incidents.heartbeats import record_heartbeat
+from incidents.jobs import create_job
 from incidents.models import Incident, Job, JobStatus, Node, TimelineEntry
 from tests.support.authz import Api, make_member, raise_alert
 

@@ -14,7 +14,7 @@ from breakers.executors.identity import process_is_running
 from breakers.executors.local import LocalProcessExecutor
 from breakers.models import JobLauncher
 from core.processes import process_start_time, this_host
-from incidents.jobs import record_heartbeat
+from incidents.heartbeats import record_heartbeat
 from incidents.models import Job, JobRank
 
 pytestmark = pytest.mark.django_db

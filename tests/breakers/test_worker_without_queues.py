@@ -21,7 +21,7 @@ import redis
 from django.conf import settings
 
 from config.celery import app
-from incidents.jobs import HEARTBEAT_RULE_KEY
+from incidents.heartbeats import HEARTBEAT_RULE_KEY
 from incidents.models import Alert, Job
 from tests.conftest import ROOT, server_environment
 

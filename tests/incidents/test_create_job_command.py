@@ -7,7 +7,7 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from incidents.jobs import authenticate_agent
+from incidents.agent_tokens import authenticate_agent
 from incidents.models import AgentToken, Job, Team, hash_token
 
 pytestmark = pytest.mark.django_db

@@ -9,7 +9,7 @@ import time_machine
 from django.conf import settings
 from django.utils import timezone
 
-from incidents.jobs import record_heartbeat
+from incidents.heartbeats import record_heartbeat
 from incidents.models import Job, JobStatus
 
 # Each test runs through the lean route and through the DRF views (tests/support/agent_doors.py).

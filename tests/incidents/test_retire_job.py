@@ -14,7 +14,8 @@ from breakers.control.acknowledge import acknowledge_command
 from breakers.detection.evaluation import evaluate_job
 from breakers.detection.rules import install_default_pack
 from breakers.models import Command, CommandKind
-from incidents.jobs import record_heartbeat, retire_job
+from incidents.heartbeats import record_heartbeat
+from incidents.jobs import retire_job
 from incidents.models import Alert, Incident, Job, JobStatus, TimelineEntry
 
 pytestmark = pytest.mark.django_db

@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from breakers.models import Command, NodeBinding
-from incidents.jobs import create_job, record_heartbeat
+from incidents.heartbeats import record_heartbeat
+from incidents.jobs import create_job
 from incidents.models import Alert, Job, Team
 from tests.monitoring.test_alertmanager_receiver import alert, post, webhook
 

@@ -14,7 +14,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from console import consumers, live
-from incidents.jobs import revoke_agent_tokens
+from incidents.agent_tokens import revoke_agent_tokens
 from incidents.models import Job, Membership, Role, Team
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -30,8 +30,9 @@ from django.utils import timezone
 
 from breakers.declarations import declare_own_root
 from console.simulator import SimulatedRun
+from incidents.agent_tokens import revoke_agent_tokens
 from incidents.job_size import declare_job_size
-from incidents.jobs import create_job, retire_job, revoke_agent_tokens
+from incidents.jobs import create_job, retire_job
 from incidents.models import (
     Contact,
     Job,

@@ -3,7 +3,7 @@
 Gives the user that role in the team (replacing the role they had there), creating the team
 and the user when they do not exist. A new user needs a password: asked twice on the terminal,
 or read from the environment variable named by ``--password-env`` (scripts, containers); an
-existing user's password is left alone. Goes through ``incidents.jobs.add_member``.
+existing user's password is left alone. Goes through ``incidents.teams.members.add_member``.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from core.errors import ServiceError
-from incidents.jobs import add_member
 from incidents.models import Role
+from incidents.teams.members import add_member
 
 
 class Command(BaseCommand):

@@ -20,7 +20,7 @@ from breakers.detection import rulesets
 from breakers.models import Command, CommandKind
 from breakers.recovery.service import consider_recovery
 from incidents.alerts.lifecycle import AlertSignal, raise_or_update_alert
-from incidents.jobs import record_heartbeat
+from incidents.heartbeats import record_heartbeat
 from incidents.models import (
     ActorKind,
     Alert,
