@@ -15,7 +15,9 @@ checkpoint_and_pause:
    restarted process puts the server back (``ready``; ``restarting → serving``), resolves the
    alert and writes the time the replica spent out of traffic.
 
-Every step is a timeline row of the alert's incident. A failure on the way (HAProxy
+Every step is a timeline row of the alert's incident. The drained row is written once the
+server is in maintenance, the back row is stamped just before ``ready`` is sent: between the
+two rows' times the load balancer sent the replica no request. A failure on the way (HAProxy
 unreachable, the restart refused and the SDK silent) leaves the replica ``failed`` and out of
 traffic, with a row saying why: a person takes it from there.
 """
@@ -43,12 +45,20 @@ from incidents.models import TimelineKind
 DRAIN_POLL_SECONDS = 0.05
 
 
-def note_replica(replica: InferenceReplica, message: str, event: str, **data: object) -> None:
+def note_replica(
+    replica: InferenceReplica,
+    message: str,
+    event: str,
+    *,
+    at: datetime | None = None,
+    **data: object,
+) -> None:
     if replica.incident_id is not None:
         append_timeline(
             replica.incident_id,
             TimelineKind.NOTE,
             message,
+            at=at,
             alert_id=replica.response_alert_id,
             data={"event": event, "replica": replica.name, "backend": replica.backend, **data},
         )
@@ -163,11 +173,14 @@ def recover_replica(replica_id: int) -> None:
 
 def reenable_if_healthy(replica: InferenceReplica, now: datetime | None = None) -> bool:
     """Step 3, after a heartbeat: back in traffic once the restarted process is healthy.
-    True when this call put it back."""
+    True when this call put it back. ``now``: when it went back (by default the moment just
+    before ``ready`` is sent: from then on the load balancer may send it requests, so a
+    request it answers is never one answered while it was out)."""
     restarted = replica.pid is not None and replica.pid != replica.pid_before_restart
     if replica.status != ReplicaStatus.RESTARTING or not (replica.healthy and restarted):
         return False
     executor = traffic_executor(replica.job_id)
+    now = now or timezone.now()
     try:
         if executor is None:
             raise TrafficError("no traffic executor is configured")
@@ -176,7 +189,6 @@ def reenable_if_healthy(replica: InferenceReplica, now: datetime | None = None) 
     except TrafficError as error:
         _fail(replica, ReplicaStatus.RESTARTING, f"could not be put back: {error}")
         return False
-    now = now or timezone.now()
     out_since = replica.out_of_traffic_since
     seconds = (now - out_since).total_seconds() if out_since else 0.0
     alert_id = replica.response_alert_id
@@ -195,6 +207,7 @@ def reenable_if_healthy(replica: InferenceReplica, now: datetime | None = None) 
             f"{'confirmed' if in_traffic else 'not yet confirmed'} by the load balancer) as "
             f"process {replica.pid}, after {seconds:.1f} s out of traffic",
             "replica_back",
+            at=now,
             seconds_out_of_traffic=round(seconds, 3),
         )
     if alert_id is not None:

@@ -11,6 +11,10 @@ Invariants, and how they hold under concurrent writers (two workers, evaluator a
 * every writer locks the job's active incident row *before* it reads or writes the incident's
   alerts (lock order: incident, then alert), so "is any alert still active?" (resolving the
   incident) and "attach a new alert" (raising) cannot interleave;
+* raising locks the job's row before the incident's (lock order: job, incident, alert), the
+  order of the control plane, which acknowledges a command under the job's row and then marks
+  the incident mitigated: a raise holding the incident while it waits for the job (to issue
+  the brake, or for the foreign-key checks of its new rows at commit) would deadlock with it;
 * each status change is a compare-and-swap on the one status column, and writes its timeline
   row in the same transaction; websocket publishing happens only after commit.
 """
@@ -41,6 +45,7 @@ from incidents.models import (
     AlertStatus,
     Incident,
     IncidentStatus,
+    Job,
     Layer,
     TimelineEntry,
     TimelineKind,
@@ -146,6 +151,9 @@ def raise_or_update_alert(
     """
     now = now or timezone.now()
     with transaction.atomic():
+        # The job's row first (see the lock order above): FOR UPDATE, as the brake's
+        # issue_command takes it next in this transaction.
+        Job.objects.select_for_update().filter(pk=job_id).values_list("pk").first()
         incident, opened = None, False
         if signal.layer != Layer.PERFORMANCE:
             incident, opened = _lock_or_open_incident(job_id, signal, now)

@@ -110,3 +110,25 @@ def test_one_worker_at_a_time_carries_out_the_response(client, inference, settin
     assert _claim(replica) and not _claim(replica)  # the second worker finds it claimed
     settings.INFERENCE_DRAIN_SECONDS = -10_000.0  # the lease has run out: a redelivery may
     assert _claim(replica)
+
+
+def test_the_back_in_traffic_row_says_when_the_load_balancer_could_send_it_requests(
+    client, inference, settings, haproxy
+):
+    """The row is stamped no later than the ``ready`` the load balancer acts on: a request it
+    sends to the replica from then on never counts as answered while the replica was out."""
+    from breakers.control.inference import reenable_if_healthy
+    from incidents.models import TimelineEntry
+
+    settings.HAPROXY_SOCKET = haproxy.address
+    haproxy.stat_rows.append("models,r1,UP,0")
+    post(client, inference, GOOD)
+    post(client, inference, {**GOOD, "healthy": False, "detail": "NaN"})
+    # Drained and restarted, as recover_replica leaves it; the new process is healthy.
+    InferenceReplica.objects.filter(job_id=inference.job_id).update(
+        status="restarting", pid=4343, healthy=True
+    )
+    assert reenable_if_healthy(InferenceReplica.objects.get(job_id=inference.job_id))
+    back = TimelineEntry.objects.get(data__event="replica_back")
+    assert back.at.timestamp() <= haproxy.received_at["set server models/r1 state ready"]
+    assert "confirmed by the load balancer" in back.message

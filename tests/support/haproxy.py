@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,8 @@ STAT_HEADER = "# pxname,svname,status,scur\n"
 class RecordingRuntimeApi:
     address: str
     commands: list[str] = field(default_factory=list)
+    received_at: dict[str, float] = field(default_factory=dict)  # a command's last arrival
+    stat_rows: list[str] = field(default_factory=list)  # "show stat" lines: "models,r1,UP,0"
 
 
 @pytest.fixture
@@ -39,9 +42,11 @@ def haproxy(tmp_path: Path) -> Iterator[RecordingRuntimeApi]:
                 line = connection.recv(4096).decode().strip()
                 if not line:
                     continue
+                api.received_at[line] = time.time()
                 api.commands.append(line)
                 if line == "show stat":
-                    connection.sendall(STAT_HEADER.encode())
+                    rows = "".join(f"{row}\n" for row in api.stat_rows)
+                    connection.sendall((STAT_HEADER + rows).encode())
                 else:
                     connection.sendall(b"\n")
 
