@@ -14,7 +14,7 @@ from breakers.monitoring import receiver
 from console.ratelimit import rate_counter
 from incidents.jobs import create_job
 from incidents.models import Alert, Job, Team
-from tests.monitoring.test_alertmanager_receiver import alert, post, webhook
+from tests.breakers.monitoring.test_alertmanager_receiver import alert, post, webhook
 
 
 @pytest.mark.django_db

@@ -13,7 +13,7 @@ from breakers.models import Command, NodeBinding
 from incidents.heartbeats import record_heartbeat
 from incidents.jobs import create_job
 from incidents.models import Alert, Job, Team
-from tests.monitoring.test_alertmanager_receiver import alert, post, webhook
+from tests.breakers.monitoring.test_alertmanager_receiver import alert, post, webhook
 
 pytestmark = pytest.mark.django_db
 

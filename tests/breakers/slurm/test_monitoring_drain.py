@@ -7,9 +7,9 @@ import pytest
 
 from breakers.models import IntegrationToken, NodeDrain
 from incidents.models import Alert, Job, JobStatus, Node
+from tests.breakers.monitoring.stack import ALERTMANAGER, PROMETHEUS, brake_time, monitoring_stack
 from tests.breakers.slurm.conftest import requires_slurm
 from tests.breakers.slurm.test_jobs_on_slurm import bound_to_slurm, command_lines, submit
-from tests.monitoring.stack import ALERTMANAGER, PROMETHEUS, brake_time, monitoring_stack
 from tests.support.waiting import wait_for
 
 pytestmark = [

@@ -11,10 +11,10 @@ from playwright.sync_api import expect
 
 from breakers.models import IntegrationToken
 from incidents.models import Job, Node, Role, Team
+from tests.breakers.monitoring.test_alertmanager_receiver import alert, webhook
 from tests.console.browser.conftest import SCREENSHOTS
 from tests.console.browser.test_live_console import in_thread
 from tests.console.browser.test_phone import PHONE, sideways
-from tests.monitoring.test_alertmanager_receiver import alert, webhook
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

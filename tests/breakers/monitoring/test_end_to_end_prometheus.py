@@ -14,8 +14,8 @@ from breakers.control.acknowledge import acknowledge_command
 from breakers.models import Command, ExternalAlert, IntegrationToken, NodeBinding
 from incidents.jobs import create_job
 from incidents.models import Alert, Incident, Job, Node, Team
+from tests.breakers.monitoring.stack import ALERTMANAGER, PROMETHEUS, brake_time, monitoring_stack
 from tests.conftest import ROOT, free_port, server_environment, wait_for_port
-from tests.monitoring.stack import ALERTMANAGER, PROMETHEUS, brake_time, monitoring_stack
 from tests.support.waiting import wait_for
 
 requires_prometheus = pytest.mark.skipif(

@@ -16,7 +16,7 @@ from breakers.monitoring.alertmanager import parse_webhook
 from breakers.monitoring.receiver import receive_alertmanager
 from incidents.jobs import create_job
 from incidents.models import Alert, Incident, Job, Node
-from tests.monitoring.test_alertmanager_receiver import alert, webhook
+from tests.breakers.monitoring.test_alertmanager_receiver import alert, webhook
 from tests.support.waiting import backend_pid, wait_for, waits_on_a_lock
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -15,7 +15,7 @@ from brakeline._transport import Response
 from brakeline.inference import OutputWatch, Replica
 from tests.brakeline.conftest import RecordingTransport
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from breakers.detection.rulepack import DEFAULT_RULES
 from breakers.monitoring import dcgm
 from breakers.monitoring.dcgm_detectors import CounterRiseDetector, XidChangeDetector
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"
+DEPLOY = Path(__file__).resolve().parents[3] / "deploy" / "monitoring"
 
 
 @pytest.mark.parametrize(
