@@ -267,7 +267,7 @@ class NodeLink:
 
 def console_links(
     settings: Any, inbox: CommandInbox, rank_named: bool, transport: Transport | None
-) -> tuple[Transport | None, Any]:
+) -> tuple[Transport | None, PushListener | NodeLink | None]:
     """A run's transport and push channel: through the node's forwarder where its launcher
     says the node has several ranks (and no transport was given), else its own HTTP and
     websocket conversation. ``rank_named``: the websocket names this rank (multi-rank)."""
@@ -291,7 +291,7 @@ def console_links(
         return link.transport, link
     if transport is None and settings.enabled:
         transport = HttpTransport(settings.url, settings.token, settings.http_timeout)
-    listener = None
+    listener: PushListener | None = None
     if settings.use_websocket and settings.enabled:
         listener = push(rank=settings.rank if rank_named else None)
     return transport, listener

@@ -127,7 +127,7 @@ class CommandApplyMixin:
     _pause: Any
     _handlers: dict[str, Any]
     _agreement: RankAgreement
-    _applied_at: dict[str, int | None]
+    _acks: Any
     _logs_with_command_waiting: int
 
     def _note_command_waiting(self) -> None:
@@ -210,7 +210,7 @@ class CommandApplyMixin:
         )
         if command.apply_at_step is not None:
             # The ack says where it was meant to apply; the console compares the ranks' steps.
-            self._applied_at[str(command.id)] = command.apply_at_step
+            self._acks.note_apply_at(command.id, command.apply_at_step)
         try:
             result = handler(self, command, step)
         except CommandFailed as failure:

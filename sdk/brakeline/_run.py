@@ -1,10 +1,9 @@
 """The Run: what a training process holds to talk to the console.
 
 Threads: the *training thread* calls log, step_boundary, watch, wrap_loader, checkpoint and the
-pause/terminate machinery; three daemon threads (metrics sender, control loop, push listener)
-only move data between the network, the spool and the command inbox. Attributes the background
-threads read (``step``, ``status``, ``_progress``) are single assignments of immutable values,
-atomic under the GIL, so the training thread never takes a lock on its fast path.
+pause/terminate machinery; the link's daemon threads (brakeline._link) only move data between
+the network, the spool and the command inbox, and read the run's state (brakeline._state) to
+build heartbeats.
 """
 
 from __future__ import annotations
@@ -12,9 +11,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import socket
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -22,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from brakeline import _handlers as handlers
-from brakeline._backoff import Backoff
+from brakeline._acks import Acknowledgements
 from brakeline._checkpoint import (
     CheckpointResult,
     Saver,
@@ -34,14 +31,13 @@ from brakeline._drill import note_release
 from brakeline._encoding import LogRecord, to_jsonable
 from brakeline._exit import (
     exit_if_terminated,
-    launcher_fields,
     leave_terminated,
     terminate_exit_code,
     write_marker,
 )
 from brakeline._guard import GuardedRunMixin, StepGuard
+from brakeline._link import PushChannel, open_link
 from brakeline._loader import PausableLoader
-from brakeline._node import console_links
 from brakeline._pace import StepPace
 from brakeline._pause import PauseController, PauseInfo, PauseState
 from brakeline._ranksync import CommandApplyMixin, RankAgreement
@@ -49,18 +45,16 @@ from brakeline._rng import seed_everything
 from brakeline._rollback import CheckpointMixin
 from brakeline._sender import MetricsSender
 from brakeline._settings import Settings, resolve_settings
-from brakeline._spool import PointSpool, open_spill_directory
+from brakeline._state import STATUSES, HeartbeatBody, RunState
 from brakeline._transport import Transport, encode_json
 from brakeline.snapshot import (
     checkpoint_contents,
     checkpoint_reference,
-    heartbeat_scheduler_fields,
     take_snapshot,
 )
 
 logger = logging.getLogger("brakeline")
 
-STATUSES = ("running", "paused", "checkpointing", "finished", "holding")
 HOOK_NAMES = ("release", "resume")
 
 
@@ -85,25 +79,6 @@ def _capture(value: Any) -> Any:
     return value.detach().clone()
 
 
-# Where launchers announce the world size, in the order of default_rank's rank variables.
-WORLD_SIZE_VARIABLES = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
-
-
-def world_size_field(environ: Mapping[str, str], rank: int) -> dict[str, int]:
-    """``{"world_size": N}`` from WORLD_SIZE (torchrun, many launchers; else Slurm's, Open
-    MPI's or PMI's), or nothing when none is set or usable: the console refuses a heartbeat
-    whose world size is not above its rank, and a stray variable must not cost the run its
-    heartbeats. Every rank knowing it matters: rank 0's acknowledgements too must name their
-    rank, or the console would take rank 0's answer for the whole job's."""
-    for name in WORLD_SIZE_VARIABLES:
-        value = environ.get(name, "").strip()
-        if value:
-            if not value.isdigit() or not 0 <= rank < int(value) < 2**31:
-                return {}
-            return {"world_size": int(value)}
-    return {}
-
-
 class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
     """One training process's connection to the console. Create it with :func:`init`."""
 
@@ -115,136 +90,95 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
         seeds: Mapping[str, Any] | None = None,
     ) -> None:
         self.settings = settings
-        self.step = 0
-        self.status = "running"
-        self.finished = False
-        # Set by terminate: a framework is stopping gracefully; no more pausing or holding.
-        self.stopping = False
+        self._state = RunState()
+        self.inbox = CommandInbox()
+        self.training = TrainingObjects(seeds=dict(seeds or {}))
+        self.wrapped_loaders: list[PausableLoader] = []
+        # Its own compute time per step, and the gradient sync it entered (brakeline._pace).
+        self._pace = StepPace(self._state.next_step)
+        heartbeat = HeartbeatBody(settings, self._state, self._pace, os.environ)
+        self.hostname = heartbeat.hostname
+        self.scheduler_fields = heartbeat.scheduler_fields
+        self._launcher = heartbeat.launcher  # whom the executor stops (brakeline._exit)
+        self._link = open_link(settings, self.inbox, heartbeat, heartbeat.multi_rank, transport)
+        self._acks = Acknowledgements(
+            self._link, settings.rank, heartbeat.multi_rank, settings.ack_wait_before_release
+        )
         # Every pause (pause_data, checkpoint_and_pause, a framework's own save) goes through it.
         self._pause = PauseController(self)
         # Keeps non-finite updates out of the weights (watched optimizers, run.guard(loss)).
-        self._guard = StepGuard(lambda: self.step + 1, settings.guard_device)
+        self._guard = StepGuard(self._state.next_step, settings.guard_device)
         self._guard.enabled = settings.guard
         self._logs_with_command_waiting = 0
         # Multi-rank jobs: the ranks agree at the boundary where a process group exists.
         self._agreement = RankAgreement(settings.rank_agreement, settings.agreement_every)
-        self._applied_at: dict[str, int | None] = {}
         self._skip_steps: set[int] = set()
-        self.inbox = CommandInbox()
-        self.training = TrainingObjects(seeds=dict(seeds or {}))
-        self.wrapped_loaders: list[PausableLoader] = []
-        self.acknowledgements: list[dict[str, Any]] = []
         self.last_checkpoint: CheckpointResult | None = None
-        self.hostname = socket.gethostname()
-        # Read once: the scheduler context of a process does not change while it runs.
-        self.scheduler_fields = heartbeat_scheduler_fields(os.environ)
-        self._world_size = world_size_field(os.environ, settings.rank)
-        self._launcher = launcher_fields(os.environ)  # whom the executor stops (brakeline._exit)
         # A forked child (os.fork, fork-started workers) inherits this object but not its
         # threads; it must never finish the parent's run (final "finished" heartbeat, spill).
         self._owner_pid = os.getpid()
         self._exit_function = exit_function or default_exit
-        self._progress = 0
-        self._progress_at_heartbeat: tuple[int, int] = (-1, -1)
-        # Its own compute time per step, and the gradient sync it entered (brakeline._pace).
-        self._pace = StepPace(lambda: self.step + 1)
-        self._stepping = False
         self._counters: list[Any] = []
         self._counted_models: set[int] = set()
         self._saver: Saver | None = None
         self._saver_suffix = ".pt"
         self._handlers: dict[str, handlers.Handler] = {}
-        # Your handler's result for a command whose built-in behaviour acknowledges it.
-        self.handler_results: dict[str, dict[str, Any]] = {}
         self._hooks: dict[str, list[Callable[[PauseInfo], Any]]] = {name: [] for name in HOOK_NAMES}
         self._terminate_handler: Callable[[int], Any] | None = None
-        self._snapshots_sent = 0
-        self._snapshot_threads: list[threading.Thread] = []
-        self._spill_lock: Any = None
-        self.sender: MetricsSender | None = None
-        self.control: ControlLoop | None = None
-        self.push: Any = None  # a PushListener, or the node's link (brakeline._node)
-        self._connect(transport)
+        self._link.start()
+        self.send_snapshot("start", self.step, data_position=None)
         atexit.register(self._finish_at_exit)
 
-    # -- wiring ----------------------------------------------------------------------------------
-    def _connect(self, transport: Transport | None) -> None:
-        settings = self.settings
-        rank_named = bool(self._world_size or settings.rank)
-        transport, self.push = console_links(settings, self.inbox, rank_named, transport)
-        if transport is None:
-            logger.warning(
-                "brakeline: no console configured (BRAKELINE_URL, BRAKELINE_TOKEN); "
-                "running offline: metrics are not sent, no commands arrive"
-            )
-            return
-        self.sender = MetricsSender(
-            transport,
-            self._open_spool(),
-            settings.node,
-            self.inbox.offer_all,
-            flush_interval=settings.flush_interval,
-            max_queue_records=settings.max_queue_records,
-            backoff=Backoff(settings.backoff_base, settings.backoff_cap),
-            max_retry_after=settings.max_retry_after,
-        )
-        self.control = ControlLoop(
-            transport,
-            self.inbox,
-            self._heartbeat_body,
-            settings.heartbeat_interval,
-            backoff=Backoff(settings.backoff_base, settings.backoff_cap),
-        )
-        self.sender.heartbeats = self.control  # a due heartbeat rides in the next batch
-        self.sender.start()
-        self.control.start()
-        if self.push is not None:
-            self.push.start()
-        self.send_snapshot("start", self.step, data_position=None)
+    # -- the run's state, as users and frameworks read it ------------------------------------------
+    @property
+    def step(self) -> int:
+        """The last step boundary's step (set it after restoring a checkpoint yourself)."""
+        return self._state.step
 
-    def _open_spool(self) -> PointSpool:
-        settings = self.settings
-        try:
-            directory, self._spill_lock = open_spill_directory(
-                settings.spill_dir, settings.job, settings.rank
-            )
-        except OSError as error:
-            directory = Path(tempfile.mkdtemp(prefix="brakeline-spill-"))
-            logger.warning("brakeline: spill folder unusable (%s); using %s", error, directory)
-        return PointSpool(
-            directory,
-            settings.batch_points,
-            settings.batch_bytes,
-            settings.max_memory_points,
-            settings.max_spill_bytes,
-            rank=settings.rank,
-        )
+    @step.setter
+    def step(self, value: int) -> None:
+        self._state.step = value
 
-    def _heartbeat_body(self) -> dict[str, Any] | None:
-        # Runs in the control thread. After the first step a "running" heartbeat needs training
-        # progress since the previous one, so a hung loop turns into a heartbeat timeout.
-        # Entering a gradient sync is news too: a rank blocked in one says so, once, before it
-        # falls silent, so the console can tell it from the rank it waits for.
-        progress = (self._progress, self._pace.entered)
-        if (
-            self.settings.heartbeat_requires_progress
-            and self._stepping
-            and self.status == "running"
-            and progress == self._progress_at_heartbeat
-        ):
-            return None
-        self._progress_at_heartbeat = progress
-        return {
-            "step": self.step,
-            "status": self.status,
-            "pid": os.getpid(),
-            "hostname": self.hostname,
-            "rank": self.settings.rank,
-            **self._world_size,
-            **self._pace.heartbeat_fields(),
-            **self._launcher,
-            **self.scheduler_fields,
-        }
+    @property
+    def status(self) -> str:
+        """What the heartbeats say: running, paused, checkpointing, holding or finished."""
+        return self._state.status
+
+    @status.setter
+    def status(self, value: str) -> None:
+        self._state.status = value
+
+    @property
+    def finished(self) -> bool:
+        return self._state.finished
+
+    @property
+    def stopping(self) -> bool:
+        """Terminated: a framework is stopping gracefully; no more pausing or holding."""
+        return self._state.stopping
+
+    @property
+    def sender(self) -> MetricsSender | None:
+        """The metrics sender (None offline): its spool and counters tell what was dropped."""
+        return self._link.sender
+
+    @property
+    def control(self) -> ControlLoop | None:
+        return self._link.control
+
+    @property
+    def push(self) -> PushChannel | None:
+        return self._link.push
+
+    @property
+    def acknowledgements(self) -> list[dict[str, Any]]:
+        """Every acknowledgement this run sent, in order."""
+        return self._acks.sent
+
+    @property
+    def handler_results(self) -> dict[str, dict[str, Any]]:
+        """Your handler's result for a command whose built-in behaviour acknowledges it."""
+        return self._acks.handler_results
 
     # -- registration ----------------------------------------------------------------------------
     def watch(
@@ -328,13 +262,14 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
     # -- the training loop's calls ---------------------------------------------------------------
     def log(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         """Queue metrics for the console; returns in microseconds, never blocks or raises."""
-        if self.sender is None or self.finished:
+        state = self._state
+        if not self._link.online or state.finished:
             return
         try:
             if step is None:
-                step = self.step
-            elif not self._stepping:
-                self.step = step
+                step = state.step
+            elif not state.stepping:
+                state.step = step
             record = LogRecord(
                 step=step,
                 time=time.time(),
@@ -343,8 +278,8 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
                 },
             )
             self._attach_nonfinite_counts(record)
-            self.sender.submit(record)
-            if self.inbox.has_pending and self.inbox.has_due(self.step):
+            self._link.submit(record)
+            if self.inbox.has_pending and self.inbox.has_due(state.step):
                 self._note_command_waiting()
         except Exception:  # logging must never break training
             logger.exception("brakeline: run.log failed (metrics skipped)")
@@ -352,10 +287,11 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
     def step_boundary(self, step: int | None = None) -> None:
         """Call once per step, after optimizer.step(): commands are applied here, and only here
         (or while a wrapped loader waits for its next batch)."""
+        state = self._state
         self._pace.step_ended()
-        self.step = self.step + 1 if step is None else step
-        self._progress += 1
-        self._stepping = True
+        state.step = state.step + 1 if step is None else step
+        state.progress += 1
+        state.stepping = True
         if self._guard.tripped_step is not None:
             self._hold_for_decision(self._guard.take_trip())
         self._commands_at_boundary(self.step)
@@ -363,7 +299,7 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
 
     def keepalive(self) -> None:
         """Count as progress during long phases without steps (evaluation, data warm-up)."""
-        self._progress += 1
+        self._state.keepalive()
 
     def _before_fetch(self) -> None:
         self._commands_at_boundary(self.step, fetching=True)
@@ -376,9 +312,8 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
     def set_status(self, status: str) -> None:
         if status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}")
-        self.status = status
-        if self.control is not None:
-            self.control.poke()
+        self._state.status = status
+        self._link.poke()
 
     @property
     def pause_state(self) -> PauseState:
@@ -396,7 +331,7 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
         result = {"step": step, "exit_code": terminate_exit_code(os.environ)}
         # Before anything else: a relaunch of this launch must find it (brakeline._exit).
         write_marker(self.settings.checkpoint_dir, os.environ, command.id, step, self.settings.rank)
-        self.stopping = True
+        self._state.stopping = True
         self._pause.stop()
         if self._terminate_handler is not None:
             self.ack(command.id, "succeeded", {**result, "graceful_stop": True})
@@ -432,32 +367,11 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
         error: str | None = None,
     ) -> None:
         """Acknowledge a command (queued; delivered by the control thread with retries)."""
-        merged = {**self.handler_results.pop(str(command_id), {}), **dict(result or {})}
-        apply_at = self._applied_at.pop(str(command_id), None)
-        if apply_at is not None:
-            merged.setdefault("apply_at_step", apply_at)
-        if self._world_size or self.settings.rank:
-            # Multi-rank: the console counts the ranks' acks (all at the same step, or split).
-            merged.setdefault("rank", self.settings.rank)
-        body: dict[str, Any] = {"status": status, "result": to_jsonable(merged)}
-        if error:
-            body["error"] = error
-        payload = encode_json(body)
-        self.acknowledgements.append({"id": command_id, **body})
-        log = logger.info if status == "succeeded" else logger.warning
-        log("brakeline: command %s %s %s", command_id, status, error or "")
-        if self.control is not None:
-            self.control.enqueue(
-                f"ack:{command_id}", f"commands/{command_id}/ack", lambda: payload, urgent=True
-            )
+        self._acks.ack(command_id, status, result, error)
 
     def wait_for_ack(self, command_id: int | str) -> bool:
         """Wait (bounded) until the console has the acknowledgement; True if it does."""
-        if self.control is None:
-            return False
-        return self.control.wait_delivered(
-            f"ack:{command_id}", self.settings.ack_wait_before_release
-        )
+        return self._acks.wait(command_id)
 
     def send_snapshot(
         self,
@@ -469,21 +383,16 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
         """Queue an environment snapshot, taken in the background: ``"start"``, or
         ``"checkpoint"`` with the checkpoint it belongs to (a CheckpointResult, or a path that
         is then hashed in the background thread, never in the training thread)."""
-        if self.control is None or not self.settings.send_snapshots:
+        if not self._link.online or not self.settings.send_snapshots:
             return
         if kind in ("checkpoint", "resume") and checkpoint is None:
             raise ValueError(f"a {kind} snapshot needs the checkpoint (result or path)")
-        self._snapshots_sent += 1
-        key = f"snapshot:{kind}:{step}:{self._snapshots_sent}"
+        settings = self.settings
         seeds = dict(self.training.seeds)
         loader = self.training.loader
         holds = checkpoint_contents(self.training, bool(self._saver), kind)
-        settings = self.settings
-        control = self.control
 
-        def build_and_queue() -> None:
-            # A thread of its own: scanning packages takes a tenth of a second or more, which
-            # must delay neither training nor heartbeats and acknowledgements.
+        def build() -> bytes | None:
             try:
                 snapshot = take_snapshot(
                     rank=settings.rank,
@@ -497,44 +406,29 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
                 body: dict[str, Any] = {"kind": kind, "step": step, "snapshot": snapshot}
                 if checkpoint is not None:
                     body["checkpoint"] = checkpoint_reference(checkpoint)
-                encoded = encode_json(to_jsonable(body))
+                return encode_json(to_jsonable(body))
             except Exception:
                 logger.exception("brakeline: environment snapshot failed")
-                return
-            control.enqueue(key, "snapshots", lambda: encoded)
+                return None
 
-        thread = threading.Thread(target=build_and_queue, name="brakeline-snapshot", daemon=True)
-        self._snapshot_threads.append(thread)
-        thread.start()
+        self._link.queue_snapshot(kind, step, build)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until queued metrics are delivered (bounded); True if nothing is pending."""
-        if self.sender is None:
-            return True
-        return self.sender.flush(self.settings.finish_timeout if timeout is None else timeout)
+        return self._link.flush(self.settings.finish_timeout if timeout is None else timeout)
 
     def finish(self, timeout: float | None = None) -> None:
         """Deliver what can be delivered, send the final heartbeat, stop the threads.
         Undelivered metrics stay in the spill folder and are replayed by the next start."""
-        if self.finished or os.getpid() != self._owner_pid:
+        state = self._state
+        if state.finished or os.getpid() != self._owner_pid:
             return
-        self.finished = True
-        self.status = "finished"
+        state.finished = True
+        state.status = "finished"
         self.inbox.wake()
-        timeout = self.settings.finish_timeout if timeout is None else timeout
-        if self.sender is not None:
-            self.sender.stop(timeout / 2)
-        if self.control is not None:
-            for thread in self._snapshot_threads:
-                thread.join(timeout=1.0)
-            self.control.poke()
-            self.control.stop(timeout / 2)
-        if self.push is not None:
-            self.push.stop()
+        self._link.stop(self.settings.finish_timeout if timeout is None else timeout)
         for counter in self._counters:
             counter.detach()
-        if self._spill_lock is not None:
-            self._spill_lock.close()
         atexit.unregister(self._finish_at_exit)
 
     def _finish_at_exit(self) -> None:
