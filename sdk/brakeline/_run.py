@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from brakeline import _handlers as handlers
 from brakeline._acks import Acknowledgements
@@ -27,6 +27,7 @@ from brakeline._checkpoint import (
 )
 from brakeline._commands import Command, CommandInbox
 from brakeline._control import ControlLoop
+from brakeline._counts import NonFiniteCounts
 from brakeline._drill import note_release
 from brakeline._encoding import LogRecord, to_jsonable
 from brakeline._exit import (
@@ -35,7 +36,8 @@ from brakeline._exit import (
     terminate_exit_code,
     write_marker,
 )
-from brakeline._guard import GuardedRunMixin, StepGuard
+from brakeline._guard import StepGuard
+from brakeline._hold import GuardHold
 from brakeline._link import PushChannel, open_link
 from brakeline._loader import PausableLoader
 from brakeline._pace import StepPace
@@ -52,6 +54,9 @@ from brakeline.snapshot import (
     checkpoint_reference,
     take_snapshot,
 )
+
+if TYPE_CHECKING:
+    from brakeline.torch import NonFiniteCounter
 
 logger = logging.getLogger("brakeline")
 
@@ -79,7 +84,7 @@ def _capture(value: Any) -> Any:
     return value.detach().clone()
 
 
-class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
+class Run(CheckpointMixin, CommandApplyMixin):
     """One training process's connection to the console. Create it with :func:`init`."""
 
     def __init__(
@@ -109,6 +114,8 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
         # Keeps non-finite updates out of the weights (watched optimizers, run.guard(loss)).
         self._guard = StepGuard(self._state.next_step, settings.guard_device)
         self._guard.enabled = settings.guard
+        self._nonfinite = NonFiniteCounts(self._guard)
+        self._hold = GuardHold(settings, self._state, self._link, self.inbox, self._guard)
         self._logs_with_command_waiting = 0
         # Multi-rank jobs: the ranks agree at the boundary where a process group exists.
         self._agreement = RankAgreement(settings.rank_agreement, settings.agreement_every)
@@ -118,8 +125,6 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
         # threads; it must never finish the parent's run (final "finished" heartbeat, spill).
         self._owner_pid = os.getpid()
         self._exit_function = exit_function or default_exit
-        self._counters: list[Any] = []
-        self._counted_models: set[int] = set()
         self._saver: Saver | None = None
         self._saver_suffix = ".pt"
         self._handlers: dict[str, handlers.Handler] = {}
@@ -203,18 +208,13 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
             values = value if isinstance(value, (list, tuple)) else [value]
             registered.extend(v for v in values if v is not None and v not in registered)
         self.training.stateful.update(stateful or {})
-        for optimizer in self.training.optimizers:
-            self._guard.watch_optimizer(optimizer)
-        for one in self.training.schedulers:
-            self._guard.watch_scheduler(one)
-        guarded = self._guard.enabled and self.training.optimizers
-        if self._guard.weights_step is None and guarded:
-            self._guard.weights_step = self.step
+        training = self.training
+        guarded = self._guard.watch(training.optimizers, training.schedulers, self.step)
         if model is not None and count_nonfinite:
             for one in model if isinstance(model, (list, tuple)) else [model]:
                 if self.settings.time_sync:
                     self._pace.hook(one)
-                self._count_nonfinite_of(one, bool(guarded))
+                self._nonfinite.count(one, guarded)
         return self
 
     def wrap_loader(self, loader: Iterable[Any]) -> PausableLoader:
@@ -223,6 +223,10 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
         self.wrapped_loaders.append(wrapped)
         self.training.loader = wrapped
         return wrapped
+
+    def add_nonfinite_counter(self, counter: NonFiniteCounter) -> None:
+        """Use a counter built by hand (e.g. ``NonFiniteCounter(model, gradients=False)``)."""
+        self._nonfinite.add(counter)
 
     def register_seed(self, name: str, value: Any) -> None:
         self.training.seeds[name] = value
@@ -277,7 +281,7 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
                     name: v if type(v) is float else _capture(v) for name, v in metrics.items()
                 },
             )
-            self._attach_nonfinite_counts(record)
+            self._nonfinite.attach_to(record)
             self._link.submit(record)
             if self.inbox.has_pending and self.inbox.has_due(state.step):
                 self._note_command_waiting()
@@ -292,10 +296,18 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
         state.step = state.step + 1 if step is None else step
         state.progress += 1
         state.stepping = True
-        if self._guard.tripped_step is not None:
-            self._hold_for_decision(self._guard.take_trip())
+        self._hold.at_boundary()
         self._commands_at_boundary(self.step)
         self._pace.step_started()  # what the boundary did is not the next step's work
+
+    def guard(self, loss: Any) -> Any:
+        """Refuse this step's optimizer update if ``loss`` is NaN/±Inf (call it before
+        ``optimizer.step()``; gradients are checked anyway). Returns ``loss`` unchanged."""
+        try:
+            self._guard.guard_loss(loss)
+        except Exception:  # the guard must never break training
+            logger.exception("brakeline: run.guard failed (loss not checked)")
+        return loss
 
     def keepalive(self) -> None:
         """Count as progress during long phases without steps (evaluation, data warm-up)."""
@@ -427,8 +439,7 @@ class Run(CheckpointMixin, GuardedRunMixin, CommandApplyMixin):
         state.status = "finished"
         self.inbox.wake()
         self._link.stop(self.settings.finish_timeout if timeout is None else timeout)
-        for counter in self._counters:
-            counter.detach()
+        self._nonfinite.detach()
         atexit.unregister(self._finish_at_exit)
 
     def _finish_at_exit(self) -> None:

@@ -409,7 +409,7 @@ def test_the_guard_counts_non_finite_gradients_for_a_watched_cpu_model(make_run,
     model, optimizer, scheduler, loader = _setup()
     run = make_run(guard_hold_seconds=0.0)
     run.watch(model=model, optimizer=optimizer, scheduler=scheduler)
-    counter = run._counters[0]
+    counter = run._nonfinite.counters[0]
     assert len(counter._handles) == 1  # the forward hook (losses) only
     _train(run, model, optimizer, scheduler, loader, steps=3, fault="nan_grad", at=2)
     run.flush(5.0)
