@@ -42,7 +42,7 @@ from brakeline._link import PushChannel, open_link
 from brakeline._loader import PausableLoader
 from brakeline._pace import StepPace
 from brakeline._pause import PauseController, PauseInfo, PauseState
-from brakeline._ranksync import CommandApplyMixin, RankAgreement
+from brakeline._ranksync import BoundaryCommands, RankAgreement
 from brakeline._rng import seed_everything
 from brakeline._rollback import CheckpointMixin
 from brakeline._sender import MetricsSender
@@ -84,7 +84,7 @@ def _capture(value: Any) -> Any:
     return value.detach().clone()
 
 
-class Run(CheckpointMixin, CommandApplyMixin):
+class Run(CheckpointMixin):
     """One training process's connection to the console. Create it with :func:`init`."""
 
     def __init__(
@@ -111,14 +111,23 @@ class Run(CheckpointMixin, CommandApplyMixin):
         )
         # Every pause (pause_data, checkpoint_and_pause, a framework's own save) goes through it.
         self._pause = PauseController(self)
+        # Multi-rank jobs: the ranks agree at the boundary where a process group exists.
+        agreement = RankAgreement(settings.rank_agreement, settings.agreement_every)
+        self._commands = BoundaryCommands(
+            self,
+            settings,
+            self._state,
+            self.inbox,
+            self._acks,
+            agreement,
+            self._pause,
+            self._link.poke,
+        )
         # Keeps non-finite updates out of the weights (watched optimizers, run.guard(loss)).
         self._guard = StepGuard(self._state.next_step, settings.guard_device)
         self._guard.enabled = settings.guard
         self._nonfinite = NonFiniteCounts(self._guard)
         self._hold = GuardHold(settings, self._state, self._link, self.inbox, self._guard)
-        self._logs_with_command_waiting = 0
-        # Multi-rank jobs: the ranks agree at the boundary where a process group exists.
-        self._agreement = RankAgreement(settings.rank_agreement, settings.agreement_every)
         self._skip_steps: set[int] = set()
         self.last_checkpoint: CheckpointResult | None = None
         # A forked child (os.fork, fork-started workers) inherits this object but not its
@@ -127,7 +136,6 @@ class Run(CheckpointMixin, CommandApplyMixin):
         self._exit_function = exit_function or default_exit
         self._saver: Saver | None = None
         self._saver_suffix = ".pt"
-        self._handlers: dict[str, handlers.Handler] = {}
         self._hooks: dict[str, list[Callable[[PauseInfo], Any]]] = {name: [] for name in HOOK_NAMES}
         self._terminate_handler: Callable[[int], Any] | None = None
         self._link.start()
@@ -248,7 +256,7 @@ class Run(CheckpointMixin, CommandApplyMixin):
         then the built-in behaviour (see docs/sdk.md "Your own handlers"). It returns a dict
         (merged into the ack), raises (ack failed, nothing else happens) or returns
         ``ACK_LATER`` (it takes the command over and acknowledges itself)."""
-        self._handlers[kind] = handler
+        self._commands.handlers[kind] = handler
 
     def on_release(self, callback: Callable[[PauseInfo], Any]) -> None:
         """Called after a checkpoint_and_pause saved and confirmed: free accelerators here."""
@@ -284,7 +292,7 @@ class Run(CheckpointMixin, CommandApplyMixin):
             self._nonfinite.attach_to(record)
             self._link.submit(record)
             if self.inbox.has_pending and self.inbox.has_due(state.step):
-                self._note_command_waiting()
+                self._commands.note_waiting()
         except Exception:  # logging must never break training
             logger.exception("brakeline: run.log failed (metrics skipped)")
 
@@ -297,7 +305,7 @@ class Run(CheckpointMixin, CommandApplyMixin):
         state.progress += 1
         state.stepping = True
         self._hold.at_boundary()
-        self._commands_at_boundary(self.step)
+        self._commands.at_boundary(state.step)
         self._pace.step_started()  # what the boundary did is not the next step's work
 
     def guard(self, loss: Any) -> Any:
@@ -314,7 +322,7 @@ class Run(CheckpointMixin, CommandApplyMixin):
         self._state.keepalive()
 
     def _before_fetch(self) -> None:
-        self._commands_at_boundary(self.step, fetching=True)
+        self._commands.at_boundary(self.step, fetching=True)
         pause = self._pause
         held = self.finished or self.stopping or pause.state is not PauseState.RUNNING
         if pause.data_paused and not held:
