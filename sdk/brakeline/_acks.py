@@ -9,26 +9,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from brakeline._encoding import to_jsonable
+from brakeline._link import DeliveryOutbox
 from brakeline._transport import encode_json
 
 logger = logging.getLogger("brakeline")
 
 
-class Outbox(Protocol):
-    """Where acknowledgements go: queued, delivered with retries (brakeline._link)."""
-
-    def enqueue(self, key: str, path: str, body: bytes, urgent: bool = False) -> None: ...
-
-    def wait_delivered(self, key: str, timeout: float) -> bool: ...
-
-
 class Acknowledgements:
     """Builds, records and queues the run's acknowledgements."""
 
-    def __init__(self, outbox: Outbox, rank: int, multi_rank: bool, wait_seconds: float) -> None:
+    def __init__(
+        self, outbox: DeliveryOutbox, rank: int, multi_rank: bool, wait_seconds: float
+    ) -> None:
         self._outbox = outbox
         self._rank = rank
         self._multi_rank = multi_rank

@@ -40,6 +40,18 @@ class PushChannel(Protocol):
     def stop(self, timeout: float = ...) -> None: ...
 
 
+class Outbox(Protocol):
+    """Where reports go (checkpoints, acknowledgements): queued, delivered with retries."""
+
+    def enqueue(self, key: str, path: str, body: bytes, urgent: bool = False) -> None: ...
+
+
+class DeliveryOutbox(Outbox, Protocol):
+    """An outbox that also says when a report reached the console (bounded wait)."""
+
+    def wait_delivered(self, key: str, timeout: float) -> bool: ...
+
+
 class ConsoleLink:
     """The run's three background threads, started and stopped together (see the module doc).
     Without a sender and a control loop the link is offline."""

@@ -44,7 +44,7 @@ from brakeline._pace import StepPace
 from brakeline._pause import PauseController, PauseInfo, PauseState
 from brakeline._ranksync import BoundaryCommands, RankAgreement
 from brakeline._rng import seed_everything
-from brakeline._rollback import CheckpointMixin
+from brakeline._rollback import Checkpoints
 from brakeline._sender import MetricsSender
 from brakeline._settings import Settings, resolve_settings
 from brakeline._state import STATUSES, HeartbeatBody, RunState
@@ -84,7 +84,7 @@ def _capture(value: Any) -> Any:
     return value.detach().clone()
 
 
-class Run(CheckpointMixin):
+class Run:
     """One training process's connection to the console. Create it with :func:`init`."""
 
     def __init__(
@@ -128,14 +128,19 @@ class Run(CheckpointMixin):
         self._guard.enabled = settings.guard
         self._nonfinite = NonFiniteCounts(self._guard)
         self._hold = GuardHold(settings, self._state, self._link, self.inbox, self._guard)
-        self._skip_steps: set[int] = set()
-        self.last_checkpoint: CheckpointResult | None = None
+        self._checkpoints = Checkpoints(
+            settings,
+            self._state,
+            self.training,
+            self._guard,
+            self._pace,
+            self._link,
+            self.set_status,
+        )
         # A forked child (os.fork, fork-started workers) inherits this object but not its
         # threads; it must never finish the parent's run (final "finished" heartbeat, spill).
         self._owner_pid = os.getpid()
         self._exit_function = exit_function or default_exit
-        self._saver: Saver | None = None
-        self._saver_suffix = ".pt"
         self._hooks: dict[str, list[Callable[[PauseInfo], Any]]] = {name: [] for name in HOOK_NAMES}
         self._terminate_handler: Callable[[int], Any] | None = None
         self._link.start()
@@ -227,7 +232,9 @@ class Run(CheckpointMixin):
 
     def wrap_loader(self, loader: Iterable[Any]) -> PausableLoader:
         """Wrap a data loader: it tracks its position and stops yielding during pause_data."""
-        wrapped = PausableLoader(loader, before_fetch=self._before_fetch, skip=self._skip_batch)
+        wrapped = PausableLoader(
+            loader, before_fetch=self._before_fetch, skip=self._checkpoints.skip_batch
+        )
         self.wrapped_loaders.append(wrapped)
         self.training.loader = wrapped
         return wrapped
@@ -248,8 +255,7 @@ class Run(CheckpointMixin):
     def set_saver(self, saver: Saver, suffix: str = ".pt") -> None:
         """Replace the default torch saver: ``saver(path, step)`` writes a file or a folder at
         ``path`` (a temporary name; brakeline fsyncs, renames atomically and hashes it)."""
-        self._saver = saver
-        self._saver_suffix = suffix
+        self._checkpoints.set_saver(saver, suffix)
 
     def on_command(self, kind: str, handler: handlers.Handler) -> None:
         """Add your own handling to a command kind: ``handler(run, command, step)`` runs first,
@@ -329,6 +335,33 @@ class Run(CheckpointMixin):
             pause.hold(self.step)
 
     # -- pause, checkpoint, terminate ------------------------------------------------------------
+    def checkpoint(self, step: int | None = None, reason: str = "manual") -> CheckpointResult:
+        """Save a checkpoint now (training thread, between steps) with the registered saver or
+        the default torch saver; atomic, fsynced, hashed. Also sends a checkpoint snapshot."""
+        step = self.step if step is None else step
+        result = self._checkpoints.save(step, reason)
+        loader = self.training.loader
+        self.send_snapshot("checkpoint", step, loader.position() if loader else None, result)
+        return result
+
+    def roll_back(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Restore the named checkpoint into the watched objects, in place (training thread,
+        while held): model, optimizer, scheduler, stateful objects, the wrapped loader's
+        position and every RNG; then ``run.step`` is the checkpoint's step. Raises
+        CommandFailed (the run stays paused) when the checkpoint is not there, not ours, or
+        does not match ``sha256``. ``skip_steps``: the batches of these later steps are
+        fetched and dropped (the poisoned batch is not trained on again)."""
+        return self._checkpoints.roll_back(params)
+
+    @property
+    def last_checkpoint(self) -> CheckpointResult | None:
+        """The last checkpoint saved (or handed over by a framework's own save)."""
+        return self._checkpoints.last
+
+    @last_checkpoint.setter
+    def last_checkpoint(self, result: CheckpointResult | None) -> None:
+        self._checkpoints.last = result
+
     def set_status(self, status: str) -> None:
         if status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}")
@@ -410,7 +443,7 @@ class Run(CheckpointMixin):
         settings = self.settings
         seeds = dict(self.training.seeds)
         loader = self.training.loader
-        holds = checkpoint_contents(self.training, bool(self._saver), kind)
+        holds = checkpoint_contents(self.training, self._checkpoints.saver is not None, kind)
 
         def build() -> bytes | None:
             try:

@@ -164,7 +164,12 @@ def test_roll_back_restores_in_place_and_skips_the_named_batch(make_run, tmp_pat
         if step > 12:
             break
         loss = torch.nn.functional.mse_loss(model(inputs), target)
-        if step == 7 and not run._skip_steps and clean is not None and step not in losses:
+        if (
+            step == 7
+            and not run._checkpoints.skip_steps
+            and clean is not None
+            and step not in losses
+        ):
             loss = loss * float("nan")
         optimizer.zero_grad()
         loss.backward()
