@@ -97,7 +97,7 @@ def _nonfinite_flag(tensors: list[Any]) -> list[Any]:
             by_device.setdefault(tensor.device, []).append(tensor)
     flags = []
     for group in by_device.values():
-        extremes = []
+        extremes: list[Any] = []
         for tensor in group:
             try:
                 extremes.extend(torch.aminmax(tensor))
