@@ -109,21 +109,21 @@ class Run:
         self._acks = Acknowledgements(
             self._link, settings.rank, heartbeat.multi_rank, settings.ack_wait_before_release
         )
-        # Every pause (pause_data, checkpoint_and_pause, a framework's own save) goes through it.
-        self._pause = PauseController(self)
-        # Multi-rank jobs: the ranks agree at the boundary where a process group exists.
-        agreement = RankAgreement(settings.rank_agreement, settings.agreement_every)
-        self._commands = BoundaryCommands(
-            self,
-            settings,
-            self._state,
-            self.inbox,
-            self._acks,
-            agreement,
-            self._pause,
-            self._link.poke,
-        )
-        # Keeps non-finite updates out of the weights (watched optimizers, run.guard(loss)).
+        self._compose_training(settings)
+        self._compose_commands(settings)
+        # A forked child (os.fork, fork-started workers) inherits this object but not its
+        # threads; it must never finish the parent's run (final "finished" heartbeat, spill).
+        self._owner_pid = os.getpid()
+        self._exit_function = exit_function or default_exit
+        self._hooks: dict[str, list[Callable[[PauseInfo], Any]]] = {name: [] for name in HOOK_NAMES}
+        self._terminate_handler: Callable[[int], Any] | None = None
+        self._link.start()
+        self.send_snapshot("start", self.step, data_position=None)
+        atexit.register(self._finish_at_exit)
+
+    def _compose_training(self, settings: Settings) -> None:
+        """The parts that act on the training objects: the step guard (keeps non-finite
+        updates out of the weights), its counts and its hold, checkpoints and roll back."""
         self._guard = StepGuard(self._state.next_step, settings.guard_device)
         self._guard.enabled = settings.guard
         self._nonfinite = NonFiniteCounts(self._guard)
@@ -137,15 +137,23 @@ class Run:
             self._link,
             self.set_status,
         )
-        # A forked child (os.fork, fork-started workers) inherits this object but not its
-        # threads; it must never finish the parent's run (final "finished" heartbeat, spill).
-        self._owner_pid = os.getpid()
-        self._exit_function = exit_function or default_exit
-        self._hooks: dict[str, list[Callable[[PauseInfo], Any]]] = {name: [] for name in HOOK_NAMES}
-        self._terminate_handler: Callable[[int], Any] | None = None
-        self._link.start()
-        self.send_snapshot("start", self.step, data_position=None)
-        atexit.register(self._finish_at_exit)
+
+    def _compose_commands(self, settings: Settings) -> None:
+        """The parts that obey the console: every pause (pause_data, checkpoint_and_pause, a
+        framework's own save) goes through the pause controller; commands are applied at the
+        boundary, after the ranks' agreement where a process group exists."""
+        self._pause = PauseController(self)
+        agreement = RankAgreement(settings.rank_agreement, settings.agreement_every)
+        self._commands = BoundaryCommands(
+            self,
+            settings,
+            self._state,
+            self.inbox,
+            self._acks,
+            agreement,
+            self._pause,
+            self._link.poke,
+        )
 
     # -- the run's state, as users and frameworks read it ------------------------------------------
     @property
