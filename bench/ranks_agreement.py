@@ -75,7 +75,7 @@ def worker(args: argparse.Namespace) -> None:
     step = 0
     for _ in range(args.rounds):
         for name, agreement in variants.items():
-            run._agreement = agreement
+            run._commands.agreement = agreement
             dist.barrier()
             started = time.perf_counter()
             for _ in range(args.steps):

@@ -108,7 +108,9 @@ def paired(run_factory: Callable[[], brakeline.Run], watch: bool, pairs: int, st
             )
             step += steps
     run.finish(timeout=5.0)
-    for counter in run._counters:  # a watched model must not keep counting in the next run
+    for (
+        counter
+    ) in run._nonfinite.counters:  # a watched model must not keep counting in the next run
         counter.detach()
     result = []
     for measure in (0, 1):

@@ -1,6 +1,6 @@
 """The habits that keep the house in order, enforced by the suite (CI runs `make test`): the
 import contracts (``[tool.importlinter]`` in pyproject.toml: the layers, no import cycles, the
-pure cores, the SDK) and the types of the project, the web layer and the services
+pure cores, the SDK) and the types of the project, the web layer, the services and the SDK
 (``[tool.mypy]``). ``make lint`` runs both too."""
 
 from __future__ import annotations

@@ -279,8 +279,8 @@ def latest_checkpoint(
         path: path.name[len("step-") : -len(suffix)]
         for path in Path(directory).glob("step-*" + suffix)
     }
-    found = {path: int(step) for path, step in steps.items() if step.isdigit()}
-    return max(found, key=found.__getitem__, default=None)
+    numbered = {path: int(step) for path, step in steps.items() if step.isdigit()}
+    return max(numbered, key=numbered.__getitem__, default=None)
 
 
 def _load_each(targets: Sequence[Any], states: Sequence[Any], what: str) -> None:

@@ -122,8 +122,8 @@ class CommandInbox:
         """The highest numeric id among the commands due at ``step`` (0: none): what this rank
         puts into the ranks' agreement (``_ranksync.py``)."""
         with self._arrived:
-            ids = [c.id for c in self._pending if c.due(step) and _numeric(c.id)]
-        return max(ids, default=0)  # type: ignore[type-var]
+            ids = [_numeric(c.id) for c in self._pending if c.due(step)]
+        return max((number for number in ids if number is not None), default=0)
 
     def take_due(self, step: int, up_to: int | None = None) -> Command | None:
         """The oldest pending command due at ``step`` (and, with ``up_to``, with an id not
@@ -132,7 +132,8 @@ class CommandInbox:
             for command in self._pending:
                 if not command.due(step) and up_to is None:
                     continue
-                if up_to is not None and _numeric(command.id) and command.id > up_to:  # type: ignore[operator]
+                number = _numeric(command.id)
+                if up_to is not None and number is not None and number > up_to:
                     continue
                 self._pending.remove(command)
                 return command
@@ -160,5 +161,9 @@ class CommandInbox:
             self._arrived.notify_all()
 
 
-def _numeric(command_id: int | str) -> bool:
-    return isinstance(command_id, int) and not isinstance(command_id, bool)
+def _numeric(command_id: int | str) -> int | None:
+    """The id as a number, or None: ids the console did not number take no part in the
+    ranks' agreement."""
+    if isinstance(command_id, int) and not isinstance(command_id, bool):
+        return command_id
+    return None

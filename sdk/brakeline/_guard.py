@@ -34,12 +34,10 @@ import copy
 import functools
 import logging
 import math
-import time
 import types
 from collections.abc import Callable
 from typing import Any
 
-from brakeline._encoding import LogRecord
 from brakeline._guard_device import (
     DeviceMask,
     HostFlag,
@@ -55,10 +53,6 @@ logger = logging.getLogger("brakeline")
 
 MAX_RECORDED_STEPS = 100
 DEVICE_MODES = ("auto", "always", "late")
-# How long a held rank waits for the console to take its "holding" heartbeat before it sends
-# the offending point: bounded, since an older console refuses the status (the brake is then
-# applied a margin of steps later, as before).
-HOLDING_SAID_SECONDS = 2.0
 
 
 def _gradients(optimizer: Any) -> list[Any]:
@@ -103,7 +97,7 @@ def _nonfinite_flag(tensors: list[Any]) -> list[Any]:
             by_device.setdefault(tensor.device, []).append(tensor)
     flags = []
     for group in by_device.values():
-        extremes = []
+        extremes: list[Any] = []
         for tensor in group:
             try:
                 extremes.extend(torch.aminmax(tensor))
@@ -140,6 +134,19 @@ class StepGuard:
         self._rewind: list[tuple[Any, dict[str, Any], list[Any]]] = []
 
     # -- installation ----------------------------------------------------------------------------
+    def watch(self, optimizers: list[Any], schedulers: list[Any], step: int) -> bool:
+        """Guard every watched optimizer (and rewind its schedulers after a refused update);
+        True when the guard is on and has an optimizer to guard. Until an update is applied,
+        the weights hold the updates of ``step``, the run's step when they were first watched."""
+        for optimizer in optimizers:
+            self.watch_optimizer(optimizer)
+        for scheduler in schedulers:
+            self.watch_scheduler(scheduler)
+        guarded = self.enabled and bool(optimizers)
+        if self.weights_step is None and guarded:
+            self.weights_step = step
+        return guarded
+
     def watch_optimizer(self, optimizer: Any) -> None:
         if id(optimizer) in self._wrapped or not hasattr(optimizer, "param_groups"):
             return
@@ -466,106 +473,3 @@ def _remember(steps: list[int], step: int) -> None:
     if not steps or steps[-1] != step:
         steps.append(step)
         del steps[:-MAX_RECORDED_STEPS]
-
-
-class GuardedRunMixin:
-    """The Run's guard methods: ``run.guard(loss)``, the non-finite counters attached to each
-    log, and the hold after a refused update (see :class:`brakeline.Run`)."""
-
-    # Attributes of the Run these methods use (set in Run.__init__).
-    settings: Any
-    step: int
-    status: str
-    finished: bool
-    stopping: bool
-    control: Any
-    sender: Any
-    inbox: Any
-    _guard: StepGuard
-    _counters: list[Any]
-    _counted_models: set[int]
-
-    def guard(self, loss: Any) -> Any:
-        """Refuse this step's optimizer update if ``loss`` is NaN/±Inf (call it before
-        ``optimizer.step()``; gradients are checked anyway). Returns ``loss`` unchanged."""
-        try:
-            self._guard.guard_loss(loss)
-        except Exception:  # the guard must never break training
-            logger.exception("brakeline: run.guard failed (loss not checked)")
-        return loss
-
-    def _count_nonfinite_of(self, model: Any, guarded: bool) -> None:
-        """Attach a NonFiniteCounter to ``model`` (once: watch() again must not count twice).
-        The guard scans the gradients anyway: where it reads its flag at once, it counts for
-        the counter, and no gradient hook scans them a second time."""
-        if id(model) in self._counted_models:
-            return
-        from brakeline.torch import NonFiniteCounter
-
-        self._counted_models.add(id(model))
-        by_guard = guarded and self._guard.counts_gradients_of(model)
-        counter = NonFiniteCounter(model, gradients=not by_guard)
-        if by_guard:
-            self._guard.count_into(counter)
-        self._counters.append(counter)
-
-    def add_nonfinite_counter(self, counter: Any) -> None:
-        """Use a counter built by hand (e.g. ``NonFiniteCounter(model, gradients=False)``)."""
-        self._counters.append(counter)
-
-    def _attach_nonfinite_counts(self, record: LogRecord) -> None:
-        for counter in self._counters:
-            losses, observed, gradients = counter.take()
-            # Counts may be device tensors: add them without reading (no sync here).
-            record.loss_nonfinite = (
-                losses if record.loss_nonfinite is None else record.loss_nonfinite + losses
-            )
-            record.loss_observed += observed
-            if gradients is not None:
-                record.grad_nonfinite = (
-                    gradients
-                    if record.grad_nonfinite is None
-                    else record.grad_nonfinite + gradients
-                )
-
-    def _hold_for_decision(self, tripped: int | None) -> None:
-        """The guard skipped a non-finite update: send the point now and let the console's
-        rules decide (normally checkpoint_and_pause, which saves this last good state)."""
-        if self.control is None or self.finished or self.stopping:
-            return  # offline: the skipped update is all the guard can do
-        # Said first (a heartbeat goes at once): a console that knows every rank holds
-        # applies its brake at the held step, not a margin of steps later (docs/protocol.md).
-        previous = self.status
-        self.status = "holding"
-        self.control.say_status("holding", min(self.settings.http_timeout, HOLDING_SAID_SECONDS))
-        try:
-            self._wait_for_decision(tripped)
-        finally:
-            if self.status == "holding":
-                self.status = previous
-
-    def _wait_for_decision(self, tripped: int | None) -> None:
-        if self.sender is not None:
-            # Said in so many words: a NaN gradient need not show in any logged metric. The
-            # default rule pack brakes on it (update-refused-by-guard, L3).
-            self.sender.submit(
-                LogRecord(
-                    step=tripped if tripped is not None else self.step,
-                    time=time.time(),
-                    metrics={"guard.skipped_updates": float(self._guard.refused_count())},
-                )
-            )
-        self.flush(min(self.settings.guard_hold_seconds, self.settings.http_timeout))
-        deadline = time.monotonic() + self.settings.guard_hold_seconds
-        while not (self.finished or self.inbox.has_pending):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                logger.error(
-                    "brakeline: no console decision %.0f s after the non-finite step %s; "
-                    "training goes on (that update was skipped)",
-                    self.settings.guard_hold_seconds,
-                    tripped,
-                )
-                return
-            self.keepalive()  # held on purpose: heartbeats must not turn this into a hang
-            self.inbox.wait(min(remaining, 0.25))

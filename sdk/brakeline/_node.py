@@ -37,6 +37,7 @@ from brakeline._commands import CommandInbox
 from brakeline._forwarder import GONE, NodeForwarder, as_response
 from brakeline._frames import header, receive_frame, receive_header, send_frames
 from brakeline._push import PushListener
+from brakeline._settings import Settings
 from brakeline._transport import HttpTransport, Response, Transport, TransportError
 
 logger = logging.getLogger("brakeline")
@@ -58,7 +59,7 @@ class NodePlan:
     node_ranks: tuple[int, ...]
 
 
-def node_plan(settings: Any, environ: Mapping[str, str]) -> NodePlan | None:
+def node_plan(settings: Settings, environ: Mapping[str, str]) -> NodePlan | None:
     """The node's plan, or None: forwarding off, no console, or one rank on this node."""
     if settings.node_forwarding not in MODES:
         raise ValueError(f"node_forwarding must be one of {', '.join(MODES)}")
@@ -91,7 +92,7 @@ def node_plan(settings: Any, environ: Mapping[str, str]) -> NodePlan | None:
     )
 
 
-def _node_directory(settings: Any) -> Path:
+def _node_directory(settings: Settings) -> Path:
     """Only this user may reach the node's socket: it speaks for the job's token."""
     directory = Path(settings.node_dir or Path(tempfile.gettempdir()) / f"brakeline-{os.getuid()}")
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -230,7 +231,11 @@ class NodeLink:
     rank 0 the forwarder with the node's websocket. Started and stopped as a push listener."""
 
     def __init__(
-        self, settings: Any, plan: NodePlan, inbox: CommandInbox, push: Callable[..., PushListener]
+        self,
+        settings: Settings,
+        plan: NodePlan,
+        inbox: CommandInbox,
+        push: Callable[..., PushListener],
     ) -> None:
         direct = HttpTransport(settings.url, settings.token, settings.http_timeout)
         window = settings.node_window or settings.flush_interval
@@ -266,8 +271,8 @@ class NodeLink:
 
 
 def console_links(
-    settings: Any, inbox: CommandInbox, rank_named: bool, transport: Transport | None
-) -> tuple[Transport | None, Any]:
+    settings: Settings, inbox: CommandInbox, rank_named: bool, transport: Transport | None
+) -> tuple[Transport | None, PushListener | NodeLink | None]:
     """A run's transport and push channel: through the node's forwarder where its launcher
     says the node has several ranks (and no transport was given), else its own HTTP and
     websocket conversation. ``rank_named``: the websocket names this rank (multi-rank)."""
@@ -291,7 +296,7 @@ def console_links(
         return link.transport, link
     if transport is None and settings.enabled:
         transport = HttpTransport(settings.url, settings.token, settings.http_timeout)
-    listener = None
+    listener: PushListener | None = None
     if settings.use_websocket and settings.enabled:
         listener = push(rank=settings.rank if rank_named else None)
     return transport, listener

@@ -208,7 +208,7 @@ class PauseController:
                     resumed = self._resume(command, step, started)
                     resume_command = command
                 else:
-                    run._apply(command, step)
+                    run._commands.apply(command, step)
         finally:
             self._info = None
             stopped = run.finished or run.stopping
@@ -227,7 +227,7 @@ class PauseController:
         """End the hold: your resume handler first (it may refuse by raising), then the roll
         back the command names, if any. False (still held) when either fails."""
         run = self._run
-        custom = run._handlers.get("resume")
+        custom = run._commands.handlers.get("resume")
         paused_seconds = round(time.monotonic() - held_since, 3)
         try:
             mine = custom(run, command, step) if custom is not None else None

@@ -28,11 +28,18 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from brakeline import _handlers as handlers
-from brakeline._commands import ACK_LATER, Command, CommandFailed
-from brakeline._pause import PauseState
+from brakeline._acks import Acknowledgements
+from brakeline._commands import ACK_LATER, Command, CommandFailed, CommandInbox
+from brakeline._pause import PauseController, PauseState
+from brakeline._settings import Settings
+from brakeline._state import RunState
+
+if TYPE_CHECKING:
+    from brakeline._run import Run
 
 logger = logging.getLogger("brakeline")
 
@@ -112,29 +119,39 @@ class RankAgreement:
 ASK_AGAIN_SECONDS = 1.0
 
 
-class CommandApplyMixin:
-    """The Run's command application: which commands are due at a boundary, the ranks'
-    agreement, and applying one command (see :class:`brakeline.Run`)."""
+class BoundaryCommands:
+    """Which commands are due at a boundary, the ranks' agreement on them, and applying one:
+    your handler for its kind composed with the built-in behaviour (brakeline._handlers),
+    acknowledged through ``acks``. ``target`` is what handlers receive (the run)."""
 
-    # Attributes of the Run these methods use (set in Run.__init__).
-    settings: Any
-    step: int
-    finished: bool
-    inbox: Any
-    control: Any
-    ack: Any
-    keepalive: Any
-    _pause: Any
-    _handlers: dict[str, Any]
-    _agreement: RankAgreement
-    _applied_at: dict[str, int | None]
-    _logs_with_command_waiting: int
+    def __init__(
+        self,
+        target: Run,
+        settings: Settings,
+        state: RunState,
+        inbox: CommandInbox,
+        acks: Acknowledgements,
+        agreement: RankAgreement,
+        pause: PauseController,
+        ask_console: Callable[[], None],
+    ) -> None:
+        self._target = target
+        self._settings = settings
+        self._state = state
+        self._inbox = inbox
+        self._acks = acks
+        self.agreement = agreement
+        self._pause = pause
+        self._ask_console = ask_console  # a heartbeat now: its reply carries missed commands
+        self.handlers: dict[str, handlers.Handler] = {}  # your own, per kind
+        self._logs_with_command_waiting = 0
 
-    def _note_command_waiting(self) -> None:
+    def note_waiting(self) -> None:
+        """A run.log call while a command is due and not applied yet."""
         # Metrics flow while a delivered command is never applied: step_boundary is missing
         # from the loop. Said once per waiting stretch, loudly, long before an executor acts.
         self._logs_with_command_waiting += 1
-        if self._logs_with_command_waiting == self.settings.unapplied_command_logs:
+        if self._logs_with_command_waiting == self._settings.unapplied_command_logs:
             logger.error(
                 "brakeline: a console command has waited through %d run.log calls without "
                 "being applied: is run.step_boundary(step) called in your training loop? "
@@ -142,64 +159,65 @@ class CommandApplyMixin:
                 self._logs_with_command_waiting,
             )
 
-    def _commands_at_boundary(self, step: int, fetching: bool = False) -> None:
+    def at_boundary(self, step: int, fetching: bool = False) -> None:
         """Apply what is due at this boundary: after the ranks' agreement where there is a
         process group (at step boundaries only: a loader's fetch is not one every rank makes
         at the same point), else the commands whose apply_at_step has come."""
-        agreement = self._agreement
+        agreement = self.agreement
         if agreement.active():
             if not fetching and step % agreement.every == 0:
                 self._agree_and_apply(step)
-        elif self.inbox.has_pending:
-            self._process_commands(step)
+        elif self._inbox.has_pending:
+            self._process(step)
 
     def _agree_and_apply(self, step: int) -> None:
-        agreed, _, _ = self._agreement.agree(step, self.inbox.due_id(step))
+        agreed, _, _ = self.agreement.agree(step, self._inbox.due_id(step))
         if agreed and self._await_command(agreed):
-            self._process_commands(step, up_to=agreed)
+            self._process(step, up_to=agreed)
 
     def _await_command(self, command_id: int) -> bool:
         """Another rank has command ``command_id`` due here and this one has not received it:
         wait for it at this boundary (every rank is past the same collective, so nobody is
         blocked inside one), asking the console again now and then. False past the wait."""
-        if self.inbox.knows(command_id):
+        if self._inbox.knows(command_id):
             return True
+        state, wait_seconds = self._state, self._settings.agreement_wait_seconds
         logger.warning(
             "brakeline: another rank applies command %s at step %d; waiting for it here",
             command_id,
-            self.step,
+            state.step,
         )
-        deadline = time.monotonic() + self.settings.agreement_wait_seconds
-        while not self.finished:
-            if self.control is not None:
-                self.control.poke()
-            self.keepalive()  # held on purpose: heartbeats must not turn this into a hang
+        deadline = time.monotonic() + wait_seconds
+        while not state.finished:
+            self._ask_console()
+            state.keepalive()  # held on purpose: heartbeats must not turn this into a hang
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            if self.inbox.wait_for(command_id, min(remaining, ASK_AGAIN_SECONDS)):
+            if self._inbox.wait_for(command_id, min(remaining, ASK_AGAIN_SECONDS)):
                 return True
         logger.error(
             "brakeline: command %s did not reach this rank within %.0f s; the other ranks "
             "applied it at step %d without this one (the console raises a split-job alert)",
             command_id,
-            self.settings.agreement_wait_seconds,
-            self.step,
+            wait_seconds,
+            state.step,
         )
         return False
 
-    def _process_commands(self, step: int, up_to: int | None = None) -> None:
+    def _process(self, step: int, up_to: int | None = None) -> None:
         # A save the framework makes in a later hook leaves the commands behind it (its
         # resume) in the inbox, for that pause's hold to take.
-        while not (self.finished or self._pause.state is PauseState.SAVE_REQUESTED):
-            command = self.inbox.take_due(step, up_to)
+        while not (self._state.finished or self._pause.state is PauseState.SAVE_REQUESTED):
+            command = self._inbox.take_due(step, up_to)
             if command is None:
                 return
             self._logs_with_command_waiting = 0
-            self._apply(command, step)
+            self.apply(command, step)
 
-    def _apply(self, command: Command, step: int) -> None:
-        handler = handlers.composed(self._handlers.get(command.kind), command.kind)
+    def apply(self, command: Command, step: int) -> None:
+        """Apply one command now and acknowledge it (unless its handler does so itself)."""
+        handler = handlers.composed(self.handlers.get(command.kind), command.kind)
         logger.warning(
             "brakeline: applying %s (command %s, %s) at step %d: %s",
             command.kind,
@@ -210,14 +228,15 @@ class CommandApplyMixin:
         )
         if command.apply_at_step is not None:
             # The ack says where it was meant to apply; the console compares the ranks' steps.
-            self._applied_at[str(command.id)] = command.apply_at_step
+            self._acks.note_apply_at(command.id, command.apply_at_step)
+        ack = self._acks.ack
         try:
-            result = handler(self, command, step)
+            result = handler(self._target, command, step)
         except CommandFailed as failure:
-            self.ack(command.id, "failed", failure.result, str(failure))
+            ack(command.id, "failed", failure.result, str(failure))
         except Exception as error:  # a failing command must not kill training
             logger.exception("brakeline: command %s failed", command.kind)
-            self.ack(command.id, "failed", {"step": step}, f"{type(error).__name__}: {error}")
+            ack(command.id, "failed", {"step": step}, f"{type(error).__name__}: {error}")
         else:
             if result is not ACK_LATER:
-                self.ack(command.id, "succeeded", result if isinstance(result, dict) else {})
+                ack(command.id, "succeeded", result if isinstance(result, dict) else {})

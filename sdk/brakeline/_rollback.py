@@ -1,5 +1,4 @@
-"""Checkpoints and roll back, as methods of the Run (a mixin, so ``run.checkpoint`` and
-``run.roll_back`` stay where users and handlers call them).
+"""Checkpoints and roll back: what ``run.checkpoint`` and ``run.roll_back`` do.
 
 Everything here runs in the training thread, between steps: saving, restoring in place while
 held, dropping the batches of the steps a roll back skips, and reporting each checkpoint to the
@@ -9,13 +8,15 @@ console's catalogue (queued for the control thread).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from brakeline._checkpoint import (
     CheckpointResult,
     IncompleteCheckpointSet,
+    Saver,
+    TrainingObjects,
     checkpoint_path,
     gather_set,
     restore,
@@ -25,89 +26,110 @@ from brakeline._checkpoint import (
 )
 from brakeline._commands import CommandFailed
 from brakeline._encoding import to_jsonable
+from brakeline._guard import StepGuard
+from brakeline._link import Outbox
+from brakeline._pace import StepPace
+from brakeline._settings import Settings
+from brakeline._state import RunState
 from brakeline._transport import encode_json
 
 logger = logging.getLogger("brakeline")
 
 
-class CheckpointMixin:
-    """The Run's checkpoint, roll back and skipped-batch methods (see :class:`brakeline.Run`)."""
+class Checkpoints:
+    """Saves checkpoints of the watched objects (or with your saver), rolls back to one in
+    place, and drops the batches of the steps a roll back skips (see the module doc)."""
 
-    # Attributes of the Run these methods use (set in Run.__init__).
-    settings: Any
-    step: int
-    status: str
-    training: Any
-    control: Any
-    last_checkpoint: CheckpointResult | None
-    _saver: Any
-    _saver_suffix: str
-    _guard: Any
-    _skip_steps: set[int]
-    _pace: Any
+    def __init__(
+        self,
+        settings: Settings,
+        state: RunState,
+        training: TrainingObjects,
+        guard: StepGuard,
+        pace: StepPace,
+        outbox: Outbox,
+        set_status: Callable[[str], None],
+    ) -> None:
+        self._settings = settings
+        self._state = state
+        self._training = training
+        self._guard = guard
+        self._pace = pace
+        self._outbox = outbox
+        self._set_status = set_status  # heartbeats say "checkpointing" during a save
+        self.saver: Saver | None = None  # your own (set_saver), else the default torch saver
+        self.suffix = ".pt"
+        self.last: CheckpointResult | None = None
+        self.skip_steps: set[int] = set()
 
-    def checkpoint(self, step: int | None = None, reason: str = "manual") -> CheckpointResult:
-        """Save a checkpoint now (training thread, between steps) with the registered saver or
-        the default torch saver; atomic, fsynced, hashed. Also sends a checkpoint snapshot."""
-        step = self.step if step is None else step
-        saver = self._saver
-        if saver is None and not self.training.empty:
-            saver = self.training.torch_saver
+    def set_saver(self, saver: Saver, suffix: str = ".pt") -> None:
+        self.saver = saver
+        self.suffix = suffix
+
+    def save(self, step: int, reason: str) -> CheckpointResult:
+        """Save now (training thread, between steps): atomic, fsynced, hashed, labelled with
+        the updates its weights hold, and reported to the console's catalogue."""
+        saver = self.saver
+        if saver is None and not self._training.empty:
+            saver = self._training.torch_saver
         if saver is None:
             raise RuntimeError(
                 "nothing to checkpoint: call run.watch(model=..., optimizer=...) "
                 "or run.set_saver(...)"
             )
-        path = checkpoint_path(
-            self.settings.checkpoint_dir, step, self.settings.rank, self._saver_suffix
-        )
-        previous_status = self.status
+        settings = self._settings
+        path = checkpoint_path(settings.checkpoint_dir, step, settings.rank, self.suffix)
+        previous_status = self._state.status
         self._pace.skip_step()  # a save is not the step's own work
         # Heartbeats say "checkpointing" during a long save, so it is not taken for a hang.
-        self.set_status("checkpointing")
+        self._set_status("checkpointing")
         try:
             result = save_atomically(path, step, saver)
         finally:
-            self.set_status(previous_status)
+            self._set_status(previous_status)
         result.reason = reason
         # Which updates the saved weights hold, as far as the guard of the watched optimizers
         # knows (the console marks the checkpoint clean or "after the anomaly" by it).
         self._guard.settle()  # device flags still pending are read: the label must be true
         result.weights_step = self._guard.weights_step
-        if self.settings.checkpoint_sets:  # collective: rank 0 writes the set's manifest
-            found = gather_set(result, self.settings.checkpoint_dir)
+        if settings.checkpoint_sets:  # collective: rank 0 writes the set's manifest
+            found = gather_set(result, settings.checkpoint_dir)
             result.set = found.as_report() if found is not None else None
-        self.last_checkpoint = result
-        self._report_checkpoint(result)
-        loader = self.training.loader
-        self.send_snapshot("checkpoint", step, loader.position() if loader else None, result)
+        self.last = result
+        self._report(result)
         return result
 
     def roll_back(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        """Restore the named checkpoint into the watched objects, in place (training thread,
-        while held): model, optimizer, scheduler, stateful objects, the wrapped loader's
-        position and every RNG; then ``run.step`` is the checkpoint's step. Raises
-        CommandFailed (the run stays paused) when the checkpoint is not there, not ours, or
-        does not match ``sha256``. ``skip_steps``: the batches of these later steps are
-        fetched and dropped (the poisoned batch is not trained on again)."""
+        """``run.roll_back``: restore the named checkpoint in place (training thread, while
+        held), after checking it is ours and intact; CommandFailed (the run stays paused)
+        otherwise. The batches of ``skip_steps`` after it are dropped when fetched."""
         path, expected, skip = _roll_back_params(params)
         try:  # a set: this rank's shard, once the manifest and every shard check out
-            path, expected = shard_to_restore(params, self.settings.rank) or (path, expected)
+            path, expected = shard_to_restore(params, self._settings.rank) or (path, expected)
         except IncompleteCheckpointSet as error:
             raise CommandFailed(str(error), {"rank": error.rank}) from None
-        if self._saver is not None or self.training.empty:
+        if self.saver is not None or self._training.empty:
             raise CommandFailed(
                 "roll back in place restores the SDK's default checkpoints of watched objects; "
                 "with your own saver, restore in a resume handler (run.on_command('resume', "
                 "...)) that returns {'rolled_back': True, 'restored_step': ..., 'sha256': ...}"
             )
-        try:
-            actual = sha256_of(path)
-        except OSError as error:
-            raise CommandFailed(f"checkpoint {path} cannot be read: {error}") from None
-        if expected is not None and actual != expected:
-            raise CommandFailed(f"checkpoint {path} has sha256 {actual}, not {expected}")
-        training = self.training
+        actual = _verified_sha256(path, expected)
+        step = self._restore(path)
+        self._state.step = step
+        self._guard.weights_step = step
+        self.skip_steps = {s for s in skip if s > step}
+        logger.warning("brakeline: rolled back to %s (step %d)", path, step)
+        return {
+            "rolled_back": True,
+            "restored_step": step,
+            "path": str(path),
+            "sha256": actual,
+            "skip_steps": sorted(self.skip_steps),
+        }
+
+    def _restore(self, path: Path) -> int:
+        training = self._training
         try:
             state = restore(
                 path,
@@ -120,39 +142,39 @@ class CheckpointMixin:
         except Exception as error:
             why = f"{type(error).__name__}: {error}"
             raise CommandFailed(f"restoring {path} failed: {why}") from None
-        self.step = state.step
-        self._guard.weights_step = state.step
-        self._skip_steps = {s for s in skip if s > state.step}
-        logger.warning("brakeline: rolled back to %s (step %d)", path, state.step)
-        return {
-            "rolled_back": True,
-            "restored_step": state.step,
-            "path": str(path),
-            "sha256": actual,
-            "skip_steps": sorted(self._skip_steps),
-        }
+        return state.step
 
-    def _skip_batch(self) -> bool:
+    def skip_batch(self) -> bool:
         """A wrapped loader asks before yielding: is the next step's batch one to drop?"""
-        if not self._skip_steps or (self.step + 1) not in self._skip_steps:
+        state = self._state
+        if not self.skip_steps or (state.step + 1) not in self.skip_steps:
             return False
-        self._skip_steps.discard(self.step + 1)
-        self.step += 1  # that step happens without training: no update, no log
-        logger.warning("brakeline: skipped the batch of step %d (roll back)", self.step)
+        self.skip_steps.discard(state.step + 1)
+        state.step += 1  # that step happens without training: no update, no log
+        logger.warning("brakeline: skipped the batch of step %d (roll back)", state.step)
         return True
 
-    def _report_checkpoint(self, result: CheckpointResult) -> None:
+    def _report(self, result: CheckpointResult) -> None:
         # The console's catalogue: what a roll back may name, marked clean or not by it.
-        if self.control is None:
-            return
         body = {
             key: value
             for key, value in result.as_dict().items()
             if key in ("path", "sha256", "step", "bytes", "reason", "weights_step", "set")
         }
-        body["rank"] = self.settings.rank
-        encoded = encode_json(to_jsonable(body))
-        self.control.enqueue(f"checkpoint:{result.sha256}", "checkpoints", lambda: encoded)
+        body["rank"] = self._settings.rank
+        self._outbox.enqueue(
+            f"checkpoint:{result.sha256}", "checkpoints", encode_json(to_jsonable(body))
+        )
+
+
+def _verified_sha256(path: Path, expected: str | None) -> str:
+    try:
+        actual = sha256_of(path)
+    except OSError as error:
+        raise CommandFailed(f"checkpoint {path} cannot be read: {error}") from None
+    if expected is not None and actual != expected:
+        raise CommandFailed(f"checkpoint {path} has sha256 {actual}, not {expected}")
+    return actual
 
 
 def _roll_back_params(params: Mapping[str, Any]) -> tuple[Path, str | None, list[int]]:

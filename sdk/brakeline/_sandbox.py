@@ -248,7 +248,7 @@ def late_installed_packages(since: float | None) -> list[dict[str, Any]]:
         return []
     import importlib.metadata
 
-    late = []
+    late: list[dict[str, Any]] = []
     seen: set[str] = set()
     for distribution in importlib.metadata.distributions():
         folder = getattr(distribution, "_path", None)

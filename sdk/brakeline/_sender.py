@@ -69,7 +69,7 @@ class MetricsSender:
         transport: Transport | None,
         spool: PointSpool,
         node: str,
-        on_commands: Callable[[list[dict[str, Any]]], None],
+        on_commands: Callable[[list[dict[str, Any]]], object],
         flush_interval: float = 1.0,
         max_queue_records: int = 100_000,
         backoff: Backoff | None = None,

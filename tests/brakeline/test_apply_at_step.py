@@ -130,7 +130,7 @@ def test_a_rank_waits_at_the_agreed_boundary_for_a_command_it_has_not_received(m
     run = make_run()
     seen = []
     run.on_command("isolate_node", lambda r, c, step: seen.append(step) or {})
-    run._agreement = AgreedElsewhere(agreed=9, at=3)
+    run._commands.agreement = AgreedElsewhere(agreed=9, at=3)
     run.step_boundary(1)
     run.step_boundary(2)
     late = threading.Timer(0.3, run.inbox.offer, args=(command(9, "isolate_node", 3),))
@@ -138,7 +138,7 @@ def test_a_rank_waits_at_the_agreed_boundary_for_a_command_it_has_not_received(m
     run.step_boundary(3)  # the other rank has it due here: this one waits for it, then applies
     late.join()
     assert seen == [3]
-    assert run._agreement.offered == [(1, 0), (2, 0), (3, 0)]
+    assert run._commands.agreement.offered == [(1, 0), (2, 0), (3, 0)]
 
 
 def test_with_an_agreement_a_due_command_waits_for_the_agreement_boundary(make_run):
@@ -147,7 +147,7 @@ def test_with_an_agreement_a_due_command_waits_for_the_agreement_boundary(make_r
     run.on_command("isolate_node", lambda r, c, step: seen.append(step) or {})
     agreement = AgreedElsewhere(agreed=0, at=0)
     agreement.every = 5
-    run._agreement = agreement
+    run._commands.agreement = agreement
     run.inbox.offer(command(4, "isolate_node", apply_at_step=2))
     for step in range(1, 8):
         run.step_boundary(step)
@@ -157,7 +157,7 @@ def test_with_an_agreement_a_due_command_waits_for_the_agreement_boundary(make_r
 
 def test_a_rank_that_never_gets_the_agreed_command_goes_on_without_it(make_run):
     run = make_run(agreement_wait_seconds=0.2)
-    run._agreement = AgreedElsewhere(agreed=9, at=1)
+    run._commands.agreement = AgreedElsewhere(agreed=9, at=1)
     run.step_boundary(1)  # waits 0.2 s, logs, goes on
     run.step_boundary(2)
     assert run.acknowledgements == []

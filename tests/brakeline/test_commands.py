@@ -159,12 +159,18 @@ def test_checkpoint_and_pause_saves_confirms_releases_then_holds(make_run, trans
         )
     )
     run.on_resume(lambda info: events.append(("resume", info.step)))
+    resume = command(31, "resume")
+
+    def resume_once_paused(path, body):
+        # The console resumes the run once it has heard it is paused (held, not just saved).
+        if path == "heartbeat" and body["status"] == "paused":
+            run.inbox.offer(resume)
+
+    transport.responder = resume_once_paused
     run.inbox.offer(command(30, "checkpoint_and_pause"))
-    started = time.monotonic()  # before the timer: the resume comes ≥ 0.5 s after this
-    timer = inject_later(run, command(31, "resume"), 0.5)
-    run.step_boundary(4512)
-    timer.join()
-    assert time.monotonic() - started >= 0.5  # held until resume
+    never_paused = inject_later(run, resume, 60.0)  # then the checks below say what is wrong
+    run.step_boundary(4512)  # held until the resume
+    never_paused.cancel()
     ack = acks_by_id(run)[30]
     assert ack["status"] == "succeeded"
     assert set(ack["result"]) == {"path", "bytes", "seconds", "sha256", "step", "reason"}

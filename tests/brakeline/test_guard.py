@@ -130,29 +130,34 @@ def test_the_offending_point_is_sent_at_once_and_the_run_holds_for_the_console(m
     assert run.status != "holding"
 
 
-def test_roll_back_restores_in_place_and_skips_the_named_batch(make_run, tmp_path):
-    """Uninterrupted run that skips the batch of step 7 == run poisoned at 7, rolled back to
-    its checkpoint of step 4 with skip_steps=[7] (the guard off: the poison reached it)."""
-    reference = _setup()
-    run_a = make_run(guard=False, checkpoint_dir=str(tmp_path / "a"))
-    run_a.watch(model=reference[0], optimizer=reference[1], scheduler=reference[2])
+def _losses_skipping_batch_7(make_run, tmp_path):
+    """The losses of an uninterrupted run that fetches the batch of step 7 and never trains
+    on it."""
+    model, optimizer, scheduler, base_loader = _setup()
+    run = make_run(guard=False, checkpoint_dir=str(tmp_path / "a"))
+    run.watch(model=model, optimizer=optimizer, scheduler=scheduler)
     expected = {}
-    loader = run_a.wrap_loader(reference[3])
-    for inputs, target in loader:
-        step = run_a.step + 1
+    for inputs, target in run.wrap_loader(base_loader):
+        step = run.step + 1
         if step > 12:
             break
         if step == 7:
-            run_a.step_boundary(step)  # the bad batch: fetched, never trained on
+            run.step_boundary(step)  # the bad batch: fetched, never trained on
             continue
-        loss = torch.nn.functional.mse_loss(reference[0](inputs), target)
-        reference[1].zero_grad()
+        loss = torch.nn.functional.mse_loss(model(inputs), target)
+        optimizer.zero_grad()
         loss.backward()
-        reference[1].step()
-        reference[2].step()
+        optimizer.step()
+        scheduler.step()
         expected[step] = loss.item()
-        run_a.step_boundary(step)
+        run.step_boundary(step)
+    return expected
 
+
+def test_roll_back_restores_in_place_and_skips_the_named_batch(make_run, tmp_path):
+    """Uninterrupted run that skips the batch of step 7 == run poisoned at 7, rolled back to
+    its checkpoint of step 4 with skip_steps=[7] (the guard off: the poison reached it)."""
+    expected = _losses_skipping_batch_7(make_run, tmp_path)
     model, optimizer, scheduler, base_loader = _setup()
     run = make_run(guard=False, checkpoint_dir=str(tmp_path / "b"), guard_hold_seconds=0.0)
     run.watch(model=model, optimizer=optimizer, scheduler=scheduler)
@@ -164,7 +169,12 @@ def test_roll_back_restores_in_place_and_skips_the_named_batch(make_run, tmp_pat
         if step > 12:
             break
         loss = torch.nn.functional.mse_loss(model(inputs), target)
-        if step == 7 and not run._skip_steps and clean is not None and step not in losses:
+        if (
+            step == 7
+            and not run._checkpoints.skip_steps
+            and clean is not None
+            and step not in losses
+        ):
             loss = loss * float("nan")
         optimizer.zero_grad()
         loss.backward()
@@ -409,7 +419,7 @@ def test_the_guard_counts_non_finite_gradients_for_a_watched_cpu_model(make_run,
     model, optimizer, scheduler, loader = _setup()
     run = make_run(guard_hold_seconds=0.0)
     run.watch(model=model, optimizer=optimizer, scheduler=scheduler)
-    counter = run._counters[0]
+    counter = run._nonfinite.counters[0]
     assert len(counter._handles) == 1  # the forward hook (losses) only
     _train(run, model, optimizer, scheduler, loader, steps=3, fault="nan_grad", at=2)
     run.flush(5.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from brakeline._run import world_size_field
+from brakeline._state import world_size_field
 
 
 @pytest.mark.parametrize(

@@ -116,7 +116,7 @@ def test_a_failing_save_fails_with_the_errno_of_a_full_disk(run, monkeypatch):
 def test_heartbeat_loss_stops_stepping_until_a_command_arrives(run, monkeypatch):
     monkeypatch.setenv(SANDBOX_VARIABLE, "1")
     progress = []
-    threading.Timer(0.6, lambda: progress.append(run._progress)).start()
+    threading.Timer(0.6, lambda: progress.append(run._state.progress)).start()
     resume = {"id": "r", "kind": "resume", "params": {}}
     threading.Timer(1.2, run.inbox.offer, args=(resume,)).start()
     started = time.monotonic()
