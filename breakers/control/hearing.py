@@ -35,7 +35,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, connections, transaction
-from django.db.models import F, Min
+from django.db.models import F, Max, Min
 from django.db.models.functions import Now
 
 from breakers.control.backlog import AGENT_REQUESTS
@@ -180,12 +180,22 @@ def heard_since() -> datetime | None:
 
 
 def hearing_state() -> dict[str, float | int | None]:
-    """For /api/v1/health and /metrics: the beacon's age on the database's clock, outages."""
+    """For /api/v1/health and /metrics: the beacon's age on the database's clock, outages, and
+    the worst backlog of a live web process."""
     row = Hearing.objects.filter(pk=ROW).annotate(now=Now()).first()
     if row is None:
-        return {"age_seconds": None, "outages": 0, "deaf_seconds": 0.0}
+        return {"age_seconds": None, "outages": 0, "deaf_seconds": 0.0, "backlog_seconds": 0.0}
     age = (row.now - row.heard_at).total_seconds()
-    return {"age_seconds": age, "outages": row.outages, "deaf_seconds": row.deaf_seconds}
+    live = WebBeacon.objects.filter(
+        beat_at__gte=row.heard_at - timedelta(seconds=DEAF_AFTER_SECONDS)
+    )
+    backlog = live.aggregate(lag=Max("lag_seconds"))["lag"] or 0.0
+    return {
+        "age_seconds": age,
+        "outages": row.outages,
+        "deaf_seconds": row.deaf_seconds,
+        "backlog_seconds": backlog,  # the most backlogged live web process's lag
+    }
 
 
 def _beat_forever(stop: threading.Event) -> None:

@@ -22,7 +22,13 @@ from django.utils import timezone
 
 from breakers.agent.service import heartbeat_reply
 from breakers.control.backlog import AGENT_REQUESTS
-from breakers.control.hearing import BACKLOG_AFTER_SECONDS, PROCESS, beacon, heard_until
+from breakers.control.hearing import (
+    BACKLOG_AFTER_SECONDS,
+    PROCESS,
+    beacon,
+    heard_until,
+    hearing_state,
+)
 from breakers.control.heartbeats import check_heartbeats
 from breakers.models import Hearing, WebBeacon
 from console.agent_lean import agent_http_stack
@@ -175,6 +181,7 @@ def _other_process(beat_ago: float, lag: float) -> WebBeacon:
 def test_the_console_has_heard_up_to_its_most_backlogged_live_process(two_jobs):
     other = _other_process(beat_ago=0.3, lag=20)
     assert heard_until(timezone.now()) == other.heard_to
+    assert hearing_state()["backlog_seconds"] == 20  # /api/v1/health's database.hearing
     waiting, silent = two_jobs
     _deadline(waiting.job_id, seconds=-5, heard_ago=30)  # ran out during the other's backlog
     assert _alerted_jobs(check_heartbeats()) == {silent.job_id}  # silent since before it
