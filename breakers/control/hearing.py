@@ -120,13 +120,14 @@ def _record_process(now: datetime, lag: float) -> datetime | None:
 
 
 def _bury_dead_processes(now: datetime) -> datetime | None:
-    """Remove the rows of processes that stopped beaconing; returns the earliest point a
-    backlogged one had heard up to (its requests died with it: the agents retry elsewhere,
-    later than their deadlines may allow), or None."""
+    """Remove the rows of processes that stopped beaconing; returns where the earliest
+    backlogged one's unheard time began (its last beacon less its worst lag: its requests died
+    with it, and the agents retry elsewhere, later than their deadlines may allow), or None."""
     dead = WebBeacon.objects.filter(beat_at__lt=now - timedelta(seconds=DEAF_AFTER_SECONDS))
-    backlogged = dead.filter(peak_lag_seconds__gt=0).aggregate(since=Min("heard_to"))["since"]
+    backlogged = dead.filter(peak_lag_seconds__gt=0).values_list("beat_at", "peak_lag_seconds")
+    since = _earliest(*(beat - timedelta(seconds=peak) for beat, peak in backlogged))
     dead.delete()
-    return backlogged
+    return since
 
 
 def _first_beacon() -> None:

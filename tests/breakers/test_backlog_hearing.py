@@ -166,15 +166,16 @@ def _a_rank_silent_through_the_backlog_is_caught_a_full_deadline_later(job_id: i
     assert description.startswith("rank 1 of 2 is silent"), description
 
 
-def _other_process(beat_ago: float, lag: float) -> WebBeacon:
-    """Another web process's row, as its beacon wrote it ``beat_ago`` s before the tier's last."""
+def _other_process(beat_ago: float, lag: float, peak: float | None = None) -> WebBeacon:
+    """Another web process's row, as its beacon wrote it ``beat_ago`` s before the tier's last
+    (``peak``: its backlog's worst lag, when it was worse than at that beacon)."""
     beat = Hearing.objects.get().heard_at - timedelta(seconds=beat_ago)
     return WebBeacon.objects.create(
         process="other-host:4242:00",
         beat_at=beat,
         heard_to=beat - timedelta(seconds=lag),
         lag_seconds=lag,
-        peak_lag_seconds=lag,
+        peak_lag_seconds=lag if peak is None else peak,
     )
 
 
@@ -190,7 +191,8 @@ def test_the_console_has_heard_up_to_its_most_backlogged_live_process(two_jobs):
 def test_a_dead_process_stops_counting_and_its_backlog_is_forgiven(two_jobs):
     waiting, silent = two_jobs
     _deadline(waiting.job_id, seconds=-5, heard_ago=30)
-    other = _other_process(beat_ago=2.5, lag=20)  # its beacon stopped: the process is gone
+    # Its beacon stopped (the process is gone) while its backlog, 20 s at worst, was draining.
+    other = _other_process(beat_ago=2.5, lag=5, peak=20)
     assert heard_until(timezone.now()) == Hearing.objects.get().heard_at
     before = Job.objects.get(pk=waiting.job_id).heartbeat_deadline
     forgiven = beacon()
