@@ -8,7 +8,10 @@ for a while, a body of any size without a token. For ``POST /api/v1/agent/…`` 
 2. refuses a declared ``Content-Length`` above ``AGENT_MAX_BATCH_BYTES`` (413, body unread);
 3. reads the body itself, stopping one byte past the limit (413: a chunked body that lies);
 4. hands the body it read on: to the lean route of the hot path (console/agent_lean.py), or
-   to Django, so the views see the request unchanged.
+   to Django, so the views see the request unchanged;
+5. counts the request as held by this process until it is answered (both doors pass here),
+   so the web tier's beacon can say how far behind its agents it has heard
+   (breakers.control.backlog, breakers.control.hearing).
 
 Its refusals are counted in the request log's agent traffic summary. The views check the same
 limits; this only decides whether the body is read at all. DRF's
@@ -27,6 +30,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import close_old_connections
 
+from breakers.control.backlog import AGENT_REQUESTS, Held
 from console.api.agent_auth import GATE_AUTHENTICATED, required_bearer_token
 from console.api.agent_endpoints import AGENT_PREFIX, TOO_LARGE
 from console.api.errors import database_recently_away, outage_body, outage_part
@@ -125,6 +129,15 @@ class AgentRequestGate:
         ):
             await self.app(scope, receive, send)
             return
+        # Held from its arrival to its answer, but for the time its client takes to send the
+        # body: the beacon reports what this process holds unserved (breakers.control.backlog).
+        held = AGENT_REQUESTS.hold()
+        try:
+            await self._gate(scope, receive, send, held)
+        finally:
+            held.release()
+
+    async def _gate(self, scope: dict, receive: Any, send: Any, held: Held) -> None:
         limit = settings.AGENT_MAX_BATCH_BYTES
         if database_recently_away():
             await _unavailable(send, "database")  # at once: the pool would only wait
@@ -134,7 +147,9 @@ class AgentRequestGate:
             declared = (header(scope, b"content-length") or b"0").decode("latin-1")
             if length_exceeds(declared, limit):  # "²" or 5,000 digits: no int() error
                 raise _too_large(limit)
+            held.pause()
             body = await _read_bounded(receive, limit)
+            held.resume()
             if body is None:
                 raise _too_large(limit)
         except ServiceError as error:

@@ -17,6 +17,7 @@ from breakers.agent.ack_rank import MAX_RANK
 from breakers.agent.bundle import MAX_BUNDLE_PARTS, deliverable_to_ranks
 from breakers.agent.protocol import is_whole_number, parse_json_object
 from breakers.agent.store import Stored
+from breakers.control.backlog import AGENT_REQUESTS
 from breakers.control.commands import deliverable_commands, mark_delivered
 from console.api.agent_auth import bearer_token
 from console.ratelimit import agent_rate, rate_counter
@@ -160,7 +161,15 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any
     ) -> None:
         """Every message is hostile until parsed, as on the HTTP endpoints: within the byte
-        limit, UTF-8 JSON without duplicate keys, an object."""
+        limit, UTF-8 JSON without duplicate keys, an object. Held, as an HTTP agent request
+        is, until served: the web tier's beacon counts what this process has not served."""
+        held = AGENT_REQUESTS.hold()
+        try:
+            await self._receive(text_data, bytes_data)
+        finally:
+            held.release()
+
+    async def _receive(self, text_data: str | None, bytes_data: bytes | None) -> None:
         raw = text_data.encode("utf-8", "surrogatepass") if text_data is not None else b""
         raw = raw or bytes_data or b""
         try:

@@ -14,6 +14,7 @@ from breakers.models.control import (  # noqa: F401
     CommandKind,
     CommandStatus,
     Hearing,
+    WebBeacon,
 )
 from breakers.models.declarations import (  # noqa: F401
     BindingSource,
@@ -81,6 +82,7 @@ __all__ = [
     "OPEN_COMMAND_STATUSES",
     "Command",
     "Hearing",
+    "WebBeacon",
     "ExecutorKind",
     "SchedulerBinding",
     "NodeDrain",

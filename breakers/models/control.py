@@ -8,7 +8,15 @@ from django.db import models
 
 from incidents.models import ActorKind, Alert, Job
 
-__all__ = ["ActorKind", "Command", "CommandAck", "CommandKind", "CommandStatus", "Hearing"]
+__all__ = [
+    "ActorKind",
+    "Command",
+    "CommandAck",
+    "CommandKind",
+    "CommandStatus",
+    "Hearing",
+    "WebBeacon",
+]
 
 
 class CommandKind(models.TextChoices):
@@ -139,3 +147,23 @@ class Hearing(models.Model):
 
     def __str__(self) -> str:
         return f"heard at {self.heard_at:%Y-%m-%d %H:%M:%S}"
+
+
+class WebBeacon(models.Model):
+    """One web process's part of the beacon: up to when it has heard its agents.
+
+    A process that holds agent requests it has not served has heard only up to the oldest one's
+    arrival; the console has heard up to the earliest of its live processes
+    (breakers.control.hearing). A row whose process stopped beaconing stops counting and is
+    removed by the next beacon of any other."""
+
+    process = models.CharField(max_length=100, primary_key=True, help_text="host:pid:nonce")
+    beat_at = models.DateTimeField(help_text="The process's last beacon (database clock).")
+    heard_to = models.DateTimeField(help_text="The beacon less the oldest held request's age.")
+    lag_seconds = models.FloatField(default=0.0, help_text="0 unless past the threshold.")
+    peak_lag_seconds = models.FloatField(
+        default=0.0, help_text="The current backlog's worst lag, forgiven when it clears."
+    )
+
+    def __str__(self) -> str:
+        return f"{self.process}: lag {self.lag_seconds:.1f} s"
