@@ -52,6 +52,9 @@ DEAF_AFTER_SECONDS = 2.0
 # A held agent request older than this is a backlog (a request is served in milliseconds; a
 # second is load): the process has heard only up to its arrival.
 BACKLOG_AFTER_SECONDS = 1.0
+# A held request counts at most this long: one stuck for good (a lock never released, a bug)
+# must not stop the watchdog judging every job; past it, deadlines run again, this far behind.
+BACKLOG_AT_MOST_SECONDS = 60.0
 ROW = 1
 # This process's row of the beacon (WebBeacon): the host, the pid, and a nonce for a pid reused.
 PROCESS = f"{socket.gethostname()[:60]}:{os.getpid()}:{secrets.token_hex(4)}"
@@ -93,8 +96,11 @@ def beacon() -> float:
 
 def backlog_lag(oldest_age: float) -> float:
     """How far behind the clock this process has heard: the oldest held request's age once it
-    is a backlog, else nothing (service times are far below the threshold)."""
-    return oldest_age if oldest_age > BACKLOG_AFTER_SECONDS else 0.0
+    is a backlog (at most BACKLOG_AT_MOST_SECONDS), else nothing (service times are far below
+    the threshold)."""
+    if oldest_age <= BACKLOG_AFTER_SECONDS:
+        return 0.0
+    return min(oldest_age, BACKLOG_AT_MOST_SECONDS)
 
 
 def _earliest(*moments: datetime | None) -> datetime | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from breakers.control.backlog import InFlight
-from breakers.control.hearing import BACKLOG_AFTER_SECONDS, backlog_lag
+from breakers.control.hearing import BACKLOG_AFTER_SECONDS, BACKLOG_AT_MOST_SECONDS, backlog_lag
 
 
 class Clock:
@@ -57,6 +57,7 @@ def test_the_time_the_client_takes_to_send_its_body_is_not_the_consoles() -> Non
         (BACKLOG_AFTER_SECONDS, 0.0),
         (BACKLOG_AFTER_SECONDS + 0.5, BACKLOG_AFTER_SECONDS + 0.5),
         (40.0, 40.0),
+        (BACKLOG_AT_MOST_SECONDS + 500.0, BACKLOG_AT_MOST_SECONDS),  # a request stuck for good
     ],
 )
 def test_a_lag_counts_once_it_is_a_backlog(oldest: float, lag: float) -> None:
