@@ -62,17 +62,25 @@ def _rank_on(job_id: int, node: str) -> int | None:
     return ranks.values_list("rank", flat=True).first()
 
 
+HARDWARE_ALERTS_READ = 200
+
+
 def hardware_signals(job_id: int, node: str, *, now: Any = None) -> list[str]:
     """The job's hardware alerts of the last hour on ``node`` (any node when the braking rule
     pools them), newest first, as short lines."""
     now = now or timezone.now()
     hardware = Q(rule_key__in=HARDWARE_RULES) | Q(rule_key__startswith=EXTERNAL_PREFIX)
     alerts = Alert.objects.filter(hardware, job_id=job_id, last_seen_at__gte=now - HARDWARE_WINDOW)
-    if node:
-        alerts = alerts.filter(Q(node=node) | Q(nodes__contains=[node]))
+    # The node is matched here rather than with a JSON containment lookup, which the embedded
+    # mode's SQLite does not have; a job's hardware alerts of one hour are few.
+    on_node = [
+        a
+        for a in alerts.order_by("-last_seen_at")[:HARDWARE_ALERTS_READ]
+        if not node or a.node == node or node in (a.nodes or [])
+    ]
     return [
         f"{a.rule_key} on {a.node or ', '.join(a.nodes) or 'the job'} ({a.severity}, {a.status})"
-        for a in alerts.order_by("-last_seen_at")[:5]
+        for a in on_node[:5]
     ]
 
 

@@ -132,3 +132,36 @@ def test_embedded_orm_reads_nan_back_as_a_float(embedded_env):
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "True"
+
+
+def test_the_recovery_evidence_reads_a_nodes_hardware_alerts_on_sqlite(embedded_env):
+    """The evidence of a verdict (breakers.recovery.evidence) asks for the node's hardware
+    alerts; a JSON containment lookup there made every brake's acknowledgement a 500 in the
+    embedded mode, which SQLite cannot answer."""
+    manage(embedded_env, "migrate", "--verbosity", "0")
+    script = (
+        "import django, os; os.environ['DJANGO_SETTINGS_MODULE']='config.settings';"
+        "django.setup();"
+        "from django.utils import timezone;"
+        "from breakers.recovery.evidence import hardware_signals;"
+        "from incidents.jobs import create_job; from incidents.models import Alert;"
+        "job = create_job('t', 'j').job; now = timezone.now();"
+        "common = dict(job=job, severity='L4', layer='health', rule_name='XID', metric='x',"
+        " description='d', value=1.0, first_step=1, first_time=now, step=1, raised_at=now,"
+        " last_seen_at=now, status='firing', action='none', runbook_key='k',"
+        " runbook_suggestion='s');"
+        "Alert.objects.create(rule_key='hardware-error', fingerprint='a', node='',"
+        " nodes=['gpu-a'], **common);"
+        "Alert.objects.create(rule_key='hardware-error', fingerprint='b', node='gpu-b', **common);"
+        "print(hardware_signals(job.pk, 'gpu-a'))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=embedded_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "['hardware-error on gpu-a (L4, firing)']"
