@@ -170,6 +170,7 @@ class ControlLoop:
     def _tick(self, now: float) -> None:
         if (self._urgent or self._outbox) and now >= self._next_outbox_attempt:
             self._deliver(final=False)
+            now = max(now, time.monotonic())  # a heartbeat may have come due meanwhile
         with self._schedule:
             due = self._heartbeat_wanted.is_set() or now >= self._next_heartbeat
             if due:
@@ -209,14 +210,32 @@ class ControlLoop:
             self.poke()
 
     def _deliver(self, final: bool) -> None:
-        for queue in (self._urgent, self._outbox):
-            if not self._deliver_queue(queue, final):
+        """The acknowledgements, then the other reports one at a time: an ack queued meanwhile
+        goes next, and (outside the last round) a heartbeat that came due goes between two
+        reports. A run that checkpoints every few steps queues reports faster than a loaded
+        console takes them: drained in one go, they would hold back acks and heartbeats."""
+        while True:
+            if not self._deliver_queue(self._urgent, final):
                 return
+            if not self._outbox:
+                break
+            if not self._deliver_queue(self._outbox, final, most=1):
+                return
+            if not final and self._heartbeat_due():
+                return  # _tick sends it; the reports go on at once after it
         self._backoff.reset()
 
-    def _deliver_queue(self, queue: collections.deque[OutboxItem], final: bool) -> bool:
-        """Post the queue in order; False at the first failure (the rest waits for a retry)."""
-        while queue:
+    def _heartbeat_due(self) -> bool:
+        return self._heartbeat_wanted.is_set() or time.monotonic() >= self._next_heartbeat
+
+    def _deliver_queue(
+        self, queue: collections.deque[OutboxItem], final: bool, most: int | None = None
+    ) -> bool:
+        """Post the queue in order (``most`` items at most); False at the first failure (the
+        rest waits for a retry)."""
+        posted = 0
+        while queue and (most is None or posted < most):
+            posted += 1
             item = queue[0]
             try:
                 body = item.encoded()
