@@ -88,6 +88,7 @@ FAULT_MARGIN_STEPS = 8  # the command must reach the job before the fault's step
 MAX_PARALLEL = len(SCENARIOS)  # the whole set at once: it lasts as long as its slowest
 WARM_UP_PROGRESS_SECONDS = 15.0  # "still waiting for the workload" this often
 CANCELLED_GRACE_SECONDS = 5.0  # a stopped runner's sandbox: this long to take the terminate
+RELEASE_WAIT = 30.0  # from the confirmed brake to the release hooks' note, at most
 STOPPED = "the drill's runner was stopped (Ctrl-C or SIGTERM)"
 
 
@@ -288,7 +289,7 @@ def _observe(
     facts.alert = _alert_facts(alert, point) if alert else None
     facts.rule = _rule_in_force(run, alert.rule_key) if alert else None
     facts.brake = _brake_facts(brake, alert, point) if brake else None
-    facts.release = _release_facts(job, sandbox, alert)
+    facts.release = _release_facts(job, sandbox, alert, brake)
     _stage(run, "braked, released")
     facts.checkpoint = _checkpoint_facts(job, brake)
     if facts.checkpoint is not None:
@@ -430,8 +431,14 @@ def _executor_note(alert: Alert) -> str:
     return note.message if note is not None else ""
 
 
-def _release_facts(job: Job, sandbox: Sandbox, alert: Alert | None) -> dict[str, Any]:
+def _release_facts(
+    job: Job, sandbox: Sandbox, alert: Alert | None, brake: Command | None = None
+) -> dict[str, Any]:
     time.sleep(0.5)  # a holding process must still be holding a moment later
+    if _must_release(brake):
+        # The SDK releases once it has the console's answer to its ack, which the console
+        # committed (and the drill saw) before: on a loaded machine that answer takes a while.
+        wait_until(lambda: _release_hooks_run(sandbox.work_dir), "the release", RELEASE_WAIT)
     job.refresh_from_db()
     entry = _executor_entry(alert) if alert is not None else None
     refused = _executor_note(alert) if alert is not None and entry is None else ""
@@ -443,6 +450,15 @@ def _release_facts(job: Job, sandbox: Sandbox, alert: Alert | None) -> dict[str,
         "executor_stopped": entry is not None,
         "executor_detail": entry.message if entry is not None else refused,
     }
+
+
+def _must_release(brake: Command | None) -> bool:
+    """A confirmed checkpoint_and_pause: the process releases its accelerators after it."""
+    if brake is None:
+        return False
+    return (
+        brake.kind == CommandKind.CHECKPOINT_AND_PAUSE and brake.status == CommandStatus.SUCCEEDED
+    )
 
 
 def _release_hooks_run(work_dir: Path) -> int:

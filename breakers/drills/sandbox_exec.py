@@ -51,6 +51,7 @@ def _drop_privileges() -> None:
 
 
 PR_SET_PDEATHSIG = 1
+UNCATCHABLE = (signal.SIGKILL, signal.SIGSTOP)
 
 
 def _die_with_parent() -> None:
@@ -83,7 +84,8 @@ def main(argv: list[str]) -> int:
         signal.signal(signum, lambda received, _frame: child.send_signal(received))
     code = child.wait()
     if code < 0:  # killed by a signal: die of the same one, so the runner sees it as before
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in UNCATCHABLE:  # their action is the default already, and cannot be set
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     return code
 

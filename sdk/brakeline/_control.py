@@ -30,6 +30,9 @@ MAX_SERVER_ERRORS_PER_ITEM = 5
 OUTAGE_STATUSES = {502, 503, 504}
 # The protocol version from which a console takes a heartbeat inside a metrics batch.
 HEARTBEAT_IN_BATCH_PROTOCOL = 3
+# The status the console ends a job on: from then on it closes the job's open commands as never
+# applied, so an acknowledgement that reaches it afterwards no longer counts.
+FINAL_STATUS = "finished"
 
 
 @dataclasses.dataclass
@@ -153,7 +156,7 @@ class ControlLoop:
                 self._stopping.wait(self._backoff.next_delay())
         try:
             self._deliver(final=True)
-            self._send_heartbeat()
+            self._send_heartbeat(final=True)
         except Exception:
             logger.exception("brakeline: final heartbeat failed")
 
@@ -167,6 +170,7 @@ class ControlLoop:
     def _tick(self, now: float) -> None:
         if (self._urgent or self._outbox) and now >= self._next_outbox_attempt:
             self._deliver(final=False)
+            now = max(now, time.monotonic())  # a heartbeat may have come due meanwhile
         with self._schedule:
             due = self._heartbeat_wanted.is_set() or now >= self._next_heartbeat
             if due:
@@ -188,7 +192,8 @@ class ControlLoop:
             if self._heartbeat_wanted.is_set() or now + within < self._next_heartbeat:
                 return None
             self._next_heartbeat = now + self.interval
-        return self._heartbeat_body()
+        body = self._heartbeat_body()
+        return None if body is not None and self._holds_back(body) else body
 
     def rode(self, heartbeat: dict[str, Any], response: Response | None) -> None:
         """How the batch carrying ``heartbeat`` was answered: taken (as a heartbeat's own
@@ -205,14 +210,32 @@ class ControlLoop:
             self.poke()
 
     def _deliver(self, final: bool) -> None:
-        for queue in (self._urgent, self._outbox):
-            if not self._deliver_queue(queue, final):
+        """The acknowledgements, then the other reports one at a time: an ack queued meanwhile
+        goes next, and (outside the last round) a heartbeat that came due goes between two
+        reports. A run that checkpoints every few steps queues reports faster than a loaded
+        console takes them: drained in one go, they would hold back acks and heartbeats."""
+        while True:
+            if not self._deliver_queue(self._urgent, final):
                 return
+            if not self._outbox:
+                break
+            if not self._deliver_queue(self._outbox, final, most=1):
+                return
+            if not final and self._heartbeat_due():
+                return  # _tick sends it; the reports go on at once after it
         self._backoff.reset()
 
-    def _deliver_queue(self, queue: collections.deque[OutboxItem], final: bool) -> bool:
-        """Post the queue in order; False at the first failure (the rest waits for a retry)."""
-        while queue:
+    def _heartbeat_due(self) -> bool:
+        return self._heartbeat_wanted.is_set() or time.monotonic() >= self._next_heartbeat
+
+    def _deliver_queue(
+        self, queue: collections.deque[OutboxItem], final: bool, most: int | None = None
+    ) -> bool:
+        """Post the queue in order (``most`` items at most); False at the first failure (the
+        rest waits for a retry)."""
+        posted = 0
+        while queue and (most is None or posted < most):
+            posted += 1
             item = queue[0]
             try:
                 body = item.encoded()
@@ -260,12 +283,21 @@ class ControlLoop:
             self._delivered.add(key)
             self._delivery.notify_all()
 
-    def _send_heartbeat(self) -> None:
+    def _holds_back(self, body: dict[str, Any]) -> bool:
+        """A heartbeat saying the run finished waits while an acknowledgement is queued (a
+        terminate's, typically, timed out on a loaded console and waiting for its retry): said
+        first, it would end the job before the ack counts. The last round says it anyway,
+        after trying the acks once more."""
+        return body.get("status") == FINAL_STATUS and bool(self._urgent)
+
+    def _send_heartbeat(self, final: bool = False) -> None:
         body = self._heartbeat_body()
         if body is None:
             body, self._unsent_heartbeat = self._unsent_heartbeat, None
         if body is None:
             return  # no training progress since the last heartbeat: let the console notice
+        if not final and self._holds_back(body):
+            return
         response = self._post("heartbeat", encode_json(body))
         if response is not None:
             self._console_protocol = response.protocol
