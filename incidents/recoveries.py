@@ -18,6 +18,7 @@ from django.utils import timezone
 from core.realtime import job_group, publish_after_commit
 from core.transitions import compare_and_swap_all
 from incidents.alerts.lifecycle import append_timeline
+from incidents.alerts.ownership import authorised_incident
 from incidents.models import (
     OPEN_RECOVERY_STATUSES,
     RECOVERY_TRANSITIONS,
@@ -27,9 +28,8 @@ from incidents.models import (
     RecoveryStatus,
     TimelineKind,
 )
-from incidents.teams.access import role_in_team, scoped_get
 from incidents.teams.audit import AuditContext, audited
-from incidents.teams.authority import Action, decide
+from incidents.teams.authority import Action
 from incidents.teams.users import User
 
 TAKEN_OVER_EVENT = "recovery_taken_over"
@@ -75,16 +75,7 @@ def take_over(user: User, incident_id: int, *, context: AuditContext | None = No
     """The "Take over" button: whoever may take the incident may take it from the machine.
     Taking over an incident already taken over changes nothing."""
     with audited(user, Action.ASSIGN_INCIDENT, "incident", incident_id, context) as attempt:
-        incident = scoped_get(
-            Incident.objects.select_related("job"),
-            user,
-            incident_id,
-            team_path="job__team_id",
-            noun="incident",
-            attempt=attempt,
-        )
-        role = role_in_team(user, incident.job.team_id)
-        attempt.check(decide(role, Action.ASSIGN_INCIDENT, incident.level))
+        incident = authorised_incident(user, incident_id, Action.ASSIGN_INCIDENT, attempt)
         with transaction.atomic():
             took = stop_automatic_recovery(incident.pk, user, "the Take over button")
             incident.refresh_from_db()

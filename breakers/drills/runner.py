@@ -49,6 +49,7 @@ from breakers.drills.launch import (
     launch_sandbox,
     sandboxed,
 )
+from breakers.drills.paged_line import paging_facts
 from breakers.drills.scenarios import SCENARIOS, Scenario
 from breakers.drills.scorecard import DETECT_MARGIN_SECONDS, Facts, score
 from breakers.models import (
@@ -67,18 +68,12 @@ from incidents.jobs import create_job
 from incidents.models import (
     ActorKind,
     Alert,
-    Delivery,
     Job,
     JobStatus,
-    NotificationPolicy,
     TimelineEntry,
     TimelineKind,
 )
 from incidents.notifications.delivery import stop_notifications
-from incidents.notifications.grouping import PAGES_ALONE
-from incidents.notifications.recipients import people_to_page
-from incidents.notifications.routing import DIGEST, channels_for
-from incidents.teams.oncall import who_is_on_call
 
 log = logging.getLogger(__name__)
 WORKLOAD = Path(__file__).resolve().parent / "workload.py"
@@ -300,7 +295,7 @@ def _observe(
         facts.loads = _loads(verifier, facts.checkpoint, run.corrupt_checkpoint)
     _stage(run, "loads checked")
     if alert is not None:
-        facts.paging = _paging_facts(job, alert)
+        facts.paging = paging_facts(job, alert, wait_until)
         facts.timeline = _timeline_kinds(alert)
     facts.shadow = [
         {**firing, "after_s": _seconds_after(firing.pop("fired_at"), point)}
@@ -531,50 +526,6 @@ def _loads(verifier: subprocess.Popen, checkpoint: dict[str, Any], corrupt: bool
         return json.loads(lines[-1]) if lines else {"loads": False, "error": stderr[-500:]}
     except json.JSONDecodeError:
         return {"loads": False, "error": (stdout + stderr)[-500:]}
-
-
-def _paging_facts(job: Job, alert: Alert) -> dict[str, Any]:
-    policy = NotificationPolicy.objects.filter(team_id=job.team_id).first()
-    if policy is None:
-        return {"policy": False}
-    # An alert storm pages once per incident and level, through whichever of its alerts was
-    # dispatched first (the NaN's L3 or the guard's): that round is this alert's page too.
-    # A failed brake pages on its own, through its own layer's channels: not this line's.
-    deliveries = Delivery.objects.filter(round__number=0, round__severity=alert.severity).exclude(
-        alert__rule_key__in=PAGES_ALONE
-    )
-    if alert.incident_id is not None:
-        deliveries = deliveries.filter(alert__incident_id=alert.incident_id)
-    else:
-        deliveries = deliveries.filter(alert=alert)
-    # Until round 0 exists and none of its deliveries is still on its way: a dispatch that has
-    # not run yet has no rows, and "none queued" alone would read that as "nobody paged".
-    sending = deliveries.filter(status="queued")
-    wait_until(lambda: deliveries.exists() and not sending.exists(), "the deliveries", 45)
-    wanted = [c for c in channels_for(policy.rules, alert.layer, alert.severity) if c != DIGEST]
-    people = people_to_page(job.team_id, 0, alert.raised_at, drill=True, policy=policy)
-    sent = list(deliveries.select_related("recipient"))
-    alert.refresh_from_db()
-    rounds = alert.notification_rounds.count()
-    return {
-        "detail": f"alert {alert.status}, {rounds} round(s), {len(sent)} deliveries in round 0",
-        "policy": True,
-        "receivers": policy.drill_delivery == "receivers",
-        "on_call": bool(who_is_on_call(job.team_id, alert.raised_at)),
-        "expected_channels": wanted,
-        "expected_people": ", ".join(sorted(p.get_username() for p in people)) or "nobody",
-        "paged_channels": sorted({d.channel for d in sent if d.status != "failed"}),
-        "paged_people": ", ".join(sorted({d.recipient.get_username() for d in sent if d.recipient}))
-        or "nobody",
-        "people_ok": {d.recipient_id for d in sent} == {p.pk for p in people},
-        "all_marked_drill": bool(sent)
-        and all(d.purpose == "drill" and d.first_line.startswith("DRILL") for d in sent),
-        "failed": [
-            f"{d.channel} to {d.address or '?'} ({d.provider_response[:80]})"
-            for d in sent
-            if d.status == "failed"
-        ],
-    }
 
 
 def _timeline_kinds(alert: Alert) -> list[str]:

@@ -27,7 +27,7 @@ NOTE_EVENT = "incident_note"  # a NOTE row's data["event"] when a person wrote i
 ASSIGNED_EVENT = "incident_assigned"
 
 
-def _incident(user: User, incident_id: int, action: Action, attempt: Attempt) -> Incident:
+def authorised_incident(user: User, incident_id: int, action: Action, attempt: Attempt) -> Incident:
     """The incident (404 unless the user's team's), after the authority's answer (403)."""
     incident = scoped_get(
         Incident.objects.select_related("job", "assignee"),
@@ -68,7 +68,7 @@ def assign_incident(
     """Make ``assignee_id`` (the person themselves when None: "take it") the incident's
     assignee. Handing over from someone else is allowed and said on the timeline."""
     with audited(user, Action.ASSIGN_INCIDENT, "incident", incident_id, context) as attempt:
-        incident = _incident(user, incident_id, Action.ASSIGN_INCIDENT, attempt)
+        incident = authorised_incident(user, incident_id, Action.ASSIGN_INCIDENT, attempt)
         assignee = _assignable(incident, user.pk if assignee_id is None else assignee_id)
         previous = incident.assignee
         now = timezone.now()
@@ -98,7 +98,7 @@ def add_note(
 ) -> TimelineEntry:
     """Append the person's note to the incident's thread (its timeline)."""
     with audited(user, Action.NOTE_INCIDENT, "incident", incident_id, context) as attempt:
-        incident = _incident(user, incident_id, Action.NOTE_INCIDENT, attempt)
+        incident = authorised_incident(user, incident_id, Action.NOTE_INCIDENT, attempt)
         text = (text or "").strip()
         if not text or len(text) > MAX_NOTE or "\x00" in text:
             raise InvalidInput(

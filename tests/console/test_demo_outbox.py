@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth import get_user_model
 
-from breakers.drills.runner import _paging_facts
+from breakers.drills.paged_line import paging_facts
+from breakers.drills.runner import wait_until
 from breakers.drills.scorecard import Facts, paging_line
 from console.management.commands.demo import DEMO_TEAM, set_up_demo_data
 from incidents.alerts.lifecycle import raise_or_update_alert
@@ -72,7 +73,7 @@ def test_a_drill_of_the_demo_team_passes_its_paged_line(demo):
     Job.objects.filter(pk=demo.pk).update(drill_sandbox=True)
     alert_id = page(demo)
     alert = Job.objects.get(pk=demo.pk).alerts.get(pk=alert_id)
-    line = paging_line(Facts(paging=_paging_facts(demo, alert)))
+    line = paging_line(Facts(paging=paging_facts(demo, alert, wait_until)))
     assert line.passed, (line.measured, line.expectation)
     assert line.measured == "chat, phone to oncall"
 
