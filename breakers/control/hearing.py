@@ -186,6 +186,12 @@ def heard_since() -> datetime | None:
     return row.first()
 
 
+def forgiven_so_far() -> float:
+    """All the deafness the console has forgiven so far, in seconds (deadlines moved by it)."""
+    row = Hearing.objects.filter(pk=ROW).values_list("deaf_seconds", flat=True).first()
+    return float(row or 0.0)
+
+
 def hearing_state() -> dict[str, float | int | None]:
     """For /api/v1/health and /metrics: the beacon's age on the database's clock, outages, and
     the worst backlog of a live web process."""
@@ -235,6 +241,7 @@ __all__ = [
     "backlog_lag",
     "beacon",
     "forgive_deafness",
+    "forgiven_so_far",
     "hearing_state",
     "heard_since",
     "heard_until",

@@ -39,6 +39,7 @@ from django.utils import timezone
 
 from breakers.checkpoints import catalogue
 from breakers.control.commands import issue_command
+from breakers.control.hearing import forgiven_so_far
 from breakers.declarations import declare_own_root
 from breakers.detection.shadow import would_have_fired
 from breakers.drills import runs
@@ -267,6 +268,7 @@ def _observe(
         params=params,
         idempotency_key=f"drill:{run.pk}:inject",
     ).command
+    forgiven_before = forgiven_so_far()
     point = wait_until(lambda: _fault_point(job, injected), "the fault", 60, sandbox)
     if point is None:
         injected.refresh_from_db()
@@ -277,8 +279,9 @@ def _observe(
     _stage(run, "fault fired")
     alert = _wait_for_alert(job, scenario, point)
     _stage(run, "alert seen")
+    facts = Facts(fault_step=point.step, forgiven_s=forgiven_so_far() - forgiven_before)
     brake = _wait_for_outcome(job, scenario, alert, sandbox)
-    facts = Facts(fault_step=point.step)
+    facts.forgiven_to_stop_s = forgiven_so_far() - forgiven_before - facts.forgiven_s
     facts.heartbeat_timeout_s = heartbeat_timeout_seconds(Job.objects.get(pk=job.pk))
     facts.stop_after_s = _stop_after_seconds()
     facts.alert = _alert_facts(alert, point) if alert else None

@@ -34,6 +34,10 @@ class Facts:
     fault_step: int | None = None
     alert: dict[str, Any] | None = None  # rule_key, severity, detect_s, first_step, step
     heartbeat_timeout_s: float | None = None  # the job's watchdog deadline, for that rule
+    # The console's own deafness it forgave between the fault and the alert (its web tier away
+    # or holding requests unserved): the watchdog's deadlines ran that much later, by design.
+    forgiven_s: float = 0.0
+    forgiven_to_stop_s: float = 0.0  # as much again from the alert on: the ack deadline's move
     rule: dict[str, Any] | None = None  # the answering rule as in the drill's rule-set version
     # A hung job is stopped from outside only after its brake's acknowledgement deadline and
     # the executor's grace: part of the expectation of a "stopped" release.
@@ -89,24 +93,30 @@ def rule_delay(
 
 
 def detect_budget(
-    rule_key: str | None, rule: Mapping[str, Any] | None, heartbeat_timeout_s: float | None
+    rule_key: str | None,
+    rule: Mapping[str, Any] | None,
+    heartbeat_timeout_s: float | None,
+    forgiven_s: float = 0.0,
 ) -> Budget:
     """The expectation of "time to detect": the answering rule's own delay, read from the
-    team's rules in force (the drill's rule-set version), plus the loaded-machine margin."""
+    team's rules in force (the drill's rule-set version), plus the loaded-machine margin. The
+    watchdog's deadline also runs later by the deafness the console forgave meanwhile: a
+    silence the console could not hear is not the job's."""
     if rule_key is None:
         return Budget(DETECT_MARGIN_SECONDS, DETECT_MARGIN_STEPS, "no rule answered")
     seconds, steps = rule_delay(rule_key, rule, heartbeat_timeout_s)
     own = "the watchdog's deadline" if rule_key == HEARTBEAT_RULE else f"rule {rule_key}'s"
-    why = (
-        f"{own} {seconds:.1f} s, {steps} steps + {DETECT_MARGIN_SECONDS:g} s, "
-        f"{DETECT_MARGIN_STEPS} steps margin"
-    )
+    why = f"{own} {seconds:.1f} s, {steps} steps"
+    if rule_key == HEARTBEAT_RULE and forgiven_s > 0:
+        seconds += forgiven_s
+        why += f" + {forgiven_s:.1f} s the console forgave (its own deafness)"
+    why += f" + {DETECT_MARGIN_SECONDS:g} s, {DETECT_MARGIN_STEPS} steps margin"
     return Budget(seconds + DETECT_MARGIN_SECONDS, steps + DETECT_MARGIN_STEPS, why)
 
 
 def _detect_budget(facts: Facts) -> Budget:
     key = (facts.alert or {}).get("rule_key")
-    return detect_budget(key, facts.rule, facts.heartbeat_timeout_s)
+    return detect_budget(key, facts.rule, facts.heartbeat_timeout_s, facts.forgiven_s)
 
 
 def fired_line(scenario: Scenario, facts: Facts) -> Line:
@@ -134,8 +144,10 @@ def brake_line(scenario: Scenario, facts: Facts) -> Line:
     budget = detect.seconds + scenario.brake_seconds
     why = f"the detection's {detect.seconds:.1f} s + {scenario.brake_seconds:g} s to brake"
     if scenario.release == "stopped":
-        budget += facts.stop_after_s
+        budget += facts.stop_after_s + facts.forgiven_to_stop_s
         why += f" + {facts.stop_after_s:g} s acknowledgement deadline and grace"
+        if facts.forgiven_to_stop_s > 0:
+            why += f" + {facts.forgiven_to_stop_s:.1f} s the console forgave"
     expected = f"braked ≤ {budget:.1f} s after the fault: {why}"
     brake = facts.brake
     if brake is None or brake.get("brake_s") is None:

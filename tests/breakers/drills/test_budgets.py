@@ -46,6 +46,27 @@ def test_the_detect_budget_is_the_rules_own_delay_plus_the_margin(
     assert f"+ {M:g} s, {N} steps margin" in budget.expectation()
 
 
+@pytest.mark.parametrize(
+    ("key", "rule", "heartbeat", "forgiven", "seconds"),
+    [
+        ("heartbeat-timeout", None, 12.5, 5.4, 12.5 + 5.4 + M),  # deadlines moved by as much
+        ("heartbeat-timeout", None, 12.5, 0.0, 12.5 + M),
+        ("non-finite-loss-or-gradients", PACK["non-finite-loss-or-gradients"], None, 5.4, M),
+        ("a-team-rule", {"params": {"sustain_seconds": 2.0}}, None, 5.4, 2.0 + M),
+    ],
+)
+def test_the_watchdogs_budget_adds_the_deafness_the_console_forgave(
+    key, rule, heartbeat, forgiven, seconds
+):
+    """A silence the console could not hear is not the job's: the watchdog's deadline ran that
+    much later, so the hang's detection is judged against it. A rule on the job's points does
+    not wait on deadlines, and its budget stays."""
+    budget = detect_budget(key, rule, heartbeat, forgiven)
+    assert budget.seconds == pytest.approx(seconds)
+    said = f"+ {forgiven:.1f} s the console forgave (its own deafness)"
+    assert (said in budget.expectation()) == (key == "heartbeat-timeout" and forgiven > 0)
+
+
 def test_the_line_shows_the_expectation_it_was_judged_against():
     facts = Facts(fault_step=100, rule={"params": {"sustain_seconds": 2.0}})
     facts.alert = {"rule_key": "r", "severity": "L3", "detect_s": 11.9, "first_step": 102}
@@ -94,3 +115,18 @@ def test_a_brake_whose_save_fails_holds_without_releasing_and_says_it_saved_noth
     assert not release_line(scenario, facts).passed
     facts.brake["status"] = "succeeded"
     assert not checkpoint_lines(scenario, facts)[0].passed
+
+
+def test_a_stopped_release_waits_longer_by_the_deafness_forgiven_after_the_alert():
+    """The acknowledgement deadline a hung job's stop waits for moves like any deadline."""
+    scenario = SCENARIOS["hang"]
+    facts = Facts(fault_step=100, heartbeat_timeout_s=12.5, stop_after_s=20.0)
+    facts.alert = {"rule_key": "heartbeat-timeout", "severity": "L3", "detect_s": 13.0}
+    facts.brake = {"kind": "checkpoint_and_pause", "status": "timed_out", "brake_s": 0.0}
+    quiet = 12.5 + M + scenario.brake_seconds + 20.0
+    facts.brake["brake_s"] = quiet + 2.0
+    assert not brake_line(scenario, facts).passed
+    facts.forgiven_to_stop_s = 2.5
+    line = brake_line(scenario, facts)
+    assert line.passed
+    assert line.expectation.endswith("+ 2.5 s the console forgave")
