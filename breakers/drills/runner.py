@@ -277,7 +277,7 @@ def _observe(
             f"{injected.error or 'no answer'})"
         )
     _stage(run, "fault fired")
-    alert = _wait_for_alert(job, scenario, point)
+    alert = _wait_for_alert(job, scenario, forgiven_before)
     _stage(run, "alert seen")
     facts = Facts(fault_step=point.step, forgiven_s=forgiven_so_far() - forgiven_before)
     brake = _wait_for_outcome(job, scenario, alert, sandbox)
@@ -323,12 +323,27 @@ def _fault_point(job: Job, injected: Command) -> StoredPoint | bool | None:
     return None
 
 
-def _wait_for_alert(job: Job, scenario: Scenario, point: StoredPoint) -> Alert | None:
-    # Waits past any rule's budget, so a late alert is scored late rather than missed.
-    budget = heartbeat_timeout_seconds(Job.objects.get(pk=job.pk)) + DETECT_MARGIN_SECONDS + 40
+# The longest the wait for the alert stretches for the console's own deafness meanwhile.
+FORGIVEN_WAIT_AT_MOST_SECONDS = 120.0
+
+
+def _wait_for_alert(job: Job, scenario: Scenario, forgiven_before: float) -> Alert | None:
+    """Waits past any rule's budget, so a late alert is scored late rather than missed; and as
+    much longer as the console forgave its own deafness meanwhile, since the watchdog's
+    deadlines moved by as much (up to FORGIVEN_WAIT_AT_MOST_SECONDS)."""
+    base = heartbeat_timeout_seconds(Job.objects.get(pk=job.pk)) + DETECT_MARGIN_SECONDS + 40
     alerts = Alert.objects.filter(job=job).order_by("raised_at", "pk")
-    expected = wait_until(lambda: alerts.filter(rule_key__in=scenario.rules).first(), "", budget)
-    return expected or alerts.first()  # what fired instead, if anything did
+    started, budget = time.monotonic(), base
+    while True:
+        left = budget - (time.monotonic() - started)
+        expected = wait_until(lambda: alerts.filter(rule_key__in=scenario.rules).first(), "", left)
+        if expected:
+            return expected
+        forgiven = forgiven_so_far() - forgiven_before
+        longer = base + min(forgiven, FORGIVEN_WAIT_AT_MOST_SECONDS)
+        if longer <= budget:
+            return alerts.first()  # what fired instead, if anything did
+        budget = longer
 
 
 def _rule_in_force(run: DrillRun, rule_key: str) -> dict[str, Any] | None:
