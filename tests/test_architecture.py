@@ -39,7 +39,8 @@ def test_the_services_type_check() -> None:
 
 
 def _lint(cwd: Path, *path: Path, config: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """lint-imports in ``cwd`` with only ``path`` and the project's tools importable."""
+    """lint-imports in ``cwd``, ``path`` found before the project's root (its tools, its
+    packages)."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([*map(str, path), str(ROOT)]),
@@ -102,8 +103,8 @@ def test_a_package_the_graph_holds_only_by_name_is_refused_by_name(tmp_path) -> 
 
 
 def test_a_cycle_in_the_sdk_breaks_the_projects_own_contract(tmp_path) -> None:
-    """The SDK is a distribution of its own (sdk/brakeline): a copy of it with one module that
-    names the run for type checking only, as the parts that obey the console once did."""
+    """The SDK is a distribution of its own (sdk/brakeline), found on the path: a copy of it
+    where the pause controller names the run that composes it, for type checking only."""
     sdk = tmp_path / "sdk"
     shutil.copytree(
         ROOT / "sdk" / "brakeline", sdk / "brakeline", ignore=shutil.ignore_patterns("__pycache__")
