@@ -2,8 +2,13 @@
 
 import-linter's own ``acyclic_siblings`` contract judges whole packages (``breakers.control``
 against ``breakers.executors``); this one judges modules, as Python imports them, and counts
-every import, also one inside a function. A cycle is a strongly connected group of modules;
-the contract names each group with the imports that close it.
+every import, also one inside a function or under ``if TYPE_CHECKING:`` (import-linter's
+graph holds those unless ``exclude_type_checking_imports`` is set, which this project does
+not). A cycle is a strongly connected group of modules; the contract names each group with the
+imports that close it.
+
+Each package must be one of the root packages, wherever it is found on the path (the SDK is
+a distribution of its own, ``sdk/brakeline``): of any other, the graph holds only the name.
 """
 
 from __future__ import annotations
@@ -96,5 +101,10 @@ class AcyclicModulesContract(Contract):
 def _modules_of(graph: ImportGraph, packages: Iterable[str]) -> set[str]:
     found = set()
     for package in packages:
+        if package not in graph.modules or graph.is_module_squashed(package):
+            raise ValueError(
+                f"acyclic_modules: {package!r} is not one of the root packages; add it to "
+                "root_packages so that its modules are in the graph"
+            )
         found |= {package} | graph.find_descendants(package)
     return found

@@ -26,13 +26,10 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from brakeline._commands import CommandFailed
-
-if TYPE_CHECKING:
-    from brakeline._commands import Command
-    from brakeline._run import Run
+from brakeline._commands import Command, CommandFailed
+from brakeline._roles import CommandTarget
 
 logger = logging.getLogger("brakeline")
 
@@ -109,7 +106,7 @@ def parse_fault(params: Any, step: int) -> PlannedFault:
 class DrillFaults:
     """The faults planned for one run, fired from forward hooks of its watched models."""
 
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: CommandTarget) -> None:
         self.run = run
         self.planned: list[PlannedFault] = []
         self._hooked: set[int] = set()
@@ -193,7 +190,7 @@ class DrillFaults:
         self.run.training.torch_saver = failing_saver  # type: ignore[method-assign]
 
 
-def inject_fault(run: Run, command: Command, step: int) -> dict[str, Any]:
+def inject_fault(run: CommandTarget, command: Command, step: int) -> dict[str, Any]:
     """The ``inject_fault`` command: refused outside a drill sandbox, else planned."""
     if not is_sandbox():
         raise CommandFailed(

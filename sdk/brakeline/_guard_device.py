@@ -25,15 +25,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from brakeline._flags import any_flag
 from brakeline._shards import local
-
-
-def any_flag(flags: list[Any], device: Any) -> Any:
-    """One 0-d bool tensor on ``device``: True if any of ``flags`` is (device copies only)."""
-    import torch
-
-    moved = [flag.to(device, non_blocking=True).reshape(()) for flag in flags]
-    return torch.stack(moved).any() if moved else torch.zeros((), dtype=torch.bool, device=device)
 
 
 def primary_device(optimizer: Any) -> Any:

@@ -4,27 +4,33 @@ A handler returns the result to acknowledge as succeeded, raises :class:`Command
 exception) to acknowledge as failed, or returns :data:`ACK_LATER` when it acknowledges by itself
 (the pause commands must confirm *before* they block). The pause commands only start the run's
 pause controller (``_pause.py``), which owns the order save, confirm, release, hold.
+
+The built-in behaviour needs of the run only what :class:`brakeline._roles.CommandTarget`
+names, and the pause commands get their run's pause controller bound in
+(:func:`builtin_handlers`); your handlers receive the run itself.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any
 
 from brakeline._commands import ACK_LATER, KINDS, Command, CommandFailed
 from brakeline._drill import inject_fault
-from brakeline._pause import PauseInfo
-
-if TYPE_CHECKING:
-    from brakeline._run import Run
+from brakeline._pause import PauseController, PauseInfo
+from brakeline._roles import CommandTarget, TargetT
 
 # Optimizer param-group keys and scheduler attributes that carry a learning rate. Schedulers
 # recompute the lr from these, so scaling only group["lr"] would be undone at the next step.
 LR_GROUP_KEYS = ("lr", "initial_lr", "max_lr", "min_lr")
 LR_SCHEDULER_ATTRIBUTES = ("base_lrs", "max_lrs", "_last_lr")
 
-Handler = Callable[["Run", Command, int], Any]
+# Your handler: ``handler(run, command, step)``, the run typed as where it is registered.
+Handler = Callable[[TargetT, Command, int], Any]
+# A built-in handler: any run will do.
+Builtin = Callable[[CommandTarget, Command, int], Any]
 
 
 def _scaled(value: Any, factor: float) -> Any:
@@ -42,7 +48,7 @@ def _scale_scheduler(scheduler: Any, factor: float) -> None:
         _scale_scheduler(inner, factor)
 
 
-def lower_lr(run: Run, command: Command, step: int) -> dict[str, Any]:
+def lower_lr(run: CommandTarget, command: Command, step: int) -> dict[str, Any]:
     factor = command.params.get("factor", 0.5)
     if (
         isinstance(factor, bool)
@@ -69,35 +75,39 @@ def lower_lr(run: Run, command: Command, step: int) -> dict[str, Any]:
     }
 
 
-def pause_data(run: Run, command: Command, step: int) -> Any:
-    refusal = run._pause.refusal(step)
+def pause_data(pause: PauseController, run: CommandTarget, command: Command, step: int) -> Any:
+    refusal = pause.refusal(step)
     if refusal is not None:
         return refusal
-    return run._pause.pause_data(command, step)
+    return pause.pause_data(command, step)
 
 
-def resume(run: Run, command: Command, step: int) -> dict[str, Any]:
+def resume(
+    pause: PauseController, run: CommandTarget, command: Command, step: int
+) -> dict[str, Any]:
     # Reached only when nothing was held (a pause's own hold takes the resume that ends it).
-    run._pause.data_paused = False
+    pause.data_paused = False
     restored = run.roll_back(command.params) if command.params.get("checkpoint") else {}
     return {"step": step, "was_paused": False, **restored}
 
 
-def checkpoint_and_pause(run: Run, command: Command, step: int) -> Any:
+def checkpoint_and_pause(
+    pause: PauseController, run: CommandTarget, command: Command, step: int
+) -> Any:
     """Fixed order: we are between steps (stopped), save, confirm, release, then hold."""
-    refusal = run._pause.refusal(step)
+    refusal = pause.refusal(step)
     if refusal is not None:
         return refusal
-    run._pause.checkpoint_and_pause(command, step, lambda: run.checkpoint(step, reason="brake"))
+    pause.checkpoint_and_pause(command, step, lambda: run.checkpoint(step, reason="brake"))
     return ACK_LATER
 
 
-def terminate(run: Run, command: Command, step: int) -> Any:
+def terminate(run: CommandTarget, command: Command, step: int) -> Any:
     run.terminate(command, step)
     return ACK_LATER
 
 
-def isolate_node(run: Run, command: Command, step: int) -> Any:
+def isolate_node(run: CommandTarget, command: Command, step: int) -> Any:
     # Answered at once, by every rank that gets it (one answer settles it for the job): a
     # training process cannot drain its own node, and a command nobody answers lingers.
     node = command.params.get("node") or "the node"
@@ -109,19 +119,22 @@ def isolate_node(run: Run, command: Command, step: int) -> Any:
     )
 
 
-BUILTIN_HANDLERS: dict[str, Handler] = {
-    "lower_lr": lower_lr,
-    "pause_data": pause_data,
-    "resume": resume,
-    "checkpoint_and_pause": checkpoint_and_pause,
-    "terminate": terminate,
-    "isolate_node": isolate_node,
-    "inject_fault": inject_fault,
-}
-assert set(BUILTIN_HANDLERS) == set(KINDS)
+def builtin_handlers(pause: PauseController) -> dict[str, Builtin]:
+    """The built-in behaviour of every kind, for the run whose pauses ``pause`` controls."""
+    builtins: dict[str, Builtin] = {
+        "lower_lr": lower_lr,
+        "pause_data": partial(pause_data, pause),
+        "resume": partial(resume, pause),
+        "checkpoint_and_pause": partial(checkpoint_and_pause, pause),
+        "terminate": terminate,
+        "isolate_node": isolate_node,
+        "inject_fault": inject_fault,
+    }
+    assert set(builtins) == set(KINDS)
+    return builtins
 
 
-def unknown_kind(run: Run, command: Command, step: int) -> Any:
+def unknown_kind(run: CommandTarget, command: Command, step: int) -> Any:
     raise CommandFailed(f"unknown command kind {command.kind!r}; this SDK knows {', '.join(KINDS)}")
 
 
@@ -129,7 +142,9 @@ def unknown_kind(run: Run, command: Command, step: int) -> Any:
 FALLBACK_KINDS = frozenset({"isolate_node"})
 
 
-def composed(custom: Handler | None, kind: str) -> Handler:
+def composed(
+    custom: Handler[TargetT] | None, kind: str, builtins: Mapping[str, Builtin]
+) -> Handler[TargetT]:
     """What applying a command of ``kind`` runs: your handler first, then the built-in
     behaviour, so a handler for ``resume`` cannot leave the run paused by accident.
 
@@ -138,13 +153,13 @@ def composed(custom: Handler | None, kind: str) -> Handler:
     (it acknowledges itself, the built-in behaviour does not run); an exception → the
     acknowledgement is failed and nothing else happens (a failed resume leaves the run paused).
     """
-    builtin = BUILTIN_HANDLERS.get(kind)
+    builtin = builtins.get(kind)
     if custom is None:
         return builtin or unknown_kind
     if builtin is None or kind in FALLBACK_KINDS:
         return custom
 
-    def both(run: Run, command: Command, step: int) -> Any:
+    def both(run: TargetT, command: Command, step: int) -> Any:
         mine = custom(run, command, step)
         if mine is ACK_LATER:
             return ACK_LATER
@@ -157,7 +172,7 @@ def composed(custom: Handler | None, kind: str) -> Handler:
 
 __all__ = [
     "ACK_LATER",
-    "BUILTIN_HANDLERS",
+    "builtin_handlers",
     "CommandFailed",
     "PauseInfo",
     "composed",

@@ -27,15 +27,15 @@ from __future__ import annotations
 import dataclasses
 import enum
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
+from brakeline._acks import Acknowledgements
 from brakeline._checkpoint import CheckpointResult
-from brakeline._commands import ACK_LATER, Command, CommandFailed
-from brakeline.snapshot import send_resume_snapshot
-
-if TYPE_CHECKING:
-    from brakeline._run import Run
+from brakeline._commands import ACK_LATER, Command, CommandFailed, CommandInbox
+from brakeline._pace import StepPace
+from brakeline._roles import HeldCommands
+from brakeline._state import RunState
 
 HOLD_POLL_SECONDS = 0.5
 
@@ -86,6 +86,16 @@ class PauseInfo:
 
 
 @dataclasses.dataclass(frozen=True)
+class RunActs:
+    """What a pause has the run do (the run's own methods; the run keeps the hooks)."""
+
+    set_status: Callable[[str], None]  # what heartbeats say, sent at once
+    call_hooks: Callable[[str, PauseInfo], None]  # "release" or "resume"
+    roll_back: Callable[[Mapping[str, Any]], dict[str, Any]]  # a resume's params
+    announce_resume: Callable[[Any], None]  # a "resume" snapshot naming the checkpoint
+
+
+@dataclasses.dataclass(frozen=True)
 class SaveRequest:
     """A checkpoint_and_pause whose checkpoint the framework writes in a later hook."""
 
@@ -95,10 +105,32 @@ class SaveRequest:
 
 
 class PauseController:
-    """The run's pause state and the sequences that move it. Training thread only."""
+    """The run's pause state and the sequences that move it. Training thread only.
 
-    def __init__(self, run: Run) -> None:
-        self._run = run
+    It is given what it uses of the run: its state (finished, stopping, status), its inbox and
+    acknowledgements, its step pace, its wrapped loaders (a pause_data gate), and the run's own
+    acts it starts: calling the release and resume hooks, rolling back, announcing a resume
+    (a ``resume`` snapshot). The commands a hold applies are attached as :attr:`commands` once
+    they exist, since they start pauses through this controller in turn.
+    """
+
+    commands: HeldCommands
+
+    def __init__(
+        self,
+        state: RunState,
+        inbox: CommandInbox,
+        acks: Acknowledgements,
+        pace: StepPace,
+        loaders: Sequence[object],
+        acts: RunActs,
+    ) -> None:
+        self._run_state = state
+        self._inbox = inbox
+        self._acks = acks
+        self._pace = pace
+        self._loaders = loaders  # the run's list: loaders wrapped later count
+        self._acts = acts
         self.state = PauseState.RUNNING
         # pause_data with a wrapped loader: the loader's gate holds before its next batch.
         self.data_paused = False
@@ -110,8 +142,8 @@ class PauseController:
             raise RuntimeError(f"brakeline: pause state {self.state.name} -> {state.name}")
         self.state = state
         status = _HEARTBEAT_STATUS[state]
-        if status is not None and not self._run.finished:
-            self._run.set_status(status)
+        if status is not None and not self._run_state.finished:
+            self._acts.set_status(status)
 
     # -- starting a pause ------------------------------------------------------------------------
     def refusal(self, step: int) -> dict[str, Any] | None:
@@ -129,9 +161,9 @@ class PauseController:
         """Stop consuming data: a wrapped loader holds before its next batch (the result to
         acknowledge is returned); with none, acknowledge and hold right here (ACK_LATER)."""
         self.data_paused = True
-        if self._run.wrapped_loaders:
+        if self._loaders:
             return {"step": step, "where": "data_loader"}
-        self._run.ack(command.id, "succeeded", {"step": step, "where": "step_boundary"})
+        self._acks.ack(command.id, "succeeded", {"step": step, "where": "step_boundary"})
         self.hold(step, PauseInfo(step, command.id, command.reason, None))
         return ACK_LATER
 
@@ -161,11 +193,11 @@ class PauseController:
             )
             return
         self._enter(PauseState.CONFIRMING)
-        self._run.ack(command.id, "succeeded", info.checkpoint.as_dict())
-        self._run.wait_for_ack(command.id)
+        self._acks.ack(command.id, "succeeded", info.checkpoint.as_dict())
+        self._acks.wait(command.id)
         # Release only after a confirmed save: freeing accelerators without one loses the state.
         self._enter(PauseState.RELEASED)
-        self._run.call_hooks("release", info)
+        self._acts.call_hooks("release", info)
         self.hold(step, info)
 
     def abandon_save(self, step: int, error: str) -> None:
@@ -179,7 +211,7 @@ class PauseController:
         self._hold_without_checkpoint(info, error)
 
     def _hold_without_checkpoint(self, info: PauseInfo, error: str) -> None:
-        self._run.ack(info.command_id, "failed", {"step": info.step, "paused": True}, error)
+        self._acks.ack(info.command_id, "failed", {"step": info.step, "paused": True}, error)
         self.hold(info.step, info)
 
     def stop(self) -> None:
@@ -192,7 +224,7 @@ class PauseController:
     def hold(self, step: int, info: PauseInfo | None = None) -> None:
         """Block the training thread until ``resume`` (or ``terminate``), heartbeating as
         paused and applying other commands (lower_lr...) meanwhile."""
-        run = self._run
+        state, inbox = self._run_state, self._inbox
         info = info or PauseInfo(step, "", "", None)
         self._info = info
         self._enter(PauseState.HELD)
@@ -200,51 +232,49 @@ class PauseController:
         resumed = False
         resume_command: Command | None = None
         try:
-            while not (run.finished or run.stopping or resumed):
-                command = run.inbox.take()
+            while not (state.finished or state.stopping or resumed):
+                command = inbox.take()
                 if command is None:
-                    run.inbox.wait(HOLD_POLL_SECONDS)
+                    inbox.wait(HOLD_POLL_SECONDS)
                 elif command.kind == "resume":
                     resumed = self._resume(command, step, started)
                     resume_command = command
                 else:
-                    run._commands.apply(command, step)
+                    self.commands.apply(command, step)
         finally:
             self._info = None
-            stopped = run.finished or run.stopping
+            stopped = state.finished or state.stopping
             self._enter(PauseState.STOPPED if stopped else PauseState.RUNNING)
-            run._pace.restart()  # the steps after a hold warm up again
+            self._pace.restart()  # the steps after a hold warm up again
         if resumed:
-            run.call_hooks("resume", info)
+            self._acts.call_hooks("resume", info)
             # The console diffs it against the snapshot of the checkpoint resumed from: the
             # one the resume rolled back to, else the one this pause saved.
             rolled_back_to = resume_command.params.get("checkpoint") if resume_command else None
             resumed_from = rolled_back_to or info.checkpoint
             if resumed_from is not None:
-                send_resume_snapshot(run, resumed_from, run.step)
+                self._acts.announce_resume(resumed_from)
 
     def _resume(self, command: Command, step: int, held_since: float) -> bool:
         """End the hold: your resume handler first (it may refuse by raising), then the roll
         back the command names, if any. False (still held) when either fails."""
-        run = self._run
-        custom = run._commands.handlers.get("resume")
         paused_seconds = round(time.monotonic() - held_since, 3)
         try:
-            mine = custom(run, command, step) if custom is not None else None
+            mine = self.commands.apply_own(command, step)
             done_by_handler = isinstance(mine, dict) and "rolled_back" in mine
             wanted = command.params.get("checkpoint") and not done_by_handler
-            restored = run.roll_back(command.params) if wanted else {}
+            restored = self._acts.roll_back(command.params) if wanted else {}
         except Exception as error:  # CommandFailed or not: the run stays paused, and says so
             result = error.result if isinstance(error, CommandFailed) else {}
             text = str(error)
             if not isinstance(error, CommandFailed):
                 text = f"{type(error).__name__}: {error}"
-            run.ack(command.id, "failed", {**result, "step": step, "paused": True}, text)
+            self._acks.ack(command.id, "failed", {**result, "step": step, "paused": True}, text)
             return False
         self.data_paused = False
         if mine is not ACK_LATER:  # ACK_LATER: your handler acknowledges it itself
             extra = mine if isinstance(mine, dict) else {}
-            run.ack(
+            self._acks.ack(
                 command.id,
                 "succeeded",
                 {**extra, "step": step, "paused_seconds": paused_seconds, **restored},

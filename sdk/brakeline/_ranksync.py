@@ -29,17 +29,15 @@ import logging
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic
 
 from brakeline import _handlers as handlers
 from brakeline._acks import Acknowledgements
 from brakeline._commands import ACK_LATER, Command, CommandFailed, CommandInbox
 from brakeline._pause import PauseController, PauseState
+from brakeline._roles import TargetT
 from brakeline._settings import Settings
 from brakeline._state import RunState
-
-if TYPE_CHECKING:
-    from brakeline._run import Run
 
 logger = logging.getLogger("brakeline")
 
@@ -119,14 +117,15 @@ class RankAgreement:
 ASK_AGAIN_SECONDS = 1.0
 
 
-class BoundaryCommands:
+class BoundaryCommands(Generic[TargetT]):
     """Which commands are due at a boundary, the ranks' agreement on them, and applying one:
     your handler for its kind composed with the built-in behaviour (brakeline._handlers),
-    acknowledged through ``acks``. ``target`` is what handlers receive (the run)."""
+    acknowledged through ``acks``. ``target`` is what handlers receive (the run); the built-in
+    pause commands start ``pause``."""
 
     def __init__(
         self,
-        target: Run,
+        target: TargetT,
         settings: Settings,
         state: RunState,
         inbox: CommandInbox,
@@ -142,8 +141,9 @@ class BoundaryCommands:
         self._acks = acks
         self.agreement = agreement
         self._pause = pause
+        self._builtins = handlers.builtin_handlers(pause)
         self._ask_console = ask_console  # a heartbeat now: its reply carries missed commands
-        self.handlers: dict[str, handlers.Handler] = {}  # your own, per kind
+        self.handlers: dict[str, handlers.Handler[TargetT]] = {}  # your own, per kind
         self._logs_with_command_waiting = 0
 
     def note_waiting(self) -> None:
@@ -217,7 +217,7 @@ class BoundaryCommands:
 
     def apply(self, command: Command, step: int) -> None:
         """Apply one command now and acknowledge it (unless its handler does so itself)."""
-        handler = handlers.composed(self.handlers.get(command.kind), command.kind)
+        handler = handlers.composed(self.handlers.get(command.kind), command.kind, self._builtins)
         logger.warning(
             "brakeline: applying %s (command %s, %s) at step %d: %s",
             command.kind,
@@ -240,3 +240,9 @@ class BoundaryCommands:
         else:
             if result is not ACK_LATER:
                 ack(command.id, "succeeded", result if isinstance(result, dict) else {})
+
+    def apply_own(self, command: Command, step: int) -> Any:
+        """Your handler for the command's kind alone, its answer returned (None if there is
+        none): a held pause's resume, which the pause itself then completes."""
+        own = self.handlers.get(command.kind)
+        return own(self._target, command, step) if own is not None else None

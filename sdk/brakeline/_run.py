@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +42,7 @@ from brakeline._hold import GuardHold
 from brakeline._link import PushChannel, open_link
 from brakeline._loader import PausableLoader
 from brakeline._pace import StepPace
-from brakeline._pause import PauseController, PauseInfo, PauseState
+from brakeline._pause import PauseController, PauseInfo, PauseState, RunActs
 from brakeline._ranksync import BoundaryCommands, RankAgreement
 from brakeline._rng import seed_everything
 from brakeline._rollback import Checkpoints
@@ -52,6 +53,7 @@ from brakeline._transport import Transport, encode_json
 from brakeline.snapshot import (
     checkpoint_contents,
     checkpoint_reference,
+    send_resume_snapshot,
     take_snapshot,
 )
 
@@ -142,7 +144,12 @@ class Run:
         """The parts that obey the console: every pause (pause_data, checkpoint_and_pause, a
         framework's own save) goes through the pause controller; commands are applied at the
         boundary, after the ranks' agreement where a process group exists."""
-        self._pause = PauseController(self)
+        acts = RunActs(
+            self.set_status, self.call_hooks, self.roll_back, partial(send_resume_snapshot, self)
+        )
+        self._pause = PauseController(
+            self._state, self.inbox, self._acks, self._pace, self.wrapped_loaders, acts
+        )
         agreement = RankAgreement(settings.rank_agreement, settings.agreement_every)
         self._commands = BoundaryCommands(
             self,
@@ -154,6 +161,7 @@ class Run:
             self._pause,
             self._link.poke,
         )
+        self._pause.commands = self._commands  # a hold applies what arrives meanwhile
 
     # -- the run's state, as users and frameworks read it ------------------------------------------
     @property

@@ -19,6 +19,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from brakeline._flags import any_flag
+
 
 @functools.cache
 def _dtensor_type() -> type | None:
@@ -60,8 +62,6 @@ def agree(flags: list[Any], groups: list[Any], device: Any) -> list[Any]:
     """One flag, set on every rank of ``groups`` if any rank's ``flags`` had one set."""
     import torch
     import torch.distributed as dist
-
-    from brakeline._guard_device import any_flag
 
     flag = any_flag(flags, device).to(torch.float32)
     for group in groups:
