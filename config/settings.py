@@ -559,6 +559,20 @@ DRILL_ENVIRONMENT_ALLOWLIST = tuple(
     ).split(",")
     if name.strip()
 )
+# Automatic recovery's verdict (docs/recovery.md): how many healthy steps after an automatic
+# recovery count as progress (the same cause sooner than that stops and pages: a loop
+# otherwise), and at most how many steps a recovery may skip (a wider window is not one bad
+# batch: a person looks).
+RECOVERY_MIN_PROGRESS_STEPS = env_int("BRAKELINE_RECOVERY_MIN_PROGRESS_STEPS", 10)
+RECOVERY_MAX_SKIP_STEPS = env_int("BRAKELINE_RECOVERY_MAX_SKIP_STEPS", 100)
+if RECOVERY_MIN_PROGRESS_STEPS < 1:
+    raise ImproperlyConfigured(
+        f"BRAKELINE_RECOVERY_MIN_PROGRESS_STEPS={RECOVERY_MIN_PROGRESS_STEPS} is below 1."
+    )
+if RECOVERY_MAX_SKIP_STEPS < 0:
+    raise ImproperlyConfigured(
+        f"BRAKELINE_RECOVERY_MAX_SKIP_STEPS={RECOVERY_MAX_SKIP_STEPS} is below 0."
+    )
 # An escalation request nobody decides within this long expires (the next manager is told).
 ESCALATION_DECISION_SECONDS = env_seconds("BRAKELINE_ESCALATION_DECISION_SECONDS", 15 * 60.0)
 

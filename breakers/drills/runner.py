@@ -51,7 +51,8 @@ from breakers.drills.launch import (
     sandboxed,
 )
 from breakers.drills.paged_line import paging_facts
-from breakers.drills.scenarios import SCENARIOS, Scenario
+from breakers.drills.recovery_facts import recovery_facts
+from breakers.drills.scenarios import RECOVERS, SCENARIOS, Scenario
 from breakers.drills.scorecard import DETECT_MARGIN_SECONDS, Facts, score
 from breakers.models import (
     Checkpoint,
@@ -289,7 +290,12 @@ def _observe(
     facts.brake = _brake_facts(brake, alert, point) if brake else None
     facts.release = _release_facts(job, sandbox, alert, brake)
     _stage(run, "braked, released")
-    facts.checkpoint = _checkpoint_facts(job, brake)
+    if scenario.release == RECOVERS:
+        facts.recovery = recovery_facts(job, brake, point, wait_until)
+        _stage(run, f"recovery {(facts.recovery or {}).get('status', 'not recorded')}")
+    # A recovery's roll back target: what the catalogue offered first at the brake (the resumed
+    # run's later checkpoints are clean too, and would be offered first by now).
+    facts.checkpoint = _checkpoint_facts(job, brake, (facts.recovery or {}).get("checkpoint_id"))
     if facts.checkpoint is not None:
         # Started only now, after the brake: nine verifiers importing torch while the faults
         # fired took the CPU the rules and the sandboxes needed, and stretched the very
@@ -383,6 +389,8 @@ def _wait_for_outcome(
             return None
         if scenario.release == "exits":
             return command if sandbox.exit_code() is not None else None
+        if scenario.release == RECOVERS:
+            return command  # paused for a moment only: the recovery resumes it
         held = Job.objects.filter(pk=job.pk, status=JobStatus.PAUSED).exists()
         return command if held else None
 
@@ -482,14 +490,18 @@ def _release_hooks_run(work_dir: Path) -> int:
         return 0
 
 
-def _checkpoint_facts(job: Job, brake: Command | None) -> dict[str, Any] | None:
+def _checkpoint_facts(
+    job: Job, brake: Command | None, chosen_id: int | None = None
+) -> dict[str, Any] | None:
     """What a roll back would offer first (the catalogue's preselected clean entry: the
     brake's own checkpoint when it is clean), else the brake's own, else the newest one.
     After an lr_spike the brake's save holds the diverged updates: the catalogue then offers
-    the periodic one before the anomaly, and that is the one to restart from."""
+    the periodic one before the anomaly, and that is the one to restart from. ``chosen_id``:
+    the checkpoint a drill's automatic recovery rolled back to, scored instead."""
     entries = catalogue(job.pk)
-    chosen = next((e for e in entries if e["preselected"]), None)
-    row = Checkpoint.objects.get(pk=chosen["id"]) if chosen else None
+    chosen = next((e["id"] for e in entries if e["preselected"]), None)
+    wanted = chosen_id or chosen
+    row = Checkpoint.objects.filter(job=job, pk=wanted).first() if wanted else None
     if row is None and brake is not None and brake.kind == CommandKind.CHECKPOINT_AND_PAUSE:
         row = Checkpoint.objects.filter(job=job, command_id=brake.pk).first()
     if row is None and entries:

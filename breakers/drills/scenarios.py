@@ -4,8 +4,10 @@
 ``heartbeat-timeout``): a scenario *covers* a rule when the rule is one that must fire for it,
 so "which scenarios cover rule R" (:func:`covering`) says what to drill again after R changed.
 ``release`` says what the process must look like once braked: ``holds`` (paused, alive,
-heartbeating), ``exits`` (terminated by the SDK with EXIT_TERMINATED) or ``stopped`` (hung,
-stopped from outside by the job's executor, which the timeline must show).
+heartbeating), ``exits`` (terminated by the SDK with EXIT_TERMINATED), ``stopped`` (hung,
+stopped from outside by the job's executor, which the timeline must show) or ``recovers``
+(the drill of the recovery path: braked, then rolled back, the poisoned batch skipped and
+training resumed by the console's automatic recovery, on the drill's own sandbox only).
 ``poisons_weights``: the fault corrupts the update of its step, so the checkpoint must hold no
 update from that step on; otherwise the step itself is sound and may be in the checkpoint.
 """
@@ -17,6 +19,7 @@ from types import MappingProxyType
 from typing import Any
 
 HEARTBEAT_RULE = "heartbeat-timeout"  # incidents.heartbeats.HEARTBEAT_RULE_KEY, the watchdog's
+RECOVERS = "recovers"  # the release of a drill of the recovery path
 
 
 @dataclass(frozen=True)
@@ -147,12 +150,31 @@ SCENARIOS: MappingProxyType[str, Scenario] = MappingProxyType(
                 "pauses, keeps its accelerators (no release), and the scorecard shows the brake "
                 "saved nothing; the last periodic checkpoint is the one to restart from.",
             ),
+            Scenario(
+                "poisoned_batch",
+                "nan_loss",
+                "L3",
+                _NONFINITE,
+                RECOVERS,
+                True,
+                summary="One poisoned batch (NaN) under a recover rule: the L3 brake, the "
+                "verdict RECOVER recorded before acting, the roll back to the clean checkpoint, "
+                "the batch skipped, training resumed — the automatic recovery path, on the "
+                "drill's own sandbox.",
+            ),
         )
     }
 )
 # The full drill set of the default pack (``all``): every scenario, each verified end to end in
 # CI (tests/breakers/drills/test_drill_end_to_end.py).
 DRILL_SET: tuple[str, ...] = tuple(SCENARIOS)
+
+
+def rehearses_recovery(name: str) -> bool:
+    """Whether the scenario ``name`` drills the automatic recovery path: its sandbox's brake
+    gets a verdict as a real job's would, where an ordinary drill's always holds."""
+    scenario = SCENARIOS.get(name)
+    return scenario is not None and scenario.release == RECOVERS
 
 
 def covering(rule_key: str) -> list[str]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePath as Path
 from typing import Any
 
-from breakers.drills.scenarios import HEARTBEAT_RULE, Scenario
+from breakers.drills.scenarios import HEARTBEAT_RULE, RECOVERS, Scenario
 
 EXIT_TERMINATED = 75  # the SDK's exit code after terminate (brakeline.EXIT_TERMINATED)
 
@@ -51,6 +51,9 @@ class Facts:
     # What the team's shadow rules would have done (rule_key, severity, action, fired_step,
     # after_s): listed on the scorecard, never judged.
     shadow: list[dict[str, Any]] = field(default_factory=list)
+    # A drill of the recovery path: the verdict, the roll back, training after it
+    # (breakers.drills.recovery_facts); None when no verdict was recorded.
+    recovery: dict[str, Any] | None = None
 
 
 def _s(value: float | None) -> str:
@@ -230,6 +233,14 @@ def release_line(scenario: Scenario, facts: Facts) -> Line:
             f"job {r.get('job_status')}, process {'alive' if r.get('alive') else 'gone'}, "
             f"release hook {'ran' if r.get('release_hook') else 'did not run'}"
         )
+    elif scenario.release == RECOVERS:
+        # Freed after the confirmed brake, before the roll back; the status is the recovery's.
+        ok = r.get("alive") and r.get("release_hook")
+        expected = "process alive, release hook ran after the confirmed brake"
+        measured = (
+            f"process {'alive' if r.get('alive') else 'gone'}, "
+            f"release hook {'ran' if r.get('release_hook') else 'did not run'}"
+        )
     elif scenario.release == "exits":
         ok = r.get("exit_code") == EXIT_TERMINATED and r.get("job_status") == "terminated"
         expected = f"terminated, process exited {EXIT_TERMINATED}"
@@ -273,7 +284,7 @@ def paging_line(facts: Facts) -> Line:
 
 def timeline_line(scenario: Scenario, facts: Facts) -> Line:
     needed = ["first_anomalous_point", "alert_raised", "command_issued", "notification"]
-    if scenario.release == "holds":
+    if scenario.release in ("holds", RECOVERS):
         needed += ["command_acknowledged"] + (["checkpoint_saved"] if scenario.brake_saves else [])
     elif scenario.release == "exits":
         needed += ["command_acknowledged", "terminated"]
@@ -302,6 +313,128 @@ def shadow_line(facts: Facts) -> Line:
     return Line("shadow rules", True, measured, "observed only, not judged", "; ".join(parts))
 
 
+# From the brake to the recovery's end on a loaded two-core machine: the verdict's task, the
+# roll back's command reaching the held job, the restore (hash checked first), the answer.
+RECOVER_SECONDS = 30.0
+RESUMED_STEPS = 10  # breakers.drills.recovery_facts.RESUMED_STEPS
+
+
+def recovery_lines(scenario: Scenario, facts: Facts) -> list[Line]:
+    """A drill of the recovery path: the verdict recorded before acting, the roll back to the
+    clean checkpoint on the drill's own sandbox, the poisoned step skipped, training resumed,
+    and the time it all took."""
+    r = facts.recovery
+    if r is None:
+        why = "no verdict recorded for the brake"
+        return [
+            Line("verdict recorded", False, why, "RECOVER, recorded before the system acts"),
+            Line("rolled back", False, why, "to the last clean checkpoint"),
+            Line("step skipped", False, why, "the poisoned step's batch never trained on again"),
+            Line("resumed", False, why, f"training again, ≥ {RESUMED_STEPS} healthy steps"),
+            Line("time to recover", False, why, "recovered"),
+        ]
+    return [
+        _verdict_line(r),
+        _rolled_back_line(r, facts.fault_step),
+        _skipped_line(r, facts.fault_step),
+        _resumed_line(r),
+        _recover_time_line(scenario, facts, r),
+    ]
+
+
+def _verdict_line(r: dict[str, Any]) -> Line:
+    ok = r["verdict"] == "recover" and r["recorded_first"]
+    first = "before" if r["recorded_first"] else "NOT before"
+    measured = f"{r['verdict'].upper()} ({r['status']}), {_s(r['decided_s'])} after the fault"
+    measured += f", recorded {first} the roll back"
+    expected = "RECOVER, recorded (with its reasons) before the system acts on it"
+    return Line("verdict recorded", ok, measured, expected, "; ".join(r["reasons"]))
+
+
+def _rolled_back_line(r: dict[str, Any], fault_step: int | None) -> Line:
+    resume = r.get("resume") or {}
+    own = r["recovery_job"] == r["sandbox_job"] and r["resume_job"] in (None, r["sandbox_job"])
+    clean = fault_step is not None and r["weights_step"] is not None
+    clean = clean and r["weights_step"] < fault_step
+    ok = (
+        own
+        and clean
+        and resume.get("rolled_back") is True
+        and resume.get("restored_step") == r["checkpoint_step"]
+        and resume.get("sha256_matches") is True
+    )
+    where = f"on job {r['resume_job'] or r['recovery_job']} (the sandbox is {r['sandbox_job']})"
+    if not resume:
+        measured = f"no roll back sent ({r['status']})"
+    elif resume.get("rolled_back"):
+        matches = resume.get("sha256_matches")
+        checked = "sha256 verified" if matches else "sha256 NOT the catalogue's"
+        measured = (
+            f"to step {resume.get('restored_step')} (weights through {r['weights_step']}), "
+            f"{checked}, {where}"
+        )
+    else:
+        measured = f"resume {resume.get('status')}: {resume.get('error') or 'not rolled back'}"
+    expected = (
+        f"to the catalogue's last clean checkpoint (weights before step {fault_step}), hash "
+        "checked, on the drill's own sandbox job"
+    )
+    return Line("rolled back", bool(ok), measured, expected)
+
+
+def _skipped_line(r: dict[str, Any], fault_step: int | None) -> Line:
+    restored = (r.get("resume") or {}).get("restored_step")
+    weights, skip = r["weights_step"], r["skip_steps"]
+    trained_again = ((r.get("resumed") or {}).get("fault_step_losses") or 0) > 1
+    if fault_step is None or not isinstance(restored, int) or weights is None:
+        how, ok = "not rolled back", False
+    elif fault_step in skip:
+        how, ok = f"dropped (skip_steps {skip})", True
+    elif restored >= fault_step > weights:
+        how, ok = f"behind the restored state (step {restored}, without its update)", True
+    else:
+        how, ok = f"to be trained again (restored step {restored}, skip_steps {skip})", False
+    ok = ok and not trained_again
+    measured = f"step {fault_step}: {how}" + (", trained on again" if trained_again else "")
+    expected = "the poisoned step's batch never trained on again: dropped, or behind the restore"
+    return Line("step skipped", ok, measured, expected)
+
+
+def _resumed_line(r: dict[str, Any]) -> Line:
+    resumed = r.get("resumed") or {}
+    ok = (
+        resumed.get("job_status") == "running"
+        and resumed.get("steps", 0) >= RESUMED_STEPS
+        and resumed.get("non_finite", 0) == 0
+    )
+    if not resumed:
+        measured = f"not resumed (recovery {r['status']})"
+    else:
+        bad = resumed.get("non_finite", 0)
+        measured = (
+            f"job {resumed.get('job_status')}, {resumed.get('steps', 0)} steps trained after it, "
+            + ("every loss finite" if not bad else f"{bad} non-finite loss(es)")
+        )
+    expected = f"running, ≥ {RESUMED_STEPS} steps past the restored one, every loss finite"
+    return Line("resumed", ok, measured, expected)
+
+
+def _recover_time_line(scenario: Scenario, facts: Facts, r: dict[str, Any]) -> Line:
+    detect = _detect_budget(facts)
+    budget = detect.seconds + scenario.brake_seconds + RECOVER_SECONDS
+    expected = (
+        f"recovered ≤ {budget:.1f} s after the fault: the brake's {detect.seconds:.1f} + "
+        f"{scenario.brake_seconds:g} s, + {RECOVER_SECONDS:g} s to decide, roll back and resume"
+    )
+    done = r["status"] == "recovered" and r["finished_s"] is not None
+    if not done:
+        return Line("time to recover", False, f"not recovered ({r['status']})", expected)
+    brake_s = (facts.brake or {}).get("brake_s")
+    since = "" if brake_s is None else f" ({_s(r['finished_s'] - brake_s)} after the brake)"
+    measured = f"{_s(r['finished_s'])}{since}"
+    return Line("time to recover", r["finished_s"] <= budget, measured, expected)
+
+
 def score(scenario: Scenario, facts: Facts) -> list[Line]:
     return [
         fired_line(scenario, facts),
@@ -311,5 +444,6 @@ def score(scenario: Scenario, facts: Facts) -> list[Line]:
         release_line(scenario, facts),
         paging_line(facts),
         timeline_line(scenario, facts),
+        *(recovery_lines(scenario, facts) if scenario.release == RECOVERS else []),
         *([shadow_line(facts)] if facts.shadow else []),
     ]

@@ -82,7 +82,9 @@ def train(options: argparse.Namespace) -> None:
             step = run.step + 1
             loss, grad_norm = train_step(model, optimizer, inputs, targets, run)
             scheduler.step()
-            run.log({"loss": loss, "grad_norm": grad_norm, "lr": optimizer.param_groups[0]["lr"]})
+            lr = optimizer.param_groups[0]["lr"]
+            # Under this step's number: until step_boundary the run is still at the last one.
+            run.log({"loss": loss, "grad_norm": grad_norm, "lr": lr}, step=step)
             run.step_boundary(step)
             if step % options.checkpoint_every == 0:
                 run.checkpoint(reason="manual")

@@ -9,14 +9,16 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
 from breakers.checkpoints import catalogue
 from breakers.detection.rules import rules_for_job
-from breakers.models import Command
+from breakers.drills.scenarios import SCENARIOS, rehearses_recovery
+from breakers.models import Command, DrillRun
 from breakers.monitoring.dcgm import agent_rules
-from breakers.recovery.verdict import HOLD_POLICY, EarlierRecovery, Evidence
+from breakers.recovery.verdict import HOLD_POLICY, RECOVER_POLICY, EarlierRecovery, Evidence
 from incidents.models import (
     ActorKind,
     Alert,
@@ -53,6 +55,16 @@ def _rule_policy(job_id: int, rule_key: str) -> tuple[str, int, str]:
     if rule is None:
         return HOLD_POLICY, 1, rule_key
     return rule.recovery, rule.recovery_budget, rule.runbook or rule.key
+
+
+def drill_of_recovery(job: Job) -> bool:
+    """Whether ``job`` is the sandbox of a drill of the recovery path (docs/drills.md): a job
+    the console created as a drill sandbox, and a drill of such a scenario runs on it. Never a
+    team's real job, whatever a drill row says."""
+    if not job.drill_sandbox:
+        return False
+    scenarios = [name for name in SCENARIOS if rehearses_recovery(name)]
+    return DrillRun.objects.filter(job_id=job.pk, scenario__in=scenarios).exists()
 
 
 def _rank_on(job_id: int, node: str) -> int | None:
@@ -131,6 +143,11 @@ def gather(pause: Command, *, now: Any = None) -> Gathered | None:
         return None
     job = Job.objects.get(pk=pause.job_id)
     policy, budget, cause = _rule_policy(job.pk, alert.rule_key)
+    rehearsal = drill_of_recovery(job)
+    if rehearsal:
+        # The drill rehearses the recovery path whatever the rule's policy for the team's
+        # jobs: a drill never changes the team's rules, and its sandbox is its own.
+        policy = RECOVER_POLICY
     step = pause.result.get("step")
     last_step = step if isinstance(step, int) and step >= alert.first_step else alert.step
     earlier, last_hour = _earlier(job.pk, pause.pk, now)
@@ -149,7 +166,10 @@ def gather(pause: Command, *, now: Any = None) -> Gathered | None:
         recoveries_last_hour=last_hour,
         hardware_signals=hardware_signals(job.pk, alert.node, now=now),
         clean_checkpoint_step=checkpoint["step"] if checkpoint is not None else None,
+        min_progress_steps=settings.RECOVERY_MIN_PROGRESS_STEPS,
+        max_skip_steps=settings.RECOVERY_MAX_SKIP_STEPS,
         drill=job.drill_sandbox,
+        drill_of_recovery=rehearsal,
         taken_over_by=person_in_charge(incident, alert, pause),
     )
     return Gathered(evidence, incident, alert, checkpoint)
@@ -170,6 +190,8 @@ def evidence_out(evidence: Evidence) -> dict[str, Any]:
         "hardware_signals": list(evidence.hardware_signals),
         "clean_checkpoint_step": evidence.clean_checkpoint_step,
         "min_progress_steps": evidence.min_progress_steps,
+        "max_skip_steps": evidence.max_skip_steps,
         "drill": evidence.drill,
+        "drill_of_recovery": evidence.drill_of_recovery,
         "taken_over_by": evidence.taken_over_by,
     }

@@ -12,7 +12,8 @@ say why.
 | evidence (first match wins)                           | verdict          |
 |-------------------------------------------------------|------------------|
 | the rule's policy is "hold for a person"              | HOLD             |
-| a drill sandbox, or a person took over or acted       | HOLD             |
+| a drill sandbox (not a drill of the recovery path),   | HOLD             |
+| or a person took over or acted                        |                  |
 | a hardware signal on the node                         | ISOLATE_AND_PAGE |
 | the step window overlaps an earlier recovery's        | STOP_AND_PAGE    |
 | the same cause recovered before, too little progress  | STOP_AND_PAGE    |
@@ -68,6 +69,8 @@ class Evidence:
     min_progress_steps: int = 10  # healthy steps after a recovery that count as progress
     max_skip_steps: int = 100  # a wider window is not a batch to skip: a person looks
     drill: bool = False
+    # The sandbox of a drill of the recovery path: the table goes on as for a real job.
+    drill_of_recovery: bool = False
     taken_over_by: str = ""  # who took over from the machine, and how (empty: nobody)
 
 
@@ -142,7 +145,7 @@ def _stop(evidence: Evidence) -> str | None:
 def _hold(evidence: Evidence) -> str | None:
     if evidence.policy != RECOVER_POLICY:
         return "the rule's policy is hold for a person"
-    if evidence.drill:
+    if evidence.drill and not evidence.drill_of_recovery:
         return "a drill sandbox: recovery is a person's to practise"
     if evidence.taken_over_by:
         return evidence.taken_over_by
@@ -167,6 +170,8 @@ def decide(evidence: Evidence) -> Decision:
     else:
         reasons.append("first time for this cause in this job")
     reasons.append("no hardware signal on the node")
+    if evidence.drill:
+        reasons.append("a drill of the recovery path: it acts on its own sandbox job only")
     reasons.append(
         f"recovery {evidence.recoveries_last_hour + 1} of at most {evidence.budget} this hour"
     )
