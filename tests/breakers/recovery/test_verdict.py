@@ -42,6 +42,36 @@ VERDICTS = [
     ("policy says hold", {"policy": "hold"}, Verdict.HOLD, "policy is hold for a person"),
     ("a drill sandbox", {"drill": True}, Verdict.HOLD, "drill sandbox"),
     (
+        "a drill of the recovery path goes on as a real job",
+        {"drill": True, "drill_of_recovery": True},
+        Verdict.RECOVER,
+        "a drill of the recovery path: it acts on its own sandbox job only",
+    ),
+    (
+        "a drill of the recovery path still stops on a repeat",
+        {"drill": True, "drill_of_recovery": True, "earlier": (earlier(30, 30),)},
+        Verdict.STOP_AND_PAGE,
+        "same step window",
+    ),
+    (
+        "a drill of the recovery path a person took over holds",
+        {"drill": True, "drill_of_recovery": True, "taken_over_by": "ana took over"},
+        Verdict.HOLD,
+        "ana took over",
+    ),
+    (
+        "the operator's progress threshold",
+        {"first_step": 36, "last_step": 36, "earlier": (earlier(30, 30),), "min_progress_steps": 6},
+        Verdict.STOP_AND_PAGE,
+        "only 5 healthy step(s) since, fewer than 6",
+    ),
+    (
+        "the operator's skip threshold",
+        {"first_step": 20, "last_step": 30, "clean_checkpoint_step": 19, "max_skip_steps": 10},
+        Verdict.STOP_AND_PAGE,
+        "11 steps to skip, more than 10",
+    ),
+    (
         "a person took over",
         {"taken_over_by": "ana took over this incident"},
         Verdict.HOLD,
