@@ -2,9 +2,10 @@
 Daphne, the Celery worker's rules, the beat's watchdog, PostgreSQL, Redis, the notification
 senders (the receiver stands in for the chat webhook and the phone provider).
 
-The full drill set of the default pack (``--scenario all``: every scenario, at the same time)
-must pass every scorecard line with its figures; the same drill with its checkpoint damaged on
-purpose must fail on the "loads" line and on that line only.
+The full drill set of the default pack (``--scenario all``: every scenario, at the same time,
+the drill of the automatic recovery path among them) must pass every scorecard line with its
+figures; the same drill with its checkpoint damaged on purpose must fail on the "loads" line
+and on that line only.
 """
 
 from __future__ import annotations
@@ -20,14 +21,28 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from breakers.drills import workloads
-from breakers.drills.scenarios import DRILL_SET
+from breakers.drills.scenarios import DRILL_SET, rehearses_recovery
 from breakers.models import DrillCheck, DrillRun, DrillStatus
-from incidents.models import Delivery, Job
+from incidents.models import Delivery, Job, Recovery
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.usefixtures("watchdog_beat"),
 ]
+
+
+LINES = [
+    "breaker fired",
+    "time to detect",
+    "time to brake",
+    "checkpoint saved",
+    "checkpoint loads",
+    "checkpoint before the anomaly",
+    "release",
+    "paged",
+    "timeline complete",
+]
+RECOVERY_LINES = ["verdict recorded", "rolled back", "step skipped", "resumed", "time to recover"]
 
 
 def drill(live_console: str, *arguments: str) -> tuple[str, int]:
@@ -66,17 +81,7 @@ def test_the_drill_set_passes_every_line_with_its_figures(
     for run in runs:
         assert run.status == DrillStatus.PASSED, (run.scenario, run.error, output)
         names = list(run.checks.values_list("name", flat=True))
-        assert names == [
-            "breaker fired",
-            "time to detect",
-            "time to brake",
-            "checkpoint saved",
-            "checkpoint loads",
-            "checkpoint before the anomaly",
-            "release",
-            "paged",
-            "timeline complete",
-        ]
+        assert names == LINES + (RECOVERY_LINES if rehearses_recovery(run.scenario) else [])
         assert run.detect_seconds is not None and run.brake_seconds is not None
         assert 0 < run.detect_seconds <= run.brake_seconds
         assert Job.objects.get(pk=run.job_id).drill_sandbox
@@ -86,6 +91,9 @@ def test_the_drill_set_passes_every_line_with_its_figures(
         "L3 by heartbeat-timeout"
         in by_name["heartbeat_loss"].checks.get(name="breaker fired").measured
     )
+    # The drill of the recovery path recovered its own sandbox, and only it; the others held.
+    recovered = Recovery.objects.values_list("job_id", "verdict")
+    assert list(recovered) == [(by_name["poisoned_batch"].job_id, "recover")]
     for name in ("xid", "comm_failure"):
         assert "exit code 75" in by_name[name].checks.get(name="release").measured
     # The hang: the whole-job executor signals the one process outside any launcher after its
