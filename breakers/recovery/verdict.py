@@ -170,7 +170,7 @@ def decide(evidence: Evidence) -> Decision:
     else:
         reasons.append("first time for this cause in this job")
     reasons.append("no hardware signal on the node")
-    if evidence.drill:
+    if evidence.drill and evidence.drill_of_recovery:
         reasons.append("a drill of the recovery path: it acts on its own sandbox job only")
     reasons.append(
         f"recovery {evidence.recoveries_last_hour + 1} of at most {evidence.budget} this hour"
