@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from breakers.models import Checkpoint, Command
-from breakers.storage.points import stored_points
+from breakers.storage.points import StoredPoint, stored_points
 from incidents.models import Job, Recovery, RecoveryStatus, TimelineEntry
 
 # Healthy steps past the restored one that say training resumed.
@@ -25,7 +25,7 @@ LOSS = "loss"  # the workload's loss metric (a team's own command logs it under 
 
 
 def recovery_facts(
-    job: Job, brake: Command | None, fault: Any, wait_until: Callable[..., Any]
+    job: Job, brake: Command | None, fault: StoredPoint, wait_until: Callable[..., Any]
 ) -> dict[str, Any] | None:
     """The recovery of the drill's brake, once it ended (recovered, failed, held), and the
     steps trained after it; None when no verdict was recorded for the brake. ``fault``: the
@@ -63,7 +63,7 @@ def recovery_facts(
     return facts
 
 
-def _after(when: datetime | None, fault: Any) -> float | None:
+def _after(when: datetime | None, fault: StoredPoint) -> float | None:
     return None if when is None else (when - fault.time).total_seconds()
 
 
