@@ -37,12 +37,12 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from breakers.checkpoints import catalogue
 from breakers.control.commands import issue_command
 from breakers.control.hearing import forgiven_so_far
 from breakers.declarations import declare_own_root
 from breakers.detection.shadow import would_have_fired
 from breakers.drills import runs
+from breakers.drills.checkpoint_facts import checkpoint_facts
 from breakers.drills.launch import (
     RELEASE_MARKER,
     Sandbox,
@@ -55,7 +55,6 @@ from breakers.drills.recovery_facts import recovery_facts
 from breakers.drills.scenarios import RECOVERS, SCENARIOS, Scenario
 from breakers.drills.scorecard import DETECT_MARGIN_SECONDS, Facts, score
 from breakers.models import (
-    Checkpoint,
     Command,
     CommandKind,
     CommandStatus,
@@ -257,26 +256,8 @@ def _drive(
 def _observe(
     run: DrillRun, scenario: Scenario, job: Job, sandbox: Sandbox
 ) -> tuple[Facts, dict[str, Any]]:
-    step = Job.objects.get(pk=job.pk).current_step or 0
-    _stage(run, "stepping")
-    params = {"fault": scenario.fault, "at_step": step + FAULT_MARGIN_STEPS, **scenario.params}
-    injected = issue_command(
-        job.pk,
-        CommandKind.INJECT_FAULT,
-        reason=f"fire drill #{run.pk}: {scenario.name}",
-        actor_kind=ActorKind.PERSON if run.requested_by_id else ActorKind.SYSTEM,
-        actor=run.requested_by,
-        params=params,
-        idempotency_key=f"drill:{run.pk}:inject",
-    ).command
     forgiven_before = forgiven_so_far()
-    point = wait_until(lambda: _fault_point(job, injected), "the fault", 60, sandbox)
-    if point is None:
-        injected.refresh_from_db()
-        raise DrillError(
-            f"the fault never fired (inject_fault {injected.status}: "
-            f"{injected.error or 'no answer'})"
-        )
+    point = _inject(run, scenario, job, sandbox)
     _stage(run, "fault fired")
     alert = _wait_for_alert(job, scenario, forgiven_before)
     _stage(run, "alert seen")
@@ -293,9 +274,53 @@ def _observe(
     if scenario.release == RECOVERS:
         facts.recovery = recovery_facts(job, brake, point, wait_until)
         _stage(run, f"recovery {(facts.recovery or {}).get('status', 'not recorded')}")
+    _after_the_brake(run, job, sandbox, facts, alert, brake, point)
+    figures = {
+        "fault_step": point.step,
+        "detect_seconds": (facts.alert or {}).get("detect_s"),
+        "brake_seconds": (facts.brake or {}).get("brake_s"),
+        "brake_steps": (facts.brake or {}).get("steps"),
+    }
+    return facts, figures
+
+
+def _inject(run: DrillRun, scenario: Scenario, job: Job, sandbox: Sandbox) -> StoredPoint:
+    """Asks the sandbox for the fault a few steps ahead; returns its first point."""
+    step = Job.objects.get(pk=job.pk).current_step or 0
+    _stage(run, "stepping")
+    params = {"fault": scenario.fault, "at_step": step + FAULT_MARGIN_STEPS, **scenario.params}
+    injected = issue_command(
+        job.pk,
+        CommandKind.INJECT_FAULT,
+        reason=f"fire drill #{run.pk}: {scenario.name}",
+        actor_kind=ActorKind.PERSON if run.requested_by_id else ActorKind.SYSTEM,
+        actor=run.requested_by,
+        params=params,
+        idempotency_key=f"drill:{run.pk}:inject",
+    ).command
+    point = wait_until(lambda: _fault_point(job, injected), "the fault", 60, sandbox)
+    if point is None:
+        injected.refresh_from_db()
+        raise DrillError(
+            f"the fault never fired (inject_fault {injected.status}: "
+            f"{injected.error or 'no answer'})"
+        )
+    return point
+
+
+def _after_the_brake(
+    run: DrillRun,
+    job: Job,
+    sandbox: Sandbox,
+    facts: Facts,
+    alert: Alert | None,
+    brake: Command | None,
+    point: StoredPoint,
+) -> None:
+    """The checkpoint, whether it loads, the paging, the timeline and the shadow rules."""
     # A recovery's roll back target: what the catalogue offered first at the brake (the resumed
     # run's later checkpoints are clean too, and would be offered first by now).
-    facts.checkpoint = _checkpoint_facts(job, brake, (facts.recovery or {}).get("checkpoint_id"))
+    facts.checkpoint = checkpoint_facts(job, brake, (facts.recovery or {}).get("checkpoint_id"))
     if facts.checkpoint is not None:
         # Started only now, after the brake: nine verifiers importing torch while the faults
         # fired took the CPU the rules and the sandboxes needed, and stretched the very
@@ -310,13 +335,6 @@ def _observe(
         {**firing, "after_s": _seconds_after(firing.pop("fired_at"), point)}
         for firing in would_have_fired(job.pk)
     ]
-    figures = {
-        "fault_step": point.step,
-        "detect_seconds": (facts.alert or {}).get("detect_s"),
-        "brake_seconds": (facts.brake or {}).get("brake_s"),
-        "brake_steps": (facts.brake or {}).get("steps"),
-    }
-    return facts, figures
 
 
 def _fault_point(job: Job, injected: Command) -> StoredPoint | bool | None:
@@ -488,30 +506,6 @@ def _release_hooks_run(work_dir: Path) -> int:
         return int((work_dir / RELEASE_MARKER).read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return 0
-
-
-def _checkpoint_facts(
-    job: Job, brake: Command | None, chosen_id: int | None = None
-) -> dict[str, Any] | None:
-    """What a roll back would offer first (the catalogue's preselected clean entry: the
-    brake's own checkpoint when it is clean), else the brake's own, else the newest one.
-    After an lr_spike the brake's save holds the diverged updates: the catalogue then offers
-    the periodic one before the anomaly, and that is the one to restart from. ``chosen_id``:
-    the checkpoint a drill's automatic recovery rolled back to, scored instead."""
-    entries = catalogue(job.pk)
-    chosen = next((e["id"] for e in entries if e["preselected"]), None)
-    wanted = chosen_id or chosen
-    row = Checkpoint.objects.filter(job=job, pk=wanted).first() if wanted else None
-    if row is None and brake is not None and brake.kind == CommandKind.CHECKPOINT_AND_PAUSE:
-        row = Checkpoint.objects.filter(job=job, command_id=brake.pk).first()
-    if row is None and entries:
-        row = Checkpoint.objects.get(pk=entries[0]["id"])
-    if row is None:
-        return None
-    fields = ("path", "sha256", "step", "weights_step", "reason")
-    facts = {name: getattr(row, name) for name in fields}
-    brake_saved = brake is not None and Checkpoint.objects.filter(command_id=brake.pk).exists()
-    return {**facts, "brake_saved": brake_saved}
 
 
 def start_verifier(arguments: list[str], work_dir: Path) -> subprocess.Popen:
