@@ -38,6 +38,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+from brakeline._attribute import Rerun
 from brakeline._guard_device import (
     DeviceMask,
     HostFlag,
@@ -132,6 +133,8 @@ class StepGuard:
         # (scheduler, its state before the skipped step, its optimizer's lrs): rewound at the
         # step boundary, so the schedule does not advance for an update that never happened.
         self._rewind: list[tuple[Any, dict[str, Any], list[Any]]] = []
+        # Re-run to attribute a refused step computed by a closure (brakeline._attribute).
+        self.rerun = Rerun()
 
     # -- installation ----------------------------------------------------------------------------
     def watch(self, optimizers: list[Any], schedulers: list[Any], step: int) -> bool:
@@ -206,9 +209,10 @@ class StepGuard:
         gradients it left are checked, and only then does the optimizer update."""
         step = self._current_step()
         earlier_trip = self._read_pending(step)
-        evaluations = None
+        evaluations, streams = None, None
         if closure is not None:
             evaluations = _Evaluations(closure, self, optimizer)
+            streams = self.rerun.before_first()
             evaluations.first()
         flags = self.agreed(optimizer, _nonfinite_flag(_gradients(optimizer)) + self._loss_flags)
         self._loss_flags = []
@@ -220,6 +224,8 @@ class StepGuard:
         if any(bool(flag) for flag in flags):
             self._count_nonfinite_gradients(optimizer)
             self._skip(optimizer, step)
+            if streams is not None:  # opted in: the pre-step state is intact, re-run it
+                self.rerun.attribute(step, closure, streams, self._repeats(optimizer))
             return evaluations.loss if evaluations else None
         if evaluations is None:
             result = original(*args, **kwargs)
@@ -243,6 +249,19 @@ class StepGuard:
         if agreement is None:
             agreement = self._agreements[id(optimizer)] = _Agreement(optimizer)
         return agreement(flags)
+
+    def _repeats(self, optimizer: Any) -> Callable[[Any], bool]:
+        """Whether a re-run's loss or the gradients it left are non-finite (agreed as the
+        first evaluation's flags were)."""
+
+        def repeats(loss: Any) -> bool:
+            tensors = [loss.detach().reshape(-1)] if hasattr(loss, "detach") else []
+            if isinstance(loss, float) and not math.isfinite(loss):
+                return True
+            flags = self.agreed(optimizer, _nonfinite_flag(tensors + _gradients(optimizer)))
+            return any(bool(flag) for flag in flags)
+
+        return repeats
 
     def _let_through(self, step: int) -> None:
         self.weights_step = step
