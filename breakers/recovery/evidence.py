@@ -1,11 +1,12 @@
 """What the verdict is given: the evidence of one automatic L3 brake, read from the console's
 records (the brake's alert and command, the rule in force, the job's earlier recoveries, its
-hardware alerts, the checkpoint catalogue). The verdict itself is ``breakers.recovery.verdict``.
+hardware alerts, the checkpoint catalogue, what re-running the refused step found). The verdict
+itself is ``breakers.recovery.verdict``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -16,6 +17,8 @@ from breakers.checkpoints import catalogue
 from breakers.detection.rules import rules_for_job
 from breakers.models import Command
 from breakers.monitoring.dcgm import agent_rules
+from breakers.recovery.attribution import weighed
+from breakers.recovery.reruns import reruns_of
 from breakers.recovery.verdict import HOLD_POLICY, EarlierRecovery, Evidence
 from incidents.models import (
     ActorKind,
@@ -133,6 +136,7 @@ def gather(pause: Command, *, now: Any = None) -> Gathered | None:
     policy, budget, cause = _rule_policy(job.pk, alert.rule_key)
     step = pause.result.get("step")
     last_step = step if isinstance(step, int) and step >= alert.first_step else alert.step
+    last_step = max(last_step, alert.first_step)
     earlier, last_hour = _earlier(job.pk, pause.pk, now)
     incident = alert.incident
     checkpoint = _last_clean(job.pk)
@@ -142,7 +146,7 @@ def gather(pause: Command, *, now: Any = None) -> Gathered | None:
         policy=policy,
         budget=budget,
         first_step=alert.first_step,
-        last_step=max(last_step, alert.first_step),
+        last_step=last_step,
         rank=_rank_on(job.pk, alert.node),
         node=alert.node,
         earlier=earlier,
@@ -151,6 +155,7 @@ def gather(pause: Command, *, now: Any = None) -> Gathered | None:
         clean_checkpoint_step=checkpoint["step"] if checkpoint is not None else None,
         drill=job.drill_sandbox,
         taken_over_by=person_in_charge(incident, alert, pause),
+        rerun=weighed(reruns_of(pause), alert.first_step, last_step),
     )
     return Gathered(evidence, incident, alert, checkpoint)
 
@@ -172,4 +177,5 @@ def evidence_out(evidence: Evidence) -> dict[str, Any]:
         "min_progress_steps": evidence.min_progress_steps,
         "drill": evidence.drill,
         "taken_over_by": evidence.taken_over_by,
+        "rerun": asdict(evidence.rerun) if evidence.rerun is not None else None,
     }
