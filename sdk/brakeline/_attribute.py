@@ -30,7 +30,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from brakeline._rng import capture_rng_state, restore_rng_state
+from brakeline._rng import generator_states, set_generator_states
 
 logger = logging.getLogger("brakeline")
 
@@ -64,7 +64,7 @@ class Rerun:
 
     def before_first(self) -> dict[str, Any] | None:
         """The generators' state before a closure's first evaluation (None: not enabled)."""
-        return capture_rng_state() if self.enabled else None
+        return generator_states() if self.enabled else None
 
     def attribute(
         self,
@@ -78,9 +78,9 @@ class Rerun:
         closure itself fails (nothing is concluded from a re-run that did not run)."""
         import torch
 
-        after_first = capture_rng_state()
+        after_first = generator_states()
         buffers = [(b, b.detach().clone()) for model in self.models() for b in model.buffers()]
-        restore_rng_state(streams)
+        set_generator_states(streams)
         try:
             with torch.enable_grad():
                 loss = closure()
@@ -89,7 +89,7 @@ class Rerun:
             logger.exception("brakeline: the re-run of step %d failed (not attributed)", step)
             return None
         finally:
-            restore_rng_state(after_first)
+            set_generator_states(after_first)
             with torch.no_grad():
                 for buffer, before in buffers:
                     buffer.copy_(before)
