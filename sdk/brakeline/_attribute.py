@@ -17,8 +17,10 @@ Opt-in (``rerun_nonfinite=True``): re-running runs your closure's code a second 
 forward, backward and anything it logs), which only you can say is harmless. The re-run leaves
 no trace: the generators and the watched models' buffers (batch-norm statistics) are put back
 as the first evaluation left them, and the update stays refused either way. Where the guard
-reads its flag a step late (an accelerator's device path), the pre-step state of the batch is
-gone by then and nothing is attributed. A finding is reported in the acknowledgement of the
+reads its flag a step late (an accelerator's device path), the refused step's closure is kept
+until then, and re-run when the flag is read: the mask has put the weights back, so they are
+the step's pre-step state again (not when a later backward's gradients wait for the
+optimizer: those are not overwritten). A finding is reported in the acknowledgement of the
 brake that follows (``result.rerun``: docs/protocol.md), which the console's recovery verdict
 weighs (docs/recovery.md). Training thread only.
 """
@@ -36,7 +38,6 @@ logger = logging.getLogger("brakeline")
 
 DATA = "data"  # the non-finite repeated: the batch or the model, deterministically
 TRANSIENT = "transient"  # it did not: a one-off fault of the hardware that computed it
-ATTRIBUTIONS = (DATA, TRANSIENT)
 
 
 @dataclasses.dataclass(frozen=True)

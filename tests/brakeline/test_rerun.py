@@ -151,6 +151,61 @@ def test_a_re_run_that_raises_concludes_nothing_and_training_goes_on(make_run):
     assert run._guard.rerun.latest is None and _unchanged(model, weights)
 
 
+@pytest.mark.parametrize(("poison", "attribution"), [("batch", "data"), ("gradient", "transient")])
+def test_on_the_device_path_the_refused_step_is_re_run_when_its_flag_is_read(
+    make_run, poison, attribution
+):
+    """guard_device="always": the accelerator's code path on the CPU. The flag of step 1 is
+    read at step 2's optimizer.step, before step 2's closure: the mask has put the weights of
+    step 1 back, so step 1's closure is re-run from them."""
+    model, optimizer, inputs, target = _setup(dropout=0.3)
+    run = make_run(guard_hold_seconds=0.0, rerun_nonfinite=True, guard_device="always")
+    run.watch(model=model, optimizer=optimizer)
+    weights, calls = _weights(model), []
+    first = inputs * math.nan if poison == "batch" else inputs
+    hook = _once_nan_gradient(model[0].weight) if poison == "gradient" else None
+    optimizer.step(_closure(model, optimizer, first, target, calls))
+    if hook is not None:
+        hook.remove()
+    run.step_boundary(1)
+    assert run._guard.rerun.latest is None and len(calls) == 1  # not read yet: no host stall
+    optimizer.step(_closure(model, optimizer, inputs, target, calls))
+    finding = run._guard.rerun.latest
+    assert finding is not None and (finding.step, finding.attribution) == (1, attribution)
+    assert len(calls) == 3 and calls[1] == calls[0]  # re-run with step 1's generators
+    # Step 2 is refused with it (the host learnt of the trip only now): nothing moved.
+    assert _unchanged(model, weights) and run._guard.skipped_updates == [1, 2]
+
+
+def test_a_refused_device_step_is_not_re_run_over_a_later_backwards_gradients(make_run):
+    model, optimizer, inputs, target = _setup()
+    run = make_run(guard_hold_seconds=0.0, rerun_nonfinite=True, guard_device="always")
+    run.watch(model=model, optimizer=optimizer)
+    calls: list[float] = []
+    optimizer.step(_closure(model, optimizer, inputs * math.nan, target, calls))
+    run.step_boundary(1)
+    _closure(model, optimizer, inputs, target, calls)()  # a plain backward, then step()
+    optimizer.step()
+    assert run._guard.rerun.latest is None and len(calls) == 2
+
+
+def test_a_closure_that_guards_its_own_loss_leaves_no_flag_for_the_next_step(make_run):
+    model, optimizer, inputs, target = _setup()
+    run = make_run(guard_hold_seconds=0.0, rerun_nonfinite=True)
+    run.watch(model=model, optimizer=optimizer)
+    calls: list[float] = []
+
+    def guarded(batch):
+        inner = _closure(model, optimizer, batch, target, calls)
+        return lambda: run.guard(inner())
+
+    optimizer.step(guarded(inputs * math.nan))
+    run.step_boundary(1)
+    assert run._guard.rerun.latest.attribution == "data"
+    optimizer.step(guarded(inputs))  # a clean step: its update goes through
+    assert run._guard.skipped_updates == [1] and run._guard.weights_step == 2
+
+
 def test_the_brakes_acknowledgement_carries_the_finding_once(make_run, transport):
     model, optimizer, inputs, target = _setup()
     run = make_run(guard_hold_seconds=60.0, rerun_nonfinite=True)
