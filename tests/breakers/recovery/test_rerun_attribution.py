@@ -19,6 +19,7 @@ from breakers.recovery.service import consider_recovery
 from incidents.alerts.lifecycle import AlertSignal, raise_or_update_alert
 from incidents.heartbeats import record_heartbeat
 from incidents.models import Job, Recovery, RecoveryStatus, RecoveryVerdict, TimelineEntry
+from incidents.reviews.writeup import load_review
 from tests.support.authz import make_member, raise_alert
 
 pytestmark = pytest.mark.django_db
@@ -122,6 +123,10 @@ def test_a_batch_that_repeats_is_flagged_and_recovered_past(agent):
     (flag,) = _flags(recovery.incident_id)
     assert flag.message.startswith("Batch of step 30 flagged")
     assert flag.data["attribution"] == "data" and flag.data["node"] == "gpu-a"
+    # The review says it where the incident's story is told.
+    oncall = make_member(Job.objects.get(pk=agent.job_id).team, "oncall", prefix="oncall")
+    review = load_review(oncall, recovery.incident_id)
+    assert any(row.message.startswith("Batch of step 30 flagged") for row in review.rows)
 
 
 def test_a_rule_that_holds_still_flags_on_the_timeline(agent):
