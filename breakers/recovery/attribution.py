@@ -40,8 +40,9 @@ def check_rerun(value: Any, errors: dict[str, str], *, max_step: int) -> None:
     if not isinstance(value, dict):
         errors["result.rerun"] = "must be an object {step, attribution}, or null"
         return
-    for key in value.keys() - set(RERUN_KEYS):
-        errors[f"result.rerun.{key}"[:120]] = "is not a field of a re-run (step, attribution)"
+    for key in sorted(value.keys() - set(RERUN_KEYS))[:5]:
+        shown = key.encode("unicode_escape").decode("ascii")[:60]  # no NUL, no surrogate
+        errors[f"result.rerun.{shown}"] = "is not a field of a re-run (step, attribution)"
     step = value.get("step")
     if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= max_step:
         errors["result.rerun.step"] = f"must be a whole number from 0 to {max_step}"

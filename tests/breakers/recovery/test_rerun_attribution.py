@@ -181,6 +181,7 @@ def test_a_rerun_of_another_step_does_not_weigh(agent):
         ({"step": 2**70, "attribution": "data"}, "result.rerun.step"),
         ({"step": "30", "attribution": "data"}, "result.rerun.step"),
         ({"step": 30, "attribution": "data", "node": "gpu-a"}, "result.rerun.node"),
+        ({"step": 30, "attribution": "data", "n\u00e9\u0000": 1}, "result.rerun.n\\xe9\\x00"),
     ],
 )
 def test_a_rerun_that_is_not_one_is_refused_naming_its_field(agent, agent_post, rerun, field):
