@@ -189,12 +189,22 @@ def decide(evidence: Evidence) -> Decision:
     return Decision(Verdict.RECOVER, tuple(reasons))
 
 
+def suspect(evidence: Evidence) -> tuple[int | None, str]:
+    """The rank and node the verdict is about: those of a re-run that did not repeat (the
+    hardware that computed the fault), else the alert's."""
+    rerun = evidence.rerun
+    if rerun is not None and rerun.attribution == TRANSIENT:
+        rank = rerun.rank if rerun.rank is not None else evidence.rank
+        return rank, rerun.node or evidence.node
+    return evidence.rank, evidence.node
+
+
 def _rerun_found(evidence: Evidence, rerun: Rerun) -> str:
     """What re-running the refused step says, as a reason."""
     if rerun.attribution == TRANSIENT:
         return (
             f"step {rerun.step} re-run on the same batch from the same state was finite: a "
-            f"transient fault of the node {rerun.node or evidence.node or '?'}, not the data"
+            f"transient fault of the node {suspect(evidence)[1] or '?'}, not the data"
         )
     return (
         f"step {rerun.step} re-run on the same batch from the same state gave the non-finite "

@@ -149,6 +149,7 @@ def test_one_ranks_transient_fault_names_that_ranks_node(agent):
     recovery = consider_recovery(pause.pk)
     assert recovery is not None and recovery.verdict == RecoveryVerdict.ISOLATE_AND_PAGE
     assert recovery.evidence["rerun"]["node"] == "gpu-b"
+    assert (recovery.rank, recovery.node) == (1, "gpu-b")  # the suspect, not the alert's node
     assert recovery.evidence["rerun"]["rank"] == 1
     assert [(f.data["rank"], f.data["node"]) for f in _flags(recovery.incident_id)] == [
         (0, "gpu-a"),

@@ -17,6 +17,7 @@ from breakers.recovery.verdict import (
     Verdict,
     decide,
     skip_steps,
+    suspect,
 )
 
 NAN = "non-finite-loss-or-gradients"
@@ -244,6 +245,14 @@ def test_the_data_reason_stands_with_a_stop_too():
     decision = decide(replace(BASE, rerun=DATA, clean_checkpoint_step=None))
     assert decision.verdict == Verdict.STOP_AND_PAGE
     assert any("not the node" in reason for reason in decision.reasons)
+
+
+def test_the_suspect_is_the_node_whose_step_did_not_repeat():
+    other = Rerun(30, "transient", 2, "gpu-c")
+    assert suspect(replace(BASE, rerun=other)) == (2, "gpu-c")
+    assert suspect(replace(BASE, rerun=replace(other, attribution="data"))) == (0, "gpu-a")
+    assert suspect(replace(BASE, rerun=Rerun(30, "transient"))) == (0, "gpu-a")
+    assert suspect(BASE) == (0, "gpu-a")
 
 
 def test_the_findings_of_an_acknowledgement_are_read_by_rank():
