@@ -24,6 +24,11 @@ report and the hold only: that next update is refused too, and the run holds aft
 ``guard_device="late"`` keeps the old behaviour, which lets one update through
 (``poisoned_updates``) but copies nothing.
 
+With ``rerun_nonfinite``, a refused step computed by a closure is evaluated once more from
+the state the refusal kept, to tell a batch that always gives NaN from a one-off fault of the
+hardware (brakeline._attribute): at once on the host path, when the flag is read on the device
+path.
+
 Thread-safety: everything here runs in the training thread (optimizer.step, scheduler.step,
 step_boundary); nothing is shared with the background threads.
 """
