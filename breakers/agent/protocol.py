@@ -42,6 +42,7 @@ from breakers.agent.points import (
     parse_metrics,
     parse_metrics_body,
 )
+from breakers.recovery.attribution import check_rerun
 from core.errors import InvalidInput
 from core.nodes import HOSTLIST_CHARACTERS
 
@@ -288,6 +289,7 @@ def parse_ack(raw: bytes) -> AckIn:
         if problem:
             errors[problem[0]] = problem[1]
         _check_result_steps(result, errors)
+        check_rerun(result.get("rerun"), errors, max_step=MAX_STEP)
     error = _given(body, "error", "")
     if not isinstance(error, str) or len(error) > MAX_ERROR_LENGTH:
         errors["error"] = f"must be a string of at most {MAX_ERROR_LENGTH} characters"

@@ -147,7 +147,7 @@ def record_rank_ack(
 
 def _summary(ack: CommandAck) -> dict[str, Any]:
     summary: dict[str, Any] = {"status": ack.status, "step": ack.step}
-    for key in ("path", "sha256", "apply_at_step"):
+    for key in ("path", "sha256", "apply_at_step", "rerun"):
         if key in ack.result:
             summary[key] = ack.result[key]
     return summary

@@ -8,10 +8,13 @@ were released.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from breakers.executors.outcome import ExecutorOutcome
 from breakers.models import Command, CommandKind, CommandStatus
+from breakers.recovery.attribution import words
+from breakers.recovery.reruns import reruns_of
 from core.transitions import compare_and_swap
 from incidents.alerts.lifecycle import append_timeline, rearm_after_resume, settle_incident
 from incidents.models import (
@@ -146,6 +149,12 @@ def _record_checkpoint_saved(command: Command, incident: Any, step: Any, row: An
     )
     if result.get("released"):
         row(TimelineKind.RESOURCES_RELEASED, "Accelerators released")
+    for rerun in reruns_of(command):  # the SDK re-ran the refused step: the batch or the node
+        row(
+            TimelineKind.NOTE,
+            words(rerun),
+            {"event": "rerun_attribution", **asdict(rerun)},
+        )
 
 
 def _record_resumed(command: Command, row: Any) -> None:

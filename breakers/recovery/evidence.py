@@ -1,11 +1,12 @@
 """What the verdict is given: the evidence of one automatic L3 brake, read from the console's
 records (the brake's alert and command, the rule in force, the job's earlier recoveries, its
-hardware alerts, the checkpoint catalogue). The verdict itself is ``breakers.recovery.verdict``.
+hardware alerts, the checkpoint catalogue, what re-running the refused step found). The verdict
+itself is ``breakers.recovery.verdict``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -18,6 +19,8 @@ from breakers.detection.rules import rules_for_job
 from breakers.drills.scenarios import SCENARIOS, rehearses_recovery
 from breakers.models import Command, DrillRun
 from breakers.monitoring.dcgm import agent_rules
+from breakers.recovery.attribution import weighed
+from breakers.recovery.reruns import reruns_of
 from breakers.recovery.verdict import HOLD_POLICY, RECOVER_POLICY, EarlierRecovery, Evidence
 from incidents.models import (
     ActorKind,
@@ -150,6 +153,7 @@ def gather(pause: Command, *, now: Any = None) -> Gathered | None:
         policy = RECOVER_POLICY
     step = pause.result.get("step")
     last_step = step if isinstance(step, int) and step >= alert.first_step else alert.step
+    last_step = max(last_step, alert.first_step)
     earlier, last_hour = _earlier(job.pk, pause.pk, now)
     incident = alert.incident
     checkpoint = _last_clean(job.pk)
@@ -159,7 +163,7 @@ def gather(pause: Command, *, now: Any = None) -> Gathered | None:
         policy=policy,
         budget=budget,
         first_step=alert.first_step,
-        last_step=max(last_step, alert.first_step),
+        last_step=last_step,
         rank=_rank_on(job.pk, alert.node),
         node=alert.node,
         earlier=earlier,
@@ -171,6 +175,7 @@ def gather(pause: Command, *, now: Any = None) -> Gathered | None:
         drill=job.drill_sandbox,
         drill_of_recovery=rehearsal,
         taken_over_by=person_in_charge(incident, alert, pause),
+        rerun=weighed(reruns_of(pause), alert.first_step, last_step),
     )
     return Gathered(evidence, incident, alert, checkpoint)
 
@@ -194,4 +199,5 @@ def evidence_out(evidence: Evidence) -> dict[str, Any]:
         "drill": evidence.drill,
         "drill_of_recovery": evidence.drill_of_recovery,
         "taken_over_by": evidence.taken_over_by,
+        "rerun": asdict(evidence.rerun) if evidence.rerun is not None else None,
     }

@@ -24,7 +24,7 @@ from breakers.control.confirmations import CONFIRMABLE
 from breakers.models import Command, CommandKind, CommandStatus
 from breakers.recovery.evidence import Gathered, evidence_out, gather
 from breakers.recovery.progress import finish
-from breakers.recovery.verdict import RECOVER_POLICY, Verdict, decide, skip_steps
+from breakers.recovery.verdict import RECOVER_POLICY, Verdict, decide, skip_steps, suspect
 from core.errors import Conflict, InvalidInput
 from core.realtime import job_group, publish_after_commit
 from core.transitions import compare_and_swap
@@ -109,6 +109,7 @@ def _roll_back_plan(gathered: Gathered, verdict: Verdict) -> dict[str, Any]:
 def _create(pause: Command, gathered: Gathered, verdict: Verdict, reasons: list[str]) -> Recovery:
     """The verdict's row and its timeline row, by the system, in the caller's transaction."""
     evidence = gathered.evidence
+    rank, node = suspect(evidence)
     recovery = Recovery.objects.create(
         job_id=pause.job_id,
         incident=gathered.incident,
@@ -118,8 +119,8 @@ def _create(pause: Command, gathered: Gathered, verdict: Verdict, reasons: list[
         cause=evidence.cause,
         first_step=evidence.first_step,
         last_step=evidence.last_step,
-        rank=evidence.rank,
-        node=evidence.node,
+        rank=rank,
+        node=node,
         verdict=verdict,
         reasons=reasons,
         evidence=evidence_out(evidence),

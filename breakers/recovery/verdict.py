@@ -4,10 +4,11 @@ Pure (no Django), so every caller gets the same answer and the table is tested i
 milliseconds. The evidence is what the console knows when the brake's checkpoint is confirmed:
 which rule braked, the offending step window, the rank and node, the job's earlier automatic
 recoveries, whether a hardware signal names the node, the budget, and whether a clean
-checkpoint exists. Two rules that point at the same runbook entry (the loss's NaN and the step
-guard's refused update both point at ``nan-inf``) are one cause. The first matching row of the
-table decides; every fact that weighs is listed in the reasons, so the incident and the review
-say why.
+checkpoint exists, and what re-running the refused step found where the SDK did
+(``breakers.recovery.attribution``). Two rules that point at the same runbook entry (the
+loss's NaN and the step guard's refused update both point at ``nan-inf``) are one cause. The
+first matching row of the table decides; every fact that weighs is listed in the reasons, so
+the incident and the review say why.
 
 | evidence (first match wins)                           | verdict          |
 |-------------------------------------------------------|------------------|
@@ -15,12 +16,16 @@ say why.
 | a drill sandbox (not a drill of the recovery path),   | HOLD             |
 | or a person took over or acted                        |                  |
 | a hardware signal on the node                         | ISOLATE_AND_PAGE |
+| the step's re-run was finite (transient: the node)    | ISOLATE_AND_PAGE |
 | the step window overlaps an earlier recovery's        | STOP_AND_PAGE    |
 | the same cause recovered before, too little progress  | STOP_AND_PAGE    |
 | the budget (recoveries per job per hour) is spent     | STOP_AND_PAGE    |
 | no clean checkpoint to roll back to                   | STOP_AND_PAGE    |
 | more steps to skip than the policy allows             | STOP_AND_PAGE    |
 | otherwise                                             | RECOVER          |
+
+A re-run that repeated the non-finite value (``data``) moves no row: it is why a RECOVER that
+skips the batch is the right answer, and the reasons say so, the batch flagged.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from breakers.recovery.attribution import DATA, TRANSIENT, Rerun
 
 HOLD_POLICY = "hold"
 RECOVER_POLICY = "recover"
@@ -72,6 +79,7 @@ class Evidence:
     # The sandbox of a drill of the recovery path: the table goes on as for a real job.
     drill_of_recovery: bool = False
     taken_over_by: str = ""  # who took over from the machine, and how (empty: nobody)
+    rerun: Rerun | None = None  # what re-running the refused step found (None: not re-run)
 
 
 @dataclass(frozen=True)
@@ -162,6 +170,11 @@ def decide(evidence: Evidence) -> Decision:
         signals = "; ".join(evidence.hardware_signals[:5])
         reasons.append(f"hardware signal on the node: {signals}")
         return Decision(Verdict.ISOLATE_AND_PAGE, tuple(reasons))
+    rerun = evidence.rerun
+    if rerun is not None:
+        reasons.append(_rerun_found(evidence, rerun))
+        if rerun.attribution == TRANSIENT:
+            return Decision(Verdict.ISOLATE_AND_PAGE, tuple(reasons))
     stop = _stop(evidence)
     if stop is not None:
         return Decision(Verdict.STOP_AND_PAGE, (*reasons, stop))
@@ -176,7 +189,38 @@ def decide(evidence: Evidence) -> Decision:
         f"recovery {evidence.recoveries_last_hour + 1} of at most {evidence.budget} this hour"
     )
     reasons.append(f"roll back to the clean checkpoint of step {evidence.clean_checkpoint_step}")
+    if rerun is not None and rerun.attribution == DATA:
+        reasons.append(_flagged_batch(rerun.step, evidence.clean_checkpoint_step))
     return Decision(Verdict.RECOVER, tuple(reasons))
+
+
+def suspect(evidence: Evidence) -> tuple[int | None, str]:
+    """The rank and node the verdict is about: those of a re-run that did not repeat (the
+    hardware that computed the fault), else the alert's."""
+    rerun = evidence.rerun
+    if rerun is not None and rerun.attribution == TRANSIENT:
+        rank = rerun.rank if rerun.rank is not None else evidence.rank
+        return rank, rerun.node or evidence.node
+    return evidence.rank, evidence.node
+
+
+def _rerun_found(evidence: Evidence, rerun: Rerun) -> str:
+    """What re-running the refused step says, as a reason."""
+    if rerun.attribution == TRANSIENT:
+        return (
+            f"step {rerun.step} re-run on the same batch from the same state was finite: a "
+            f"transient fault of the node {suspect(evidence)[1] or '?'}, not the data"
+        )
+    return (
+        f"step {rerun.step} re-run on the same batch from the same state gave the non-finite "
+        "value again: the data (or the model), not the node; batch flagged"
+    )
+
+
+def _flagged_batch(step: int, checkpoint_step: int | None) -> str:
+    if checkpoint_step is not None and step > checkpoint_step:
+        return f"the batch of step {step} is skipped"
+    return f"the batch of step {step} is behind the checkpoint's data position: not trained again"
 
 
 def skip_steps(first_step: int, last_step: int, checkpoint_step: int) -> list[int]:

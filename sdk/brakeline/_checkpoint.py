@@ -48,6 +48,9 @@ class CheckpointResult:
     # The set it belongs to (multi-rank runs): CheckpointSet.as_report() once rank 0 wrote the
     # manifest; None for a lone process or when the set could not be completed.
     set: dict[str, Any] | None = None
+    # A brake's checkpoint: what re-running the refused step found (brakeline._attribute),
+    # {"step", "attribution"}; None when nothing was re-run since the last brake.
+    rerun: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {key: value for key, value in dataclasses.asdict(self).items() if value is not None}

@@ -24,6 +24,11 @@ report and the hold only: that next update is refused too, and the run holds aft
 ``guard_device="late"`` keeps the old behaviour, which lets one update through
 (``poisoned_updates``) but copies nothing.
 
+With ``rerun_nonfinite``, a refused step computed by a closure is evaluated once more from
+the state the refusal kept, to tell a batch that always gives NaN from a one-off fault of the
+hardware (brakeline._attribute): at once on the host path, when the flag is read on the device
+path.
+
 Thread-safety: everything here runs in the training thread (optimizer.step, scheduler.step,
 step_boundary); nothing is shared with the background threads.
 """
@@ -38,6 +43,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+from brakeline._attribute import Rerun
 from brakeline._guard_device import (
     DeviceMask,
     HostFlag,
@@ -132,6 +138,8 @@ class StepGuard:
         # (scheduler, its state before the skipped step, its optimizer's lrs): rewound at the
         # step boundary, so the schedule does not advance for an update that never happened.
         self._rewind: list[tuple[Any, dict[str, Any], list[Any]]] = []
+        # Re-run to attribute a refused step computed by a closure (brakeline._attribute).
+        self.rerun = Rerun()
 
     # -- installation ----------------------------------------------------------------------------
     def watch(self, optimizers: list[Any], schedulers: list[Any], step: int) -> bool:
@@ -205,10 +213,11 @@ class StepGuard:
         """The guarded ``optimizer.step``: the closure (if any) runs first, its loss and the
         gradients it left are checked, and only then does the optimizer update."""
         step = self._current_step()
-        earlier_trip = self._read_pending(step)
+        earlier_trip = self._read_pending(step, may_rerun=closure is not None)
         evaluations = None
         if closure is not None:
             evaluations = _Evaluations(closure, self, optimizer)
+            evaluations.streams = self.rerun.before_first()
             evaluations.first()
         flags = self.agreed(optimizer, _nonfinite_flag(_gradients(optimizer)) + self._loss_flags)
         self._loss_flags = []
@@ -220,6 +229,8 @@ class StepGuard:
         if any(bool(flag) for flag in flags):
             self._count_nonfinite_gradients(optimizer)
             self._skip(optimizer, step)
+            if evaluations is not None:  # the pre-step state is intact: re-run it, if opted in
+                self._attribute(step, evaluations)
             return evaluations.loss if evaluations else None
         if evaluations is None:
             result = original(*args, **kwargs)
@@ -243,6 +254,26 @@ class StepGuard:
         if agreement is None:
             agreement = self._agreements[id(optimizer)] = _Agreement(optimizer)
         return agreement(flags)
+
+    def _attribute(self, step: int, evaluations: _Evaluations) -> None:
+        """Re-run a refused step's closure from its unchanged pre-step state, when the run
+        opted in (brakeline._attribute). Loss flags the closure raises itself
+        (``run.guard``) are the re-run's, not the next step's."""
+        if evaluations.streams is None:
+            return
+        optimizer, held, self._loss_flags = evaluations.optimizer, self._loss_flags, []
+
+        def repeats(loss: Any) -> bool:
+            if isinstance(loss, float) and not math.isfinite(loss):
+                return True
+            tensors = [loss.detach().reshape(-1)] if hasattr(loss, "detach") else []
+            flags = _nonfinite_flag(tensors + _gradients(optimizer)) + self._loss_flags
+            return any(bool(flag) for flag in self.agreed(optimizer, flags))
+
+        try:
+            self.rerun.attribute(step, evaluations.closure, evaluations.streams, repeats)
+        finally:
+            self._loss_flags = held
 
     def _let_through(self, step: int) -> None:
         self.weights_step = step
@@ -286,6 +317,8 @@ class StepGuard:
         flag = any_flag(flags, device)
         call_args = args if evaluations is None else (evaluations, *args)
         pending = _Pending(step, self.weights_step, self._scheduler_states(optimizer))
+        if evaluations is not None and self.device_mode != "late":  # the mask keeps the state
+            pending.evaluations = evaluations
         if self.device_mode == "late":
             result = original(*call_args, **kwargs)
         elif takes_found_inf(optimizer) and not _reevaluates(optimizer):
@@ -314,9 +347,11 @@ class StepGuard:
                 states.append((scheduler, state, [g.get("lr") for g in optimizer.param_groups]))
         return states
 
-    def _read_pending(self, step: int) -> bool:
+    def _read_pending(self, step: int, may_rerun: bool = True) -> bool:
         """Read the device flags of earlier steps (one step old: no stall); True if one was
-        set. A refused update is settled here: host state, schedule and weights_step."""
+        set. A refused update is settled here: host state, schedule and weights_step; then,
+        the weights being those from before it again, its closure may be re-run (not over
+        gradients a later backward left for the optimizer: ``may_rerun``)."""
         earlier = [pending for pending in self._pending if pending.step < step]
         if not earlier:
             return False
@@ -327,6 +362,8 @@ class StepGuard:
                 continue
             tripped = True
             self._settle_refused(pending)
+            if may_rerun and pending.evaluations is not None:
+                self._attribute(pending.step, pending.evaluations)
         return tripped
 
     def settle(self) -> None:
@@ -400,6 +437,7 @@ class _Pending:
         self.schedulers = schedulers
         self.host_state: HostState | None = None
         self.flag: Any = None
+        self.evaluations: _Evaluations | None = None  # its closure, to re-run if refused
 
 
 class _Evaluations:
@@ -408,9 +446,11 @@ class _Evaluations:
     sharpness-aware step) evaluate again, and their flags are checked after the step."""
 
     def __init__(self, closure: Callable[[], Any], guard: StepGuard, optimizer: Any) -> None:
-        self._closure = closure
+        self.closure = closure
         self._guard = guard
-        self._optimizer = optimizer
+        self.optimizer = optimizer
+        # The generators before the first evaluation, for a re-run (None: not opted in).
+        self.streams: dict[str, Any] | None = None
         self._calls = 0
         self.loss: Any = None
         self.later_flags: list[Any] = []
@@ -419,7 +459,7 @@ class _Evaluations:
         import torch
 
         with torch.enable_grad():
-            self.loss = self._closure()
+            self.loss = self.closure()
         if self.loss is not None:
             self._guard.guard_loss(self.loss)
 
@@ -427,10 +467,10 @@ class _Evaluations:
         self._calls += 1
         if self._calls == 1:
             return self.loss
-        loss = self._closure()
+        loss = self.closure()
         tensors = [] if loss is None or not hasattr(loss, "detach") else [loss.detach()]
-        flags = _nonfinite_flag(tensors + _gradients(self._optimizer))
-        self.later_flags.extend(self._guard.agreed(self._optimizer, flags))
+        flags = _nonfinite_flag(tensors + _gradients(self.optimizer))
+        self.later_flags.extend(self._guard.agreed(self.optimizer, flags))
         return loss
 
 

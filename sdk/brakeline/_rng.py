@@ -12,22 +12,13 @@ import sys
 from typing import Any
 
 
-def capture_rng_state(include_cuda: bool = True) -> dict[str, Any]:
-    """Python ``random``, NumPy's global generator, torch CPU and (if in use) CUDA generators."""
-    version, internal, gauss_next = random.getstate()
-    state: dict[str, Any] = {
-        "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next}
-    }
+def generator_states(include_cuda: bool = True) -> dict[str, Any]:
+    """Every generator's state as its library hands it out, unconverted: cheap enough to take
+    every step, for putting back in this same process (brakeline._attribute)."""
+    state: dict[str, Any] = {"python": random.getstate()}
     numpy = sys.modules.get("numpy")
     if numpy is not None:
-        name, keys, position, has_gauss, cached_gaussian = numpy.random.get_state()
-        state["numpy"] = {
-            "name": name,
-            "keys": [int(key) for key in keys],
-            "position": int(position),
-            "has_gauss": int(has_gauss),
-            "cached_gaussian": float(cached_gaussian),
-        }
+        state["numpy"] = numpy.random.get_state()
     torch = sys.modules.get("torch")
     if torch is not None:
         state["torch_cpu"] = torch.get_rng_state()
@@ -36,24 +27,14 @@ def capture_rng_state(include_cuda: bool = True) -> dict[str, Any]:
     return state
 
 
-def restore_rng_state(state: dict[str, Any]) -> None:
-    """Put every generator captured by :func:`capture_rng_state` back where it was."""
+def set_generator_states(state: dict[str, Any]) -> None:
+    """Put back what :func:`generator_states` took (in the same process)."""
     if "python" in state:
-        python = state["python"]
-        random.setstate((python["version"], tuple(python["internal"]), python["gauss_next"]))
+        random.setstate(state["python"])
     if "numpy" in state:
         import numpy
 
-        saved = state["numpy"]
-        numpy.random.set_state(
-            (
-                saved["name"],
-                numpy.asarray(saved["keys"], dtype=numpy.uint32),
-                saved["position"],
-                saved["has_gauss"],
-                saved["cached_gaussian"],
-            )
-        )
+        numpy.random.set_state(state["numpy"])
     if "torch_cpu" in state:
         import torch
 
@@ -66,6 +47,44 @@ def restore_rng_state(state: dict[str, Any]) -> None:
                 # A different GPU count cannot reproduce the old streams anyway; seed what exists.
                 for index, cuda_state in enumerate(cuda_states[: torch.cuda.device_count()]):
                     torch.cuda.set_rng_state(cuda_state, index)
+
+
+def capture_rng_state(include_cuda: bool = True) -> dict[str, Any]:
+    """Python ``random``, NumPy's global generator, torch CPU and (if in use) CUDA generators,
+    as plain lists and numbers (a checkpoint's, loadable with ``weights_only=True``)."""
+    state = generator_states(include_cuda)
+    version, internal, gauss_next = state["python"]
+    state["python"] = {"version": version, "internal": list(internal), "gauss_next": gauss_next}
+    if "numpy" in state:
+        name, keys, position, has_gauss, cached_gaussian = state["numpy"]
+        state["numpy"] = {
+            "name": name,
+            "keys": [int(key) for key in keys],
+            "position": int(position),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached_gaussian),
+        }
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Put every generator captured by :func:`capture_rng_state` back where it was."""
+    raw = dict(state)
+    if "python" in state:
+        python = state["python"]
+        raw["python"] = (python["version"], tuple(python["internal"]), python["gauss_next"])
+    if "numpy" in state:
+        import numpy
+
+        saved = state["numpy"]
+        raw["numpy"] = (
+            saved["name"],
+            numpy.asarray(saved["keys"], dtype=numpy.uint32),
+            saved["position"],
+            saved["has_gauss"],
+            saved["cached_gaussian"],
+        )
+    set_generator_states(raw)
 
 
 def seed_everything(seed: int) -> dict[str, int]:

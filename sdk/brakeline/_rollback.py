@@ -92,6 +92,8 @@ class Checkpoints:
         # knows (the console marks the checkpoint clean or "after the anomaly" by it).
         self._guard.settle()  # device flags still pending are read: the label must be true
         result.weights_step = self._guard.weights_step
+        if reason == "brake":  # the brake's acknowledgement says what the re-run found
+            result.rerun = self._guard.rerun.take_report()
         if settings.checkpoint_sets:  # collective: rank 0 writes the set's manifest
             found = gather_set(result, settings.checkpoint_dir)
             result.set = found.as_report() if found is not None else None

@@ -128,6 +128,8 @@ class Run:
         updates out of the weights), its counts and its hold, checkpoints and roll back."""
         self._guard = StepGuard(self._state.next_step, settings.guard_device)
         self._guard.enabled = settings.guard
+        self._guard.rerun.enabled = settings.rerun_nonfinite
+        self._guard.rerun.models = lambda: self.training.models
         self._nonfinite = NonFiniteCounts(self._guard)
         self._hold = GuardHold(settings, self._state, self._link, self.inbox, self._guard)
         self._checkpoints = Checkpoints(

@@ -33,6 +33,7 @@ ENVIRONMENT_VARIABLES: dict[str, str] = {
     "BRAKELINE_SNAPSHOTS": "send_snapshots",
     "BRAKELINE_GUARD": "guard",
     "BRAKELINE_GUARD_DEVICE": "guard_device",
+    "BRAKELINE_RERUN_NONFINITE": "rerun_nonfinite",
     "BRAKELINE_RANK_AGREEMENT": "rank_agreement",
     "BRAKELINE_AGREEMENT_EVERY": "agreement_every",
     "BRAKELINE_CHECKPOINT_SETS": "checkpoint_sets",
@@ -93,6 +94,11 @@ class Settings:
     # device (no host read that step), "always" on the device path even on the CPU, "late"
     # not at all (read a step late and reported: one update through, no copies).
     guard_device: str = "auto"
+    # Re-run to attribute (docs/sdk.md "Re-run to attribute"): a refused step computed by a
+    # closure (optimizer.step(closure)) is evaluated once more from the unchanged pre-step
+    # state, same batch, same generators; the brake's acknowledgement says whether the
+    # non-finite value repeated ("data") or not ("transient"). Runs your closure twice.
+    rerun_nonfinite: bool = False
     # A delivered command still waiting after this many run.log calls: step_boundary is not
     # being called (a warning in the training log, once per command).
     unapplied_command_logs: int = 50

@@ -132,3 +132,18 @@ def test_without_the_guard_a_lightning_checkpoint_claims_no_weights_step(
     fit(run, Console(transport, "none"), model, tmp_path, "automatic", callbacks_after=[BrakeAt()])
     result = next(a for a in run.acknowledgements if a["id"] == 1)["result"]
     assert result["step"] == FAULT_AT and "weights_step" not in result
+
+
+def test_lightnings_closure_is_re_run_to_attribute_a_refused_step(make_run, transport, tmp_path):
+    """Automatic optimisation hands the guard Lightning's closure: with the re-run on, the
+    refused step's training_step and backward run once more on the same batch; the poisoned
+    batch gives NaN again (data), said in the brake's acknowledgement, and the brake is as
+    clean as without the re-run."""
+    run = make_run(guard_hold_seconds=60.0, rerun_nonfinite=True)
+    console = Console(transport, "poisoned_batch")
+    model = TinyModel("poisoned_batch", lambda: run.step + 1)
+    _, after_step = fit(run, console, model, tmp_path, "automatic")
+    saved = checkpoint_weights(run.last_checkpoint.path)
+    result = assert_braked_cleanly(run, model, "poisoned_batch", after_step, saved, lag=0)
+    assert result["rerun"] == {"step": FAULT_AT, "attribution": "data"}
+    assert model.steps_seen.count(FAULT_AT) == 2  # evaluated, then re-run once

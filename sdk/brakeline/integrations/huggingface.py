@@ -106,6 +106,8 @@ class BrakelineCallback(TrainerCallback):
             # Which updates the folder's weights hold (the console marks it clean by it).
             weights_step=guard.weights_step if guard.enabled else None,
             reason="brake",
+            # What re-running the refused step found, if it was (brakeline._attribute).
+            rerun=guard.rerun.take_report(),
         )
         self.run.last_checkpoint = result
         self.run.send_snapshot("checkpoint", state.global_step, None, result)

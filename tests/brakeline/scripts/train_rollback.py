@@ -5,6 +5,11 @@ the inputs of step S's batch NaN (a real poisoned batch: loss and gradients are 
 step guard keeps that update out of the weights. --skip-step S is the reference: the same run
 that drops the batch of step S without training on it. The loop takes its step from the run
 (``step = run.step + 1``), so a roll back in place moves it with the restored checkpoint.
+
+--closure steps the optimizer with PyTorch's closure (``optimizer.step(closure)``), and
+--rerun lets the SDK re-run a refused step's closure to attribute it (docs/sdk.md "Re-run to
+attribute"). --flip-at S corrupts one gradient of step S once, on its way (a NaN written by a
+hook the first time the gradient is computed): a transient fault, where --poison-at is data.
 """
 
 from __future__ import annotations
@@ -30,6 +35,35 @@ def build():
     return model, optimizer, scheduler, torch.utils.data.DataLoader(dataset, 16, shuffle=True)
 
 
+def train_step(model, optimizer, inputs, targets, closure: bool):
+    """One optimizer step; with ``closure``, PyTorch's closure convention."""
+
+    def evaluate():
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(inputs), targets)
+        loss.backward()
+        return loss
+
+    if closure:
+        return optimizer.step(evaluate)
+    loss = evaluate()
+    optimizer.step()
+    return loss
+
+
+def flip_once(parameter) -> None:
+    """The next gradient of ``parameter`` arrives with a NaN in it, once (a bit flipped on the
+    device, say); computed again, it is what it should be."""
+
+    def corrupt(grad):
+        handle.remove()
+        grad = grad.clone()
+        grad.view(-1)[0] = math.nan
+        return grad
+
+    handle = parameter.register_hook(corrupt)
+
+
 def options() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--job", default="rollback")
@@ -41,6 +75,9 @@ def options() -> argparse.Namespace:
     parser.add_argument("--poison-at", type=int, action="append", default=[])
     parser.add_argument("--skip-step", type=int, default=0)
     parser.add_argument("--no-guard", action="store_true")
+    parser.add_argument("--closure", action="store_true")
+    parser.add_argument("--rerun", action="store_true")
+    parser.add_argument("--flip-at", type=int, action="append", default=[])
     parser.add_argument("--checkpoint-every", type=int, default=0)
     parser.add_argument("--backoff-cap", type=float, default=1.0)
     parser.add_argument("--max-memory-points", type=int, default=50_000)
@@ -51,12 +88,12 @@ def options() -> argparse.Namespace:
 
 def main() -> None:
     opts = options()
-    run = start_run(opts, guard=not opts.no_guard)
+    run = start_run(opts, guard=not opts.no_guard, rerun_nonfinite=opts.rerun)
     run.seed(opts.seed)
     model, optimizer, scheduler, loader = build()
     run.watch(model=model, optimizer=optimizer, scheduler=scheduler)
     losses = LossFile(opts.losses)
-    poisoned = set(opts.poison_at)
+    poisoned, flips = set(opts.poison_at), set(opts.flip_at)
     wrapped = run.wrap_loader(loader)
     while run.step < opts.steps:
         for inputs, targets in wrapped:  # one epoch; a roll back re-seeks inside it
@@ -67,10 +104,10 @@ def main() -> None:
             if step in poisoned:
                 poisoned.discard(step)  # a batch is poisoned once: after a roll back it is not
                 inputs = inputs * math.nan
-            loss = torch.nn.functional.mse_loss(model(inputs), targets)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+            if step in flips:
+                flips.discard(step)
+                flip_once(model[0].weight)
+            loss = train_step(model, optimizer, inputs, targets, opts.closure)
             scheduler.step()
             run.log({"loss": loss}, step=step)
             losses.write(step, loss.item())

@@ -10,12 +10,14 @@ import pytest
 from breakers.detection.engine import RuleSpec
 from breakers.detection.rulepack import DEFAULT_RULES
 from breakers.detection.ruleset_core import ChangeError, apply_changes, parse_changes
+from breakers.recovery.attribution import Rerun, reported, weighed
 from breakers.recovery.verdict import (
     EarlierRecovery,
     Evidence,
     Verdict,
     decide,
     skip_steps,
+    suspect,
 )
 
 NAN = "non-finite-loss-or-gradients"
@@ -34,6 +36,10 @@ BASE = Evidence(
 
 def earlier(first: int, last: int, cause: str = "nan-inf") -> EarlierRecovery:
     return EarlierRecovery(cause, first, last)
+
+
+DATA = Rerun(30, "data", 0, "gpu-a")  # the step re-run on the same batch: NaN again
+TRANSIENT = Rerun(30, "transient", 0, "gpu-a")  # ... and finite: the node
 
 
 VERDICTS = [
@@ -160,6 +166,77 @@ VERDICTS = [
         Verdict.STOP_AND_PAGE,
         "301 steps to skip, more than 100",
     ),
+    # Re-run to attribute: the step re-run on the same batch from the same state.
+    (
+        "the re-run was finite: a transient fault, the node",
+        {"rerun": TRANSIENT},
+        Verdict.ISOLATE_AND_PAGE,
+        "transient fault of the node gpu-a, not the data",
+    ),
+    (
+        "the re-run's node is named even where the alert names none",
+        {"rerun": TRANSIENT, "node": ""},
+        Verdict.ISOLATE_AND_PAGE,
+        "node gpu-a",
+    ),
+    (
+        "a transient fault beats a repeat: the node is what to take out",
+        {
+            "rerun": replace(TRANSIENT, step=31),
+            "first_step": 31,
+            "last_step": 31,
+            "earlier": (earlier(30, 30),),
+        },
+        Verdict.ISOLATE_AND_PAGE,
+        "transient fault",
+    ),
+    (
+        "hardware signal and a transient re-run: the hardware signal first",
+        {"rerun": TRANSIENT, "hardware_signals": ("dcgm-xid on gpu-a (L2, firing)",)},
+        Verdict.ISOLATE_AND_PAGE,
+        "hardware signal on the node: dcgm-xid",
+    ),
+    (
+        "hold beats a transient re-run: the policy is the team's word",
+        {"rerun": TRANSIENT, "policy": "hold"},
+        Verdict.HOLD,
+        "policy",
+    ),
+    (
+        "the re-run repeated: the data, recovered past its batch",
+        {"rerun": DATA},
+        Verdict.RECOVER,
+        "the data (or the model), not the node; batch flagged",
+    ),
+    (
+        "the repeating batch is behind the brake's checkpoint",
+        {"rerun": DATA},
+        Verdict.RECOVER,
+        "the batch of step 30 is behind the checkpoint's data position",
+    ),
+    (
+        "the repeating batch after an earlier checkpoint is skipped",
+        {"rerun": DATA, "clean_checkpoint_step": 28},
+        Verdict.RECOVER,
+        "the batch of step 30 is skipped",
+    ),
+    (
+        "data moves no row: the budget still stops",
+        {"rerun": DATA, "recoveries_last_hour": 3},
+        Verdict.STOP_AND_PAGE,
+        "budget spent",
+    ),
+    (
+        "data moves no row: the same cause without progress still stops",
+        {
+            "rerun": replace(DATA, step=31),
+            "first_step": 31,
+            "last_step": 31,
+            "earlier": (earlier(30, 30),),
+        },
+        Verdict.STOP_AND_PAGE,
+        "no progress",
+    ),
 ]
 
 
@@ -192,6 +269,50 @@ def test_the_first_reason_names_the_window_rank_and_node():
 )
 def test_skip_steps_are_the_window_after_the_checkpoint(first, last, checkpoint, skipped):
     assert skip_steps(first, last, checkpoint) == skipped
+
+
+def test_the_data_reason_stands_with_a_stop_too():
+    decision = decide(replace(BASE, rerun=DATA, clean_checkpoint_step=None))
+    assert decision.verdict == Verdict.STOP_AND_PAGE
+    assert any("not the node" in reason for reason in decision.reasons)
+
+
+def test_the_suspect_is_the_node_whose_step_did_not_repeat():
+    other = Rerun(30, "transient", 2, "gpu-c")
+    assert suspect(replace(BASE, rerun=other)) == (2, "gpu-c")
+    assert suspect(replace(BASE, rerun=replace(other, attribution="data"))) == (0, "gpu-a")
+    assert suspect(replace(BASE, rerun=Rerun(30, "transient"))) == (0, "gpu-a")
+    assert suspect(BASE) == (0, "gpu-a")
+
+
+def test_the_findings_of_an_acknowledgement_are_read_by_rank():
+    single = {"step": 30, "rerun": {"step": 30, "attribution": "data"}}
+    assert reported(single) == [Rerun(30, "data")]
+    assert reported({"step": 30}) == []
+    merged = {  # a multi-rank job's result: rank 0's own, and every rank's summary
+        "rank": 0,
+        "rerun": {"step": 30, "attribution": "data"},
+        "ranks": {
+            "0": {"status": "succeeded", "rerun": {"step": 30, "attribution": "data"}},
+            "1": {"status": "succeeded"},
+            "2": {"status": "succeeded", "rerun": {"step": 30, "attribution": "transient"}},
+        },
+    }
+    assert reported(merged) == [Rerun(30, "data", 0), Rerun(30, "transient", 2)]
+
+
+@pytest.mark.parametrize(
+    ("reruns", "weighs"),
+    [
+        ([], None),
+        ([Rerun(12, "transient")], None),  # another trip's, outside the window
+        ([Rerun(30, "data", 0)], Rerun(30, "data", 0)),
+        ([Rerun(30, "data", 0), Rerun(31, "transient", 1)], Rerun(31, "transient", 1)),
+        ([Rerun(30, "data", 0), Rerun(33, "transient", 1)], Rerun(30, "data", 0)),
+    ],
+)
+def test_the_finding_weighed_is_a_transient_one_in_the_window_else_the_data(reruns, weighs):
+    assert weighed(reruns, 30, 32) == weighs
 
 
 # --- The policy as a rule's fields -------------------------------------------------------
