@@ -5,11 +5,13 @@ The watchdog that acts on a silence is the control plane's (``breakers.control.h
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Exists, Min, OuterRef, Q
 from django.utils import timezone
 
@@ -80,6 +82,7 @@ def record_heartbeat(
     finish_event: str = "finish",
     now: datetime | None = None,
     pace: RankPaceReport | None = None,
+    known: Job | None = None,
 ) -> Job:
     """Store one rank's heartbeat (no rank: rank 0): its row, with its own deadline.
 
@@ -90,10 +93,11 @@ def record_heartbeat(
     rank's), a new rank or world size, a finish, a first or restarted process, a rank back
     from silence. The job finishes when every rank has — by ``finish_event``: "terminate"
     when the caller knows the processes were told to stop (their last beat may overtake the
-    acknowledgement)."""
+    acknowledgement). ``known``: the job as read in the caller's transaction, with nothing
+    written to its row since (a node's other beats, ``record_steady_heartbeats``)."""
     now = now or timezone.now()
     beat = RankBeat(rank or 0, step, status, pid, hostname, world_size, pace)
-    job = Job.objects.get(pk=job_id)
+    job = known if known is not None else Job.objects.get(pk=job_id)
     if job.status in FINAL_JOB_STATUSES and status == AgentStatus.RUNNING:
         _refuse_a_new_run(job, beat.rank, pid)
     if _record_rank_alone(job, beat, now):
@@ -157,6 +161,68 @@ def _record_rank_alone(job: Job, beat: RankBeat, now: datetime) -> bool:
 RANK_HEARTBEAT_FIELDS = tuple(
     f.attname for f in JobRank._meta.concrete_fields if f.name not in ("id", "job", "rank")
 )
+
+
+def record_steady_heartbeats(
+    job_id: int, beats: Sequence[RankBeat], now: datetime
+) -> tuple[Job, list[int]]:
+    """Several ranks' beats (a node's, in one transaction): every steady one of a rank that
+    beats once here written as ``_record_rank_alone`` writes it, all in one read of the job
+    and its ranks' rows and one compare-and-swap UPDATE of those rows. Returns the job as
+    read, and the indexes of the beats left, in order, for ``record_heartbeat`` one at a time
+    (``known``: the job returned): the job-wide ones, a final job's (they may be refused), a rank's
+    second beat, and a steady one whose row another beat wrote in between."""
+    ranks = Counter(beat.rank for beat in beats)
+    seats = {
+        seat.rank: seat
+        for seat in JobRank.objects.select_related("job").filter(
+            Q(rank__in=list(ranks)) | Q(rank=0), job_id=job_id
+        )
+    }
+    job = next(iter(seats.values())).job if seats else Job.objects.get(pk=job_id)
+    if job.status in FINAL_JOB_STATUSES or 0 not in seats:
+        return job, list(range(len(beats)))
+    written: list[tuple[JobRank, datetime]] = []
+    for beat in beats:
+        seat = seats.get(beat.rank)
+        if ranks[beat.rank] > 1 or seat is None or _says_job_wide(job, beat):
+            continue
+        if _rank_back_or_new(seat, beat, now):
+            continue
+        previous = seat.last_heartbeat_at
+        _update_rank(job, seat, beat, now)
+        if seat.heartbeat_deadline is None or (
+            job.heartbeat_deadline is not None and seat.heartbeat_deadline >= job.heartbeat_deadline
+        ):
+            written.append((seat, previous))
+    done = _write_seats(written)
+    return job, [i for i, beat in enumerate(beats) if ranks[beat.rank] > 1 or beat.rank not in done]
+
+
+def _write_seats(written: list[tuple[JobRank, datetime]]) -> set[int]:
+    """The ranks' rows in one UPDATE, each only if its last heartbeat is still the one read
+    (the compare-and-swap of ``_record_rank_alone``); the ranks written."""
+    if not written:
+        return set()
+    fields = [JobRank._meta.get_field(name) for name in RANK_HEARTBEAT_FIELDS]
+    types = [JobRank._meta.pk.rel_db_type(connection), "timestamptz"]
+    types += [field.db_type(connection) for field in fields]
+    row = "(" + ", ".join(f"%s::{kind}" for kind in types) + ")"
+    columns = [connection.ops.quote_name(field.column) for field in fields]
+    sql = (
+        f"UPDATE {JobRank._meta.db_table} AS r SET "
+        + ", ".join(f"{column} = v.{column}" for column in columns)
+        + f" FROM (VALUES {', '.join([row] * len(written))})"
+        + f" AS v(id, previous, {', '.join(columns)})"
+        + " WHERE r.id = v.id AND r.last_heartbeat_at = v.previous RETURNING r.rank"
+    )
+    params: list[object] = []
+    for seat, previous in written:
+        params += [seat.pk, previous]
+        params += [field.get_db_prep_save(getattr(seat, field.attname), connection) for field in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return {rank for (rank,) in cursor.fetchall()}
 
 
 def _rank_back_or_new(seat: JobRank, beat: RankBeat, now: datetime) -> bool:

@@ -1,0 +1,302 @@
+"""The console's CPU and statements per node bundle, served in-process on the real PostgreSQL.
+
+One job of ``--ranks`` ranks (8: one node) whose bundles are served by ``bundle_reply``, the
+function the lean agent route calls, with no HTTP around it: what is left is the part of a
+bundle's cost that grows with its parts (decoding and validating each rank's body, its
+statements). Each round serves ``--bundles`` bundles of a kind, and the worker's share apart:
+the evaluation each bundle wakes, run in-process after it (``fail_safe``, as the worker's
+task runs it).
+
+Kinds, what a node's forwarder sends per flush interval:
+
+- ``batches``: each rank's metrics batch (3 metrics × 4 steps, a batch id, the rank), a
+  heartbeat riding in one batch of five (the SDK's 5 s heartbeat at a 1 s flush);
+- ``batches + heartbeats``: the same and each rank's heartbeat as a part of its own;
+- ``acks``: each rank's acknowledgement of a new command (a brake's, once per incident).
+
+Printed per kind, medians over the rounds: web CPU µs per bundle and per part, statements per
+bundle, worker CPU µs per bundle. With ``--against REF`` (default ``main``) the same bundles
+are served, round after round, by a second process running the code of that git ref (its
+``git archive``, on the same database): before and after in one run, interleaved, so a busy
+neighbour weighs on both alike. CPU is the process's own (time.process_time), PostgreSQL's
+apart; no timed assertion, the figures are read.
+
+    python bundle_cost.py [--rounds 5] [--bundles 100] [--against main] [--profile web|worker]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from itertools import count
+from pathlib import Path
+
+KINDS = ("batches", "batches + heartbeats", "acks")
+HERE = Path(__file__).resolve().parent
+QUEUE = f"bundle-cost-bench-{os.getpid()}"
+
+
+def beat(rank: int, step: int, world: int) -> dict:
+    return {
+        "step": step,
+        "status": "running",
+        "pid": 1000 + rank,
+        "hostname": "gpu-node-1",
+        "rank": rank,
+        "world_size": world,
+    }
+
+
+def batch_body(rank: int, bundle: int, step: int, world: int, riding: bool) -> str:
+    points = [
+        {"name": name, "step": s, "value": 1.0 / (s + i + 1), "rank": rank}
+        for s in range(step, step + 4)
+        for i, name in enumerate(("loss", "grad_norm", "lr"))
+    ]
+    body: dict = {"rank": rank, "batch": f"run-{os.getpid()}-{rank}-{bundle}", "points": points}
+    if riding:
+        body["heartbeat"] = beat(rank, step + 3, world)
+    return json.dumps(body)
+
+
+def bundle_of(kind: str, bundle: int, world: int, command: int | None) -> bytes:
+    """The bundle's body: ``bundle`` numbers it (new batch ids and steps each time)."""
+    step = bundle * 4
+    if kind == "acks":
+        ack = {"status": "succeeded", "result": {"rank": 0, "step": step}}
+        parts = []
+        for rank in range(world):
+            ack["result"]["rank"] = rank
+            parts.append({"path": f"commands/{command}/ack", "body": json.dumps(ack)})
+        return json.dumps({"parts": parts}).encode()
+    parts = [
+        {"path": "metrics", "body": batch_body(r, bundle, step, world, (bundle + r) % 5 == 0)}
+        for r in range(world)
+    ]
+    if kind == "batches + heartbeats":
+        parts += [
+            {"path": "heartbeat", "body": json.dumps(beat(r, step + 3, world))}
+            for r in range(world)
+        ]
+    return json.dumps({"parts": parts}).encode()
+
+
+class Counter:
+    """Counts the statements Django runs (an execute wrapper: no query log kept)."""
+
+    def __init__(self) -> None:
+        self.statements = 0
+
+    def __call__(self, execute, sql, params, many, context):  # noqa: ANN001
+        self.statements += 1
+        return execute(sql, params, many, context)
+
+
+def serve_round(kind: str, bundles: int, state: dict, profiler=None, side: str = "web") -> dict:  # noqa: ANN001
+    """Serve ``bundles`` bundles of ``kind``; CPU µs and statements per bundle, web and worker."""
+    from django.db import connection
+
+    from breakers.agent.bundle import bundle_reply
+    from breakers.control.commands import issue_command
+    from breakers.detection.tasks import fail_safe
+    from breakers.models import CommandKind
+    from incidents.models import Job
+
+    job = Job.objects.get(pk=state["job_id"])
+    counter = Counter()
+    web = worker = 0.0
+    statements = 0
+    for _ in range(bundles):
+        number = next(state["numbers"])
+        command = None
+        if kind == "acks":
+            command = issue_command(job.pk, CommandKind.PAUSE_DATA, reason="bench").command.pk
+        body = bundle_of(kind, number, state["world"], command)
+        job = Job.objects.get(pk=job.pk)  # the gate's token lookup hands the route its job
+        counter.statements = 0
+        started = time.process_time()
+        if profiler is not None and side == "web":
+            profiler.enable()
+        with connection.execute_wrapper(counter):
+            answer = bundle_reply(job, body)
+        if profiler is not None and side == "web":
+            profiler.disable()
+        web += time.process_time() - started
+        statements += counter.statements
+        if any(r["status"] >= 300 for r in answer["results"]):
+            raise SystemExit(f"a part was refused: {answer['results']}")
+        started = time.process_time()
+        if profiler is not None and side == "worker":
+            profiler.enable()
+        fail_safe(job.pk)
+        if profiler is not None and side == "worker":
+            profiler.disable()
+        worker += time.process_time() - started
+        if kind == "acks":  # the job runs on: the next command finds it running
+            Job.objects.filter(pk=job.pk).update(status="running")
+    return {
+        "web_us": web * 1e6 / bundles,
+        "worker_us": worker * 1e6 / bundles,
+        "statements": statements / bundles,
+    }
+
+
+def child(world: int) -> None:
+    """Serve rounds asked on stdin (one JSON line each), answer each on stdout."""
+    set_up()
+    from incidents.jobs import create_job
+
+    created = create_job("bench", f"bundle-cost-{os.getpid()}", "training")
+    state = {"job_id": created.job.pk, "numbers": count(1), "world": world}
+    for kind in KINDS:  # warm up: imports, the ranks' rows, the caches
+        serve_round(kind, 10, state)
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        ask = json.loads(line)
+        print(json.dumps(serve_round(ask["kind"], ask["bundles"], state)), flush=True)
+
+
+def set_up() -> None:
+    os.environ["BRAKELINE_CELERY_QUEUE"] = QUEUE_OF_RUN
+    sys.path.insert(0, str(HERE))
+    from _stack import set_up_django
+
+    set_up_django()
+
+
+QUEUE_OF_RUN = os.environ.get("BUNDLE_COST_QUEUE", QUEUE)
+
+
+class Code:
+    """A process serving bundles with one tree's code."""
+
+    def __init__(self, label: str, tree: Path, world: int) -> None:
+        self.label = label
+        env = dict(os.environ, PYTHONPATH=f"{tree}:{tree / 'sdk'}", BUNDLE_COST_QUEUE=QUEUE)
+        command = [sys.executable, str(HERE / "bundle_cost.py"), "--child", "--ranks", str(world)]
+        self.process = subprocess.Popen(
+            command, cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        self._read()
+
+    def _read(self) -> dict:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            raise SystemExit(f"the {self.label} process ended early")
+        return json.loads(line)
+
+    def serve(self, kind: str, bundles: int) -> dict:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps({"kind": kind, "bundles": bundles}) + "\n")
+        self.process.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        self.process.wait()
+
+
+def tree_of(ref: str, into: Path) -> Path:
+    """The code of git ref ``ref`` of this repository, unpacked under ``into``."""
+    archive = into / "code.tar"
+    repository = HERE.parent
+    with archive.open("wb") as out:
+        subprocess.run(["git", "archive", ref], cwd=repository, stdout=out, check=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(into / "tree", filter="data")
+    return into / "tree"
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def report(results: dict, labels: list[str], rounds: int, bundles: int, world: int) -> None:
+    parts = {"batches": world, "batches + heartbeats": 2 * world, "acks": world}
+    print(f"One node's bundle ({world} ranks), in-process; medians of {rounds} rounds of")
+    print(f"{bundles} bundles. CPU of the serving process (µs), statements through Django.")
+    print(f"{'kind':<22}{'code':<10}{'web/bundle':>11}{'web/part':>10}{'stmts':>7}{'worker':>9}")
+    for kind in KINDS:
+        for label in labels:
+            rows = results[(label, kind)]
+            web = median([r["web_us"] for r in rows])
+            worker = median([r["worker_us"] for r in rows])
+            statements = median([r["statements"] for r in rows])
+            print(
+                f"{kind:<22}{label:<10}{web:>11.0f}{web / parts[kind]:>10.0f}"
+                f"{statements:>7.1f}{worker:>9.0f}"
+            )
+        if len(labels) == 2:
+            before, after = (median([r["web_us"] for r in results[(lb, kind)]]) for lb in labels)
+            print(f"{'':<22}{'ratio':<10}{before / after:>10.2f}×")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--bundles", type=int, default=100)
+    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--against", default="main", help="git ref of the baseline ('' none)")
+    parser.add_argument("--profile", choices=("web", "worker"), help="cProfile one round")
+    parser.add_argument("--kind", choices=KINDS, default=KINDS[0], help="the kind profiled")
+    parser.add_argument("--profile-out", help="where to write the profile's stats")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.ranks)
+        return
+    if args.profile:
+        profile(args)
+        return
+    with tempfile.TemporaryDirectory() as scratch:
+        codes = [Code("this", HERE.parent, args.ranks)]
+        if args.against:
+            codes.insert(0, Code(args.against, tree_of(args.against, Path(scratch)), args.ranks))
+        results: dict = {(c.label, k): [] for c in codes for k in KINDS}
+        try:
+            for _ in range(args.rounds):
+                for kind in KINDS:
+                    for code in codes:
+                        results[(code.label, kind)].append(code.serve(kind, args.bundles))
+        finally:
+            for code in codes:
+                code.close()
+            set_up()
+            from core.redis_clients import redis_client
+
+            redis_client().delete(QUEUE)
+    report(results, [c.label for c in codes], args.rounds, args.bundles, args.ranks)
+
+
+def profile(args: argparse.Namespace) -> None:
+    """cProfile of one round of the first kind (``web``: bundle_reply; ``worker``: all)."""
+    import cProfile
+    import pstats
+
+    set_up()
+    from incidents.jobs import create_job
+
+    created = create_job("bench", f"bundle-cost-{os.getpid()}", "training")
+    state = {"job_id": created.job.pk, "numbers": count(1), "world": args.ranks}
+    serve_round(args.kind, 10, state)
+    profiler = cProfile.Profile(time.process_time)
+    serve_round(args.kind, args.bundles, state, profiler, args.profile)
+    stats = pstats.Stats(profiler)
+    if args.profile_out:
+        stats.dump_stats(args.profile_out)
+    stats.sort_stats("tottime").print_stats(45)
+    stats.sort_stats("cumulative").print_stats(70)
+
+
+if __name__ == "__main__":
+    main()
