@@ -289,7 +289,7 @@ def profile(args: argparse.Namespace) -> None:
     created = create_job("bench", f"bundle-cost-{os.getpid()}", "training")
     state = {"job_id": created.job.pk, "numbers": count(1), "world": args.ranks}
     serve_round(args.kind, 10, state)
-    profiler = cProfile.Profile(time.process_time)
+    profiler = cProfile.Profile(time.thread_time)
     serve_round(args.kind, args.bundles, state, profiler, args.profile)
     stats = pstats.Stats(profiler)
     if args.profile_out:

@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -30,6 +31,7 @@ from incidents.models import (
     job_statuses_for,
 )
 
+M = TypeVar("M", Job, JobRank)
 # Heartbeat timeout: the job's own setting, else this many measured step times, never below
 # the floor (settings.HEARTBEAT_TIMEOUT_FLOOR_SECONDS), and the default until a step time has
 # been measured (settings.HEARTBEAT_TIMEOUT_DEFAULT_SECONDS).
@@ -173,13 +175,7 @@ def record_steady_heartbeats(
     (``known``: the job returned): the job-wide ones, a final job's (they may be refused), a rank's
     second beat, and a steady one whose row another beat wrote in between."""
     ranks = Counter(beat.rank for beat in beats)
-    seats = {
-        seat.rank: seat
-        for seat in JobRank.objects.select_related("job").filter(
-            Q(rank__in=list(ranks)) | Q(rank=0), job_id=job_id
-        )
-    }
-    job = next(iter(seats.values())).job if seats else Job.objects.get(pk=job_id)
+    job, seats = _job_and_seats(job_id, [0, *ranks])
     if job.status in FINAL_JOB_STATUSES or 0 not in seats:
         return job, list(range(len(beats)))
     written: list[tuple[JobRank, datetime]] = []
@@ -199,16 +195,51 @@ def record_steady_heartbeats(
     return job, [i for i, beat in enumerate(beats) if ranks[beat.rank] > 1 or beat.rank not in done]
 
 
+def _job_and_seats(job_id: int, ranks: list[int]) -> tuple[Job, dict[int, JobRank]]:
+    """The job and its rows of ``ranks`` in one statement (plain SQL: it is read for every
+    node's beats, and the ORM's building of it cost more than the rest of the write)."""
+    job_fields, seat_fields = Job._meta.concrete_fields, JobRank._meta.concrete_fields
+    columns = [f"j.{_quoted(f.column)}" for f in job_fields]
+    columns += [f"r.{_quoted(f.column)}" for f in seat_fields]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {', '.join(columns)} FROM {Job._meta.db_table} AS j "
+            f"LEFT JOIN {JobRank._meta.db_table} AS r ON r.job_id = j.id AND r.rank = ANY(%s) "
+            "WHERE j.id = %s",
+            [ranks, job_id],
+        )
+        rows = cursor.fetchall()
+    if not rows:
+        raise Job.DoesNotExist(f"No job {job_id}.")
+    split = len(job_fields)
+    job = _from_row(Job, rows[0][:split])
+    seats = [_from_row(JobRank, row[split:]) for row in rows if row[split] is not None]
+    return job, {seat.rank: seat for seat in seats}
+
+
+def _quoted(column: str | None) -> str:
+    return connection.ops.quote_name(str(column))
+
+
+def _from_row(model: type[M], values: Sequence[object]) -> M:
+    fields = model._meta.concrete_fields
+    converted = [
+        field.from_db_value(value, None, connection) if hasattr(field, "from_db_value") else value
+        for field, value in zip(fields, values, strict=True)
+    ]
+    return model.from_db(connection.alias, [field.attname for field in fields], converted)
+
+
 def _write_seats(written: list[tuple[JobRank, datetime]]) -> set[int]:
     """The ranks' rows in one UPDATE, each only if its last heartbeat is still the one read
     (the compare-and-swap of ``_record_rank_alone``); the ranks written."""
     if not written:
         return set()
-    fields = [JobRank._meta.get_field(name) for name in RANK_HEARTBEAT_FIELDS]
+    fields = [f for f in JobRank._meta.concrete_fields if f.attname in RANK_HEARTBEAT_FIELDS]
     types = [JobRank._meta.pk.rel_db_type(connection), "timestamptz"]
     types += [field.db_type(connection) for field in fields]
     row = "(" + ", ".join(f"%s::{kind}" for kind in types) + ")"
-    columns = [connection.ops.quote_name(field.column) for field in fields]
+    columns = [_quoted(field.column) for field in fields]
     sql = (
         f"UPDATE {JobRank._meta.db_table} AS r SET "
         + ", ".join(f"{column} = v.{column}" for column in columns)
@@ -216,10 +247,12 @@ def _write_seats(written: list[tuple[JobRank, datetime]]) -> set[int]:
         + f" AS v(id, previous, {', '.join(columns)})"
         + " WHERE r.id = v.id AND r.last_heartbeat_at = v.previous RETURNING r.rank"
     )
-    params: list[object] = []
+    params: list[Any] = []
     for seat, previous in written:
         params += [seat.pk, previous]
-        params += [field.get_db_prep_save(getattr(seat, field.attname), connection) for field in fields]
+        params += [
+            field.get_db_prep_save(getattr(seat, field.attname), connection) for field in fields
+        ]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return {rank for (rank,) in cursor.fetchall()}
@@ -237,7 +270,9 @@ def _record_job_heartbeat(job_id: int, beat: RankBeat, finish_event: str, now: d
     """A beat that writes the job's row too, under the job's row lock: the rank's row, the
     world size, the job-level agent fields, and the job's deadline — the earliest of its
     unfinished ranks' (what the watchdog's index finds it by)."""
-    with transaction.atomic():
+    # No savepoint of its own: nothing here is refused, and a caller's transaction (a node's
+    # bundle) rolls back whole on an error.
+    with transaction.atomic(savepoint=False):
         job = Job.objects.select_for_update().get(pk=job_id)
         if beat.world_size is not None and beat.world_size != job.world_size:
             # A smaller restart leaves seats above its size: gone once, when the size changes

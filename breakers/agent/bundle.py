@@ -209,9 +209,7 @@ def _serve_together(job: Job, read: list[_Read], *, careful: bool) -> list[dict[
     return [_result(each, owed) for each in outcomes]
 
 
-def _write_part(
-    job: Job, part: _Read, beats: list[HeartbeatIn] | None
-) -> _Read | dict[str, Any]:
+def _write_part(job: Job, part: _Read, beats: list[HeartbeatIn] | None) -> _Read | dict[str, Any]:
     """One part's own writes; a refusal (or an acknowledgement's answer) is its result. An
     acknowledgement, and every part when careful (``beats`` None), writes in a savepoint of
     its own; else a part's heartbeat joins ``beats``, written before the next
