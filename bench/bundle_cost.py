@@ -1,7 +1,8 @@
 """The console's CPU and statements per node bundle, served in-process on the real PostgreSQL.
 
-One job of ``--ranks`` ranks (8: one node) whose bundles are served by ``bundle_reply``, the
-function the lean agent route calls, with no HTTP around it: what is left is the part of a
+One node of a large job (``--ranks`` 8 per node, node ``--node`` 1 of a job of ``--world``
+1,024 ranks, whose rank 0 speaks from node 0) sends its bundles, served by ``bundle_reply``,
+the function the lean agent route calls, with no HTTP around it: what is left is the part of a
 bundle's cost that grows with its parts (decoding and validating each rank's body, its
 statements). Each round serves ``--bundles`` bundles of a kind, and the worker's share apart:
 the evaluation each bundle wakes, run in-process after it (``fail_safe``, as the worker's
@@ -65,25 +66,22 @@ def batch_body(rank: int, bundle: int, step: int, world: int, riding: bool) -> s
     return json.dumps(body)
 
 
-def bundle_of(kind: str, bundle: int, world: int, command: int | None) -> bytes:
-    """The bundle's body: ``bundle`` numbers it (new batch ids and steps each time)."""
+def bundle_of(kind: str, bundle: int, node: range, world: int, command: int | None) -> bytes:
+    """The bundle of the ranks ``node``: ``bundle`` numbers it (new batch ids and steps)."""
     step = bundle * 4
     if kind == "acks":
         ack = {"status": "succeeded", "result": {"rank": 0, "step": step}}
         parts = []
-        for rank in range(world):
+        for rank in node:
             ack["result"]["rank"] = rank
             parts.append({"path": f"commands/{command}/ack", "body": json.dumps(ack)})
         return json.dumps({"parts": parts}).encode()
     parts = [
         {"path": "metrics", "body": batch_body(r, bundle, step, world, (bundle + r) % 5 == 0)}
-        for r in range(world)
+        for r in node
     ]
     if kind == "batches + heartbeats":
-        parts += [
-            {"path": "heartbeat", "body": json.dumps(beat(r, step + 3, world))}
-            for r in range(world)
-        ]
+        parts += [{"path": "heartbeat", "body": json.dumps(beat(r, step + 3, world))} for r in node]
     return json.dumps({"parts": parts}).encode()
 
 
@@ -117,7 +115,7 @@ def serve_round(kind: str, bundles: int, state: dict, profiler=None, side: str =
         command = None
         if kind == "acks":
             command = issue_command(job.pk, CommandKind.PAUSE_DATA, reason="bench").command.pk
-        body = bundle_of(kind, number, state["world"], command)
+        body = bundle_of(kind, number, state["node"], state["world"], command)
         job = Job.objects.get(pk=job.pk)  # the gate's token lookup hands the route its job
         counter.statements = 0
         started = time.process_time()
@@ -147,13 +145,23 @@ def serve_round(kind: str, bundles: int, state: dict, profiler=None, side: str =
     }
 
 
-def child(world: int) -> None:
-    """Serve rounds asked on stdin (one JSON line each), answer each on stdout."""
-    set_up()
+def new_job(args: argparse.Namespace) -> dict:
+    """A job of ``--world`` ranks whose rank 0 (on another node) has spoken; the state of
+    the node ``--node``'s bundles."""
+    from breakers.agent.bundle import bundle_reply
     from incidents.jobs import create_job
 
     created = create_job("bench", f"bundle-cost-{os.getpid()}", "training")
-    state = {"job_id": created.job.pk, "numbers": count(1), "world": world}
+    node = range(args.node * args.ranks, (args.node + 1) * args.ranks)
+    first = {"path": "heartbeat", "body": json.dumps(beat(0, 0, args.world))}
+    bundle_reply(created.job, json.dumps({"parts": [first]}).encode())
+    return {"job_id": created.job.pk, "numbers": count(1), "node": node, "world": args.world}
+
+
+def child(args: argparse.Namespace) -> None:
+    """Serve rounds asked on stdin (one JSON line each), answer each on stdout."""
+    set_up()
+    state = new_job(args)
     for kind in KINDS:  # warm up: imports, the ranks' rows, the caches
         serve_round(kind, 10, state)
     print(json.dumps({"ready": True}), flush=True)
@@ -176,10 +184,11 @@ QUEUE_OF_RUN = os.environ.get("BUNDLE_COST_QUEUE", QUEUE)
 class Code:
     """A process serving bundles with one tree's code."""
 
-    def __init__(self, label: str, tree: Path, world: int) -> None:
+    def __init__(self, label: str, tree: Path, args: argparse.Namespace) -> None:
         self.label = label
         env = dict(os.environ, PYTHONPATH=f"{tree}:{tree / 'sdk'}", BUNDLE_COST_QUEUE=QUEUE)
-        command = [sys.executable, str(HERE / "bundle_cost.py"), "--child", "--ranks", str(world)]
+        shape = ["--ranks", str(args.ranks), "--node", str(args.node), "--world", str(args.world)]
+        command = [sys.executable, str(HERE / "bundle_cost.py"), "--child", *shape]
         self.process = subprocess.Popen(
             command, cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
@@ -221,9 +230,9 @@ def median(values: list[float]) -> float:
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
-def report(results: dict, labels: list[str], rounds: int, bundles: int, world: int) -> None:
-    parts = {"batches": world, "batches + heartbeats": 2 * world, "acks": world}
-    print(f"One node's bundle ({world} ranks), in-process; medians of {rounds} rounds of")
+def report(results: dict, labels: list[str], rounds: int, bundles: int, ranks: int) -> None:
+    parts = {"batches": ranks, "batches + heartbeats": 2 * ranks, "acks": ranks}
+    print(f"One node's bundle ({ranks} ranks), in-process; medians of {rounds} rounds of")
     print(f"{bundles} bundles. CPU of the serving process (µs), statements through Django.")
     print(f"{'kind':<22}{'code':<10}{'web/bundle':>11}{'web/part':>10}{'stmts':>7}{'worker':>9}")
     for kind in KINDS:
@@ -245,7 +254,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--bundles", type=int, default=100)
-    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--ranks", type=int, default=8, help="ranks per node")
+    parser.add_argument("--node", type=int, default=1, help="which node of the job sends")
+    parser.add_argument("--world", type=int, default=1024, help="the job's ranks")
     parser.add_argument("--against", default="main", help="git ref of the baseline ('' none)")
     parser.add_argument("--profile", choices=("web", "worker"), help="cProfile one round")
     parser.add_argument("--kind", choices=KINDS, default=KINDS[0], help="the kind profiled")
@@ -253,15 +264,15 @@ def main() -> None:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.ranks)
+        child(args)
         return
     if args.profile:
         profile(args)
         return
     with tempfile.TemporaryDirectory() as scratch:
-        codes = [Code("this", HERE.parent, args.ranks)]
+        codes = [Code("this", HERE.parent, args)]
         if args.against:
-            codes.insert(0, Code(args.against, tree_of(args.against, Path(scratch)), args.ranks))
+            codes.insert(0, Code(args.against, tree_of(args.against, Path(scratch)), args))
         results: dict = {(c.label, k): [] for c in codes for k in KINDS}
         try:
             for _ in range(args.rounds):
@@ -284,10 +295,7 @@ def profile(args: argparse.Namespace) -> None:
     import pstats
 
     set_up()
-    from incidents.jobs import create_job
-
-    created = create_job("bench", f"bundle-cost-{os.getpid()}", "training")
-    state = {"job_id": created.job.pk, "numbers": count(1), "world": args.ranks}
+    state = new_job(args)
     serve_round(args.kind, 10, state)
     profiler = cProfile.Profile(time.thread_time)
     serve_round(args.kind, args.bundles, state, profiler, args.profile)
