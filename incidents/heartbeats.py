@@ -192,7 +192,7 @@ def record_steady_heartbeats(
             job.heartbeat_deadline is not None and seat.heartbeat_deadline >= job.heartbeat_deadline
         ):
             written.append((seat, previous))
-    done = _write_seats(written)
+    done = _write_seats(sorted(written, key=lambda each: each[0].pk))  # one lock order
     return job, [i for i, beat in enumerate(beats) if ranks[beat.rank] > 1 or beat.rank not in done]
 
 
