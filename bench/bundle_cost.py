@@ -231,6 +231,11 @@ class Code:
         self.process.wait()
 
 
+def known_ref(ref: str) -> bool:
+    check = ["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"]
+    return subprocess.run(check, cwd=HERE.parent, capture_output=True).returncode == 0
+
+
 def tree_of(ref: str, into: Path) -> Path:
     """The code of git ref ``ref`` of this repository, unpacked under ``into``."""
     archive = into / "code.tar"
@@ -294,7 +299,9 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as scratch:
         codes = [Code("this", HERE.parent, args)]
-        if args.against:
+        if args.against and not known_ref(args.against):
+            print(f"No git ref {args.against!r} here: this code's figures alone.")
+        elif args.against:
             codes.insert(0, Code(args.against, tree_of(args.against, Path(scratch)), args))
         results: dict = {(c.label, k): [] for c in codes for k in KINDS}
         try:
