@@ -27,6 +27,7 @@ apart; no timed assertion, the figures are read.
 Instructions instead of CPU time (robust on a loaded machine): run ``--serve KIND`` under
 ``valgrind --tool=callgrind`` with ``--bundles`` N and 2N; the difference of the two
 "Collected" totals, over N, is one bundle's (web and worker; setup cancels out).
+``BUNDLE_COST_CODE=<a tree>`` serves with that tree's code (``git archive main``'s, say).
 """
 
 from __future__ import annotations
@@ -193,6 +194,9 @@ def set_up() -> None:
     sys.path.insert(0, str(HERE))
     from _stack import set_up_django
 
+    code = os.environ.get("BUNDLE_COST_CODE")
+    if code:  # the tree whose code serves (``--against``'s), before this one's
+        sys.path.insert(0, code)
     set_up_django()
 
 
@@ -204,7 +208,8 @@ class Code:
 
     def __init__(self, label: str, tree: Path, args: argparse.Namespace) -> None:
         self.label = label
-        env = dict(os.environ, PYTHONPATH=f"{tree}:{tree / 'sdk'}", BUNDLE_COST_QUEUE=QUEUE)
+        env = dict(os.environ, PYTHONPATH=f"{tree / 'sdk'}", BUNDLE_COST_QUEUE=QUEUE)
+        env["BUNDLE_COST_CODE"] = str(tree)
         shape = ["--ranks", str(args.ranks), "--node", str(args.node), "--world", str(args.world)]
         command = [sys.executable, str(HERE / "bundle_cost.py"), "--child", *shape]
         self.process = subprocess.Popen(
