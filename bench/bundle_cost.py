@@ -41,6 +41,8 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from itertools import count
 from pathlib import Path
 
@@ -107,6 +109,17 @@ class Counter:
         return execute(sql, params, many, context)
 
 
+@contextmanager
+def profiled(profiler: cProfile.Profile | None) -> Iterator[None]:
+    if profiler is not None:
+        profiler.enable()
+    try:
+        yield
+    finally:
+        if profiler is not None:
+            profiler.disable()
+
+
 def serve_round(
     kind: str,
     bundles: int,
@@ -136,23 +149,16 @@ def serve_round(
         job = Job.objects.get(pk=job.pk)  # the gate's token lookup hands the route its job
         counter.statements = 0
         started = time.process_time()
-        if profiler is not None and side == "web":
-            profiler.enable()
-        with connection.execute_wrapper(counter):
+        with profiled(profiler if side == "web" else None), connection.execute_wrapper(counter):
             answer = bundle_reply(job, body)
-        if profiler is not None and side == "web":
-            profiler.disable()
         if index >= 0:
             web += time.process_time() - started
             statements += counter.statements
         if any(r["status"] >= 300 for r in answer["results"]):
             raise SystemExit(f"a part was refused: {answer['results']}")
         started = time.process_time()
-        if profiler is not None and side == "worker":
-            profiler.enable()
-        fail_safe(job.pk)
-        if profiler is not None and side == "worker":
-            profiler.disable()
+        with profiled(profiler if side == "worker" else None):
+            fail_safe(job.pk)
         if index >= 0:
             worker += time.process_time() - started
         if kind == "acks":  # the job runs on: the next command finds it running
@@ -295,12 +301,11 @@ def main() -> None:
     if args.child:
         child(args)
         return
-    if args.profile:
-        profile(args)
-        return
-    if args.serve:  # under valgrind --tool=callgrind: instructions, whatever the load
-        set_up()
-        serve_round(args.serve, args.bundles, new_job(args))
+    if args.profile or args.serve:
+        try:
+            (profile if args.profile else serve)(args)
+        finally:
+            forget_queue()
         return
     with tempfile.TemporaryDirectory() as scratch:
         codes = [Code("this", HERE.parent, args)]
@@ -318,15 +323,25 @@ def main() -> None:
             for code in codes:
                 code.close()
             set_up()
-            from core.redis_clients import redis_client
-
-            redis_client().delete(QUEUE)
+            forget_queue()
     report(results, [c.label for c in codes], args.rounds, args.bundles, args.ranks)
+
+
+def serve(args: argparse.Namespace) -> None:
+    """Only serve (under valgrind --tool=callgrind: instructions, whatever the load)."""
+    set_up()
+    serve_round(args.serve, args.bundles, new_job(args))
+
+
+def forget_queue() -> None:
+    """The evaluations the bundles queued (no worker reads this run's queue)."""
+    from core.redis_clients import redis_client
+
+    redis_client().delete(QUEUE_OF_RUN)
 
 
 def profile(args: argparse.Namespace) -> None:
     """cProfile of one round of the first kind (``web``: bundle_reply; ``worker``: all)."""
-    import cProfile
     import pstats
 
     set_up()
