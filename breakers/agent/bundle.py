@@ -20,7 +20,8 @@ is a new run under a finished job's token, in one when the job is final — a re
 without one rolls the bundle back whole and serves it again, every part in a savepoint.
 Then the points of every batch stored are written in one COPY, the job's step moved once,
 the commands owed to the bundle's ranks looked up once, and the live charts told once. A
-steady heartbeat writes its rank's row only (``incidents.heartbeats.record_heartbeat``), and the
+steady heartbeat writes its rank's row only, and the bundle's steady ones are written
+together, one read and one UPDATE for them all (``service.record_rank_heartbeats``); the
 job's row is locked last (by the step's move) or by rank 0's beat, for the few statements
 left to the commit.
 """
