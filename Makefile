@@ -52,6 +52,7 @@ lint: install
 bench: install
 	cd bench && $(TEST_ENV) ../$(BIN)/python ingest.py
 	cd bench && $(TEST_ENV) ../$(BIN)/python agent_path.py
+	cd bench && $(TEST_ENV) ../$(BIN)/python bundle_cost.py
 	cd bench && $(TEST_ENV) ../$(BIN)/python detectors.py
 	cd bench && $(TEST_ENV) ../$(BIN)/python evaluation.py
 	cd bench && $(TEST_ENV) ../$(BIN)/python brake.py

@@ -5,12 +5,16 @@ The watchdog that acts on a silence is the control plane's (``breakers.control.h
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cache
+from typing import Any, TypeVar
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Exists, Min, OuterRef, Q
+from django.db import connection, transaction
+from django.db.models import Exists, Field, Min, OuterRef, Q
 from django.utils import timezone
 
 from core.errors import Conflict
@@ -28,6 +32,7 @@ from incidents.models import (
     job_statuses_for,
 )
 
+M = TypeVar("M", Job, JobRank)
 # Heartbeat timeout: the job's own setting, else this many measured step times, never below
 # the floor (settings.HEARTBEAT_TIMEOUT_FLOOR_SECONDS), and the default until a step time has
 # been measured (settings.HEARTBEAT_TIMEOUT_DEFAULT_SECONDS).
@@ -80,6 +85,7 @@ def record_heartbeat(
     finish_event: str = "finish",
     now: datetime | None = None,
     pace: RankPaceReport | None = None,
+    known: Job | None = None,
 ) -> Job:
     """Store one rank's heartbeat (no rank: rank 0): its row, with its own deadline.
 
@@ -90,10 +96,11 @@ def record_heartbeat(
     rank's), a new rank or world size, a finish, a first or restarted process, a rank back
     from silence. The job finishes when every rank has — by ``finish_event``: "terminate"
     when the caller knows the processes were told to stop (their last beat may overtake the
-    acknowledgement)."""
+    acknowledgement). ``known``: the job as read in the caller's transaction, with nothing
+    written to its row since (a node's other beats, ``record_steady_heartbeats``)."""
     now = now or timezone.now()
     beat = RankBeat(rank or 0, step, status, pid, hostname, world_size, pace)
-    job = Job.objects.get(pk=job_id)
+    job = known if known is not None else Job.objects.get(pk=job_id)
     if job.status in FINAL_JOB_STATUSES and status == AgentStatus.RUNNING:
         _refuse_a_new_run(job, beat.rank, pid)
     if _record_rank_alone(job, beat, now):
@@ -159,6 +166,125 @@ RANK_HEARTBEAT_FIELDS = tuple(
 )
 
 
+def record_steady_heartbeats(
+    job_id: int, beats: Sequence[RankBeat], now: datetime
+) -> tuple[Job, list[int]]:
+    """Several ranks' beats (a node's, in one transaction): every steady one of a rank that
+    beats once here written as ``_record_rank_alone`` writes it, all in one read of the job
+    and its ranks' rows and one compare-and-swap UPDATE of those rows. Returns the job as
+    read, and the indexes of the beats left, in order, for ``record_heartbeat`` one at a time
+    (``known``: the job returned): the job-wide ones, a final job's (they may be refused), a rank's
+    second beat, and a steady one whose row another beat wrote in between."""
+    ranks = Counter(beat.rank for beat in beats)
+    job, seats = _job_and_seats(job_id, [0, *ranks])
+    if job.status in FINAL_JOB_STATUSES or 0 not in seats:
+        return job, list(range(len(beats)))
+    written: list[tuple[JobRank, datetime]] = []
+    for beat in beats:
+        seat = seats.get(beat.rank)
+        if ranks[beat.rank] > 1 or seat is None or _says_job_wide(job, beat):
+            continue
+        if _rank_back_or_new(seat, beat, now):
+            continue
+        previous = seat.last_heartbeat_at
+        _update_rank(job, seat, beat, now)
+        if seat.heartbeat_deadline is None or (
+            job.heartbeat_deadline is not None and seat.heartbeat_deadline >= job.heartbeat_deadline
+        ):
+            written.append((seat, previous))
+    done = _write_seats(sorted(written, key=lambda each: each[0].pk))  # one lock order
+    return job, [i for i, beat in enumerate(beats) if ranks[beat.rank] > 1 or beat.rank not in done]
+
+
+def _job_and_seats(job_id: int, ranks: list[int]) -> tuple[Job, dict[int, JobRank]]:
+    """The job and its rows of ``ranks`` in one statement (plain SQL: it is read for every
+    node's beats, and the ORM's building of it cost more than the rest of the write)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_read_sql(), [ranks, job_id])
+        rows = cursor.fetchall()
+    if not rows:
+        raise Job.DoesNotExist(f"No job {job_id}.")
+    split = len(Job._meta.concrete_fields)
+    job = _from_row(Job, rows[0][:split])
+    seats = [_from_row(JobRank, row[split:]) for row in rows if row[split] is not None]
+    return job, {seat.rank: seat for seat in seats}
+
+
+@cache
+def _read_sql() -> str:
+    columns = [f"j.{_quoted(f.column)}" for f in Job._meta.concrete_fields]
+    columns += [f"r.{_quoted(f.column)}" for f in JobRank._meta.concrete_fields]
+    return (
+        f"SELECT {', '.join(columns)} FROM {Job._meta.db_table} AS j "
+        f"LEFT JOIN {JobRank._meta.db_table} AS r ON r.job_id = j.id AND r.rank = ANY(%s) "
+        "WHERE j.id = %s"
+    )
+
+
+def _quoted(column: str | None) -> str:
+    return connection.ops.quote_name(str(column))
+
+
+def _from_row(model: type[M], values: Sequence[Any]) -> M:
+    fields = model._meta.concrete_fields
+    if any(hasattr(field, "from_db_value") for field in fields):  # none of theirs, today
+        values = [
+            field.from_db_value(value, None, connection)
+            if hasattr(field, "from_db_value")
+            else value
+            for field, value in zip(fields, values, strict=True)
+        ]
+    return model.from_db(connection.alias, _attnames(model), values)
+
+
+@cache
+def _attnames(model: type[Job] | type[JobRank]) -> list[str]:
+    return [field.attname for field in model._meta.concrete_fields]
+
+
+def _write_seats(written: list[tuple[JobRank, datetime]]) -> set[int]:
+    """The ranks' rows in one UPDATE, each only if its last heartbeat is still the one read
+    (the compare-and-swap of ``_record_rank_alone``); the ranks written."""
+    if not written:
+        return set()
+    head, row, tail = _write_sql()
+    fields = _seat_fields()
+    params: list[Any] = []
+    for seat, previous in written:
+        params += [seat.pk, previous]
+        params += [
+            field.get_db_prep_save(getattr(seat, field.attname), connection) for field in fields
+        ]
+    with connection.cursor() as cursor:
+        cursor.execute(head + ", ".join([row] * len(written)) + tail, params)
+        return {rank for (rank,) in cursor.fetchall()}
+
+
+@cache
+def _seat_fields() -> list[Field]:
+    return [f for f in JobRank._meta.concrete_fields if f.attname in RANK_HEARTBEAT_FIELDS]
+
+
+@cache
+def _write_sql() -> tuple[str, str, str]:
+    """The UPDATE of ``_write_seats`` around its VALUES rows, and one row's placeholders."""
+    fields = _seat_fields()
+    types = [JobRank._meta.pk.rel_db_type(connection), "timestamptz"]
+    types += [field.db_type(connection) for field in fields]
+    columns = [_quoted(field.column) for field in fields]
+    head = (
+        f"UPDATE {JobRank._meta.db_table} AS r SET "
+        + ", ".join(f"{column} = v.{column}" for column in columns)
+        + " FROM (VALUES "
+    )
+    row = "(" + ", ".join(f"%s::{kind}" for kind in types) + ")"
+    tail = (
+        f") AS v(id, previous, {', '.join(columns)})"
+        " WHERE r.id = v.id AND r.last_heartbeat_at = v.previous RETURNING r.rank"
+    )
+    return head, row, tail
+
+
 def _rank_back_or_new(seat: JobRank, beat: RankBeat, now: datetime) -> bool:
     """A rank that was past its deadline (its beat may end the job's silence), or finished,
     or another process under the rank's number (a restart)."""
@@ -171,7 +297,9 @@ def _record_job_heartbeat(job_id: int, beat: RankBeat, finish_event: str, now: d
     """A beat that writes the job's row too, under the job's row lock: the rank's row, the
     world size, the job-level agent fields, and the job's deadline — the earliest of its
     unfinished ranks' (what the watchdog's index finds it by)."""
-    with transaction.atomic():
+    # No savepoint of its own: nothing here is refused, and a caller's transaction (a node's
+    # bundle) rolls back whole on an error.
+    with transaction.atomic(savepoint=False):
         job = Job.objects.select_for_update().get(pk=job_id)
         if beat.world_size is not None and beat.world_size != job.world_size:
             # A smaller restart leaves seats above its size: gone once, when the size changes

@@ -20,7 +20,8 @@ is a new run under a finished job's token, in one when the job is final — a re
 without one rolls the bundle back whole and serves it again, every part in a savepoint.
 Then the points of every batch stored are written in one COPY, the job's step moved once,
 the commands owed to the bundle's ranks looked up once, and the live charts told once. A
-steady heartbeat writes its rank's row only (``incidents.heartbeats.record_heartbeat``), and the
+steady heartbeat writes its rank's row only, and the bundle's steady ones are written
+together, one read and one UPDATE for them all (``service.record_rank_heartbeats``); the
 job's row is locked last (by the step's move) or by rank 0's beat, for the few statements
 left to the commit.
 """
@@ -184,7 +185,8 @@ def _read(job: Job, part: PartIn, received_at: datetime) -> _Read:
 def _serve_together(job: Job, read: list[_Read], *, careful: bool) -> list[dict[str, Any]]:
     """The bundle in one transaction: each part's own writes (a batch's claim and riding
     heartbeat, a heartbeat, an acknowledgement; ``careful``: each in a savepoint of its own,
-    so a refused part leaves nothing); then the points of every stored batch in one write,
+    so a refused part leaves nothing; else the heartbeats of the parts between two
+    acknowledgements written together); then the points of every stored batch in one write,
     the commands owed looked up once for the bundle's ranks, and one live message."""
     for each in read:
         if isinstance(each, _Batch):  # served again: nothing of the first try stands
@@ -192,7 +194,9 @@ def _serve_together(job: Job, read: list[_Read], *, careful: bool) -> list[dict[
     with transaction.atomic():
         if not careful:
             _claim_together(job, read)
-        outcomes = [_write_part(job, each, careful) for each in read]
+        beats: list[HeartbeatIn] | None = None if careful else []
+        outcomes = [_write_part(job, each, beats) for each in read]
+        _write_beats(job, beats)
         batches = [b for b in outcomes if isinstance(b, _Batch) and b.stored is not None]
         fresh = [b for b in batches if b.stored is not None and not b.stored.duplicate]
         points = [p for b in fresh for p in b.batch.points]
@@ -206,21 +210,35 @@ def _serve_together(job: Job, read: list[_Read], *, careful: bool) -> list[dict[
     return [_result(each, owed) for each in outcomes]
 
 
-def _write_part(job: Job, part: _Read, careful: bool) -> _Read | dict[str, Any]:
+def _write_part(job: Job, part: _Read, beats: list[HeartbeatIn] | None) -> _Read | dict[str, Any]:
     """One part's own writes; a refusal (or an acknowledgement's answer) is its result. An
-    acknowledgement, and every part when ``careful``, writes in a savepoint of its own."""
+    acknowledgement, and every part when careful (``beats`` None), writes in a savepoint of
+    its own; else a part's heartbeat joins ``beats``, written before the next
+    acknowledgement (which may move the job they speak of) or at the end."""
     if isinstance(part, ServiceError):
         return part
-    if not careful and not isinstance(part, PartIn):
+    if beats is not None and not isinstance(part, PartIn):
         try:
-            return _write(job, part)
+            return _write(job, part, beats)
         except ServiceError as error:
             raise _RefusedAfterWriting from error
+    _write_beats(job, beats)
     try:
         with transaction.atomic():
-            return _write(job, part)
+            return _write(job, part, None)
     except ServiceError as error:
         return error
+
+
+def _write_beats(job: Job, beats: list[HeartbeatIn] | None) -> None:
+    """The heartbeats gathered so far, together (``service.record_rank_heartbeats``)."""
+    if not beats:
+        return
+    try:
+        service.record_rank_heartbeats(job.pk, beats)
+    except ServiceError as error:
+        raise _RefusedAfterWriting from error
+    beats.clear()
 
 
 def _claim_together(job: Job, read: list[_Read]) -> None:
@@ -243,9 +261,13 @@ def _claim_together(job: Job, read: list[_Read]) -> None:
         each.claimed = True
 
 
-def _write(job: Job, part: _Batch | HeartbeatIn | PartIn) -> _Read | dict[str, Any]:
+def _write(
+    job: Job, part: _Batch | HeartbeatIn | PartIn, beats: list[HeartbeatIn] | None
+) -> _Read | dict[str, Any]:
     if isinstance(part, _Batch):
-        part.stored = _claim(job, part)
+        part.stored = _claim(job, part, beats)
+    elif beats is not None and isinstance(part, HeartbeatIn):
+        beats.append(part)
     elif isinstance(part, HeartbeatIn):
         service.record_rank_heartbeat(job.pk, part)
     else:
@@ -254,9 +276,10 @@ def _write(job: Job, part: _Batch | HeartbeatIn | PartIn) -> _Read | dict[str, A
     return part
 
 
-def _claim(job: Job, part: _Batch) -> Stored:
+def _claim(job: Job, part: _Batch, beats: list[HeartbeatIn] | None) -> Stored:
     """The batch's id claimed (a retried batch answers what its first copy stored, and writes
-    nothing) and its riding heartbeat written; its points are written with the bundle's."""
+    nothing) and its riding heartbeat written (or joining ``beats``); its points are written
+    with the bundle's."""
     batch = part.batch
     if batch.batch_id is not None:
         earlier = (
@@ -266,8 +289,9 @@ def _claim(job: Job, part: _Batch) -> Stored:
         )
         if earlier is not None:
             return Stored(earlier, duplicate=True)
-    riding = service.riding_writes(job.pk, batch)
-    if riding is not None:
+    if beats is not None and batch.heartbeat is not None:
+        beats.append(batch.heartbeat)
+    elif (riding := service.riding_writes(job.pk, batch)) is not None:
         riding()
     return Stored(len(batch.points), duplicate=False)
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from breakers.agent.ack_rank import ack_rank
 from breakers.agent.protocol import (
@@ -31,7 +32,12 @@ from breakers.models import Command, CommandKind, CommandStatus
 from core.errors import InvalidInput, NotFound
 from core.nonfinite import encode
 from core.realtime import job_group, publish_after_commit
-from incidents.heartbeats import RankPaceReport, record_heartbeat
+from incidents.heartbeats import (
+    RankBeat,
+    RankPaceReport,
+    record_heartbeat,
+    record_steady_heartbeats,
+)
 from incidents.models import Job, JobStatus
 
 
@@ -168,7 +174,45 @@ def heartbeat_reply(job_id: int, raw_body: bytes) -> list[dict]:
 def record_rank_heartbeat(job_id: int, heartbeat: HeartbeatIn) -> Job:
     """Store a validated heartbeat: the rank's row (and the job's when it says something of
     the whole job), its Slurm context and launcher."""
-    job = record_heartbeat(
+    job = _record(job_id, heartbeat)
+    record_scheduler_context(job_id, heartbeat)
+    record_launcher(job_id, heartbeat)  # whom the executor stops: the whole job
+    return job
+
+
+def record_rank_heartbeats(job_id: int, heartbeats: Sequence[HeartbeatIn]) -> None:
+    """Store several ranks' validated heartbeats (a node's, in one transaction), each as
+    ``record_rank_heartbeat`` does: the steady beats of the ranks' own rows in one read and
+    one write (``record_steady_heartbeats``), the others one at a time, in order. Outside
+    Slurm every beat's scheduler context is the same (none): it is stored once."""
+    if not heartbeats:
+        return
+    beats = [_rank_beat(heartbeat) for heartbeat in heartbeats]
+    job, left = record_steady_heartbeats(job_id, beats, timezone.now())
+    for index in left:
+        job = _record(job_id, heartbeats[index], known=job)
+    outside_slurm = not any(heartbeat.slurm_job_id for heartbeat in heartbeats)
+    for heartbeat in heartbeats[-1:] if outside_slurm else heartbeats:
+        record_scheduler_context(job_id, heartbeat)
+    for heartbeat in heartbeats:
+        record_launcher(job_id, heartbeat)
+
+
+def _rank_beat(heartbeat: HeartbeatIn) -> RankBeat:
+    pace = RankPaceReport(heartbeat.sync_step, heartbeat.compute_seconds)
+    return RankBeat(
+        heartbeat.rank or 0,
+        heartbeat.step,
+        heartbeat.status,
+        heartbeat.pid,
+        heartbeat.hostname,
+        heartbeat.world_size,
+        pace,
+    )
+
+
+def _record(job_id: int, heartbeat: HeartbeatIn, known: Job | None = None) -> Job:
+    return record_heartbeat(
         job_id,
         step=heartbeat.step,
         status=heartbeat.status,
@@ -178,10 +222,8 @@ def record_rank_heartbeat(job_id: int, heartbeat: HeartbeatIn) -> Job:
         world_size=heartbeat.world_size,
         finish_event=_finish_event(job_id, heartbeat.status),
         pace=RankPaceReport(heartbeat.sync_step, heartbeat.compute_seconds),
+        known=known,
     )
-    record_scheduler_context(job_id, heartbeat)
-    record_launcher(job_id, heartbeat)  # whom the executor stops: the whole job
-    return job
 
 
 def _finish_event(job_id: int, status: str) -> str:

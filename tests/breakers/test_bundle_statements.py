@@ -1,0 +1,100 @@
+"""What serving a node's bundle asks of PostgreSQL: a pinned number of statements, the same
+for a bundle of steady heartbeats as for one of two (their ranks' rows are read and written
+together), with every rank's row as its own beat would have left it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from breakers.agent import service
+from breakers.agent.bundle import bundle_reply
+from incidents.models import Job, JobRank
+
+pytestmark = pytest.mark.django_db
+RANKS = 8
+# A steady node's bundle, whatever number of its ranks' beats ride in it or come on their
+# own: the transaction's two, the batch ids' claim, the job and the beating ranks' rows read,
+# their one compare-and-swap UPDATE, the Slurm context's (none) one UPDATE, the writers'
+# announcement, the job's step, the commands owed. The points' COPY is not a Django statement.
+STEADY_BUNDLE_STATEMENTS = 9
+
+
+def beat(rank: int, step: int, **extra) -> dict:
+    body = {"step": step, "status": "running", "pid": 100 + rank, "hostname": "gpu-1"}
+    return body | {"rank": rank, "world_size": RANKS} | extra
+
+
+def batch(rank: int, step: int, riding: dict | None = None) -> dict:
+    body: dict = {
+        "rank": rank,
+        "batch": f"r{rank}-{step}",
+        "points": [{"name": "loss", "step": step, "value": "NaN"}],
+    }
+    if riding is not None:
+        body["heartbeat"] = riding
+    return {"path": "metrics", "body": json.dumps(body)}
+
+
+def serve(job_id: int, parts: list[dict]) -> tuple[list[dict], list[str]]:
+    job = Job.objects.get(pk=job_id)  # as the agent gate hands it to the route
+    with CaptureQueriesContext(connection) as queries:
+        results = bundle_reply(job, json.dumps({"parts": parts}).encode())["results"]
+    assert all(r["status"] < 300 for r in results), results
+    return results, [q["sql"] for q in queries]
+
+
+@pytest.fixture
+def steady_job(agent, monkeypatch, django_capture_on_commit_callbacks):
+    """A job whose eight ranks beat twice (each its step time measured, the job's deadline
+    the earliest of theirs) and whose metric names are known (what the caches of a running
+    web process hold once its first batch committed)."""
+    monkeypatch.setattr(service, "schedule_evaluation", lambda job_id: None)
+    with django_capture_on_commit_callbacks(execute=True):
+        for step in (1, 2):
+            beats = [{"path": "heartbeat", "body": json.dumps(beat(r, step))} for r in range(RANKS)]
+            serve(agent.job_id, beats)
+        serve(agent.job_id, [batch(r, 2) for r in range(RANKS)])
+    return agent.job_id
+
+
+def test_a_steady_bundle_costs_its_pinned_statements(steady_job):
+    parts = [batch(r, 3, beat(r, 3) if r in (3, 5) else None) for r in range(RANKS)]
+    _, statements = serve(steady_job, parts)
+    assert len(statements) == STEADY_BUNDLE_STATEMENTS, "\n".join(statements)
+
+
+def test_every_rank_beating_costs_no_statement_more(steady_job):
+    parts = [batch(r, 3, beat(r, 3, sync_step=3, compute_seconds=0.5)) for r in range(1, RANKS)]
+    parts += [{"path": "heartbeat", "body": json.dumps(beat(0, 3))}]
+    before = {seat.rank: seat for seat in JobRank.objects.filter(job_id=steady_job)}
+    # Rank 0's beat writes the job's row too (its agent fields): the steady ones come apart.
+    _, statements = serve(steady_job, parts[:-1])
+    assert len(statements) == STEADY_BUNDLE_STATEMENTS, "\n".join(statements)
+    job = Job.objects.get(pk=steady_job)
+    for seat in JobRank.objects.filter(job_id=steady_job, rank__gte=1):
+        assert (seat.step, seat.sync_step, seat.compute_seconds) == (3, 3, 0.5)
+        assert seat.last_heartbeat_at > before[seat.rank].last_heartbeat_at
+        assert seat.step_time_seconds is not None  # measured between its two beats
+        assert seat.heartbeat_deadline > before[seat.rank].heartbeat_deadline
+        assert job.heartbeat_deadline <= seat.heartbeat_deadline  # the watchdog finds it
+
+
+def test_a_ranks_second_beat_in_one_bundle_is_its_last_word(steady_job):
+    parts = [
+        batch(4, 5, beat(4, 5)),
+        {"path": "heartbeat", "body": json.dumps(beat(4, 6, status="holding"))},
+        batch(6, 5, beat(6, 5)),
+    ]
+    serve(steady_job, parts)
+    seats = {s.rank: (s.step, s.status) for s in JobRank.objects.filter(job_id=steady_job)}
+    assert seats[4] == (6, "holding") and seats[6] == (5, "running")
+
+
+def test_a_beat_from_another_process_is_a_restart_not_a_steady_beat(steady_job):
+    serve(steady_job, [batch(2, 4, beat(2, 4, pid=4242)), batch(3, 4, beat(3, 4))])
+    seats = {s.rank: s.pid for s in JobRank.objects.filter(job_id=steady_job)}
+    assert seats[2] == 4242 and seats[3] == 103
