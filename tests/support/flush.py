@@ -1,7 +1,7 @@
 """The flush after every transactional test, at the cost of the rows the test left.
 
 Django empties the database after a transactional test with one ``TRUNCATE`` of every table
-(80 or so here). PostgreSQL truncates a table by giving it, its indexes and its TOAST table
+(seventy-odd here). PostgreSQL truncates a table by giving it, its indexes and its TOAST table
 new files, whether it holds rows or not: about a second per test on a loaded CI machine, for
 tests that mostly wrote to a handful of tables. Here only the tables that hold rows are
 emptied, with ``DELETE`` (a few rows: no files) inside the flush's own transaction. These are
