@@ -71,6 +71,13 @@ def pytest_configure(config: pytest.Config) -> None:
     # "/" here (and in the consoles and workers it starts), unless a test declares its own.
     os.environ.setdefault("BRAKELINE_CHECKPOINT_ROOT", "/")
     settings.CHECKPOINT_ROOT = settings.CHECKPOINT_ROOT or "/"
+    # The flush after each transactional test empties only what holds rows (tests/support/
+    # flush.py).
+    from tests.support.flush import install
+
+    install()
+    # Users the tests create hash their passwords cheaply (tests/support/hashers.py).
+    settings.PASSWORD_HASHERS = ["tests.support.hashers.QuickPBKDF2PasswordHasher"]
 
 
 @dataclass
