@@ -134,9 +134,9 @@ def shadow_rule(team_id: int | None, rule_key: str) -> RuleSpec | None:
 
 
 def close_ended_jobs(now: datetime | None = None, batch: int = 200) -> int:
-    """Close the open episodes of jobs that ended (finished, terminated, failed): no point will
-    come to clear them. Each row closes once (the UPDATE's own condition), so a second sweep
-    closes nothing; returns how many closed."""
+    """Close the open episodes of jobs that ended (a final status: finished, terminated): no
+    point will come to clear them. Each row closes once (the UPDATE's own condition), so a
+    second sweep closes nothing; returns how many closed."""
     ended = (
         ShadowFiring.objects.filter(cleared_at__isnull=True, job__status__in=FINAL_JOB_STATUSES)
         .order_by("pk")
