@@ -8,6 +8,11 @@ compares with the incidents that really happened (``breakers.detection.shadow_re
 
 Promoting a shadow rule to live is a change of the rule set like any other: a new version,
 with its reason, audited (``promote_rule``, the one verb the page and the API call).
+
+The rules judged outside the engine ask the same rule set the same question (``shadow_rule``)
+and record the same rows (``record_signal``): the watchdog's heartbeat-timeout, and the
+Alertmanager alerts about a DCGM signal (governed by the rule-pack rule of that signal).
+An episode still open when its job ends is closed by the watchdog (``close_ended_jobs``).
 """
 
 from __future__ import annotations
@@ -75,9 +80,10 @@ def record_firing(job_id: int, finding: Finding, node: str) -> ShadowFiring:
 
 
 def record_signal(job_id: int, rule_key: str, signal: AlertSignal) -> ShadowFiring:
-    """What an alert raised outside the engine (an Alertmanager alert routed to the job) would
-    have been, under the rule ``rule_key`` that is in shadow mode: kept like a finding, with
-    the level and action it would have had. The caller holds the alert's own lock."""
+    """What an alert raised outside the engine (the watchdog's on a silent job, an
+    Alertmanager alert routed to the job) would have been, under the rule ``rule_key`` that is
+    in shadow mode: kept like a finding, with the level and action it would have had. The
+    caller holds what serialises that door (the silence's claim, the alert's fingerprint)."""
     return _record(
         job_id,
         signal.node,

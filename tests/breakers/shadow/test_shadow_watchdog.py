@@ -14,6 +14,7 @@ from breakers.control.commands import issue_command
 from breakers.control.watchdog import watchdog_tick
 from breakers.detection import rulesets, shadow
 from breakers.detection.rules import install_default_pack
+from breakers.detection.ruleset_core import WATCHDOG_RULES
 from breakers.models import Command, ShadowFiring
 from core.errors import InvalidInput
 from incidents.models import Alert, Delivery, Incident, Job, JobStatus
@@ -77,6 +78,8 @@ def test_a_silent_job_under_a_shadow_watchdog_rule_records_and_does_nothing(four
     assert (firing.rule_key, firing.severity, firing.layer) == (KEY, "L3", "health")
     assert (firing.action, firing.fired_step, firing.node) == ("checkpoint_and_pause", 11, "")
     assert firing.findings == 1 and "rank 2 of 4 is hung" in firing.description
+    declared = WATCHDOG_RULES[KEY]  # the rule set's row says what the watchdog does
+    assert (declared["severity"], declared["action"]) == (firing.severity, firing.action)
     assert shadow.would_have_fired(job.pk)[0]["rule_key"] == KEY
 
     for rank in range(4):  # heard again: the episode closes at the next tick
