@@ -25,7 +25,9 @@ from django.utils import timezone
 from breakers.control.braking import brake_for_alert
 from breakers.control.hang import Hang, RankPlace, attribute_hang, name_hosts, name_ranks
 from breakers.control.hearing import heard_until
+from breakers.detection import shadow
 from breakers.detection.evaluation import report_failing_breakers
+from breakers.models import ShadowFiring
 from core.transient import TRANSIENT_ERRORS
 from incidents.alerts.lifecycle import AlertSignal, raise_or_update_alert
 from incidents.heartbeats import HEARTBEAT_RULE_KEY, heartbeat_timeout_seconds, past_deadline
@@ -40,6 +42,7 @@ WATCHED_STATUSES = LIVE_JOB_STATUSES
 # Silent ranks (and their hosts) named in the alert; the rest are counted: the ranks table
 # sorts the silent first for the whole list.
 SILENT_NAMED = 2
+SHADOW_BATCH = 200  # episodes closed per tick: the next tick takes the rest
 
 
 @dataclass(frozen=True)
@@ -165,6 +168,37 @@ def _nodes(silence: Silence) -> tuple[str, ...]:
     return tuple(dict.fromkeys(r.hostname for r in silence.ranks if r.hostname))
 
 
+def observed_only(job: Job) -> bool:
+    """The job's team put the watchdog's rule in shadow mode (docs/rules.md): its silences are
+    recorded as what the rule would have done; no alert, no brake, no page."""
+    return shadow.shadow_rule(job.team_id, HEARTBEAT_RULE_KEY) is not None
+
+
+def close_heard_episodes(now: datetime) -> int:
+    """Close the watchdog rule's open shadow episodes that ended: the job was heard from again
+    (a heartbeat cleared its silence's claim), or the rule went live — then the claim is
+    released too, so this tick's check raises the live alert of a silence still going on.
+    Returns how many closed."""
+    episodes = ShadowFiring.objects.filter(rule_key=HEARTBEAT_RULE_KEY, cleared_at__isnull=True)
+    closed = 0
+    for episode in list(episodes.select_related("job").order_by("pk")[:SHADOW_BATCH]):
+        job = episode.job
+        heard = job.heartbeat_overdue_since is None
+        if not heard and observed_only(job):
+            continue  # still silent, still observed
+        reason = "heartbeats came back" if heard else "the rule went live"
+        step = job.last_heartbeat_step if heard else None
+        with transaction.atomic():
+            closed += shadow.close_firing(
+                job.pk, HEARTBEAT_RULE_KEY, "", reason=reason, step=step, at=now.timestamp()
+            )
+            if not heard:
+                Job.objects.filter(
+                    pk=job.pk, heartbeat_overdue_since=job.heartbeat_overdue_since
+                ).update(heartbeat_overdue_since=None)
+    return closed
+
+
 def overdue_jobs(now: datetime) -> list[Job]:
     return list(
         Job.objects.filter(
@@ -179,6 +213,7 @@ def check_heartbeats(now: datetime | None = None) -> list[int]:
     """Raise (once) the L3 heartbeat alert of every overdue job; returns their alert ids."""
     now = now or timezone.now()
     heard = heard_until(now)  # the console's own deafness is nobody's silence
+    close_heard_episodes(now)
     raised = []
     for job in overdue_jobs(heard):
         try:
@@ -207,7 +242,11 @@ def _raise_heartbeat_alert(job: Job, now: datetime, heard: datetime) -> int | No
         ).update(heartbeat_overdue_since=now)
         if not claimed:
             return None
-        outcome = raise_or_update_alert(job.pk, heartbeat_signal(job, now), now=now)
+        signal = heartbeat_signal(job, now)
+        if observed_only(job):  # what it would have done, and nothing more
+            shadow.record_signal(job.pk, HEARTBEAT_RULE_KEY, signal)
+            return None
+        outcome = raise_or_update_alert(job.pk, signal, now=now)
         if outcome.action_due:
             brake_for_alert(outcome.alert)
             notify_alert(outcome.alert.pk)  # after commit

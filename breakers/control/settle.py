@@ -18,6 +18,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from breakers.control.timeline import record_acknowledged
+from breakers.detection import shadow
 from breakers.executors.slurm.binding import slurm_binding
 from breakers.models import (
     COMMAND_TRANSITIONS,
@@ -40,6 +41,7 @@ def settle_final_jobs(now: datetime | None = None) -> int:
     were resolved."""
     now = now or timezone.now()
     close_open_commands(now)
+    shadow.close_ended_jobs(now)  # a shadow rule's open episode ends with its job too
     firing = (
         Alert.objects.filter(
             status__in=ACTIVE_ALERT_STATUSES,

@@ -30,6 +30,7 @@ from breakers.control.heartbeats import (
     Silence,
     every_rank_silent,
     heartbeat_signal,
+    observed_only,
     silence_of,
 )
 from breakers.control.timeline import active_incident
@@ -57,6 +58,8 @@ def stop_silent_jobs(now: datetime | None = None) -> list[int]:
             job = Job.objects.select_for_update().get(pk=job_id)
             if job.heartbeat_overdue_since is None or job.status not in WATCHED:
                 continue  # a heartbeat came back meanwhile, or the job moved on
+            if observed_only(job):
+                continue  # the watchdog's rule is in shadow mode: its silence is only recorded
             silence = silence_of(job, now)
             if len(silence.ranks) < 2 or not every_rank_silent(job, silence):
                 continue  # one process may be merely slow: its pause is waited for

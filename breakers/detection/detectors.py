@@ -47,6 +47,7 @@ from breakers.detection.detectors_time import (  # noqa: F401  (re-exported)
     NodeFailureDetector,
     SilenceConfig,
     SilenceDetector,
+    WatchdogDetector,
 )
 from breakers.detection.rolling import RollingStats  # noqa: F401  (re-exported)
 from breakers.monitoring.dcgm_detectors import (  # DCGM's semantics (docs/monitoring.md)
@@ -417,6 +418,7 @@ DETECTORS: dict[str, type[Detector]] = {
         NodeFailureDetector,
         XidChangeDetector,
         CounterRiseDetector,
+        WatchdogDetector,
     )
 }
 

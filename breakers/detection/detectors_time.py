@@ -175,3 +175,23 @@ class NodeFailureDetector(Detector):
         self.latest = {}
         for time, _, node in self.events:
             self.latest[node] = max(time, self.latest.get(node, time))
+
+
+@dataclass(frozen=True)
+class WatchdogConfig:
+    """The watchdog's rule has no parameters: its deadline is the job's (heartbeat timeout)."""
+
+
+class WatchdogDetector(Detector):
+    """A rule judged by the control plane's watchdog, not on points: the heartbeat timeout
+    (``breakers.control.heartbeats``). Its row in a team's rule set carries what a team may
+    choose of it (shadow mode); the engine never finds anything with it."""
+
+    kind = "watchdog"
+    Config = WatchdogConfig
+
+    def observe(self, point: Sample) -> Verdict:
+        return UNKNOWN_VERDICT
+
+    def describe(self, metric: str, value: float, verdict: Verdict) -> str:
+        return f"{metric}: judged by the watchdog"

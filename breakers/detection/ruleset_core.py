@@ -69,6 +69,22 @@ _MAX_CLEAR_AFTER = 1_000_000
 _MAX_SECONDS = 10_000_000.0
 _WHOLE_LIMITS = {"clear_after": _MAX_CLEAR_AFTER, "recovery_budget": MAX_BUDGET}
 _MAX_JSON_DEPTH = 4
+# Rules judged outside the engine, by the control plane's watchdog (detector "watchdog"): in no
+# default pack, as they read no series; a team may put one in shadow mode and change nothing
+# else of it — its level, action and deadline are the watchdog's (``breakers.control.
+# heartbeats.heartbeat_signal``), and disabling it would leave a silent job noticed by nobody.
+WATCHDOG_RULES: Mapping[str, Mapping[str, Any]] = {
+    "heartbeat-timeout": {  # incidents.heartbeats.HEARTBEAT_RULE_KEY
+        "key": "heartbeat-timeout",
+        "name": "Heartbeat timeout",
+        "layer": "health",
+        "metric": "heartbeat",
+        "detector": "watchdog",
+        "severity": "L3",
+        "action": "checkpoint_and_pause",
+        "runbook": "hung_no_logs",
+    }
+}
 
 
 class ChangeError(ValueError):
@@ -208,7 +224,9 @@ def apply_changes(
     rows = {key: dict(fields) for key, fields in team_rows.items()}
     for index, change in enumerate(changes):
         where = f"changes[{index}]"
-        base = rows.get(change.key) or defaults.get(change.key)
+        _check_watchdog_change(change, change.key in rows, where)
+        reference = defaults.get(change.key) or WATCHDOG_RULES.get(change.key)
+        base = rows.get(change.key) or reference
         if change.op == "create":
             if base is not None:
                 raise ChangeError(f"Rule {change.key!r} exists already: update it.", f"{where}.key")
@@ -231,11 +249,34 @@ def apply_changes(
             if change.op in ("enable", "disable"):
                 updates = {"enabled": change.op == "enable"}
             rows[change.key] = _validated({**base, **updates, "key": change.key}, where)
-            if change.key in defaults and rows[change.key] == _validated(
-                defaults[change.key], where
-            ):
+            if reference is not None and rows[change.key] == _validated(reference, where):
                 del rows[change.key]  # the same as the default: no override to keep
     return rows
+
+
+def _check_watchdog_change(change: RuleChange, has_row: bool, where: str) -> None:
+    """Of a watchdog's rule only ``shadow`` changes (see ``WATCHDOG_RULES``); no other rule is
+    judged by the watchdog."""
+    if change.key not in WATCHDOG_RULES:
+        if change.fields.get("detector") == "watchdog":
+            raise ChangeError(
+                "Only the watchdog's own rules (heartbeat-timeout) are judged by the watchdog.",
+                f"{where}.fields.detector",
+            )
+        return
+    if change.op in ("enable", "disable") or (change.op == "delete" and not has_row):
+        raise ChangeError(
+            f"{change.key!r} is the watchdog's rule: it cannot be disabled or deleted (a silent "
+            "job would be noticed by nobody); set shadow to observe it only.",
+            f"{where}.op",
+        )
+    for name in change.fields:
+        if name != "shadow":
+            raise ChangeError(
+                f"Only shadow changes in the watchdog's rule {change.key!r}: its {name} is the "
+                "watchdog's.",
+                f"{where}.fields.{name}",
+            )
 
 
 def _validated(fields: Mapping[str, Any], where: str) -> dict[str, Any]:

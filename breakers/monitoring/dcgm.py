@@ -231,6 +231,18 @@ def classify(alertname: str, labels: Mapping[str, str], value: float) -> Classif
     return Classification(rule_key, name, level, layer, metric, action, runbook, why)
 
 
+def rule_of(labels: Mapping[str, str], level: str) -> str | None:
+    """The key of the rule-pack rule (``agent_rules``) that reads the same DCGM signal as an
+    outside alert, or None when the alert names no signal: one rule per signal, whichever
+    door its data came in by, so the rule's shadow mode governs both."""
+    signal = SIGNALS_BY_KEY.get(labels.get("brakeline_signal", ""))
+    if signal is None:
+        return None
+    if signal.reading == LAST_VALUE:
+        return "dcgm-xid-fatal" if level == L4 else "dcgm-xid"
+    return signal.key
+
+
 def _level(labels: Mapping[str, str], signal: Signal | None, value: float) -> tuple[str, str]:
     explicit = labels.get("brakeline_level", "").upper()
     if explicit in LEVELS:

@@ -30,6 +30,7 @@ from datetime import datetime
 from django.db import connection, transaction
 from django.utils import timezone
 
+from breakers.detection import shadow
 from breakers.detection.evaluation import on_alert_raised
 from breakers.models import (
     EXTERNAL_ALERT_TRANSITIONS,
@@ -38,7 +39,7 @@ from breakers.models import (
     IntegrationToken,
 )
 from breakers.monitoring.alertmanager import ExternalAlertIn, WebhookIn
-from breakers.monitoring.dcgm import Classification, classify
+from breakers.monitoring.dcgm import Classification, classify, rule_of
 from breakers.monitoring.routing import Route, route
 from core.errors import Unauthenticated
 from core.text import fit
@@ -56,6 +57,7 @@ class ReceiveReport:
     repeated: int = 0
     resolved: int = 0
     unrouted: int = 0
+    shadow: int = 0  # routed under a rule in shadow mode: recorded, not raised
     alert_ids: list[int] = field(default_factory=list)  # Brakeline alerts fed
 
     def as_dict(self) -> dict:
@@ -65,6 +67,7 @@ class ReceiveReport:
             "repeated": self.repeated,
             "resolved": self.resolved,
             "unrouted": self.unrouted,
+            "shadow": self.shadow,
             "alert_ids": sorted(set(self.alert_ids)),
         }
 
@@ -178,6 +181,13 @@ def _route_and_raise(
         return
     verdict = verdict or classify(incoming.alertname, incoming.labels, _value(incoming))
     signal = _signal(verdict, incoming, target, _value(incoming))
+    governing = shadow.shadow_rule(row.team_id, rule_of(incoming.labels, verdict.level) or "")
+    if governing is not None:  # observe only: what it would have done, and nothing more
+        shadow.record_signal(target.job.pk, governing.key, signal)
+        row.job, row.node, row.unrouted_reason = target.job, target.node, ""
+        row.save(update_fields=["job", "node", "unrouted_reason"])
+        report.shadow += 1
+        return
     outcome = raise_or_update_alert(target.job.pk, signal, now=now)
     if outcome.action_due:
         on_alert_raised(outcome)  # the breakers' own brake and paging, nothing of our own
@@ -262,6 +272,7 @@ def _resolve(team_id: int, incoming: ExternalAlertIn, now: datetime, report: Rec
         return
     report.resolved += 1
     if row.alert_id is None:
+        _clear_shadow(row, incoming, now)
         return
     still = ExternalAlert.objects.filter(alert_id=row.alert_id, status=ExternalAlertStatus.FIRING)
     if not still.exists():
@@ -272,3 +283,24 @@ def _resolve(team_id: int, incoming: ExternalAlertIn, now: datetime, report: Rec
             data={"source": "alertmanager", "fingerprint": incoming.fingerprint},
         )
         report.alert_ids.append(row.alert_id)
+
+
+def _clear_shadow(row: ExternalAlert, incoming: ExternalAlertIn, now: datetime) -> None:
+    """A routed alert observed by a shadow rule resolved: its episode closes with the last
+    firing alert of that rule on the job's node (as the Brakeline alert would have)."""
+    key = rule_of(row.labels, row.level)
+    if row.job_id is None or key is None:
+        return
+    others = ExternalAlert.objects.filter(
+        job_id=row.job_id, node=row.node, alert__isnull=True, status=ExternalAlertStatus.FIRING
+    )
+    if any(rule_of(other.labels, other.level) == key for other in others):
+        return
+    shadow.close_firing(
+        row.job_id,
+        key,
+        row.node,
+        reason=f"Alertmanager resolved {incoming.alertname}",
+        step=None,
+        at=now.timestamp(),
+    )
