@@ -104,7 +104,8 @@ def parse_fault(params: Any, step: int) -> PlannedFault:
 
 
 class DrillFaults:
-    """The faults planned for one run, fired from forward hooks of its watched models."""
+    """The faults planned for one run, fired from forward hooks of its watched models (the
+    hooks are registered with the first fault planned: an ordinary run has none)."""
 
     def __init__(self, run: CommandTarget) -> None:
         self.run = run
@@ -190,16 +191,16 @@ class DrillFaults:
         self.run.training.torch_saver = failing_saver  # type: ignore[method-assign]
 
 
-def inject_fault(run: CommandTarget, command: Command, step: int) -> dict[str, Any]:
-    """The ``inject_fault`` command: refused outside a drill sandbox, else planned."""
+def inject_fault(
+    faults: DrillFaults, run: CommandTarget, command: Command, step: int
+) -> dict[str, Any]:
+    """The ``inject_fault`` command: refused outside a drill sandbox, else planned among the
+    run's ``faults``."""
     if not is_sandbox():
         raise CommandFailed(
             f"inject_fault refused: this process is not a drill sandbox ({SANDBOX_VARIABLE} "
             "is not set); faults are only injected into drill jobs"
         )
     fault = parse_fault(command.params, step)
-    faults = run.__dict__.get("_drill_faults")
-    if faults is None:
-        faults = run.__dict__["_drill_faults"] = DrillFaults(run)
     faults.plan(fault)
     return {"step": step, "fault": fault.fault, "at_step": fault.at_step}

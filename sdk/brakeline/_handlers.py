@@ -6,8 +6,8 @@ exception) to acknowledge as failed, or returns :data:`ACK_LATER` when it acknow
 pause controller (``_pause.py``), which owns the order save, confirm, release, hold.
 
 The built-in behaviour needs of the run only what :class:`brakeline._roles.CommandTarget`
-names, and the pause commands get their run's pause controller bound in
-(:func:`builtin_handlers`); your handlers receive the run itself.
+names; the pause commands get their run's pause controller bound in, and ``inject_fault``
+its run's drill faults (:func:`builtin_handlers`); your handlers receive the run itself.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from functools import partial
 from typing import Any
 
 from brakeline._commands import ACK_LATER, KINDS, Command, CommandFailed
-from brakeline._drill import inject_fault
+from brakeline._drill import DrillFaults, inject_fault
 from brakeline._pause import PauseController, PauseInfo
 from brakeline._roles import CommandTarget, TargetT
 
@@ -119,8 +119,9 @@ def isolate_node(run: CommandTarget, command: Command, step: int) -> Any:
     )
 
 
-def builtin_handlers(pause: PauseController) -> dict[str, Builtin]:
-    """The built-in behaviour of every kind, for the run whose pauses ``pause`` controls."""
+def builtin_handlers(pause: PauseController, drill: DrillFaults) -> dict[str, Builtin]:
+    """The built-in behaviour of every kind, for the run whose pauses ``pause`` controls and
+    whose fire-drill faults ``drill`` plans."""
     builtins: dict[str, Builtin] = {
         "lower_lr": lower_lr,
         "pause_data": partial(pause_data, pause),
@@ -128,7 +129,7 @@ def builtin_handlers(pause: PauseController) -> dict[str, Builtin]:
         "checkpoint_and_pause": partial(checkpoint_and_pause, pause),
         "terminate": terminate,
         "isolate_node": isolate_node,
-        "inject_fault": inject_fault,
+        "inject_fault": partial(inject_fault, drill),
     }
     assert set(builtins) == set(KINDS)
     return builtins

@@ -34,6 +34,7 @@ from typing import Any, Generic
 from brakeline import _handlers as handlers
 from brakeline._acks import Acknowledgements
 from brakeline._commands import ACK_LATER, Command, CommandFailed, CommandInbox
+from brakeline._drill import DrillFaults
 from brakeline._pause import PauseController, PauseState
 from brakeline._roles import TargetT
 from brakeline._settings import Settings
@@ -121,7 +122,7 @@ class BoundaryCommands(Generic[TargetT]):
     """Which commands are due at a boundary, the ranks' agreement on them, and applying one:
     your handler for its kind composed with the built-in behaviour (brakeline._handlers),
     acknowledged through ``acks``. ``target`` is what handlers receive (the run); the built-in
-    pause commands start ``pause``."""
+    pause commands start ``pause``, a fire drill's ``inject_fault`` plans on ``drill``."""
 
     def __init__(
         self,
@@ -132,6 +133,7 @@ class BoundaryCommands(Generic[TargetT]):
         acks: Acknowledgements,
         agreement: RankAgreement,
         pause: PauseController,
+        drill: DrillFaults,
         ask_console: Callable[[], None],
     ) -> None:
         self._target = target
@@ -141,7 +143,7 @@ class BoundaryCommands(Generic[TargetT]):
         self._acks = acks
         self.agreement = agreement
         self._pause = pause
-        self._builtins = handlers.builtin_handlers(pause)
+        self._builtins = handlers.builtin_handlers(pause, drill)
         self._ask_console = ask_console  # a heartbeat now: its reply carries missed commands
         self.handlers: dict[str, handlers.Handler[TargetT]] = {}  # your own, per kind
         self._logs_with_command_waiting = 0

@@ -29,7 +29,7 @@ from brakeline._checkpoint import (
 from brakeline._commands import Command, CommandInbox
 from brakeline._control import ControlLoop
 from brakeline._counts import NonFiniteCounts
-from brakeline._drill import note_release
+from brakeline._drill import DrillFaults, note_release
 from brakeline._encoding import LogRecord, to_jsonable
 from brakeline._exit import (
     exit_if_terminated,
@@ -37,6 +37,7 @@ from brakeline._exit import (
     terminate_exit_code,
     write_marker,
 )
+from brakeline._framework import FrameworkRun
 from brakeline._guard import StepGuard
 from brakeline._hold import GuardHold
 from brakeline._link import PushChannel, open_link
@@ -144,14 +145,18 @@ class Run:
 
     def _compose_commands(self, settings: Settings) -> None:
         """The parts that obey the console: every pause (pause_data, checkpoint_and_pause, a
-        framework's own save) goes through the pause controller; commands are applied at the
-        boundary, after the ranks' agreement where a process group exists."""
+        framework's own save) goes through the pause controller; a fire drill's faults are
+        planned on this run's models; commands are applied at the boundary, after the ranks'
+        agreement where a process group exists."""
         acts = RunActs(
             self.set_status, self.call_hooks, self.roll_back, partial(send_resume_snapshot, self)
         )
         self._pause = PauseController(
             self._state, self.inbox, self._acks, self._pace, self.wrapped_loaders, acts
         )
+        #: What a framework's integration (brakeline.integrations) reports to the run.
+        self.framework = FrameworkRun(self._state, self._guard, self._pause)
+        self._drill = DrillFaults(self)
         agreement = RankAgreement(settings.rank_agreement, settings.agreement_every)
         self._commands = BoundaryCommands(
             self,
@@ -161,6 +166,7 @@ class Run:
             self._acks,
             agreement,
             self._pause,
+            self._drill,
             self._link.poke,
         )
         self._pause.commands = self._commands  # a hold applies what arrives meanwhile
@@ -275,7 +281,7 @@ class Run:
         ``path`` (a temporary name; brakeline fsyncs, renames atomically and hashes it)."""
         self._checkpoints.set_saver(saver, suffix)
 
-    def on_command(self, kind: str, handler: handlers.Handler) -> None:
+    def on_command(self, kind: str, handler: handlers.Handler[Run]) -> None:
         """Add your own handling to a command kind: ``handler(run, command, step)`` runs first,
         then the built-in behaviour (see docs/sdk.md "Your own handlers"). It returns a dict
         (merged into the ack), raises (ack failed, nothing else happens) or returns

@@ -9,6 +9,7 @@ from typing import Any
 
 from brakeline._acks import Acknowledgements
 from brakeline._commands import ACK_LATER, CommandFailed, CommandInbox
+from brakeline._drill import DrillFaults
 from brakeline._pause import PauseState
 from brakeline._ranksync import BoundaryCommands, RankAgreement
 from brakeline._settings import resolve_settings
@@ -45,6 +46,7 @@ def parts(agreement: Any = None, **settings: Any):
         acks,
         agreement or RankAgreement("off"),
         pause,  # type: ignore[arg-type]
+        DrillFaults("the run"),  # type: ignore[arg-type]
         lambda: asked.append(1),
     )
     return commands, inbox, acks, pause, asked

@@ -9,6 +9,7 @@ from typing import Any
 from brakeline import CheckpointResult
 from brakeline._acks import Acknowledgements
 from brakeline._commands import Command, CommandInbox
+from brakeline._drill import DrillFaults
 from brakeline._pace import StepPace
 from brakeline._pause import PauseController, PauseInfo, PauseState, RunActs
 from brakeline._ranksync import BoundaryCommands, RankAgreement
@@ -37,8 +38,9 @@ def controller(loaders: list[Any] | None = None):
     )
     pause = PauseController(state, inbox, acks, StepPace(state.next_step), loaders or [], acts)
     settings = resolve_settings({"job": "j", "url": "", "token": ""})
+    drill = DrillFaults("the run")  # type: ignore[arg-type]  # never planned on here
     commands = BoundaryCommands(
-        "the run", settings, state, inbox, acks, RankAgreement("off"), pause, lambda: None
+        "the run", settings, state, inbox, acks, RankAgreement("off"), pause, drill, lambda: None
     )
     pause.commands = commands
     return pause, commands, inbox, acks, asked

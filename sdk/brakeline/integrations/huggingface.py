@@ -10,14 +10,13 @@ counts NaN losses the Trainer hides from its logs (``logging_nan_inf_filter``).
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
 from transformers import TrainerCallback
 
 import brakeline
-from brakeline._checkpoint import CheckpointResult, sha256_of, size_of
-from brakeline._commands import ACK_LATER, Command
+from brakeline._checkpoint import CheckpointResult
+from brakeline._commands import Command
 from brakeline._pause import SaveRequest
 from brakeline._run import Run
 
@@ -43,22 +42,21 @@ class BrakelineCallback(TrainerCallback):
         self.run.watch(model=model, optimizer=optimizer, scheduler=lr_scheduler)
         # After resume_from_checkpoint: the steps go on from the restored one, whose updates
         # the weights hold.
-        self.run.step = state.global_step
-        self.run._guard.resumed_at(state.global_step)
+        self.run.framework.resumed_at(state.global_step)
         self.run.on_command("checkpoint_and_pause", self._request_checkpoint_and_pause)
         self.run.set_terminate_handler(self._stop_gracefully)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        pause = self.run._pause
-        request = pause.save_request
+        framework = self.run.framework
+        request = framework.save_request
         if request is not None and state.global_step > request.step:
             # The Trainer skipped the save we asked for (e.g. save disabled on this rank).
-            pause.abandon_save(
+            framework.save_skipped(
                 state.global_step,
                 "the Trainer did not save a checkpoint; training is paused without one",
             )
         self.run.step_boundary(state.global_step)
-        if pause.save_request is not None:
+        if framework.save_request is not None:
             control.should_save = True  # the Trainer saves right after this hook, then on_save
         if self.terminate_requested:
             control.should_training_stop = True
@@ -80,35 +78,22 @@ class BrakelineCallback(TrainerCallback):
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         folder = os.path.abspath(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
-        request = self.run._pause.save_request
+        request = self.run.framework.save_request
         if request is None:
             # Hashing the Trainer's folder happens in the snapshot thread, not here.
             self.run.send_snapshot("checkpoint", state.global_step, None, folder)
             return control
         # The Trainer has written its folder: the pause controller hashes, confirms, releases
         # and holds, as for a checkpoint the SDK writes itself.
-        self.run._pause.checkpoint_and_pause(
-            request.command, state.global_step, lambda: self._hand_over(request, folder, state)
+        self.run.framework.checkpoint_and_pause(
+            request, state.global_step, lambda: self._hand_over(request, folder, state)
         )
         if self.terminate_requested:  # terminated during the hold: not one more step
             control.should_training_stop = True
         return control
 
     def _hand_over(self, request: SaveRequest, folder: str, state: Any) -> CheckpointResult:
-        guard = self.run._guard
-        guard.settle()  # device flags still pending are read: the label must be true
-        result = CheckpointResult(
-            path=folder,
-            bytes=size_of(folder),
-            seconds=round(time.monotonic() - request.requested_at, 6),
-            sha256=sha256_of(folder),
-            step=state.global_step,
-            # Which updates the folder's weights hold (the console marks it clean by it).
-            weights_step=guard.weights_step if guard.enabled else None,
-            reason="brake",
-            # What re-running the refused step found, if it was (brakeline._attribute).
-            rerun=guard.rerun.take_report(),
-        )
+        result = self.run.framework.checkpoint_written(folder, state.global_step, request)
         self.run.last_checkpoint = result
         self.run.send_snapshot("checkpoint", state.global_step, None, result)
         return result
@@ -120,11 +105,7 @@ class BrakelineCallback(TrainerCallback):
             self.run.finish()
 
     def _request_checkpoint_and_pause(self, run: Run, command: Command, step: int) -> Any:
-        refusal = run._pause.refusal(step)
-        if refusal is not None:
-            return refusal
-        run._pause.request_save(command, step)  # the Trainer saves it after this step
-        return ACK_LATER
+        return run.framework.request_save(command, step)  # the Trainer saves after this step
 
     def _stop_gracefully(self, step: int) -> None:
         self.terminate_requested = True

@@ -147,8 +147,8 @@ class BrakelineCallback(Callback):
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         # After Lightning restored a checkpoint (fit(ckpt_path=...)): the steps go on from its
         # step, and the weights hold every update up to it.
-        self.run.step = self._boundary_step = trainer.global_step
-        self.run._guard.resumed_at(trainer.global_step)
+        self._boundary_step = trainer.global_step
+        self.run.framework.resumed_at(trainer.global_step)
         if self._rng_to_restore is not None:  # after Lightning built its data iterator
             restore_rng_state(self._rng_to_restore)
             self._rng_to_restore = None
