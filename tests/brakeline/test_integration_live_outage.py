@@ -111,10 +111,16 @@ def test_an_outage_that_spills_to_disk_loses_no_point_and_does_not_stop_training
     steps = run.steps_done()
     assert steps > steps_at_outage + outage_seconds * 10
     in_flight = range(steps_before_stop - 50, steps_at_outage + 1)  # logged just before
+    _every_point_stored_once(agent.job_id, steps, in_flight)
+    assert not list(spill.glob("*.jsonl"))  # everything replayed, nothing left behind
+    assert Job.objects.get(pk=agent.job_id).status == JobStatus.FINISHED
+
+
+def _every_point_stored_once(job_id: int, steps: int, in_flight: range) -> None:
+    """Every step's point of every metric is stored; twice only for a batch in flight when
+    the console went away (sent, stored, unanswered: sent again)."""
     for name in METRICS:
-        stored = points_per_step(agent.job_id, name)
+        stored = points_per_step(job_id, name)
         assert set(stored) == set(range(1, steps + 1)), f"{name}: points lost"
         twice = {step for step, count in stored.items() if count > 1}
         assert all(stored[step] == 2 and step in in_flight for step in twice), (name, twice)
-    assert not list(spill.glob("*.jsonl"))  # everything replayed, nothing left behind
-    assert Job.objects.get(pk=agent.job_id).status == JobStatus.FINISHED
