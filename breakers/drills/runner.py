@@ -64,6 +64,7 @@ from breakers.models import (
 )
 from breakers.storage.points import StoredPoint, first_point
 from core.errors import ServiceError
+from incidents.alerts.lifecycle import resolve_alert
 from incidents.heartbeats import heartbeat_timeout_seconds
 from incidents.jobs import create_job
 from incidents.models import (
@@ -565,8 +566,7 @@ def _clean_up(run: DrillRun, sandbox: Sandbox) -> None:
     try:
         job = run.job
         if job is not None:
-            for alert_id in Alert.objects.filter(job=job).values_list("pk", flat=True):
-                stop_notifications(alert_id)
+            _drill_over(run, job)
             if sandbox.alive():
                 # A job that takes no terminate any more: the executor ends it below.
                 with contextlib.suppress(ServiceError):
@@ -577,4 +577,15 @@ def _clean_up(run: DrillRun, sandbox: Sandbox) -> None:
                 wait_until(lambda: not sandbox.alive(), "its end", grace, cancellable=False)
     finally:
         sandbox.stop()
+        if run.job is not None:
+            _drill_over(run, run.job)  # and what the sandbox's last moments raised
     log.info("drill #%s (%s) cleaned up at %s", run.pk, run.scenario, timezone.now())
+
+
+def _drill_over(run: DrillRun, job: Job) -> None:
+    """The drill's alerts stop paging and are resolved: its scorecard is written, its sandbox
+    ends. One still firing would stay on the board, and a console that lost its dispatch (a
+    restart) would page for it later, long after the drill."""
+    for alert_id in Alert.objects.filter(job=job).values_list("pk", flat=True):
+        stop_notifications(alert_id)
+        resolve_alert(alert_id, reason=f"fire drill #{run.pk} over: its sandbox ended")

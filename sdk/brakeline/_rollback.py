@@ -23,6 +23,7 @@ from brakeline._checkpoint import (
     save_atomically,
     sha256_of,
     shard_to_restore,
+    size_of,
 )
 from brakeline._commands import CommandFailed
 from brakeline._encoding import to_jsonable
@@ -61,6 +62,9 @@ class Checkpoints:
         self.suffix = ".pt"
         self.last: CheckpointResult | None = None
         self.skip_steps: set[int] = set()
+        # The checkpoint whose state the run holds right now (just saved, or just restored),
+        # with the run's step and the guard's label then: a save at that same state keeps it.
+        self._held: tuple[CheckpointResult, int, int | None] | None = None
 
     def set_saver(self, saver: Saver, suffix: str = ".pt") -> None:
         self.saver = saver
@@ -79,6 +83,9 @@ class Checkpoints:
             )
         settings = self._settings
         path = checkpoint_path(settings.checkpoint_dir, step, settings.rank, self.suffix)
+        kept = self._still_held(path, step, reason)
+        if kept is not None:
+            return kept
         previous_status = self._state.status
         self._pace.skip_step()  # a save is not the step's own work
         # Heartbeats say "checkpointing" during a long save, so it is not taken for a hang.
@@ -98,7 +105,23 @@ class Checkpoints:
             found = gather_set(result, settings.checkpoint_dir)
             result.set = found.as_report() if found is not None else None
         self.last = result
+        self._held = (result, self._state.step, result.weights_step)
         self._report(result)
+        return result
+
+    def _still_held(self, path: Path, step: int, reason: str) -> CheckpointResult | None:
+        """The checkpoint already at ``path`` when the run holds exactly its state: nothing
+        trained since it was saved or restored (a loop's periodic save right after a brake, or
+        after a roll back to that very step). Writing it again would replace a catalogued file
+        with other bytes (the RNG and the loader moved on): its hash would no longer match, and
+        the clean state the console would roll back to would be gone. A brake always saves."""
+        if self._held is None or reason == "brake" or not path.exists():
+            return None
+        result, run_step, weights_step = self._held
+        same = (result.path, result.step) == (str(path.resolve()), step)
+        if not same or (run_step, weights_step) != (self._state.step, self._guard.weights_step):
+            return None
+        logger.info("brakeline: %s already holds step %d's state: kept as it is", path, step)
         return result
 
     def roll_back(self, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -121,6 +144,15 @@ class Checkpoints:
         self._state.step = step
         self._guard.weights_step = step
         self.skip_steps = {s for s in skip if s > step}
+        restored = CheckpointResult(
+            path=str(Path(path).resolve()),
+            bytes=size_of(path),
+            seconds=0.0,
+            sha256=actual,
+            step=step,
+            reason="restored",
+        )
+        self._held = (restored, step, step)
         logger.warning("brakeline: rolled back to %s (step %d)", path, step)
         return {
             "rolled_back": True,

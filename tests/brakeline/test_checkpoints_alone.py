@@ -101,3 +101,28 @@ def test_a_roll_back_refuses_a_checkpoint_that_changed_and_one_of_your_own_saver
     with pytest.raises(CommandFailed, match="your own saver"):
         checkpoints.roll_back({"checkpoint": saved.path})
     assert state.step == 6
+
+
+def test_a_save_at_the_state_a_checkpoint_holds_keeps_that_file(tmp_path):
+    """A loop's periodic save right after a brake, or after a roll back to that very step,
+    would replace the catalogued file with other bytes (the RNG moved on): its hash would no
+    longer match and the clean state would be gone. Once a step is trained, a save writes."""
+    model = torch.nn.Linear(2, 1)
+    checkpoints, state, guard, outbox, _ = parts(tmp_path, TrainingObjects(models=[model]))
+    state.step, guard.weights_step = 20, 19  # the brake at step 20 refused its update
+    brake = checkpoints.save(20, "brake")
+    assert checkpoints.save(20, "manual") is brake  # the loop's "every 10 steps" save
+    with torch.no_grad():
+        model.weight.fill_(7.0)
+    state.step = 26
+    checkpoints.roll_back({"checkpoint": brake.path, "sha256": brake.sha256})
+    kept = checkpoints.save(20, "manual")
+    assert (kept.path, kept.sha256, kept.reason) == (brake.path, brake.sha256, "restored")
+    assert len(outbox.queued) == 1  # the catalogue heard of the file once
+    state.step, guard.weights_step = 21, 21
+    later = checkpoints.save(21, "manual")
+    assert later.path != brake.path and len(outbox.queued) == 2
+    with torch.no_grad():
+        model.weight.fill_(3.0)
+    state.step, guard.weights_step = 20, 20  # the same step's number, another state: written
+    assert checkpoints.save(20, "manual").sha256 != brake.sha256

@@ -15,15 +15,18 @@ import json
 import shlex
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.utils import timezone
 
 from breakers.drills import workloads
 from breakers.drills.scenarios import DRILL_SET, rehearses_recovery
 from breakers.models import DrillCheck, DrillRun, DrillStatus
-from incidents.models import Delivery, Job, Recovery
+from incidents.models import Alert, Delivery, Job, Recovery
+from incidents.notifications.sweep import undispatched_alerts
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -120,6 +123,10 @@ def test_a_corrupted_checkpoint_fails_on_the_loads_line(live_console, drill_team
     failed = list(run.checks.filter(passed=False).values_list("name", flat=True))
     assert failed == ["checkpoint loads"], output
     assert "does not match the expected sha256" in run.checks.get(name="checkpoint loads").measured
+    # The drill is over: none of its alerts stays on the board, nor pages after a restart.
+    alerts = Alert.objects.filter(job_id=run.job_id)
+    assert alerts.exists() and not alerts.exclude(status="resolved").exists()
+    assert not undispatched_alerts(timezone.now() + timedelta(minutes=5))
 
 
 OWN_SCRIPT = Path(__file__).parent / "scripts" / "own_train.py"
