@@ -203,6 +203,29 @@ def _other_lines(
     return others
 
 
+def _stored_range(
+    raw: tuple[int, int] | None,
+    rolled: tuple[int, int] | None,
+    from_step: int | None,
+    to_step: int | None,
+) -> tuple[int, int] | None:
+    """The steps asked for that raw points or rollups hold (None: none of them)."""
+    known = [b for b in (raw, rolled) if b is not None]
+    if not known:
+        return None
+    first, last = min(b[0] for b in known), max(b[1] for b in known)
+    low = first if from_step is None else max(from_step, first)
+    high = last if to_step is None else min(to_step, last)
+    return None if low > high else (low, high)
+
+
+def _band(rule: BandRule | None, lower: list[Any], upper: list[Any]) -> dict[str, Any] | None:
+    """The expected band around the line, as the rule that draws it sees it."""
+    if rule is None:
+        return None
+    return {"rule": rule.key, "k": rule.k, "window": rule.window, "lower": lower, "upper": upper}
+
+
 def series(
     job: Job,
     name: str,
@@ -222,15 +245,11 @@ def series(
     (``breakers.storage.reading``)."""
     raw = reading.raw_range(job.pk, name)
     rolled = reading.rollup_range(job.pk, name)
-    known = [b for b in (raw, rolled) if b is not None]
     empty = _empty_series(name, rank)
-    if not known:
+    stored = _stored_range(raw, rolled, from_step, to_step)
+    if stored is None:
         return empty
-    first, last = min(b[0] for b in known), max(b[1] for b in known)
-    low = first if from_step is None else max(from_step, first)
-    high = last if to_step is None else min(to_step, last)
-    if low > high:
-        return empty
+    low, high = stored
     width = plan(low, high, max_points)
     # With a band, the buckets before `low` that hold its first baseline are read too.
     lookback = 0 if rule is None else math.ceil(rule.window / width) + 1
@@ -240,16 +259,7 @@ def series(
     buckets = reading.read(job.pk, name, source, rank=rank, **grid)
     bands = band_for(buckets, rule) if rule is not None else {}
     line = _line([b for b in buckets if b.index >= lookback], bands)
-    lower, upper = line.pop("lower"), line.pop("upper")
-    band = None
-    if rule is not None:
-        band = {
-            "rule": rule.key,
-            "k": rule.k,
-            "window": rule.window,
-            "lower": lower,
-            "upper": upper,
-        }
+    band = _band(rule, line.pop("lower"), line.pop("upper"))
     grid = {**grid, "low": low}
     others = _other_lines(job.pk, name, source, [r for r in ranks if r != rank], grid)
     everyone = reading.read_spread(job.pk, name, source, **grid) if spread else None

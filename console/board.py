@@ -101,55 +101,46 @@ def job_buttons(role: str | None, job: Job, awaiting_pause: Command | None = Non
         and decide(role, Action.PAUSE_JOB).allowed
     ):
         # One click (docs/design.md "one-click authorised pause"): the reason is added after.
-        buttons.append(
-            Button(
-                "Pause",
-                f"{base}/pause",
-                "danger",
-                title=f"Checkpoint and pause {job.name}",
-                now=True,
-            )
-        )
-    awaiting = awaiting_pause is not None
-    confirms = (
-        awaiting_pause is not None
-        and decide(role, Action.CONFIRM_PAUSE, pause_level(awaiting_pause)).allowed
+        title = f"Checkpoint and pause {job.name}"
+        buttons.append(Button("Pause", f"{base}/pause", "danger", title=title, now=True))
+    confirms = awaiting_pause is not None and (
+        decide(role, Action.CONFIRM_PAUSE, pause_level(awaiting_pause)).allowed
     )
     if confirms:
         buttons += _confirm_buttons(base, job)
-    elif awaiting and decide(role, Action.PAUSE_JOB).allowed:
-        buttons.append(
-            Button(
-                "Ask a manager to confirm",
-                f"{base}/ask-confirmation",
-                "primary",
-                ask=[{"name": "note", "label": "Note for the managers", "required": False}],
-                title=f"Page the managers: confirm the pause of {job.name}",
-            )
-        )
+    elif awaiting_pause is not None and decide(role, Action.PAUSE_JOB).allowed:
+        buttons.append(_ask_a_manager_button(base, job))
     # "Confirm & resume" already resumes (and records the confirmation): one resume button.
-    if (
-        not confirms
-        and job.status in ACCEPTED_IN[CommandKind.RESUME]
-        and decide(role, Action.RESUME_JOB).allowed
-    ):
-        buttons.append(
-            Button("Resume", f"{base}/resume", "primary", ask=[REASON], title=f"Resume {job.name}")
-        )
-    if (
-        job.status in ACCEPTED_IN[CommandKind.TERMINATE]
-        and decide(role, Action.TERMINATE_JOB).allowed
-    ):
-        buttons.append(
-            Button(
-                "Terminate",
-                f"{base}/terminate",
-                "danger",
-                ask=[REASON],
-                title=f"Terminate {job.name} (cannot be undone)",
-            )
-        )
-    return buttons
+    if not confirms:
+        buttons += _resume_button(role, base, job)
+    return buttons + _terminate_button(role, base, job)
+
+
+def _ask_a_manager_button(base: str, job: Job) -> Button:
+    return Button(
+        "Ask a manager to confirm",
+        f"{base}/ask-confirmation",
+        "primary",
+        ask=[{"name": "note", "label": "Note for the managers", "required": False}],
+        title=f"Page the managers: confirm the pause of {job.name}",
+    )
+
+
+def _resume_button(role: str | None, base: str, job: Job) -> list[Button]:
+    if job.status not in ACCEPTED_IN[CommandKind.RESUME]:
+        return []
+    if not decide(role, Action.RESUME_JOB).allowed:
+        return []
+    return [Button("Resume", f"{base}/resume", "primary", ask=[REASON], title=f"Resume {job.name}")]
+
+
+def _terminate_button(role: str | None, base: str, job: Job) -> list[Button]:
+    if job.status not in ACCEPTED_IN[CommandKind.TERMINATE]:
+        return []
+    if not decide(role, Action.TERMINATE_JOB).allowed:
+        return []
+    title = f"Terminate {job.name} (cannot be undone)"
+    return [Button("Terminate", f"{base}/terminate", "danger", ask=[REASON], title=title)]
 
 
 def _roll_back_choices(job: Job) -> list[tuple[int, str]]:

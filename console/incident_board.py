@@ -75,42 +75,38 @@ def incident_buttons(
     firing = [a for a in alerts if a.status == AlertStatus.FIRING and a.incident_id == incident.pk]
     buttons = []
     if len(firing) > (1 if on_job_page else 0) and _acknowledges_all(role, firing):
-        buttons.append(
-            Button(
-                f"Acknowledge incident ({len(firing)} alert{'s' if len(firing) > 1 else ''})",
-                f"{base}/acknowledge",
-                "primary",
-                title=f"Acknowledge every firing alert of incident #{incident.pk}",
-                now=True,
-            )
-        )
+        buttons.append(_acknowledge_incident_button(base, incident, len(firing)))
     if not decide(role, Action.ASSIGN_INCIDENT).allowed:
         return buttons
     if incident.taken_over_by_id is None and _recovery_in_play(incident, alerts):
-        buttons.append(
-            Button(
-                "Take over",
-                f"{base}/take-over",
-                "danger",
-                title="Stop automatic recovery here: this incident's next steps are yours",
-                now=True,
-            )
-        )
+        title = "Stop automatic recovery here: this incident's next steps are yours"
+        buttons.append(Button("Take over", f"{base}/take-over", "danger", title=title, now=True))
     if incident.assignee_id != user.pk:
-        buttons.append(
-            Button("Take it", f"{base}/assign", title=f"Take incident #{incident.pk}", now=True)
-        )
+        title = f"Take incident #{incident.pk}"
+        buttons.append(Button("Take it", f"{base}/assign", title=title, now=True))
     if not on_job_page:
-        who = {
-            "name": "user_id",
-            "label": "Team member",
-            "required": True,
-            "choices": assignable_members(incident),
-        }
-        buttons.append(
-            Button("Assign…", f"{base}/assign", ask=[who], title=f"Assign incident #{incident.pk}")
-        )
+        buttons.append(_assign_button(base, incident))
     return buttons
+
+
+def _acknowledge_incident_button(base: str, incident: Incident, firing: int) -> Button:
+    return Button(
+        f"Acknowledge incident ({firing} alert{'s' if firing > 1 else ''})",
+        f"{base}/acknowledge",
+        "primary",
+        title=f"Acknowledge every firing alert of incident #{incident.pk}",
+        now=True,
+    )
+
+
+def _assign_button(base: str, incident: Incident) -> Button:
+    who = {
+        "name": "user_id",
+        "label": "Team member",
+        "required": True,
+        "choices": assignable_members(incident),
+    }
+    return Button("Assign…", f"{base}/assign", ask=[who], title=f"Assign incident #{incident.pk}")
 
 
 def incident_state(user: Any, incident: Incident) -> dict[str, Any]:

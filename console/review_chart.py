@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 MAX_POINTS = 600  # more than the pixels across: the rest would be drawn over each other
 CHAR_PX = 6.2  # the width of one character of the 10 px labels, generously
@@ -242,8 +242,24 @@ def chart(
     metric: str = "",
     phone_width: int | None = 360,
 ) -> Chart | None:
-    """The curve of ``points`` (step, value) with ``events`` (step, label, kind) as markers;
-    None when there is nothing to draw."""
+    """The curve of ``points`` (step, value) with ``events`` (step, label, kind) as markers,
+    with its narrower drawing for a phone; None when there is nothing to draw."""
+    drawn = _chart(points, events, width=width, height=height, pad=pad, metric=metric)
+    if drawn is None or phone_width is None or width <= phone_width:
+        return drawn
+    phone = _chart(points, events, width=phone_width, height=height, pad=28, metric=metric)
+    return replace(drawn, phone=phone)
+
+
+def _chart(
+    points: Sequence[tuple[int, float]],
+    events: Sequence[tuple[int, str, str]],
+    *,
+    width: int,
+    height: int,
+    pad: int,
+    metric: str,
+) -> Chart | None:
     points = downsample(sorted(points))
     steps = [step for step, _ in points] + [step for step, _, _ in events]
     if not steps:
@@ -264,13 +280,7 @@ def chart(
         value = min(high, max(low, value))  # beyond the view: on its edge, and marked
         return round(bottom - (bottom - top) * (value - low) / (high - low), 1)
 
-    phone = None
-    if phone_width is not None and width > phone_width:
-        phone = chart(
-            points, events, width=phone_width, height=height, metric=metric, phone_width=None
-        )
     return Chart(
-        phone=phone,
         width=width,
         height=height,
         segments=_segments([(x(step), y(v) if math.isfinite(v) else None) for step, v in points]),

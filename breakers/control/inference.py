@@ -140,6 +140,11 @@ def recover_replica(replica_id: int) -> None:
             "replica_drained",
             seconds=round(seconds, 3),
         )
+    _restart(replica)
+
+
+def _restart(replica: InferenceReplica) -> None:
+    """Step 2's second half: the drained replica restarted here, or asked to restart itself."""
     outcome = restart_replica(replica, grace_seconds=settings.EXECUTOR_GRACE_SECONDS)
     with transaction.atomic():
         if outcome.stopped:

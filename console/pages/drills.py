@@ -42,36 +42,44 @@ def trend_points(values: list[float]) -> str:
     )
 
 
+def _save_workload(request: HttpRequest, team: Team) -> None:
+    data = {name: request.POST.get(name, "") for name in workloads.FIELDS}
+    attempt(
+        request,
+        "The team's drill workload is saved."
+        if data["command"].strip()
+        else "The team's drills run the built-in workload again.",
+        lambda: workloads.save_team_workload(
+            signed_in(request), team.pk, data, context=audit_context(request)
+        ),
+    )
+
+
+def _start_drills(request: HttpRequest, team: Team) -> None:
+    chosen = request.POST.getlist("scenario") or ["all"]
+    attempt(
+        request,
+        f"Drill set started: {', '.join(chosen)}. Each scorecard appears below when done.",
+        lambda: runs.request_drills(
+            team,
+            chosen,
+            actor=request.user,
+            executor=request.POST.get("executor", "local"),
+            workload=request.POST.get("workload", "builtin"),
+            context=audit_context(request),
+        ),
+    )
+
+
 @login_required
 def team_drills_page(request: HttpRequest, pk: int) -> HttpResponse:
     team = _team(request, pk)
     may_run = decide(role_in_team(request.user, team.pk), Action.RUN_DRILL).allowed
     if request.method == "POST" and request.POST.get("form") == "workload":
-        data = {name: request.POST.get(name, "") for name in workloads.FIELDS}
-        attempt(
-            request,
-            "The team's drill workload is saved."
-            if data["command"].strip()
-            else "The team's drills run the built-in workload again.",
-            lambda: workloads.save_team_workload(
-                signed_in(request), team.pk, data, context=audit_context(request)
-            ),
-        )
+        _save_workload(request, team)
         return redirect(f"/teams/{team.pk}/drills/")
     if request.method == "POST":
-        chosen = request.POST.getlist("scenario") or ["all"]
-        attempt(
-            request,
-            f"Drill set started: {', '.join(chosen)}. Each scorecard appears below when done.",
-            lambda: runs.request_drills(
-                team,
-                chosen,
-                actor=request.user,
-                executor=request.POST.get("executor", "local"),
-                workload=request.POST.get("workload", "builtin"),
-                context=audit_context(request),
-            ),
-        )
+        _start_drills(request, team)
         return redirect(f"/teams/{team.pk}/drills/")
     latest = runs.last_runs_by_scenario(team)
     # The badge's link names the missing scenarios: those ticked, the others not.

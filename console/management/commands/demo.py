@@ -183,6 +183,24 @@ def refuse_a_busy_port(host: str, port: int) -> None:
             raise CommandError(f"Something already listens on {host}:{port}; use --port.")
 
 
+def stop_like_ctrl_c() -> None:
+    """Stopped from outside (kill, a supervisor's SIGTERM, the terminal closed: SIGHUP), the
+    demo ends like Ctrl-C, so the console and the training run (a session of its own, which
+    the terminal's hang-up never reaches) are stopped too instead of being left running. And
+    Ctrl-C works even when started from a shell that ignores SIGINT (a job started with `&`):
+    Python keeps an inherited "ignore", and the demo could then never be stopped."""
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(signum, signal.default_int_handler)
+
+
+def start_console(host: str, port: int) -> subprocess.Popen:
+    """Daphne serving the console; it keeps the demo's pages in its Outbox."""
+    os.environ.setdefault("BRAKELINE_NOTIFY_OUTBOX", "true")
+    # No access log (a line per agent request): console.request_log sums them up.
+    daphne = ["-m", "daphne", "-b", host, "-p", str(port), "--verbosity", "0"]
+    return subprocess.Popen([sys.executable, *daphne, "config.asgi:application"])
+
+
 class Command(BaseCommand):
     help = "Start the console with demo users and a training run that diverges and gets braked."
 
@@ -214,31 +232,8 @@ class Command(BaseCommand):
             )
             simulator = True
         refuse_a_busy_port(host, port)
-        # The console keeps the demo's pages in its Outbox (set for Daphne, which sends them).
-        os.environ.setdefault("BRAKELINE_NOTIFY_OUTBOX", "true")
-        # Stopped from outside (kill, a supervisor's SIGTERM, the terminal closed: SIGHUP): end
-        # like Ctrl-C, so the console and the training run below (a session of its own, which
-        # the terminal's hang-up never reaches) are stopped too instead of being left running.
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
-        signal.signal(signal.SIGHUP, signal.default_int_handler)
-        # Ctrl-C even when started from a shell that ignores SIGINT (a job started with `&`):
-        # Python keeps an inherited "ignore", and the demo could then never be stopped.
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "daphne",
-                "-b",
-                host,
-                "-p",
-                str(port),
-                # No access log (a line per agent request); console.request_log sums them up.
-                "--verbosity",
-                "0",
-                "config.asgi:application",
-            ]
-        )
+        stop_like_ctrl_c()
+        server = start_console(host, port)
         # --seconds ends the demo the way Ctrl-C does, whatever the run is doing (even paused).
         # A real SIGINT, not _thread.interrupt_main: that one cannot interrupt a blocking wait.
         timer = threading.Timer(options["seconds"] or 0, os.kill, (os.getpid(), signal.SIGINT))
