@@ -84,20 +84,26 @@ def acknowledge_command(
                 command.refresh_from_db()
                 return command
             status = verdict.status
-        won = compare_and_swap(
-            Command,
-            command.pk,
-            table=COMMAND_TRANSITIONS,
-            expected=[CommandStatus.PENDING, CommandStatus.DELIVERED, CommandStatus.EXPIRED],
-            new=status,
-            acknowledged_at=timezone.now(),
-            result=result,
-            error=error,
-        )
-        command.refresh_from_db()
-        if won:
-            _record_outcome(command, per_rank)
+        _settle(command, per_rank, status=status, result=result, error=error)
     return command
+
+
+def _settle(command: Command, per_rank: bool, *, status: str, result: dict, error: str) -> None:
+    """The command's final answer as compare-and-swap, and what follows from it, in the
+    caller's transaction; the loser of a race records nothing."""
+    won = compare_and_swap(
+        Command,
+        command.pk,
+        table=COMMAND_TRANSITIONS,
+        expected=[CommandStatus.PENDING, CommandStatus.DELIVERED, CommandStatus.EXPIRED],
+        new=status,
+        acknowledged_at=timezone.now(),
+        result=result,
+        error=error,
+    )
+    command.refresh_from_db()
+    if won:
+        _record_outcome(command, per_rank)
 
 
 def _record_outcome(command: Command, per_rank: bool) -> None:

@@ -176,22 +176,26 @@ def _steps_text(verdict: Verdict) -> str:
     )
 
 
+def _split_text(command: Command, job: Job, verdict: Verdict) -> str:
+    """How the ranks disagree: at which steps they applied it, or which of them never answered."""
+    if verdict.split:
+        return f"applied at different steps: {_steps_text(verdict)}"
+    done = tuple(
+        CommandAck.objects.filter(command=command)
+        .order_by("rank")
+        .values_list("rank", flat=True)[:MAX_NAMED_RANKS]
+    )
+    missing = _ranks_text(verdict.missing, verdict.missing_count)
+    return (
+        f"acknowledged by {_ranks_text(done, (job.world_size or 1) - verdict.missing_count)}"
+        f", not by {missing} "
+        f"{settings.COMMAND_SPLIT_SECONDS:.0f} s later"
+    )
+
+
 def raise_split_alert(command: Command, job: Job, verdict: Verdict, now: datetime) -> None:
     """L3, naming the ranks; one active alert per job, refreshed while the split lasts."""
-    if verdict.split:
-        what = f"applied at different steps: {_steps_text(verdict)}"
-    else:
-        done = tuple(
-            CommandAck.objects.filter(command=command)
-            .order_by("rank")
-            .values_list("rank", flat=True)[:MAX_NAMED_RANKS]
-        )
-        missing = _ranks_text(verdict.missing, verdict.missing_count)
-        what = (
-            f"acknowledged by {_ranks_text(done, (job.world_size or 1) - verdict.missing_count)}"
-            f", not by {missing} "
-            f"{settings.COMMAND_SPLIT_SECONDS:.0f} s later"
-        )
+    what = _split_text(command, job, verdict)
     named = [r for ranks in verdict.split_steps.values() for r in ranks] + list(verdict.missing)
     nodes = JobRank.objects.filter(job=job, rank__in=named[:1000]).values_list(
         "hostname", flat=True

@@ -78,7 +78,14 @@ def system_command(
                 ).command
         except Conflict as refused:
             why = _state_refusal(job_id, kind) or refused.detail
-    incident_id = incident_id or _incident_of(job_id)
+    _note_refused(incident_id or _incident_of(job_id), kind, level, why, alert_id)
+    return None
+
+
+def _note_refused(
+    incident_id: int | None, kind: str, level: str, why: str | None, alert_id: int | None
+) -> None:
+    """The refusal on the incident's timeline, where people look (if the job has one)."""
     if incident_id is not None:
         append_timeline(
             incident_id,
@@ -87,7 +94,6 @@ def system_command(
             alert_id=alert_id,
             data={"event": SYSTEM_COMMAND_REFUSED, "kind": kind, "level": level},
         )
-    return None
 
 
 def _state_refusal(job_id: int, kind: str) -> str | None:

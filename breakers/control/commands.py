@@ -88,36 +88,58 @@ def issue_command(
     key = fit(idempotency_key or f"{actor_kind}:{kind}:{now.timestamp()}", IDEMPOTENCY_KEY_LENGTH)
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
-        existing = Command.objects.filter(job_id=job_id, idempotency_key=key).first()
+        existing = _earlier_or_refused(job, kind, key)
         if existing is not None:
             return IssuedCommand(existing, created=False)
-        # The one place where the job's state decides whether it takes a command, for every
-        # issuer alike (breakers.control.job_state): checked under the job's row lock, so two
-        # issuers racing each other cannot both pass it.
-        why = refusal(job, kind)
-        if why is not None:
-            raise Conflict(why)
-        try:
-            with transaction.atomic():
-                command = Command.objects.create(
-                    job_id=job_id,
-                    kind=kind,
-                    params=params or {},
-                    severity=severity,
-                    reason=reason.strip(),
-                    issued_by_kind=actor_kind,
-                    issued_by=actor,
-                    idempotency_key=key,
-                    issued_at=now,
-                    alert_id=alert_id,
-                    deliver_by=now + timedelta(seconds=acknowledgement_deadline_seconds(kind)),
-                    # Multi-rank jobs: every rank applies it at this one step.
-                    apply_at_step=apply_at_step_for(job, kind),
-                )
-        except IntegrityError:
-            # Another worker issued the same key between our check and our insert.
-            return IssuedCommand(Command.objects.get(job_id=job_id, idempotency_key=key), False)
-        _after_issue(command)
+        issued = _insert_once(
+            job,
+            kind,
+            key,
+            now,
+            params=params or {},
+            severity=severity,
+            reason=reason.strip(),
+            issued_by_kind=actor_kind,
+            issued_by=actor,
+            alert_id=alert_id,
+        )
+        if issued.created:
+            _after_issue(issued.command)
+    return issued
+
+
+def _earlier_or_refused(job: Job, kind: str, key: str) -> Command | None:
+    """The command issued before under this key; else None, unless the job refuses it."""
+    existing = Command.objects.filter(job_id=job.pk, idempotency_key=key).first()
+    if existing is not None:
+        return existing
+    # The one place where the job's state decides whether it takes a command, for every
+    # issuer alike (breakers.control.job_state): checked under the job's row lock, so two
+    # issuers racing each other cannot both pass it.
+    why = refusal(job, kind)
+    if why is not None:
+        raise Conflict(why)
+    return None
+
+
+def _insert_once(job: Job, kind: str, key: str, now: datetime, **given: Any) -> IssuedCommand:
+    """The command's row, due for acknowledgement by its kind's deadline; or the one another
+    worker stored under the same key meanwhile."""
+    try:
+        with transaction.atomic():
+            command = Command.objects.create(
+                job_id=job.pk,
+                kind=kind,
+                idempotency_key=key,
+                issued_at=now,
+                deliver_by=now + timedelta(seconds=acknowledgement_deadline_seconds(kind)),
+                # Multi-rank jobs: every rank applies it at this one step.
+                apply_at_step=apply_at_step_for(job, kind),
+                **given,
+            )
+    except IntegrityError:
+        # Another worker issued the same key between our check and our insert.
+        return IssuedCommand(Command.objects.get(job_id=job.pk, idempotency_key=key), False)
     return IssuedCommand(command, created=True)
 
 

@@ -176,6 +176,32 @@ def _restart(replica: InferenceReplica) -> None:
         )
 
 
+def _back_to_serving(
+    replica: InferenceReplica, now: datetime, seconds: float, in_traffic: bool
+) -> bool:
+    """RESTARTING → SERVING and its note, in one transaction; False when another worker
+    moved it first."""
+    with transaction.atomic():
+        if not move_replica(
+            replica,
+            ReplicaStatus.RESTARTING,
+            ReplicaStatus.SERVING,
+            out_of_traffic_since=None,
+            pending_action="",
+        ):
+            return False
+        note_replica(
+            replica,
+            f"Back in traffic ({replica.backend}/{replica.name} ready, "
+            f"{'confirmed' if in_traffic else 'not yet confirmed'} by the load balancer) as "
+            f"process {replica.pid}, after {seconds:.1f} s out of traffic",
+            "replica_back",
+            at=now,
+            seconds_out_of_traffic=round(seconds, 3),
+        )
+    return True
+
+
 def reenable_if_healthy(replica: InferenceReplica, now: datetime | None = None) -> bool:
     """Step 3, after a heartbeat: back in traffic once the restarted process is healthy.
     True when this call put it back. ``now``: when it went back (by default the moment just
@@ -197,24 +223,8 @@ def reenable_if_healthy(replica: InferenceReplica, now: datetime | None = None) 
     out_since = replica.out_of_traffic_since
     seconds = (now - out_since).total_seconds() if out_since else 0.0
     alert_id = replica.response_alert_id
-    with transaction.atomic():
-        if not move_replica(
-            replica,
-            ReplicaStatus.RESTARTING,
-            ReplicaStatus.SERVING,
-            out_of_traffic_since=None,
-            pending_action="",
-        ):
-            return False
-        note_replica(
-            replica,
-            f"Back in traffic ({replica.backend}/{replica.name} ready, "
-            f"{'confirmed' if in_traffic else 'not yet confirmed'} by the load balancer) as "
-            f"process {replica.pid}, after {seconds:.1f} s out of traffic",
-            "replica_back",
-            at=now,
-            seconds_out_of_traffic=round(seconds, 3),
-        )
+    if not _back_to_serving(replica, now, seconds, in_traffic):
+        return False
     if alert_id is not None:
         resolve_alert(alert_id, reason=f"replica {replica.name} restarted and healthy again")
     return True

@@ -26,7 +26,7 @@ from breakers.control.timeline import active_incident
 from breakers.executors.slurm import executor as slurm
 from breakers.executors.slurm.binding import slurm_binding
 from breakers.executors.slurm.client import job_nodes
-from breakers.models import Command, CommandKind
+from breakers.models import Checkpoint, Command, CommandKind
 from core.errors import Conflict, InvalidInput, NotFound
 from core.nodes import is_single_node_name
 from incidents.alerts.lifecycle import append_timeline
@@ -378,16 +378,28 @@ def confirm_pause(
             path = target.path if target is not None else ""
             confirmation = _record_confirmation(job, pause, user, decision, path, reason)
             if decision != PauseDecision.KEEP_PAUSED:
-                params = roll_back_params(target, skip_steps) if target is not None else {}
-                confirmation.command_id = _resume_after_confirmation(
-                    user, job, pause, params, reason, confirmation.decided_at
-                ).pk
-                PauseConfirmation.objects.filter(pk=confirmation.pk).update(
-                    command_id=confirmation.command_id
-                )
+                _resume_confirmed(user, job, pause, confirmation, target, skip_steps, reason)
             _confirmation_timeline(job, pause, confirmation, user)
             attempt.succeeded(f"pause #{pause.pk} confirmed: {decision}")
     return confirmation
+
+
+def _resume_confirmed(
+    user: Any,
+    job: Job,
+    pause: Command,
+    confirmation: PauseConfirmation,
+    target: Checkpoint | None,
+    skip_steps: list[int] | None,
+    reason: str,
+) -> None:
+    """The resume (or roll back to ``target``) a confirmation asks for, linked to it; inside
+    the confirmation's transaction."""
+    params = roll_back_params(target, skip_steps) if target is not None else {}
+    confirmation.command_id = _resume_after_confirmation(
+        user, job, pause, params, reason, confirmation.decided_at
+    ).pk
+    PauseConfirmation.objects.filter(pk=confirmation.pk).update(command_id=confirmation.command_id)
 
 
 def _clean_confirmation(decision: str, checkpoint: str) -> str:

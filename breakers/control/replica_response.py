@@ -17,6 +17,18 @@ from incidents.models import Alert, TimelineKind
 from incidents.teams.authority import SYSTEM, action_for_command, decide
 
 
+def _note_refused(alert: Alert, why: str) -> None:
+    """Why the replica stays in traffic, on the incident's timeline (if the alert has one)."""
+    if alert.incident_id is not None:
+        append_timeline(
+            alert.incident_id,
+            TimelineKind.NOTE,
+            f"No automatic replica restart: {why}",
+            alert_id=alert.pk,
+            data={"event": "replica_response_refused"},
+        )
+
+
 def take_replica_out(alert: Alert) -> list:
     """The L3 of an inference job (inside the alert's transaction). Returns no command: the
     response is the replica's, not the job's."""
@@ -27,14 +39,7 @@ def take_replica_out(alert: Alert) -> list:
     if why is None and replica is None:
         why = f"no replica named {alert.node!r} heartbeats for this job"
     if why is not None:
-        if alert.incident_id is not None:
-            append_timeline(
-                alert.incident_id,
-                TimelineKind.NOTE,
-                f"No automatic replica restart: {why}",
-                alert_id=alert.pk,
-                data={"event": "replica_response_refused"},
-            )
+        _note_refused(alert, why)
         return []
     assert replica is not None
     now = timezone.now()

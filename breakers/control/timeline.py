@@ -9,6 +9,7 @@ were released.
 from __future__ import annotations
 
 from dataclasses import asdict
+from datetime import datetime
 from typing import Any
 
 from breakers.executors.outcome import ExecutorOutcome
@@ -97,6 +98,13 @@ def record_acknowledged(command: Command) -> None:
     if command.status != CommandStatus.SUCCEEDED:
         _record_refused_roll_back(command, row)
         return
+    _record_applied(command, incident, step, at, row)
+
+
+def _record_applied(
+    command: Command, incident: Incident, step: Any, at: datetime | None, row: Any
+) -> None:
+    """What a command the job applied means for its incident: mitigated, re-armed, settled."""
     if command.kind == CommandKind.CHECKPOINT_AND_PAUSE:
         _record_checkpoint_saved(command, incident, step, row)
         _mitigate(incident)
