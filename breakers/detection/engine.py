@@ -478,18 +478,10 @@ class JobEvaluator:
         duration = point.time - episode.first_time
         rank = series.key[3]
         who = f"rank {rank}: " if self.multi_rank and rank is not None else ""
-        if kind == "fire":
-            if described is None:
-                described = series.detector.describe(point.name, value, verdict)
-            description = who + described
-            action, action_params = rule.action, dict(rule.action_params)
-        else:
-            description = who + (
-                f"{point.name} back to normal ({rule.name}): healthy for {episode.healthy} "
-                f"observation(s); the episode began at step {episode.first_step} and lasted "
-                f"{format_duration(duration)}"
-            )
-            action, action_params = "none", {}  # a clear never asks for an action
+        said, action, action_params = _said_and_asked(
+            kind, series, verdict, point, value, duration, described
+        )
+        description = who + said
         return Finding(
             kind=kind,
             rule_key=rule.key,
@@ -561,6 +553,30 @@ class JobEvaluator:
             series.last = list(entry["last"])
             evaluator.multi_rank = evaluator.multi_rank or bool(rank)
         return evaluator
+
+
+def _said_and_asked(
+    kind: str,
+    series: _Series,
+    verdict: Verdict,
+    point: Point,
+    value: float,
+    duration: float,
+    described: str | None,
+) -> tuple[str, str, dict[str, Any]]:
+    """What a finding says and which action it asks for: a fire, the detector's words and
+    the rule's action; a clear, how long the episode lasted, and no action."""
+    rule, episode = series.rule, series.episode
+    if kind == "fire":
+        if described is None:
+            described = series.detector.describe(point.name, value, verdict)
+        return described, rule.action, dict(rule.action_params)
+    said = (
+        f"{point.name} back to normal ({rule.name}): healthy for {episode.healthy} "
+        f"observation(s); the episode began at step {episode.first_step} and lasted "
+        f"{format_duration(duration)}"
+    )
+    return said, "none", {}  # a clear never asks for an action
 
 
 def _episode_info(key: SeriesKey, episode: list[Any]) -> dict[str, Any]:

@@ -228,14 +228,7 @@ def apply_changes(
         reference = defaults.get(change.key) or WATCHDOG_RULES.get(change.key)
         base = rows.get(change.key) or reference
         if change.op == "create":
-            if base is not None:
-                raise ChangeError(f"Rule {change.key!r} exists already: update it.", f"{where}.key")
-            missing = [name for name in REQUIRED_ON_CREATE if name not in change.fields]
-            if missing:
-                raise ChangeError(
-                    f"A new rule needs {', '.join(missing)}.", f"{where}.fields.{missing[0]}"
-                )
-            rows[change.key] = _validated({"key": change.key, **change.fields}, where)
+            _create(rows, change, base, where)
         elif base is None:
             raise ChangeError(f"There is no rule {change.key!r}.", f"{where}.key")
         elif change.op == "delete":
@@ -245,13 +238,39 @@ def apply_changes(
                 )
             del rows[change.key]
         else:
-            updates: Mapping[str, Any] = change.fields
-            if change.op in ("enable", "disable"):
-                updates = {"enabled": change.op == "enable"}
-            rows[change.key] = _validated({**base, **updates, "key": change.key}, where)
-            if reference is not None and rows[change.key] == _validated(reference, where):
-                del rows[change.key]  # the same as the default: no override to keep
+            _update(rows, change, base, reference, where)
     return rows
+
+
+def _create(
+    rows: dict[str, dict[str, Any]],
+    change: RuleChange,
+    base: Mapping[str, Any] | None,
+    where: str,
+) -> None:
+    """A new rule of the team's own: a key no rule has yet, with every required field."""
+    if base is not None:
+        raise ChangeError(f"Rule {change.key!r} exists already: update it.", f"{where}.key")
+    missing = [name for name in REQUIRED_ON_CREATE if name not in change.fields]
+    if missing:
+        raise ChangeError(f"A new rule needs {', '.join(missing)}.", f"{where}.fields.{missing[0]}")
+    rows[change.key] = _validated({"key": change.key, **change.fields}, where)
+
+
+def _update(
+    rows: dict[str, dict[str, Any]],
+    change: RuleChange,
+    base: Mapping[str, Any],
+    reference: Mapping[str, Any] | None,
+    where: str,
+) -> None:
+    """An update, enable or disable: the team's row, or none when it equals the default."""
+    updates: Mapping[str, Any] = change.fields
+    if change.op in ("enable", "disable"):
+        updates = {"enabled": change.op == "enable"}
+    rows[change.key] = _validated({**base, **updates, "key": change.key}, where)
+    if reference is not None and rows[change.key] == _validated(reference, where):
+        del rows[change.key]  # the same as the default: no override to keep
 
 
 def _check_watchdog_change(change: RuleChange, has_row: bool, where: str) -> None:
