@@ -394,20 +394,13 @@ def _mismatched_shard(job_id: int, report: SetReport) -> str | None:
 def record_set(job_id: int, step: int, report: SetReport) -> CheckpointSet:
     """Store a complete set once (and every rank's file, linked to it); 400 naming the rank
     when a shard contradicts its rank's own report or the set's size is not the job's."""
-    world_size = Job.objects.filter(pk=job_id).values_list("world_size", flat=True).first()
-    if world_size is not None and world_size != report.world_size:
-        raise InvalidInput(
-            "The checkpoint set is not the job's.",
-            fields={"set.world_size": f"the job runs {world_size} ranks, not {report.world_size}"},
-        )
-    mismatch = _mismatched_shard(job_id, report)
-    if mismatch is not None:
-        raise InvalidInput("A shard of the set does not match.", fields={"set.shards": mismatch})
+    _check_set(job_id, report)
+    reported_at = timezone.now()
     values = {
         "step": step,
         "world_size": report.world_size,
         "shards": list(report.shards),
-        "reported_at": timezone.now(),
+        "reported_at": reported_at,
     }
     try:
         with transaction.atomic():
@@ -423,19 +416,39 @@ def record_set(job_id: int, step: int, report: SetReport) -> CheckpointSet:
         )
         created = False
     if created:
-        for shard in report.shards[1:]:  # rank 0's row is the report's own
-            fields = {
-                "step": step,
-                "rank": shard["rank"],
-                "bytes": shard["bytes"],
-                "reason": CheckpointReason.MANUAL,
-                "reported_at": values["reported_at"],
-                "checkpoint_set_id": row.pk,
-            }
-            file, made = _get_or_create(job_id, shard["path"], shard["sha256"], fields)
-            if not made and file.checkpoint_set_id is None:
-                Checkpoint.objects.filter(pk=file.pk).update(checkpoint_set_id=row.pk)
+        _store_shards(job_id, step, report, row, reported_at)
     return row
+
+
+def _check_set(job_id: int, report: SetReport) -> None:
+    """400 when the set's size is not the job's or a shard contradicts its rank's report."""
+    world_size = Job.objects.filter(pk=job_id).values_list("world_size", flat=True).first()
+    if world_size is not None and world_size != report.world_size:
+        raise InvalidInput(
+            "The checkpoint set is not the job's.",
+            fields={"set.world_size": f"the job runs {world_size} ranks, not {report.world_size}"},
+        )
+    mismatch = _mismatched_shard(job_id, report)
+    if mismatch is not None:
+        raise InvalidInput("A shard of the set does not match.", fields={"set.shards": mismatch})
+
+
+def _store_shards(
+    job_id: int, step: int, report: SetReport, row: CheckpointSet, reported_at: datetime
+) -> None:
+    """Every other rank's file in the catalogue, linked to the set (stored before or now)."""
+    for shard in report.shards[1:]:  # rank 0's row is the report's own
+        fields = {
+            "step": step,
+            "rank": shard["rank"],
+            "bytes": shard["bytes"],
+            "reason": CheckpointReason.MANUAL,
+            "reported_at": reported_at,
+            "checkpoint_set_id": row.pk,
+        }
+        file, made = _get_or_create(job_id, shard["path"], shard["sha256"], fields)
+        if not made and file.checkpoint_set_id is None:
+            Checkpoint.objects.filter(pk=file.pk).update(checkpoint_set_id=row.pk)
 
 
 def multi_rank(job_id: int) -> bool:

@@ -226,6 +226,31 @@ def _band(rule: BandRule | None, lower: list[Any], upper: list[Any]) -> dict[str
     return {"rule": rule.key, "k": rule.k, "window": rule.window, "lower": lower, "upper": upper}
 
 
+def _buckets(low: int, high: int, max_points: int, rule: BandRule | None) -> tuple[int, int, int]:
+    """The buckets' width, how many are read before ``low``, and the first one's step."""
+    width = plan(low, high, max_points)
+    # With a band, the buckets before `low` that hold its first baseline are read too.
+    lookback = 0 if rule is None else math.ceil(rule.window / width) + 1
+    return width, lookback, low - lookback * width
+
+
+def _rank_line(
+    job: Job,
+    name: str,
+    source: reading.Source,
+    rule: BandRule | None,
+    rank: int,
+    lookback: int,
+    grid: dict[str, int],
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """``rank``'s line from ``low`` on, and its band (baselines from the buckets before)."""
+    buckets = reading.read(job.pk, name, source, rank=rank, **grid)
+    bands = band_for(buckets, rule) if rule is not None else {}
+    line = _line([b for b in buckets if b.index >= lookback], bands)
+    band = _band(rule, line.pop("lower"), line.pop("upper"))
+    return line, band
+
+
 def series(
     job: Job,
     name: str,
@@ -250,16 +275,10 @@ def series(
     if stored is None:
         return empty
     low, high = stored
-    width = plan(low, high, max_points)
-    # With a band, the buckets before `low` that hold its first baseline are read too.
-    lookback = 0 if rule is None else math.ceil(rule.window / width) + 1
-    origin = low - lookback * width
+    width, lookback, origin = _buckets(low, high, max_points, rule)
     grid = {"origin": origin, "width": width, "low": origin, "high": high}
     source = reading.choose(job.pk, name, raw, rolled, low=low, high=high, width=width, rank=rank)
-    buckets = reading.read(job.pk, name, source, rank=rank, **grid)
-    bands = band_for(buckets, rule) if rule is not None else {}
-    line = _line([b for b in buckets if b.index >= lookback], bands)
-    band = _band(rule, line.pop("lower"), line.pop("upper"))
+    line, band = _rank_line(job, name, source, rule, rank, lookback, grid)
     grid = {**grid, "low": low}
     others = _other_lines(job.pk, name, source, [r for r in ranks if r != rank], grid)
     everyone = reading.read_spread(job.pk, name, source, **grid) if spread else None
@@ -321,6 +340,25 @@ def _step_at(job_id: int, when) -> int | None:
     )
 
 
+def _command_mark(job: Job, command: Command, alert_steps: dict[int, Any]) -> dict[str, Any]:
+    """A command at the step it acted on: the one it reports, else its alert's, else the
+    job's step when it was issued."""
+    step = command.result.get("step") if isinstance(command.result, dict) else None
+    if not isinstance(step, int):
+        mark = alert_steps.get(command.alert_id) if command.alert_id is not None else None
+        step = mark or _step_at(job.pk, command.issued_at)
+    label = COMMAND_LABELS.get(command.kind, command.kind)
+    if command.kind == "lower_lr" and command.params.get("factor"):
+        label = f"LR ×{command.params['factor']}"
+    return {
+        "id": command.pk,
+        "kind": command.kind,
+        "status": command.status,
+        "step": step if step is not None else job.current_step,
+        "label": label,
+    }
+
+
 def markers(job: Job, limit: int = 200) -> dict[str, list[dict[str, Any]]]:
     """Alerts at the step that raised them; commands at the step they acted on."""
     alerts = list(Alert.objects.filter(job=job).order_by("-raised_at")[:limit])
@@ -331,24 +369,7 @@ def markers(job: Job, limit: int = 200) -> dict[str, list[dict[str, Any]]]:
     )
     alert_steps = {a.pk: raised_at_step.get(a.pk) or a.first_step for a in alerts}
     commands = list(Command.objects.filter(job=job).order_by("-pk")[:limit])
-    command_marks = []
-    for command in commands:
-        step = command.result.get("step") if isinstance(command.result, dict) else None
-        if not isinstance(step, int):
-            mark = alert_steps.get(command.alert_id) if command.alert_id is not None else None
-            step = mark or _step_at(job.pk, command.issued_at)
-        label = COMMAND_LABELS.get(command.kind, command.kind)
-        if command.kind == "lower_lr" and command.params.get("factor"):
-            label = f"LR ×{command.params['factor']}"
-        command_marks.append(
-            {
-                "id": command.pk,
-                "kind": command.kind,
-                "status": command.status,
-                "step": step if step is not None else job.current_step,
-                "label": label,
-            }
-        )
+    command_marks = [_command_mark(job, command, alert_steps) for command in commands]
     return {
         "alerts": [
             {
