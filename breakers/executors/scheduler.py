@@ -32,6 +32,23 @@ _UNBIND_SQL = (
 )
 
 
+def _unbind_outside_slurm(job_id: int) -> None:
+    """The job runs outside Slurm now: an automatic Slurm binding no longer applies."""
+    # Plain SQL (both databases): every heartbeat outside Slurm runs it, and it changes
+    # nothing almost always, so the ORM's building of it was most of its cost.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _UNBIND_SQL,
+            [
+                ExecutorKind.LOCAL.value,
+                connection.ops.adapt_datetimefield_value(timezone.now()),
+                job_id,
+                ExecutorKind.SLURM.value,
+                False,
+            ],
+        )
+
+
 def record_scheduler_context(job_id: int, heartbeat: HeartbeatIn) -> None:
     """Store the job's Slurm context when it changed (a write per new context, not per beat).
 
@@ -40,20 +57,7 @@ def record_scheduler_context(job_id: int, heartbeat: HeartbeatIn) -> None:
     (``bind_if_confirmed``) and binds the job only if Slurm confirms it; the web process needs
     no Slurm client, and a heartbeat never waits for Slurm."""
     if not heartbeat.slurm_job_id:
-        # The job runs outside Slurm now: an automatic Slurm binding no longer applies. Plain
-        # SQL (both databases): every heartbeat outside Slurm runs it, and it changes nothing
-        # almost always, so the ORM's building of it was most of its cost.
-        with connection.cursor() as cursor:
-            cursor.execute(
-                _UNBIND_SQL,
-                [
-                    ExecutorKind.LOCAL.value,
-                    connection.ops.adapt_datetimefield_value(timezone.now()),
-                    job_id,
-                    ExecutorKind.SLURM.value,
-                    False,
-                ],
-            )
+        _unbind_outside_slurm(job_id)
         return
     reported = {
         "slurm_job_id": heartbeat.slurm_job_id,

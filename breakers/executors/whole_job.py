@@ -85,24 +85,42 @@ class JobProcesses:
     refusal: str = ""
 
 
+def _not_all_here(elsewhere: list[tuple[int, str]], host: str) -> str:
+    """Why a local signal cannot stop the job: the ranks on other hosts, named."""
+    named = ", ".join(str(rank) for rank, _ in elsewhere[:8])
+    hosts = sorted({name for _, name in elsewhere if name})[:4]
+    where = (
+        f"run on {', '.join(hosts)}" if hosts else "reported their process without naming its host"
+    )
+    return (
+        f"rank(s) {named} {where}, not on this worker's host {host}: a local signal "
+        "cannot stop the whole job (use the scheduler's executor)"
+    )
+
+
+def _rank_targets(job: Job, ranks: list[JobRank]) -> dict[int, Target]:
+    """Each rank's registered process, by rank."""
+    targets = {
+        r.rank: Target(f"rank {r.rank} (pid {r.pid})", r.pid, r.pid_start_time, False, job.pk)
+        for r in ranks
+        if r.pid
+    }
+    if not ranks and job.agent_pid:  # heartbeats from before per-rank rows
+        targets = {
+            0: Target(
+                f"process {job.agent_pid}", job.agent_pid, job.agent_pid_start_time, False, job.pk
+            )
+        }
+    return targets
+
+
 def job_processes(job: Job) -> JobProcesses:
     """The job's processes on this host, as registered."""
     host = this_host()
     ranks = list(JobRank.objects.filter(job=job).exclude(status=AgentStatus.FINISHED))
     elsewhere = sorted((r.rank, r.hostname) for r in ranks if r.hostname != host)
     if elsewhere:
-        named = ", ".join(str(rank) for rank, _ in elsewhere[:8])
-        hosts = sorted({name for _, name in elsewhere if name})[:4]
-        where = (
-            f"run on {', '.join(hosts)}"
-            if hosts
-            else "reported their process without naming its host"
-        )
-        why = (
-            f"rank(s) {named} {where}, not on this worker's host {host}: a local signal "
-            "cannot stop the whole job (use the scheduler's executor)"
-        )
-        return JobProcesses([], [], [], why)
+        return JobProcesses([], [], [], _not_all_here(elsewhere, host))
     rows = list(JobLauncher.objects.filter(job=job, hostname=host, start_time__isnull=False))
     launchers = [
         Target(
@@ -117,17 +135,7 @@ def job_processes(job: Job) -> JobProcesses:
     # Only launchers still running as registered hold ranks: an earlier launch's agent that
     # is gone (or whose pid is another process's now) holds nobody.
     held = {r for row in rows if process_start_time(row.pid) == row.start_time for r in row.ranks}
-    targets = {
-        r.rank: Target(f"rank {r.rank} (pid {r.pid})", r.pid, r.pid_start_time, False, job.pk)
-        for r in ranks
-        if r.pid
-    }
-    if not ranks and job.agent_pid:  # heartbeats from before per-rank rows
-        targets = {
-            0: Target(
-                f"process {job.agent_pid}", job.agent_pid, job.agent_pid_start_time, False, job.pk
-            )
-        }
+    targets = _rank_targets(job, ranks)
     return JobProcesses(
         launchers,
         [t for rank, t in targets.items() if rank not in held],
