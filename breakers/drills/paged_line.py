@@ -6,11 +6,26 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from django.db.models import QuerySet
+
 from incidents.models import Alert, Delivery, Job, NotificationPolicy
 from incidents.notifications.grouping import PAGES_ALONE
 from incidents.notifications.recipients import people_to_page
 from incidents.notifications.routing import DIGEST, channels_for
 from incidents.teams.oncall import who_is_on_call
+
+
+def _round_zero(alert: Alert) -> QuerySet[Delivery]:
+    """The deliveries of the page this alert was part of, at its level."""
+    # An alert storm pages once per incident and level, through whichever of its alerts was
+    # dispatched first (the NaN's L3 or the guard's): that round is this alert's page too.
+    # A failed brake pages on its own, through its own layer's channels: not this line's.
+    deliveries = Delivery.objects.filter(round__number=0, round__severity=alert.severity).exclude(
+        alert__rule_key__in=PAGES_ALONE
+    )
+    if alert.incident_id is not None:
+        return deliveries.filter(alert__incident_id=alert.incident_id)
+    return deliveries.filter(alert=alert)
 
 
 def paging_facts(job: Job, alert: Alert, wait_until: Callable[..., Any]) -> dict[str, Any]:
@@ -20,16 +35,7 @@ def paging_facts(job: Job, alert: Alert, wait_until: Callable[..., Any]) -> dict
     policy = NotificationPolicy.objects.filter(team_id=job.team_id).first()
     if policy is None:
         return {"policy": False}
-    # An alert storm pages once per incident and level, through whichever of its alerts was
-    # dispatched first (the NaN's L3 or the guard's): that round is this alert's page too.
-    # A failed brake pages on its own, through its own layer's channels: not this line's.
-    deliveries = Delivery.objects.filter(round__number=0, round__severity=alert.severity).exclude(
-        alert__rule_key__in=PAGES_ALONE
-    )
-    if alert.incident_id is not None:
-        deliveries = deliveries.filter(alert__incident_id=alert.incident_id)
-    else:
-        deliveries = deliveries.filter(alert=alert)
+    deliveries = _round_zero(alert)
     # Until round 0 exists and none of its deliveries is still on its way: a dispatch that has
     # not run yet has no rows, and "none queued" alone would read that as "nobody paged".
     sending = deliveries.filter(status="queued")

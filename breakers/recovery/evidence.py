@@ -135,6 +135,25 @@ def _last_clean(job_id: int) -> dict[str, Any] | None:
     return next((entry for entry in catalogue(job_id) if entry["preselected"]), None)
 
 
+def _policy_for(job: Job, alert: Alert) -> tuple[str, int, str, bool]:
+    """The alert's rule's recovery policy, budget and cause for the job, and whether the job
+    is a drill of the recovery path."""
+    policy, budget, cause = _rule_policy(job.pk, alert.rule_key)
+    rehearsal = drill_of_recovery(job)
+    if rehearsal:
+        # The drill rehearses the recovery path whatever the rule's policy for the team's
+        # jobs: a drill never changes the team's rules, and its sandbox is its own.
+        policy = RECOVER_POLICY
+    return policy, budget, cause, rehearsal
+
+
+def _last_bad_step(pause: Command, alert: Alert) -> int:
+    """The episode's last step: where the pause took effect, never before the alert's first."""
+    step = pause.result.get("step")
+    last_step = step if isinstance(step, int) and step >= alert.first_step else alert.step
+    return max(last_step, alert.first_step)
+
+
 def gather(pause: Command, *, now: Any = None) -> Gathered | None:
     """The evidence of an automatic L3 brake whose checkpoint is confirmed; None when the
     command is not one (a person's pause, a brake without an alert or incident)."""
@@ -145,15 +164,8 @@ def gather(pause: Command, *, now: Any = None) -> Gathered | None:
     if alert is None or alert.incident is None:
         return None
     job = Job.objects.get(pk=pause.job_id)
-    policy, budget, cause = _rule_policy(job.pk, alert.rule_key)
-    rehearsal = drill_of_recovery(job)
-    if rehearsal:
-        # The drill rehearses the recovery path whatever the rule's policy for the team's
-        # jobs: a drill never changes the team's rules, and its sandbox is its own.
-        policy = RECOVER_POLICY
-    step = pause.result.get("step")
-    last_step = step if isinstance(step, int) and step >= alert.first_step else alert.step
-    last_step = max(last_step, alert.first_step)
+    policy, budget, cause, rehearsal = _policy_for(job, alert)
+    last_step = _last_bad_step(pause, alert)
     earlier, last_hour = _earlier(job.pk, pause.pk, now)
     incident = alert.incident
     checkpoint = _last_clean(job.pk)

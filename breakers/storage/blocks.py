@@ -145,13 +145,13 @@ class Logged(Protocol):
     def rank(self) -> int: ...
 
 
-def batch_rows(job_id: int, points: Sequence[Logged], received: datetime) -> list[tuple] | None:
-    """A batch's block rows without ``last_id`` (ingest leaves it to the id sequence), built
-    in one pass for the batch the SDK sends: in each rank and node, every step logged once,
-    all its metrics stamped alike. None for any other batch (a step logged twice, metrics of
-    one step at different times, a grid past ``BLOCK_CELLS`` or a span past
-    ``BLOCK_STEP_SPAN``): ``blocks_of`` shapes those, at several times the cost a point."""
-    groups: dict[tuple[int, str | None], dict[int, tuple[datetime, dict[str, float]]]] = {}
+_Columns = dict[tuple[int, str | None], dict[int, tuple[datetime, dict[str, float]]]]
+
+
+def _columns_per_series(points: Sequence[Logged], received: datetime) -> _Columns | None:
+    """Per rank and node, each step's time and metrics; None when a step is logged twice or
+    its metrics at different times."""
+    groups: _Columns = {}
     for p in points:
         columns = groups.get((p.rank, p.node))
         if columns is None:
@@ -164,6 +164,18 @@ def batch_rows(job_id: int, points: Sequence[Logged], received: datetime) -> lis
             return None
         else:
             column[1][p.name] = p.value
+    return groups
+
+
+def batch_rows(job_id: int, points: Sequence[Logged], received: datetime) -> list[tuple] | None:
+    """A batch's block rows without ``last_id`` (ingest leaves it to the id sequence), built
+    in one pass for the batch the SDK sends: in each rank and node, every step logged once,
+    all its metrics stamped alike. None for any other batch (a step logged twice, metrics of
+    one step at different times, a grid past ``BLOCK_CELLS`` or a span past
+    ``BLOCK_STEP_SPAN``): ``blocks_of`` shapes those, at several times the cost a point."""
+    groups = _columns_per_series(points, received)
+    if groups is None:
+        return None
     rows = []
     for (rank, node), columns in groups.items():
         steps = sorted(columns)
