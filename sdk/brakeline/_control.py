@@ -244,24 +244,9 @@ class ControlLoop:
                 queue.popleft()
                 continue
             outcome = self._post(item.path, body)
-            failing = (
-                outcome is not None
-                and outcome.status >= 500
-                and outcome.status not in OUTAGE_STATUSES
-                and self._count_server_error(item.key) >= MAX_SERVER_ERRORS_PER_ITEM
-            )
+            failing = self._failing_for_good(item, outcome)
             if _settled(outcome) or failing:
-                queue.popleft()
-                self._server_errors.pop(item.key, None)
-                if not outcome.ok:  # type: ignore[union-attr]
-                    logger.error(
-                        "brakeline: THE CONSOLE REFUSED %s (HTTP %s); it is dropped. The console "
-                        "answered: %.300s",
-                        item.key,
-                        outcome.status,  # type: ignore[union-attr]
-                        outcome.body,  # type: ignore[union-attr]
-                    )
-                self._mark_delivered(item.key)
+                self._done_with(queue, item, outcome)
                 continue
             if final:
                 logger.warning(
@@ -273,6 +258,31 @@ class ControlLoop:
             self._next_outbox_attempt = time.monotonic() + self._backoff.next_delay(retry_after)
             return False
         return True
+
+    def _failing_for_good(self, item: OutboxItem, outcome: Response | None) -> bool:
+        """A server error (not an outage) counted once more; True once the item had too many."""
+        return (
+            outcome is not None
+            and outcome.status >= 500
+            and outcome.status not in OUTAGE_STATUSES
+            and self._count_server_error(item.key) >= MAX_SERVER_ERRORS_PER_ITEM
+        )
+
+    def _done_with(
+        self, queue: collections.deque[OutboxItem], item: OutboxItem, outcome: Response | None
+    ) -> None:
+        """The front item leaves the queue: delivered, or refused for good (said loudly)."""
+        queue.popleft()
+        self._server_errors.pop(item.key, None)
+        if not outcome.ok:  # type: ignore[union-attr]
+            logger.error(
+                "brakeline: THE CONSOLE REFUSED %s (HTTP %s); it is dropped. The console "
+                "answered: %.300s",
+                item.key,
+                outcome.status,  # type: ignore[union-attr]
+                outcome.body,  # type: ignore[union-attr]
+            )
+        self._mark_delivered(item.key)
 
     def _count_server_error(self, key: str) -> int:
         self._server_errors[key] = self._server_errors.get(key, 0) + 1

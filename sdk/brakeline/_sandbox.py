@@ -311,6 +311,27 @@ def sandbox_facts(environ: Any, loader: Any = None, checkpoint_holds: Any = None
     }
 
 
+def _cpu_model() -> str | None:
+    """The CPU's model name, as /proc/cpuinfo gives it."""
+    for line in (_read("/proc/cpuinfo") or "").splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+def _nvidia_driver() -> str | None:
+    """The NVIDIA driver's version from /proc (present without torch), or None."""
+    driver_line = (_read("/proc/driver/nvidia/version") or "").splitlines()[:1]
+    return next(
+        (
+            word
+            for word in (driver_line[0].split() if driver_line else [])
+            if word[:1].isdigit() and "." in word
+        ),
+        None,
+    )
+
+
 def hardware(modules: dict[str, Any] | None = None) -> dict[str, Any]:
     """Accelerator models, driver, CUDA and cuDNN versions where present; the CPU model.
 
@@ -319,22 +340,9 @@ def hardware(modules: dict[str, Any] | None = None) -> dict[str, Any]:
     import sys
 
     modules = sys.modules if modules is None else modules
-    cpu = None
-    for line in (_read("/proc/cpuinfo") or "").splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
-    driver_line = (_read("/proc/driver/nvidia/version") or "").splitlines()[:1]
     info: dict[str, Any] = {
-        "cpu_model": cpu,
-        "nvidia_driver": next(
-            (
-                word
-                for word in (driver_line[0].split() if driver_line else [])
-                if word[:1].isdigit() and "." in word
-            ),
-            None,
-        ),
+        "cpu_model": _cpu_model(),
+        "nvidia_driver": _nvidia_driver(),
         "cuda": None,
         "cudnn": None,
         "accelerators": [],

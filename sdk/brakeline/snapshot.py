@@ -273,6 +273,24 @@ def _fully_imported(name: str) -> Any:
     return module
 
 
+def _interpreter() -> dict[str, str]:
+    """The Python that runs the training."""
+    return {
+        "version": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "executable": sys.executable,
+    }
+
+
+def _operating_system() -> dict[str, str]:
+    """The operating system and machine it runs on."""
+    return {
+        "system": platform.system(),
+        "release": platform.release(),
+        "machine": platform.machine(),
+    }
+
+
 def take_snapshot(
     *,
     rank: int = 0,
@@ -293,16 +311,8 @@ def take_snapshot(
         "schema": 1,
         "taken_at": datetime.datetime.now(datetime.UTC).isoformat(),
         "sdk": {"name": "brakeline", "version": __version__},
-        "python": {
-            "version": platform.python_version(),
-            "implementation": platform.python_implementation(),
-            "executable": sys.executable,
-        },
-        "platform": {
-            "system": platform.system(),
-            "release": platform.release(),
-            "machine": platform.machine(),
-        },
+        "python": _interpreter(),
+        "platform": _operating_system(),
         "packages": installed_packages(),
         "environment": selected_environment(environ, extra_env_prefixes),
         "seeds": dict(seeds or {}),
