@@ -206,47 +206,54 @@ def alert_buttons(role: str | None, alert: Alert) -> list[Button]:
         alert.status == AlertStatus.FIRING
         and decide(role, Action.ACKNOWLEDGE_ALERT, alert.severity).allowed
     ):
-        buttons.append(
-            Button(
-                "Acknowledge",
-                f"/api/v1/alerts/{alert.pk}/acknowledge",
-                "primary",
-                ask=[{**NOTE, "label": "Note", "required": False}],
-                title=f"Acknowledge {alert.severity} {alert.rule_name}",
-            )
-        )
+        buttons.append(_acknowledge_button(alert))
     if (
         alert.status == AlertStatus.FIRING
         and decide(role, Action.SNOOZE_ALERT, alert.severity).allowed
     ):
-        buttons.append(
-            Button(
-                "Snooze pages",
-                f"/api/v1/alerts/{alert.pk}/snooze",
-                "plain",
-                ask=[SNOOZE],
-                title=f"Snooze the pages of {alert.severity} {alert.rule_name} (never its brakes)",
-            )
-        )
+        buttons.append(_snooze_button(alert))
     open_ = alert.status in ACTIVE_ALERT_STATUSES
     if open_ and decide(role, Action.REQUEST_ESCALATION, alert.severity).allowed:
-        kind = {
-            "name": "command.kind",
-            "label": "Action to request",
-            "required": True,
-            "choices": ESCALATE_KINDS,
-        }
-        buttons.append(
-            Button(
-                "Request escalation",
-                "/api/v1/escalations",
-                "plain",
-                {"job_id": alert.job_id, "alert_id": alert.pk},
-                [kind, REASON],
-                f"Ask a manager to approve an action on {alert.job.name}",
-            )
-        )
+        buttons.append(_request_escalation_button(alert))
     return buttons
+
+
+def _acknowledge_button(alert: Alert) -> Button:
+    return Button(
+        "Acknowledge",
+        f"/api/v1/alerts/{alert.pk}/acknowledge",
+        "primary",
+        ask=[{**NOTE, "label": "Note", "required": False}],
+        title=f"Acknowledge {alert.severity} {alert.rule_name}",
+    )
+
+
+def _snooze_button(alert: Alert) -> Button:
+    return Button(
+        "Snooze pages",
+        f"/api/v1/alerts/{alert.pk}/snooze",
+        "plain",
+        ask=[SNOOZE],
+        title=f"Snooze the pages of {alert.severity} {alert.rule_name} (never its brakes)",
+    )
+
+
+def _request_escalation_button(alert: Alert) -> Button:
+    """Ask a manager to approve a stronger action on the alert's job."""
+    kind = {
+        "name": "command.kind",
+        "label": "Action to request",
+        "required": True,
+        "choices": ESCALATE_KINDS,
+    }
+    return Button(
+        "Request escalation",
+        "/api/v1/escalations",
+        "plain",
+        {"job_id": alert.job_id, "alert_id": alert.pk},
+        [kind, REASON],
+        f"Ask a manager to approve an action on {alert.job.name}",
+    )
 
 
 def snooze_of(alert: Alert) -> dict[str, Any] | None:
@@ -355,11 +362,7 @@ def job_state(user: Any, job: Job) -> dict[str, Any]:
     """Everything the job page's status panel shows (re-rendered live on every event)."""
     role = role_in_team(user, job.team_id)
     pause = latest_pause(job.pk)
-    alerts = list(
-        Alert.objects.filter(job=job, status__in=ACTIVE_ALERT_STATUSES)
-        .select_related("job", "snoozed_by")
-        .order_by("-severity", "-raised_at")
-    )
+    alerts = _active_alerts(job)
     acked = acknowledged_by([a.pk for a in alerts])
     silences = (
         silencing.active()
@@ -379,15 +382,7 @@ def job_state(user: Any, job: Job) -> dict[str, Any]:
         "role": role,
         "buttons": job_buttons(role, job, pause_awaiting_confirmation(job)),
         "pause": pause_progress(pause),
-        "alerts": [
-            {
-                "alert": alert_payload(a),
-                "buttons": alert_buttons(role, a),
-                "acknowledged_by": acked.get(a.pk),
-                "snoozed": snooze_of(a),
-            }
-            for a in alerts
-        ],
+        "alerts": _alert_rows(role, alerts, acked),
         "incident": incident,
         "recovery": incident.recoveries.order_by("-pk").first() if incident else None,
         "incident_buttons": incident_buttons(user, role, incident, alerts, on_job_page=True),
@@ -396,6 +391,30 @@ def job_state(user: Any, job: Job) -> dict[str, Any]:
             {"request": r, "buttons": escalation_buttons(user, role, r)} for r in escalations
         ],
     }
+
+
+def _active_alerts(job: Job) -> list[Alert]:
+    """The job's firing and acknowledged alerts, the highest level and newest first."""
+    return list(
+        Alert.objects.filter(job=job, status__in=ACTIVE_ALERT_STATUSES)
+        .select_related("job", "snoozed_by")
+        .order_by("-severity", "-raised_at")
+    )
+
+
+def _alert_rows(
+    role: str | None, alerts: list[Alert], acked: dict[int, str]
+) -> list[dict[str, Any]]:
+    """Each active alert of the status panel with its buttons, who acknowledged it, its snooze."""
+    return [
+        {
+            "alert": alert_payload(a),
+            "buttons": alert_buttons(role, a),
+            "acknowledged_by": acked.get(a.pk),
+            "snoozed": snooze_of(a),
+        }
+        for a in alerts
+    ]
 
 
 # --- The dashboard -----------------------------------------------------------------------------
@@ -467,18 +486,9 @@ def dashboard_rows(user: Any) -> list[dict[str, Any]]:
         status = display_status(job)
         pause = awaiting.get(job.pk)
         waiting = pause is not None
-        confirmer = ""
-        if waiting and pause is not None:
-            level = pause_level(pause)
-            confirmer = (
-                "on-call"
-                if decide("oncall", Action.CONFIRM_PAUSE, level).allowed
-                else ("a manager")
-            )
+        confirmer = _who_confirms(pause) if pause is not None else ""
         rank, why = attention(status, alerts[job.pk], waiting, confirmer)
-        levels = {level: 0 for level in ("L4", "L3", "L2", "L1")}
-        for alert in alerts[job.pk]:
-            levels[alert.severity] += 1
+        levels = _count_by_level(alerts[job.pk])
         pause_buttons = [
             b for b in job_buttons(roles.get(job.team_id), job, pause) if b.label == "Pause"
         ]
@@ -495,3 +505,18 @@ def dashboard_rows(user: Any) -> list[dict[str, Any]]:
         )
     rows.sort(key=lambda r: (r["rank"], r["job"]["team"], r["job"]["name"]))
     return rows
+
+
+def _who_confirms(pause: Command) -> str:
+    """Who confirms a pause awaiting it: the on-call engineer when its level allows, else a
+    manager."""
+    level = pause_level(pause)
+    return "on-call" if decide("oncall", Action.CONFIRM_PAUSE, level).allowed else "a manager"
+
+
+def _count_by_level(open_alerts: list[Alert]) -> dict[str, int]:
+    """How many open alerts of each level, L4 first (every level present, 0 when none)."""
+    levels = {level: 0 for level in ("L4", "L3", "L2", "L1")}
+    for alert in open_alerts:
+        levels[alert.severity] += 1
+    return levels

@@ -12,7 +12,7 @@ labels are put in rows so that none covers another.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 MAX_POINTS = 600  # more than the pixels across: the rest would be drawn over each other
@@ -176,22 +176,7 @@ def healthy_range(
         if index is None or (start_from > 0 and points[start_from][0] > anchor):
             continue
         start = _run_up(values, start_from, index)
-        # The range held before: every healthy value up to the run-up, not only since the
-        # last episode (a second alert right after the first has no history of its own).
-        before = sorted(
-            v
-            for v, out in zip(values[:start], excluded, strict=False)
-            if not out and math.isfinite(v)
-        )
-        end = index + 1
-        if before:
-            low, high = _quantile(before, 0.01), _quantile(before, 0.99)
-            margin = max(high - low, abs(high) * 0.05, 1e-12) * 0.5
-            end = index
-            while end < len(values) and not (
-                math.isfinite(values[end]) and low - margin <= values[end] <= high + margin
-            ):
-                end += 1
+        end = _episode_end(values, excluded, start, index)
         for i in range(start, end):
             excluded[i] = True
         start_from = max(start_from, end)
@@ -202,6 +187,32 @@ def healthy_range(
         kept = sorted(v for v in values if math.isfinite(v))
     if not kept:
         return None
+    return _fenced_range(kept)
+
+
+def _episode_end(values: Sequence[float], excluded: Sequence[bool], start: int, index: int) -> int:
+    """Where the episode anchored at ``index`` (its run-up from ``start``) ends: at the first
+    value back inside the range held before, right after the anchor when there is no before."""
+    # The range held before: every healthy value up to the run-up, not only since the
+    # last episode (a second alert right after the first has no history of its own).
+    before = sorted(
+        v for v, out in zip(values[:start], excluded, strict=False) if not out and math.isfinite(v)
+    )
+    end = index + 1
+    if before:
+        low, high = _quantile(before, 0.01), _quantile(before, 0.99)
+        margin = max(high - low, abs(high) * 0.05, 1e-12) * 0.5
+        end = index
+        while end < len(values) and not (
+            math.isfinite(values[end]) and low - margin <= values[end] <= high + margin
+        ):
+            end += 1
+    return end
+
+
+def _fenced_range(kept: Sequence[float]) -> tuple[float, float]:
+    """The 1st-99th percentiles of the sorted healthy values, widened to the extreme values
+    within FENCE times that spread."""
     low, high = _quantile(kept, 0.01), _quantile(kept, 0.99)
     fence = FENCE * max(high - low, abs(high) * 1e-3, 1e-12)
     return (
@@ -268,26 +279,16 @@ def _chart(
     low, high, viewed = _value_view(points, events)
     tick_values, labels, left = _y_axis(low, high, height, pad)
     right = float(width - pad / 2)
-    span = step_max - step_min or 1
-
-    def x(step: int) -> float:
-        return round(left + (right - left) * (step - step_min) / span, 1)
-
+    x = _step_scale(step_min, step_max, left, right)
     markers, rows = _markers(events, x, right)
     top, bottom = float(pad / 2 + rows * LABEL_ROW_PX), float(height - pad)
-
-    def y(value: float) -> float:
-        value = min(high, max(low, value))  # beyond the view: on its edge, and marked
-        return round(bottom - (bottom - top) * (value - low) / (high - low), 1)
-
+    y = _value_scale(low, high, top, bottom)
     return Chart(
         width=width,
         height=height,
         segments=_segments([(x(step), y(v) if math.isfinite(v) else None) for step, v in points]),
         nonfinite=tuple(x(step) for step, value in points if not math.isfinite(value)),
-        markers=tuple(
-            Marker(**{**m.__dict__, "label_y": round(pad / 2 + m.label_y, 1)}) for m in markers
-        ),
+        markers=_below_top_pad(markers, pad),
         step_min=step_min,
         step_max=step_max,
         value_min=low if viewed else None,
@@ -300,6 +301,33 @@ def _chart(
         y_ticks=tuple(Tick(y(v), t) for v, t in zip(tick_values, labels, strict=True)),
         x_ticks=_x_ticks(step_min, step_max, x, right - left),
         **_clipped(points, low, high, x),
+    )
+
+
+def _step_scale(step_min: int, step_max: int, left: float, right: float) -> Callable[[int], float]:
+    """Where a step is drawn: its x between ``left`` and ``right``."""
+    span = step_max - step_min or 1
+
+    def x(step: int) -> float:
+        return round(left + (right - left) * (step - step_min) / span, 1)
+
+    return x
+
+
+def _value_scale(low: float, high: float, top: float, bottom: float) -> Callable[[float], float]:
+    """Where a value is drawn: its y between ``bottom`` (``low``) and ``top`` (``high``)."""
+
+    def y(value: float) -> float:
+        value = min(high, max(low, value))  # beyond the view: on its edge, and marked
+        return round(bottom - (bottom - top) * (value - low) / (high - low), 1)
+
+    return y
+
+
+def _below_top_pad(markers: Sequence[Marker], pad: int) -> tuple[Marker, ...]:
+    """The markers with their label rows moved below the chart's top padding."""
+    return tuple(
+        Marker(**{**m.__dict__, "label_y": round(pad / 2 + m.label_y, 1)}) for m in markers
     )
 
 

@@ -137,14 +137,7 @@ def request_escalation(
     layer's): such a request is refused at once, 409 with that reason, instead of waiting for a
     manager whose approval could never be carried out."""
     with audited(user, Action.REQUEST_ESCALATION, "job", job_id, context) as attempt:
-        job = scoped_get(
-            Job.objects, user, job_id, team_path="team_id", noun="job", attempt=attempt
-        )
-        alert = None
-        if alert_id is not None:
-            alert = Alert.objects.filter(pk=alert_id, job=job).first()
-            if alert is None:
-                raise NotFound(f"Job {job.name!r} has no alert {alert_id}.")
+        job, alert = _job_and_alert(user, job_id, alert_id, attempt)
         level = alert.severity if alert is not None else None
         attempt.check(decide(role_in_team(user, job.team_id), Action.REQUEST_ESCALATION, level))
         params = _clean_request(kind, params, reason, on_expiry)
@@ -156,18 +149,39 @@ def request_escalation(
             if why is not None:
                 raise Conflict(f"{why} A manager's approval could not be carried out.")
             request = _create_request(job, alert, user, kind, params, reason.strip(), on_expiry)
-            _timeline(
-                request,
-                TimelineKind.ESCALATION_REQUESTED,
-                f"Escalation #{request.pk} requested by {user}: {kind} {params or ''}".rstrip()
-                + f" ({request.reason})",
-                at=request.requested_at,
-                actor=user,
-            )
+            _record_requested(request, user, kind, params)
             attempt.succeeded(f"escalation #{request.pk} requested: {kind}")
             publish_escalation(request, "escalation.requested")
             transaction.on_commit(lambda: notify_managers_of_request(request.pk))
     return request
+
+
+def _job_and_alert(
+    user: User, job_id: int, alert_id: int | None, attempt: Attempt
+) -> tuple[Job, Alert | None]:
+    """The job (within the user's teams) and the alert the request is about, if one is named:
+    it must be that job's."""
+    job = scoped_get(Job.objects, user, job_id, team_path="team_id", noun="job", attempt=attempt)
+    if alert_id is None:
+        return job, None
+    alert = Alert.objects.filter(pk=alert_id, job=job).first()
+    if alert is None:
+        raise NotFound(f"Job {job.name!r} has no alert {alert_id}.")
+    return job, alert
+
+
+def _record_requested(
+    request: EscalationRequest, user: User, kind: str, params: dict[str, Any]
+) -> None:
+    """The request's timeline row: who asks for what, and why."""
+    _timeline(
+        request,
+        TimelineKind.ESCALATION_REQUESTED,
+        f"Escalation #{request.pk} requested by {user}: {kind} {params or ''}".rstrip()
+        + f" ({request.reason})",
+        at=request.requested_at,
+        actor=user,
+    )
 
 
 def _clean_request(

@@ -47,6 +47,18 @@ def _names(request: Request) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def _max_points(request: Request) -> int:
+    """How many buckets at most (default 2000)."""
+    return int_param(
+        request,
+        "max_points",
+        minimum=2,
+        maximum=history.MAX_POINTS_LIMIT,
+        default=2000,
+        blank_is_absent=True,
+    )
+
+
 def _ranks(request: Request) -> tuple[int, ...]:
     raw = request.query_params.get("ranks", "")
     parts = [part.strip() for part in raw.split(",") if part.strip()]
@@ -132,14 +144,7 @@ class SeriesView(PersonView):
         names = _names(request)
         from_step = _step_param(request, "from_step")
         to_step = _step_param(request, "to_step")
-        max_points = int_param(
-            request,
-            "max_points",
-            minimum=2,
-            maximum=history.MAX_POINTS_LIMIT,
-            default=2000,
-            blank_is_absent=True,
-        )
+        max_points = _max_points(request)
         rank = int_param(
             request, "rank", minimum=0, maximum=MAX_RANK, default=0, blank_is_absent=True
         )

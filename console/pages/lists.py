@@ -53,19 +53,23 @@ def _create(request: HttpRequest) -> None:
     attempt(request, "Silence created: those pages wait until it ends; brakes do not.", call)
 
 
+def _end(request: HttpRequest) -> None:
+    attempt(
+        request,
+        "Silence ended: pages go out again.",
+        lambda: end_silence(
+            signed_in(request),
+            int_field(request, "silence_id") or 0,
+            context=audit_context(request),
+        ),
+    )
+
+
 @login_required
 def silences_page(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         if request.POST.get("form") == "end":
-            attempt(
-                request,
-                "Silence ended: pages go out again.",
-                lambda: end_silence(
-                    signed_in(request),
-                    int_field(request, "silence_id") or 0,
-                    context=audit_context(request),
-                ),
-            )
+            _end(request)
         else:
             _create(request)
         return redirect("/silences/")

@@ -157,31 +157,48 @@ def raise_or_update_alert(
         incident, opened = None, False
         if signal.layer != Layer.PERFORMANCE:
             incident, opened = _lock_or_open_incident(job_id, signal, now)
-        existing = (
-            Alert.objects.select_for_update()
-            .filter(
-                fingerprint=alert_fingerprint(job_id, signal.rule_key, signal.node),
-                status__in=ACTIVE_ALERT_STATUSES,
-            )
-            .first()
-        )
+        existing = _lock_active_alert(job_id, signal)
         if existing is not None:
             return _update_alert(existing, incident, signal, now)
         alert = _create_alert(job_id, incident, signal, now)
         if incident is not None:
-            append_timeline(
-                incident.pk,
-                TimelineKind.ALERT_RAISED,
-                f"{alert.severity} {alert.rule_name}: {alert.description}",
-                at=now,
-                alert_id=alert.pk,
-                step=signal.step,
-                data={"alert_id": alert.pk, "severity": alert.severity, "action": alert.action},
-            )
-            if not opened:
-                _raise_incident_level(incident, alert, None, now, signal.step)
+            _record_raised(incident, alert, signal, now, incident_opened=opened)
         _publish(alert, "alert.raised")
     return AlertOutcome(alert, created=True, escalated=False, incident_opened=opened)
+
+
+def _lock_active_alert(job_id: int, signal: AlertSignal) -> Alert | None:
+    """The signal's active alert (same fingerprint), row-locked; None when there is none."""
+    return (
+        Alert.objects.select_for_update()
+        .filter(
+            fingerprint=alert_fingerprint(job_id, signal.rule_key, signal.node),
+            status__in=ACTIVE_ALERT_STATUSES,
+        )
+        .first()
+    )
+
+
+def _record_raised(
+    incident: Incident,
+    alert: Alert,
+    signal: AlertSignal,
+    now: datetime,
+    *,
+    incident_opened: bool,
+) -> None:
+    """The new alert's timeline row; joining an incident already open may raise its level."""
+    append_timeline(
+        incident.pk,
+        TimelineKind.ALERT_RAISED,
+        f"{alert.severity} {alert.rule_name}: {alert.description}",
+        at=now,
+        alert_id=alert.pk,
+        step=signal.step,
+        data={"alert_id": alert.pk, "severity": alert.severity, "action": alert.action},
+    )
+    if not incident_opened:
+        _raise_incident_level(incident, alert, None, now, signal.step)
 
 
 def resolve_alert(
@@ -196,15 +213,7 @@ def resolve_alert(
     last active alert. False when the alert was already resolved (nothing written)."""
     now = now or timezone.now()
     with transaction.atomic():
-        incident_id = Alert.objects.values_list("incident_id", flat=True).get(pk=alert_id)
-        incident = None
-        if incident_id is not None:
-            # FOR NO KEY UPDATE, as every incident lock here: it still orders the incident's
-            # writers, but lets through the foreign-key checks (FOR KEY SHARE) of rows that
-            # reference the incident. With FOR UPDATE, a heartbeat resolving the watchdog's
-            # alert (incident locked, waiting for the alert) deadlocked with the page of that
-            # alert (alert locked, its deliveries' check on the incident waiting at COMMIT).
-            incident = Incident.objects.select_for_update(no_key=True).get(pk=incident_id)
+        incident = _lock_alerts_incident(alert_id)
         won = compare_and_swap(
             Alert,
             alert_id,
@@ -217,18 +226,44 @@ def resolve_alert(
             return False
         alert = Alert.objects.select_related("job").get(pk=alert_id)  # as resolved
         if incident is not None:
-            append_timeline(
-                incident.pk,
-                TimelineKind.ALERT_RESOLVED,
-                f"{alert.rule_name} resolved: {reason}",
-                at=now,
-                alert_id=alert_id,
-                step=step,
-                data={"alert_id": alert_id, **(data or {})},
-            )
-            _resolve_incident_if_quiet(incident, now, step)
+            _record_resolved(incident, alert, reason, step, now, data)
         _publish(alert, "alert.resolved")
     return True
+
+
+def _lock_alerts_incident(alert_id: int) -> Incident | None:
+    """The alert's incident, row-locked before the alert (the lock order above); None when
+    the alert has none (a performance-layer finding)."""
+    incident_id = Alert.objects.values_list("incident_id", flat=True).get(pk=alert_id)
+    if incident_id is None:
+        return None
+    # FOR NO KEY UPDATE, as every incident lock here: it still orders the incident's
+    # writers, but lets through the foreign-key checks (FOR KEY SHARE) of rows that
+    # reference the incident. With FOR UPDATE, a heartbeat resolving the watchdog's
+    # alert (incident locked, waiting for the alert) deadlocked with the page of that
+    # alert (alert locked, its deliveries' check on the incident waiting at COMMIT).
+    return Incident.objects.select_for_update(no_key=True).get(pk=incident_id)
+
+
+def _record_resolved(
+    incident: Incident,
+    alert: Alert,
+    reason: str,
+    step: int | None,
+    now: datetime,
+    data: dict[str, Any] | None,
+) -> None:
+    """The resolved alert's timeline row; the incident resolves with its last active alert."""
+    append_timeline(
+        incident.pk,
+        TimelineKind.ALERT_RESOLVED,
+        f"{alert.rule_name} resolved: {reason}",
+        at=now,
+        alert_id=alert.pk,
+        step=step,
+        data={"alert_id": alert.pk, **(data or {})},
+    )
+    _resolve_incident_if_quiet(incident, now, step)
 
 
 def _lock_or_open_incident(

@@ -76,20 +76,7 @@ def clean_policy(data: dict[str, Any]) -> dict[str, Any]:
         except PolicyError as error:
             raise InvalidInput(str(error), fields={"rules": str(error)}) from None
     if "chat_webhook_url" in data:
-        url = data["chat_webhook_url"]
-        if not isinstance(url, str) or len(url) > 500:
-            raise InvalidInput(
-                "chat_webhook_url must be a URL of at most 500 characters.",
-                fields={"chat_webhook_url": "an http:// or https:// URL"},
-            )
-        if url:
-            try:
-                check_url(url)
-            except RefusedURL as refused:
-                raise InvalidInput(
-                    f"chat_webhook_url is refused: {refused}.",
-                    fields={"chat_webhook_url": str(refused)},
-                ) from None
+        _check_chat_webhook_url(data["chat_webhook_url"])
     if "chat_format" in data and data["chat_format"] not in ChatFormat.values:
         raise InvalidInput("Unknown chat format.", fields={"chat_format": "generic or slack"})
     timeout = data.get("ack_timeout_seconds", 300)
@@ -108,6 +95,23 @@ def clean_policy(data: dict[str, Any]) -> dict[str, Any]:
         if name in data and name not in clean:
             clean[name] = data[name]
     return clean
+
+
+def _check_chat_webhook_url(url: Any) -> None:
+    """A chat webhook is a URL of at most 500 characters the server may post to ("" for none)."""
+    if not isinstance(url, str) or len(url) > 500:
+        raise InvalidInput(
+            "chat_webhook_url must be a URL of at most 500 characters.",
+            fields={"chat_webhook_url": "an http:// or https:// URL"},
+        )
+    if url:
+        try:
+            check_url(url)
+        except RefusedURL as refused:
+            raise InvalidInput(
+                f"chat_webhook_url is refused: {refused}.",
+                fields={"chat_webhook_url": str(refused)},
+            ) from None
 
 
 def save_policy(
@@ -250,24 +254,10 @@ def ask_for_confirmation(
     """A paused job waits for a manager's confirmation (keep, resume, roll back): page the
     managers by chat and e-mail that someone asks for it, and note it on the timeline."""
     with audited(user, ASK_CONFIRMATION, "job", job_id, context) as attempt:
-        job = scoped_get(
-            Job.objects.select_related("team"),
-            user,
-            job_id,
-            team_path="team_id",
-            noun="job",
-            attempt=attempt,
-        )
-        attempt.check(decide(role_in_team(user, job.team_id), Action.PAUSE_JOB))
-        if job.status != JobStatus.PAUSED:
-            raise Conflict(f"Job {job.name!r} is {job.status}, not paused: nothing to confirm.")
+        job = _paused_job(user, job_id, attempt)
         managers = managers_of(job.team_id)
         incident = Incident.objects.filter(job=job).order_by("-opened_at", "-id").first()
-        message = Message(
-            f"{job.team.name}/{job.name} is paused: {user} asks a manager to confirm it "
-            "(keep paused, resume or roll back)",
-            (f"Note: {note.strip()}\n" if note.strip() else "") + f"Open: {job_link(job.pk)}",
-        )
+        message = _confirmation_message(job, user, note)
         with transaction.atomic():
             ids = queue_to(
                 job.team_id,
@@ -288,6 +278,31 @@ def ask_for_confirmation(
                 )
             attempt.succeeded(f"asked {names} to confirm the pause of {job.name}")
     return ids
+
+
+def _paused_job(user: User, job_id: int, attempt: Attempt) -> Job:
+    """The job (within the user's teams, who must be allowed to pause it), paused."""
+    job = scoped_get(
+        Job.objects.select_related("team"),
+        user,
+        job_id,
+        team_path="team_id",
+        noun="job",
+        attempt=attempt,
+    )
+    attempt.check(decide(role_in_team(user, job.team_id), Action.PAUSE_JOB))
+    if job.status != JobStatus.PAUSED:
+        raise Conflict(f"Job {job.name!r} is {job.status}, not paused: nothing to confirm.")
+    return job
+
+
+def _confirmation_message(job: Job, user: User, note: str) -> Message:
+    """The page asking a manager to confirm the pause, with the asker's note and a link."""
+    return Message(
+        f"{job.team.name}/{job.name} is paused: {user} asks a manager to confirm it "
+        "(keep paused, resume or roll back)",
+        (f"Note: {note.strip()}\n" if note.strip() else "") + f"Open: {job_link(job.pk)}",
+    )
 
 
 def notify_escalation_request(request_id: int, *, expired: bool) -> list[int]:

@@ -47,17 +47,8 @@ def paging_reach(team: Team, now: datetime | None = None) -> Reach:
         reach.problems.append("The team has no notification policy.")
         return reach
     policy = policy_for(team.pk)
-    on_call = who_is_on_call(team.pk, now)[:1]
-    people = on_call or managers_of(team.pk)
-    if not on_call:
-        reach.problems.append(
-            "Nobody is on call now: the managers are paged instead."
-            if people
-            else "Nobody is on call now and the team has no manager or admin."
-        )
-    phones = dict(
-        Contact.objects.filter(user__in=[p.pk for p in people]).values_list("user_id", "phone")
-    )
+    people = _first_round_people(reach, team.pk, now)
+    phones = _phones_of(people)
     reached: dict[str, None] = {}
     missing: dict[tuple[str, str], list[str]] = {}  # (person, address) -> channels failing
     for layer in PAGING_LAYERS:
@@ -82,6 +73,25 @@ def paging_reach(team: Team, now: datetime | None = None) -> Reach:
     reach.reached = list(reached)
     reach.pages_nobody = not reach.reached
     return reach
+
+
+def _first_round_people(reach: Reach, team_id: int, now: datetime) -> list[Any]:
+    """Whom a first round pages: the person on call, else the managers (a gap either way)."""
+    on_call = who_is_on_call(team_id, now)[:1]
+    people = on_call or managers_of(team_id)
+    if not on_call:
+        reach.problems.append(
+            "Nobody is on call now: the managers are paged instead."
+            if people
+            else "Nobody is on call now and the team has no manager or admin."
+        )
+    return people
+
+
+def _phones_of(people: list[Any]) -> dict[int, str]:
+    return dict(
+        Contact.objects.filter(user__in=[p.pk for p in people]).values_list("user_id", "phone")
+    )
 
 
 def _add(reach: Reach, problem: str) -> None:

@@ -117,16 +117,7 @@ def fire_round(round_id: int, *, now: datetime | None = None) -> list[int] | Non
     if alert_id is None:
         return []  # the alert (and its rounds) is gone; an ETA task outlived it
     with transaction.atomic():
-        # The alert's row lock orders this round against an acknowledgement (its UPDATE
-        # waits) and against a second copy of this task (which then finds the round fired).
-        # Only the alert's row (of=self): a plain FOR UPDATE over the join also locks the job
-        # and team rows, which ingest and acknowledgements lock job first, then alert — a
-        # deadlock the fire drills hit with nine sandboxes braking at once.
-        alert = (
-            Alert.objects.select_for_update(of=("self",))
-            .select_related("job__team")
-            .get(pk=alert_id)
-        )
+        alert = _lock_alert(alert_id)
         round_ = NotificationRound.objects.get(pk=round_id)
         if round_.status != RoundStatus.SCHEDULED:
             return []
@@ -155,6 +146,18 @@ def fire_round(round_id: int, *, now: datetime | None = None) -> list[int] | Non
             schedule_next_round(alert, round_, policy, now)
         transaction.on_commit(lambda: fan_out(ids))
     return ids
+
+
+def _lock_alert(alert_id: int) -> Alert:
+    """The round's alert, row-locked (with its job and team read along)."""
+    # The alert's row lock orders this round against an acknowledgement (its UPDATE
+    # waits) and against a second copy of this task (which then finds the round fired).
+    # Only the alert's row (of=self): a plain FOR UPDATE over the join also locks the job
+    # and team rows, which ingest and acknowledgements lock job first, then alert — a
+    # deadlock the fire drills hit with nine sandboxes braking at once.
+    return (
+        Alert.objects.select_for_update(of=("self",)).select_related("job__team").get(pk=alert_id)
+    )
 
 
 def schedule_next_round(
@@ -205,34 +208,52 @@ def plan_deliveries(
         targets = people[:1] if channel == "chat" else people
         for person in targets or [None]:
             address = address_for(channel, person, policy) if person or channel == "chat" else ""
-            delivery = Delivery.objects.create(
-                team_id=alert.job.team_id,
-                alert=alert,
-                round=round_,
-                incident_id=alert.incident_id,
-                recipient=person,
-                channel=channel,
-                address=address,
-                purpose=purpose_of(alert, round_),
-                first_line=fit(message.first_line, FIRST_LINE_LENGTH),
-                body=body,
-                lease_until=lease(now),
-                reply_code=new_reply_code() if channel in REPLY_CHANNELS else "",
-            )
+            delivery = _queue_page(alert, round_, person, channel, address, message, body, now)
             if not address:
                 finish_attempt(delivery, "failed", f"no {channel} address for {person}", None, now)
             else:
                 ids.append(delivery.pk)
     if not ids:  # the console's banner says so too (incidents.notifications.reach)
-        log.warning(
-            "team %r (id %s): %s alert %s round %s pages nobody (no address on any channel)",
-            alert.job.team.name,
-            alert.job.team_id,
-            alert.severity,
-            alert.pk,
-            round_.number,
-        )
+        _warn_pages_nobody(alert, round_)
     return ids
+
+
+def _queue_page(
+    alert: Alert,
+    round_: NotificationRound,
+    person: Any,
+    channel: str,
+    address: str,
+    message: Message,
+    body: str,
+    now: datetime,
+) -> Delivery:
+    """One queued page of the round to one person on one channel (leased to the sender)."""
+    return Delivery.objects.create(
+        team_id=alert.job.team_id,
+        alert=alert,
+        round=round_,
+        incident_id=alert.incident_id,
+        recipient=person,
+        channel=channel,
+        address=address,
+        purpose=purpose_of(alert, round_),
+        first_line=fit(message.first_line, FIRST_LINE_LENGTH),
+        body=body,
+        lease_until=lease(now),
+        reply_code=new_reply_code() if channel in REPLY_CHANNELS else "",
+    )
+
+
+def _warn_pages_nobody(alert: Alert, round_: NotificationRound) -> None:
+    log.warning(
+        "team %r (id %s): %s alert %s round %s pages nobody (no address on any channel)",
+        alert.job.team.name,
+        alert.job.team_id,
+        alert.severity,
+        alert.pk,
+        round_.number,
+    )
 
 
 def queue_message(
