@@ -64,8 +64,18 @@ def scoped_get(
         )
         attempt.team_id = owner
         if owner is not None:
-            attempt.reason = decide(None, attempt.action).reason
+            attempt.reason = _outsiders_reason(attempt.action)
     raise NotFound(f"There is no {noun} {pk}.")
+
+
+def _outsiders_reason(action: str) -> str:
+    """Why someone with no role in the owning team was refused, for its admins' audit trail.
+    An audited verb that is no action of the authority's own (asking a manager to confirm a
+    pause is allowed to whoever may pause) is refused for the same missing membership."""
+    try:
+        return decide(None, action).reason
+    except ValueError:
+        return "You have no role in this team."
 
 
 def _team_id_of(obj: models.Model, team_path: str) -> int:

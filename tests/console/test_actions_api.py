@@ -493,3 +493,18 @@ def test_checkpoints_saved_after_a_roll_back_descend_from_what_it_restored(
     assert next(e["path"] for e in listed if e.get("preselected")) == (
         "/ck/4800-after" if descendants_clean else "/ck/4000"
     )
+
+
+def test_asking_a_manager_to_confirm_is_for_whoever_may_pause_and_hides_other_teams_jobs(scene):
+    path = f"/api/v1/jobs/{scene.job_id}/ask-confirmation"
+    stranger = scene.api(None).post(path, {"note": "please"})
+    assert stranger.status_code == 404, stranger.content  # no 500: the same 404 as no such job
+    refused = AuditEntry.objects.get(action="ask_confirmation", allowed=False)
+    assert (refused.user, refused.team_id) == (scene.person(None), scene.team.pk)
+    assert refused.reason == "You have no role in this team."
+    assert scene.api("viewer").post(path, {}).status_code == 403
+    assert scene.api("oncall").post(path, {}).status_code == 409  # running: nothing to confirm
+    Job.objects.filter(pk=scene.job_id).update(status=JobStatus.PAUSED)
+    scene.person("manager")
+    asked = scene.api("oncall").post(path, {"note": "NaN at 48,200, keep it paused?"})
+    assert asked.status_code == 202, asked.content
