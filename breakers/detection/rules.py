@@ -3,8 +3,8 @@
 Rules are rows (``breakers.models.Rule``): team NULL for the default pack, a team's row with the
 same key replaces the default rule for that team, a team's row with a new key adds one.
 
-Building the rules (every row through ``Rule.to_spec``'s validation) costs more than a node's
-evaluation of a bundle does otherwise, and the rows change about never; so each process keeps
+Building the rules (every row through ``Rule.to_spec``'s validation) was a quarter of the
+worker's CPU per node bundle, and the rows change about never; so each process keeps
 the rules it built per team, with the fingerprint of the rows it built them from: an md5, computed
 by PostgreSQL, of the full text of every row the team's rules come from. Each call reads the
 fingerprint (one small statement) and rebuilds only when it differs. Being a digest of the rows'
