@@ -203,6 +203,8 @@ def set_up() -> None:
     code = os.environ.get("BUNDLE_COST_CODE")
     if code:  # the tree whose code serves (``--against``'s), before this one's
         sys.path.insert(0, code)
+        # Celery's Django fix-up puts the working directory first on the path, too.
+        os.chdir(code)
     set_up_django()
 
 
