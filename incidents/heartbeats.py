@@ -97,7 +97,7 @@ def record_heartbeat(
     from silence. The job finishes when every rank has — by ``finish_event``: "terminate"
     when the caller knows the processes were told to stop (their last beat may overtake the
     acknowledgement). ``known``: the job as read in the caller's transaction, with nothing
-    written to its row since (a node's other beats, ``record_steady_heartbeats``)."""
+    written to its row since (a node's other beats, ``record_node_heartbeats``)."""
     now = now or timezone.now()
     beat = RankBeat(rank or 0, step, status, pid, hostname, world_size, pace)
     job = known if known is not None else Job.objects.get(pk=job_id)
@@ -166,15 +166,17 @@ RANK_HEARTBEAT_FIELDS = tuple(
 )
 
 
-def record_steady_heartbeats(
+def record_node_heartbeats(
     job_id: int, beats: Sequence[RankBeat], now: datetime
 ) -> tuple[Job, list[int]]:
     """Several ranks' beats (a node's, in one transaction): every steady one of a rank that
     beats once here written as ``_record_rank_alone`` writes it, all in one read of the job
-    and its ranks' rows and one compare-and-swap UPDATE of those rows. Returns the job as
-    read, and the indexes of the beats left, in order, for ``record_heartbeat`` one at a time
-    (``known``: the job returned): the job-wide ones, a final job's (they may be refused), a rank's
-    second beat, and a steady one whose row another beat wrote in between."""
+    and its ranks' rows and one compare-and-swap UPDATE of those rows; the first beats of
+    its new ranks together (``_seat_new_ranks``). Returns the job as read (or as written
+    then), and the indexes of the beats left, in order, for ``record_heartbeat`` one at a
+    time (``known``: the job returned): the job-wide ones, a final job's (they may be
+    refused), a rank's second beat, and a steady one whose row another beat wrote in
+    between."""
     ranks = Counter(beat.rank for beat in beats)
     job, seats = _job_and_seats(job_id, [0, *ranks])
     if job.status in FINAL_JOB_STATUSES or 0 not in seats:
@@ -193,7 +195,47 @@ def record_steady_heartbeats(
         ):
             written.append((seat, previous))
     done = _write_seats(sorted(written, key=lambda each: each[0].pk))  # one lock order
+    newcomers = [
+        beat
+        for beat in beats
+        if ranks[beat.rank] == 1 and beat.rank not in seats and not _says_job_wide(job, beat)
+    ]
+    if newcomers:
+        job, seated = _seat_new_ranks(job_id, newcomers, now)
+        done |= seated
     return job, [i for i, beat in enumerate(beats) if ranks[beat.rank] > 1 or beat.rank not in done]
+
+
+def _seat_new_ranks(job_id: int, beats: list[RankBeat], now: datetime) -> tuple[Job, set[int]]:
+    """The first beats of ranks the job has no row for yet (a node's ranks starting), under
+    one lock of the job's row: their rows in one INSERT and the job's row written once, as
+    ``_record_job_heartbeat`` writes it for each. A job of 10,000 ranks starts in 1,250 such
+    transactions, not 10,000 queued on its row. Returns the job as written and the ranks
+    seated; a rank another transaction seated meanwhile (a retried bundle), or a beat that
+    says something of the whole job by now, is left to the one-at-a-time path."""
+    job = Job.objects.select_for_update().get(pk=job_id)
+    wanted = [beat for beat in beats if not _says_job_wide(job, beat)]
+    taken = JobRank.objects.filter(job=job, rank__in=[beat.rank for beat in wanted])
+    seated = set(taken.values_list("rank", flat=True))
+    seats = []
+    for beat in wanted:
+        if beat.rank not in seated:
+            seat = JobRank(job=job, rank=beat.rank)
+            _update_rank(job, seat, beat, now)
+            seats.append(seat)
+    if not seats:
+        return job, set()
+    JobRank.objects.bulk_create(seats)
+    job.last_heartbeat_at = now
+    job.heartbeat_deadline = _earliest_deadline(job)
+    newest = max(seat.step for seat in seats)
+    job.current_step = max(newest, job.current_step if job.current_step is not None else newest)
+    job.save(update_fields=["last_heartbeat_at", "heartbeat_deadline", "current_step"])
+    # No seat is a finished rank's or a new process under a known rank's number: what moves
+    # the job here is only the end of its silence.
+    if _move_on_heartbeat(job, seats[-1], False, "finish", now):
+        job.refresh_from_db()
+    return job, {seat.rank for seat in seats}
 
 
 def _job_and_seats(job_id: int, ranks: list[int]) -> tuple[Job, dict[int, JobRank]]:

@@ -36,7 +36,7 @@ from incidents.heartbeats import (
     RankBeat,
     RankPaceReport,
     record_heartbeat,
-    record_steady_heartbeats,
+    record_node_heartbeats,
 )
 from incidents.models import Job, JobStatus
 
@@ -183,12 +183,13 @@ def record_rank_heartbeat(job_id: int, heartbeat: HeartbeatIn) -> Job:
 def record_rank_heartbeats(job_id: int, heartbeats: Sequence[HeartbeatIn]) -> None:
     """Store several ranks' validated heartbeats (a node's, in one transaction), each as
     ``record_rank_heartbeat`` does: the steady beats of the ranks' own rows in one read and
-    one write (``record_steady_heartbeats``), the others one at a time, in order. Outside
+    one write, the first beats of new ranks in one (``record_node_heartbeats``), the others
+    one at a time, in order. Outside
     Slurm every beat's scheduler context is the same (none): it is stored once."""
     if not heartbeats:
         return
     beats = [_rank_beat(heartbeat) for heartbeat in heartbeats]
-    job, left = record_steady_heartbeats(job_id, beats, timezone.now())
+    job, left = record_node_heartbeats(job_id, beats, timezone.now())
     for index in left:
         job = _record(job_id, heartbeats[index], known=job)
     outside_slurm = not any(heartbeat.slurm_job_id for heartbeat in heartbeats)

@@ -21,6 +21,11 @@ RANKS = 8
 # their one compare-and-swap UPDATE, the Slurm context's (none) one UPDATE, the writers'
 # announcement, the job's step, the commands owed. The points' COPY is not a Django statement.
 STEADY_BUNDLE_STATEMENTS = 9
+# A bundle of a node's first beats, however many ranks: the transaction's two, the job and
+# the ranks' rows read (none yet), the job's row locked, the ranks seated meanwhile, their
+# one INSERT, the earliest deadline, the job's row written, the Slurm context's (none) one
+# UPDATE, the commands owed.
+NEW_RANKS_BUNDLE_STATEMENTS = 10
 
 
 def beat(rank: int, step: int, **extra) -> dict:
@@ -98,3 +103,60 @@ def test_a_beat_from_another_process_is_a_restart_not_a_steady_beat(steady_job):
     serve(steady_job, [batch(2, 4, beat(2, 4, pid=4242)), batch(3, 4, beat(3, 4))])
     seats = {s.rank: s.pid for s in JobRank.objects.filter(job_id=steady_job)}
     assert seats[2] == 4242 and seats[3] == 103
+
+
+def _start(job_id: int, world: int) -> None:
+    """Rank 0 beats first, alone (the job-wide beat that starts the job)."""
+    serve(job_id, [{"path": "heartbeat", "body": json.dumps(beat(0, 1, world_size=world))}])
+
+
+def _newcomers(world: int) -> list[dict]:
+    return [
+        {"path": "heartbeat", "body": json.dumps(beat(r, 1 + r % 3, world_size=world))}
+        for r in range(1, world)
+    ]
+
+
+@pytest.mark.parametrize("world", [8, 32])
+def test_a_nodes_new_ranks_are_seated_together_in_pinned_statements(make_agent, world):
+    """However many new ranks a bundle brings, one lock of the job's row, one INSERT and one
+    write of the job's row (one at a time, 8 statements a rank)."""
+    job_id = make_agent().job_id
+    _start(job_id, world)
+    _, statements = serve(job_id, _newcomers(world))
+    assert len(statements) == NEW_RANKS_BUNDLE_STATEMENTS, "\n".join(statements)
+    assert sum("INSERT INTO" in sql and "incidents_jobrank" in sql for sql in statements) == 1
+    seats = {seat.rank: seat for seat in JobRank.objects.filter(job_id=job_id)}
+    assert sorted(seats) == list(range(world))
+    job = Job.objects.get(pk=job_id)
+    assert job.heartbeat_deadline == min(seat.heartbeat_deadline for seat in seats.values())
+    assert job.current_step == 3 and job.world_size == world
+    assert all(
+        (s.step, s.status, s.pid) == (1 + r % 3, "running", 100 + r) for r, s in seats.items() if r
+    )
+
+
+def test_a_retried_bundle_of_new_ranks_seats_nobody_twice(make_agent):
+    job_id = make_agent().job_id
+    _start(job_id, RANKS)
+    serve(job_id, _newcomers(RANKS))
+    first = {seat.rank: seat.pk for seat in JobRank.objects.filter(job_id=job_id)}
+    serve(job_id, _newcomers(RANKS))  # the same beats again: steady ones now
+    assert {seat.rank: seat.pk for seat in JobRank.objects.filter(job_id=job_id)} == first
+
+
+def test_a_new_rank_that_resizes_the_job_comes_alone(make_agent):
+    job_id = make_agent().job_id
+    _start(job_id, RANKS)
+    parts = _newcomers(RANKS)[:3]
+    parts.append({"path": "heartbeat", "body": json.dumps(beat(4, 1, world_size=RANKS + 1))})
+    serve(job_id, parts)
+    job = Job.objects.get(pk=job_id)
+    assert job.world_size == RANKS + 1
+    assert sorted(JobRank.objects.filter(job_id=job_id).values_list("rank", flat=True)) == [
+        0,
+        1,
+        2,
+        3,
+        4,
+    ]
