@@ -9,12 +9,10 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from functools import cache
-from typing import Any, TypeVar
 
 from django.conf import settings
-from django.db import connection, transaction
-from django.db.models import Exists, Field, Min, OuterRef, Q
+from django.db import transaction
+from django.db.models import Exists, Min, OuterRef, Q
 from django.utils import timezone
 
 from core.errors import Conflict
@@ -31,8 +29,8 @@ from incidents.models import (
     TimelineKind,
     job_statuses_for,
 )
+from incidents.rank_rows import RANK_HEARTBEAT_FIELDS, job_and_seats, write_seats
 
-M = TypeVar("M", Job, JobRank)
 # Heartbeat timeout: the job's own setting, else this many measured step times, never below
 # the floor (settings.HEARTBEAT_TIMEOUT_FLOOR_SECONDS), and the default until a step time has
 # been measured (settings.HEARTBEAT_TIMEOUT_DEFAULT_SECONDS).
@@ -160,179 +158,94 @@ def _record_rank_alone(job: Job, beat: RankBeat, now: datetime) -> bool:
     return JobRank.objects.filter(pk=seat.pk, last_heartbeat_at=previous).update(**written) == 1
 
 
-# What a beat writes on its rank's row: all but the row's identity.
-RANK_HEARTBEAT_FIELDS = tuple(
-    f.attname for f in JobRank._meta.concrete_fields if f.name not in ("id", "job", "rank")
-)
-
-
 def record_node_heartbeats(
     job_id: int, beats: Sequence[RankBeat], now: datetime
 ) -> tuple[Job, list[int]]:
     """Several ranks' beats (a node's, in one transaction): every steady one of a rank that
     beats once here written as ``_record_rank_alone`` writes it, all in one read of the job
-    and its ranks' rows and one compare-and-swap UPDATE of those rows; the first beats of
-    its new ranks together (``_seat_new_ranks``). Returns the job as read (or as written
-    then), and the indexes of the beats left, in order, for ``record_heartbeat`` one at a
-    time (``known``: the job returned): the job-wide ones, a final job's (they may be
-    refused), a rank's second beat, and a steady one whose row another beat wrote in
-    between."""
+    and its ranks' rows and one compare-and-swap UPDATE of those rows; the beats that must
+    also write the job's row only for its deadline (a new rank, a rank back from silence, a
+    deadline nearer than the job's) together under one lock of it (``_write_with_the_job``).
+    Returns the job as read (or as written then), and the indexes of the beats left, in
+    order, for ``record_heartbeat`` one at a time (``known``: the job returned): the job-wide
+    ones, a final job's (they may be refused), a rank's second beat, a new process under a
+    rank's number, and a beat whose row another beat wrote in between."""
     ranks = Counter(beat.rank for beat in beats)
-    job, seats = _job_and_seats(job_id, [0, *ranks])
+    job, seats = job_and_seats(job_id, [0, *ranks])
     if job.status in FINAL_JOB_STATUSES or 0 not in seats:
         return job, list(range(len(beats)))
     written: list[tuple[JobRank, datetime]] = []
+    with_job: list[tuple[JobRank, datetime]] = []
+    new: list[JobRank] = []
     for beat in beats:
         seat = seats.get(beat.rank)
-        if ranks[beat.rank] > 1 or seat is None or _says_job_wide(job, beat):
+        if ranks[beat.rank] > 1 or _says_job_wide(job, beat) or _other_process(seat, beat):
             continue
-        if _rank_back_or_new(seat, beat, now):
+        if seat is None:
+            new.append(JobRank(job=job, rank=beat.rank))
+            _update_rank(job, new[-1], beat, now)
             continue
-        previous = seat.last_heartbeat_at
+        previous, overdue = seat.last_heartbeat_at, _overdue(seat, now)
         _update_rank(job, seat, beat, now)
-        if seat.heartbeat_deadline is None or (
-            job.heartbeat_deadline is not None and seat.heartbeat_deadline >= job.heartbeat_deadline
-        ):
-            written.append((seat, previous))
-    done = _write_seats(sorted(written, key=lambda each: each[0].pk))  # one lock order
-    newcomers = [
-        beat
-        for beat in beats
-        if ranks[beat.rank] == 1 and beat.rank not in seats and not _says_job_wide(job, beat)
-    ]
-    if newcomers:
-        job, seated = _seat_new_ranks(job_id, newcomers, now)
-        done |= seated
+        nearer = seat.heartbeat_deadline is not None and (
+            job.heartbeat_deadline is None or seat.heartbeat_deadline < job.heartbeat_deadline
+        )
+        (with_job if overdue or nearer else written).append((seat, previous))
+    done = write_seats(sorted(written, key=lambda each: each[0].pk))  # one lock order
+    if new or with_job:
+        job, more = _write_with_the_job(job, new, with_job, now)
+        done |= more
     return job, [i for i, beat in enumerate(beats) if ranks[beat.rank] > 1 or beat.rank not in done]
 
 
-def _seat_new_ranks(job_id: int, beats: list[RankBeat], now: datetime) -> tuple[Job, set[int]]:
-    """The first beats of ranks the job has no row for yet (a node's ranks starting), under
-    one lock of the job's row: their rows in one INSERT and the job's row written once, as
-    ``_record_job_heartbeat`` writes it for each. A job of 10,000 ranks starts in 1,250 such
+def _write_with_the_job(
+    read: Job, new: list[JobRank], known: list[tuple[JobRank, datetime]], now: datetime
+) -> tuple[Job, set[int]]:
+    """Ranks' beats that move the job's earliest deadline (each rank's row with the beat on
+    it: ``new`` ranks, and ``known`` ones with their last heartbeat as read), under one lock
+    of the job's row: the new ranks' rows in one INSERT, the others in one compare-and-swap
+    UPDATE, the job's row written once, as ``_record_job_heartbeat`` writes it for each. A
+    job of 10,000 ranks starts, or comes back from a console's stall, in 1,250 such
     transactions, not 10,000 queued on its row. Returns the job as written and the ranks
-    seated; a rank another transaction seated meanwhile (a retried bundle), or a beat that
-    says something of the whole job by now, is left to the one-at-a-time path."""
-    job = Job.objects.select_for_update().get(pk=job_id)
-    wanted = [beat for beat in beats if not _says_job_wide(job, beat)]
-    taken = JobRank.objects.filter(job=job, rank__in=[beat.rank for beat in wanted])
-    seated = set(taken.values_list("rank", flat=True))
-    seats = []
-    for beat in wanted:
-        if beat.rank not in seated:
-            seat = JobRank(job=job, rank=beat.rank)
-            _update_rank(job, seat, beat, now)
-            seats.append(seat)
-    if not seats:
+    written; a rank another transaction seated or wrote meanwhile (a retried bundle), or
+    every beat if the job's status or size changed since ``read`` (what made these beats
+    not job-wide), is left to the one-at-a-time path."""
+    job = Job.objects.select_for_update().get(pk=read.pk)
+    if (job.status, job.world_size) != (read.status, read.world_size):
         return job, set()
-    JobRank.objects.bulk_create(seats)
+    taken = JobRank.objects.filter(job=job, rank__in=[seat.rank for seat in new])
+    seated = set(taken.values_list("rank", flat=True)) if new else set()
+    new = JobRank.objects.bulk_create([seat for seat in new if seat.rank not in seated])
+    done = {seat.rank for seat in new} | write_seats(sorted(known, key=lambda each: each[0].pk))
+    if not done:
+        return job, done
     job.last_heartbeat_at = now
     job.heartbeat_deadline = _earliest_deadline(job)
-    newest = max(seat.step for seat in seats)
+    steps = [seat.step for seat in new] + [seat.step for seat, _ in known if seat.rank in done]
+    newest = max(steps)
     job.current_step = max(newest, job.current_step if job.current_step is not None else newest)
     job.save(update_fields=["last_heartbeat_at", "heartbeat_deadline", "current_step"])
-    # No seat is a finished rank's or a new process under a known rank's number: what moves
-    # the job here is only the end of its silence.
-    if _move_on_heartbeat(job, seats[-1], False, "finish", now):
+    # No beat here is a finished rank's or a new process's: what moves the job is only the
+    # end of its silence.
+    if _move_on_heartbeat(job, (new or [seat for seat, _ in known])[-1], False, "finish", now):
         job.refresh_from_db()
-    return job, {seat.rank for seat in seats}
-
-
-def _job_and_seats(job_id: int, ranks: list[int]) -> tuple[Job, dict[int, JobRank]]:
-    """The job and its rows of ``ranks`` in one statement (plain SQL: it is read for every
-    node's beats, and the ORM's building of it cost more than the rest of the write)."""
-    with connection.cursor() as cursor:
-        cursor.execute(_read_sql(), [ranks, job_id])
-        rows = cursor.fetchall()
-    if not rows:
-        raise Job.DoesNotExist(f"No job {job_id}.")
-    split = len(Job._meta.concrete_fields)
-    job = _from_row(Job, rows[0][:split])
-    seats = [_from_row(JobRank, row[split:]) for row in rows if row[split] is not None]
-    return job, {seat.rank: seat for seat in seats}
-
-
-@cache
-def _read_sql() -> str:
-    columns = [f"j.{_quoted(f.column)}" for f in Job._meta.concrete_fields]
-    columns += [f"r.{_quoted(f.column)}" for f in JobRank._meta.concrete_fields]
-    return (
-        f"SELECT {', '.join(columns)} FROM {Job._meta.db_table} AS j "
-        f"LEFT JOIN {JobRank._meta.db_table} AS r ON r.job_id = j.id AND r.rank = ANY(%s) "
-        "WHERE j.id = %s"
-    )
-
-
-def _quoted(column: str | None) -> str:
-    return connection.ops.quote_name(str(column))
-
-
-def _from_row(model: type[M], values: Sequence[Any]) -> M:
-    fields = model._meta.concrete_fields
-    if any(hasattr(field, "from_db_value") for field in fields):  # none of theirs, today
-        values = [
-            field.from_db_value(value, None, connection)
-            if hasattr(field, "from_db_value")
-            else value
-            for field, value in zip(fields, values, strict=True)
-        ]
-    return model.from_db(connection.alias, _attnames(model), values)
-
-
-@cache
-def _attnames(model: type[Job] | type[JobRank]) -> list[str]:
-    return [field.attname for field in model._meta.concrete_fields]
-
-
-def _write_seats(written: list[tuple[JobRank, datetime]]) -> set[int]:
-    """The ranks' rows in one UPDATE, each only if its last heartbeat is still the one read
-    (the compare-and-swap of ``_record_rank_alone``); the ranks written."""
-    if not written:
-        return set()
-    head, row, tail = _write_sql()
-    fields = _seat_fields()
-    params: list[Any] = []
-    for seat, previous in written:
-        params += [seat.pk, previous]
-        params += [
-            field.get_db_prep_save(getattr(seat, field.attname), connection) for field in fields
-        ]
-    with connection.cursor() as cursor:
-        cursor.execute(head + ", ".join([row] * len(written)) + tail, params)
-        return {rank for (rank,) in cursor.fetchall()}
-
-
-@cache
-def _seat_fields() -> list[Field]:
-    return [f for f in JobRank._meta.concrete_fields if f.attname in RANK_HEARTBEAT_FIELDS]
-
-
-@cache
-def _write_sql() -> tuple[str, str, str]:
-    """The UPDATE of ``_write_seats`` around its VALUES rows, and one row's placeholders."""
-    fields = _seat_fields()
-    types = [JobRank._meta.pk.rel_db_type(connection), "timestamptz"]
-    types += [field.db_type(connection) for field in fields]
-    columns = [_quoted(field.column) for field in fields]
-    head = (
-        f"UPDATE {JobRank._meta.db_table} AS r SET "
-        + ", ".join(f"{column} = v.{column}" for column in columns)
-        + " FROM (VALUES "
-    )
-    row = "(" + ", ".join(f"%s::{kind}" for kind in types) + ")"
-    tail = (
-        f") AS v(id, previous, {', '.join(columns)})"
-        " WHERE r.id = v.id AND r.last_heartbeat_at = v.previous RETURNING r.rank"
-    )
-    return head, row, tail
+    return job, done
 
 
 def _rank_back_or_new(seat: JobRank, beat: RankBeat, now: datetime) -> bool:
     """A rank that was past its deadline (its beat may end the job's silence), or finished,
     or another process under the rank's number (a restart)."""
-    overdue = seat.heartbeat_deadline is None or seat.heartbeat_deadline < now
-    other_process = seat.pid is not None and beat.pid is not None and beat.pid != seat.pid
-    return overdue or other_process
+    return _overdue(seat, now) or _other_process(seat, beat)
+
+
+def _overdue(seat: JobRank, now: datetime) -> bool:
+    return seat.heartbeat_deadline is None or seat.heartbeat_deadline < now
+
+
+def _other_process(seat: JobRank | None, beat: RankBeat) -> bool:
+    return (
+        seat is not None and seat.pid is not None and beat.pid is not None and beat.pid != seat.pid
+    )
 
 
 def _record_job_heartbeat(job_id: int, beat: RankBeat, finish_event: str, now: datetime) -> Job:

@@ -5,10 +5,12 @@ together), with every rank's row as its own beat would have left it."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from breakers.agent import service
 from breakers.agent.bundle import bundle_reply
@@ -26,6 +28,10 @@ STEADY_BUNDLE_STATEMENTS = 9
 # one INSERT, the earliest deadline, the job's row written, the Slurm context's (none) one
 # UPDATE, the commands owed.
 NEW_RANKS_BUNDLE_STATEMENTS = 10
+# Ranks back from a silence: the steady bundle's, and the job's row locked, its earliest
+# deadline read, its row written once, its silence ended (the mark cleared, the alert looked
+# for) and the job read back.
+RANKS_BACK_BUNDLE_STATEMENTS = 15
 
 
 def beat(rank: int, step: int, **extra) -> dict:
@@ -160,3 +166,20 @@ def test_a_new_rank_that_resizes_the_job_comes_alone(make_agent):
         3,
         4,
     ]
+
+
+def test_ranks_back_from_a_silence_come_back_together(steady_job):
+    """Ranks past their deadlines (a console that stalled): their beats write the job's row
+    once, under one lock, and end its silence (one at a time: 8 statements a rank)."""
+    past = timezone.now() - timedelta(seconds=1)
+    rank_0 = JobRank.objects.get(job_id=steady_job, rank=0).heartbeat_deadline
+    JobRank.objects.filter(job_id=steady_job, rank__gte=1).update(heartbeat_deadline=past)
+    Job.objects.filter(pk=steady_job).update(heartbeat_deadline=past, heartbeat_overdue_since=past)
+    parts = [batch(r, 3, beat(r, 3)) for r in range(1, RANKS)]
+    _, statements = serve(steady_job, parts)
+    assert len(statements) == RANKS_BACK_BUNDLE_STATEMENTS, "\n".join(statements)
+    job = Job.objects.get(pk=steady_job)
+    assert job.heartbeat_overdue_since is None
+    assert job.heartbeat_deadline == rank_0  # the earliest again
+    back = JobRank.objects.filter(job_id=steady_job, rank__gte=1)
+    assert all(seat.heartbeat_deadline > timezone.now() and seat.step == 3 for seat in back)
