@@ -15,14 +15,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bench._stack import daphne_command
 from tests.conftest import ROOT, server_environment, wait_for_port
+from tests.support.authz import make_member
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 # The deadlines below are written for a quiet machine and stretched by this factor: a training
 # subprocess that imports torch on a loaded 2-core machine can take a minute to reach its first
 # step. Waiting longer costs only a failing test's time; a process that dies fails at once.
 PATIENCE = float(os.environ.get("BRAKELINE_TEST_PATIENCE", "4"))
+# A test module on the whole live stack: the console in its own process commits what the test
+# reads, and the worker runs the rules on what the training sends.
+LIVE_STACK_MARKS = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.slow,
+    pytest.mark.usefixtures("worker"),
+]
+# The default pack's rules that brake a non-finite step (docs/recovery.md).
+NAN_RULES = ("non-finite-loss-or-gradients", "update-refused-by-guard")
 
 
 def training_environment(url: str | None, token: str | None) -> dict[str, str]:
@@ -169,6 +181,21 @@ def wait_for(
         f"still waiting after {timeout * PATIENCE:.0f} s for {what}"
         + (f"\n{training.tail()}" if training else "")
     )
+
+
+def recover_automatically(job_id: int, **fields: Any) -> None:
+    """The team's admin switches both NaN rules to recover automatically (one version); fields
+    are further settings of those rules, such as ``recovery_budget``."""
+    from breakers.detection import rulesets
+    from incidents.models import Job
+
+    team = Job.objects.get(pk=job_id).team
+    admin = make_member(team, "admin")
+    changes = [
+        {"op": "update", "key": key, "fields": {"recovery": "recover", **fields}}
+        for key in NAN_RULES
+    ]
+    rulesets.change_rules(admin, team.pk, "NaN batches: recover automatically", changes)
 
 
 def sha256_of_path(path: str | Path) -> str:

@@ -10,9 +10,6 @@ records its verdict, then rolls back to the last clean checkpoint, as the system
 
 from __future__ import annotations
 
-import pytest
-
-from breakers.detection import rulesets
 from breakers.models import Command, CommandKind, CommandStatus
 from incidents.models import (
     ActorKind,
@@ -25,29 +22,13 @@ from incidents.models import (
     TimelineEntry,
 )
 from incidents.reviews.writeup import load_review
-from tests.brakeline.live import wait_for
+from tests.brakeline.live import LIVE_STACK_MARKS, recover_automatically, wait_for
 from tests.support.authz import make_member
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.slow,
-    pytest.mark.usefixtures("worker"),
-]
+pytestmark = LIVE_STACK_MARKS
 
 STEPS = 60
 POISON_AT = 30
-NAN_RULES = ("non-finite-loss-or-gradients", "update-refused-by-guard")
-
-
-def _recover_automatically(job_id: int) -> None:
-    """The team's admin switches both NaN rules to recover automatically (one version)."""
-    team = Job.objects.get(pk=job_id).team
-    admin = make_member(team, "admin")
-    changes = [
-        {"op": "update", "key": key, "fields": {"recovery": "recover", "recovery_budget": 3}}
-        for key in NAN_RULES
-    ]
-    rulesets.change_rules(admin, team.pk, "NaN batches: recover automatically", changes)
 
 
 def _start(training, name: str, console: dict, *poison: int):
@@ -76,7 +57,7 @@ def _events(incident: Incident) -> list[tuple[int, str, str]]:
 
 
 def test_a_poisoned_batch_is_recovered_automatically_bit_for_bit(live_console, agent, training):
-    _recover_automatically(agent.job_id)
+    recover_automatically(agent.job_id, recovery_budget=3)
     reference = training.start(
         "train_rollback.py", "reference", "--steps", STEPS, "--skip-step", POISON_AT
     )
@@ -136,7 +117,7 @@ def _every_step_on_the_timeline(recovery: Recovery, resume: Command) -> None:
 def test_the_same_poison_right_after_a_recovery_is_stopped_not_looped(
     live_console, agent, training
 ):
-    _recover_automatically(agent.job_id)
+    recover_automatically(agent.job_id, recovery_budget=3)
     console = {"url": live_console, "token": agent.token}
     braked = _start(training, "repeat", console, POISON_AT, POISON_AT + 1)
     wait_for(

@@ -11,10 +11,7 @@ team's NaN rules recover automatically (docs/recovery.md).
 
 from __future__ import annotations
 
-import pytest
-
 from breakers.control.job_actions import terminate_job
-from breakers.detection import rulesets
 from breakers.models import Command, CommandKind
 from incidents.models import (
     Job,
@@ -25,25 +22,13 @@ from incidents.models import (
     RecoveryVerdict,
     TimelineEntry,
 )
-from tests.brakeline.live import wait_for
+from tests.brakeline.live import LIVE_STACK_MARKS, recover_automatically, wait_for
 from tests.support.authz import make_member
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.slow,
-    pytest.mark.usefixtures("worker"),
-]
+pytestmark = LIVE_STACK_MARKS
 
 STEPS = 50
 AT = 30
-NAN_RULES = ("non-finite-loss-or-gradients", "update-refused-by-guard")
-
-
-def _recover_automatically(job_id: int) -> None:
-    team = Job.objects.get(pk=job_id).team
-    admin = make_member(team, "admin")
-    changes = [{"op": "update", "key": key, "fields": {"recovery": "recover"}} for key in NAN_RULES]
-    rulesets.change_rules(admin, team.pk, "NaN batches: recover automatically", changes)
 
 
 def _start(training, name: str, *args, **console):
@@ -78,7 +63,7 @@ def _flags(recovery: Recovery) -> list[TimelineEntry]:
 
 
 def test_a_batch_that_gives_nan_again_is_the_datas_recovered_past(live_console, agent, training):
-    _recover_automatically(agent.job_id)
+    recover_automatically(agent.job_id)
     reference = _start(training, "reference", "--skip-step", AT)
     console = {"url": live_console, "token": agent.token}
     braked = _start(training, "data", "--rerun", "--poison-at", AT, **console)
@@ -107,7 +92,7 @@ def test_a_batch_that_gives_nan_again_is_the_datas_recovered_past(live_console, 
 
 
 def test_a_one_off_nan_in_a_gradient_isolates_and_pages_the_node(live_console, agent, training):
-    _recover_automatically(agent.job_id)
+    recover_automatically(agent.job_id)
     console = {"url": live_console, "token": agent.token}
     braked = _start(training, "transient", "--rerun", "--flip-at", AT, **console)
     recovery = _verdict(agent.job_id, braked)

@@ -1,13 +1,16 @@
 """Fixtures of the fire drills (a plugin: name them as parameters): a real beat (the
 watchdog), and ``drill_team``, the team ``research`` with its people, its on-call shift and its
-policy's endpoints (the receiver stands in for the chat webhook and the SMS/phone provider)."""
+policy's endpoints (the receiver stands in for the chat webhook and the SMS/phone provider);
+and ``drill()``, which runs ``manage.py drill`` for that team (import it)."""
 
 from __future__ import annotations
 
+import io
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from django.core.management import CommandError, call_command
 
 from tests.support.beat import running_beat
 
@@ -47,3 +50,16 @@ def drill_team(receiver, settings, tmp_path) -> Any:
         team=team, defaults={"chat_webhook_url": receiver.url + "/hooks/chat"}
     )
     return team
+
+
+def drill(live_console: str, *arguments: str) -> tuple[str, int]:
+    """``manage.py drill`` for ``drill_team`` against the live console, to its end: what it
+    printed and its exit code (0 when every line passed)."""
+    out = io.StringIO()
+    try:
+        call_command(
+            "drill", "--team", "research", "--console-url", live_console, *arguments, stdout=out
+        )
+        return out.getvalue(), 0
+    except CommandError as error:
+        return out.getvalue(), error.returncode

@@ -10,7 +10,6 @@ and on that line only.
 
 from __future__ import annotations
 
-import io
 import json
 import shlex
 import sys
@@ -19,7 +18,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from breakers.drills import workloads
@@ -27,6 +25,7 @@ from breakers.drills.scenarios import DRILL_SET, rehearses_recovery
 from breakers.models import DrillCheck, DrillRun, DrillStatus
 from incidents.models import Alert, Delivery, Job, Recovery
 from incidents.notifications.sweep import undispatched_alerts
+from tests.support.drills import drill
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -46,17 +45,6 @@ LINES = [
     "timeline complete",
 ]
 RECOVERY_LINES = ["verdict recorded", "rolled back", "step skipped", "resumed", "time to recover"]
-
-
-def drill(live_console: str, *arguments: str) -> tuple[str, int]:
-    out = io.StringIO()
-    try:
-        call_command(
-            "drill", "--team", "research", "--console-url", live_console, *arguments, stdout=out
-        )
-        return out.getvalue(), 0
-    except CommandError as error:
-        return out.getvalue(), error.returncode
 
 
 def shorten_the_hang_deadline(settings) -> None:

@@ -11,11 +11,9 @@ through the goodput ledger, whose figures must be its own timeline's, to the sec
 
 from __future__ import annotations
 
-import io
 from datetime import timedelta
 
 import pytest
-from django.core.management import CommandError, call_command
 
 from breakers.detection.rules import effective_rules
 from breakers.ledger import goodput_ledger
@@ -30,6 +28,7 @@ from incidents.models import (
     RecoveryVerdict,
     TimelineEntry,
 )
+from tests.support.drills import drill
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -52,17 +51,6 @@ LINES = [
     "resumed",
     "time to recover",
 ]
-
-
-def drill(live_console: str, *arguments: str) -> tuple[str, int]:
-    out = io.StringIO()
-    try:
-        call_command(
-            "drill", "--team", "research", "--console-url", live_console, *arguments, stdout=out
-        )
-        return out.getvalue(), 0
-    except CommandError as error:
-        return out.getvalue(), error.returncode
 
 
 def test_a_drill_of_the_recovery_path_recovers_its_own_sandbox(live_console, drill_team):
