@@ -115,14 +115,23 @@ def test_a_failing_save_fails_with_the_errno_of_a_full_disk(run, monkeypatch):
 
 def test_heartbeat_loss_stops_stepping_until_a_command_arrives(run, monkeypatch):
     monkeypatch.setenv(SANDBOX_VARIABLE, "1")
-    progress = []
-    threading.Timer(0.6, lambda: progress.append(run._state.progress)).start()
-    resume = {"id": "r", "kind": "resume", "params": {}}
-    threading.Timer(1.2, run.inbox.offer, args=(resume,)).start()
-    started = time.monotonic()
+    seen: list[tuple[int, float]] = []
+
+    def resume_once_stalled() -> None:
+        """Once the boundaries of steps 0 and 1 are counted (however slow the machine), a
+        while without a step, then the command that ends the stall."""
+        waited = time.monotonic() + 60
+        while run._state.progress < 2 and time.monotonic() < waited:
+            time.sleep(0.01)
+        time.sleep(0.6)
+        seen.append((run._state.progress, time.monotonic()))
+        run.inbox.offer({"id": "r", "kind": "resume", "params": {}})
+
+    threading.Thread(target=resume_once_stalled, daemon=True).start()
     train(run, 3, ("heartbeat_loss", 2, {"seconds": 30, "answer_after": 0.5}))
-    assert time.monotonic() - started >= 1.6  # it stalled until the command came, and 0.5 s
-    assert progress == [2]  # the boundaries of steps 0 and 1, nothing while stalled
+    [(progress, offered_at)] = seen
+    assert progress == 2  # the boundaries of steps 0 and 1, nothing while stalled
+    assert time.monotonic() - offered_at >= 0.5  # it went on only answer_after past the command
     assert [a["id"] for a in run.acknowledgements] == ["f-heartbeat_loss", "r"]
 
 
