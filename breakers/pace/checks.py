@@ -82,19 +82,37 @@ def check_job(job_id: int, now: datetime | None = None) -> list[Score]:
         }
         steps = {seat.rank: seat.step for seat in seats}
         found = scores(list(paces.values()))
+        _remember(job_id, paces, found)
+        # The findings last: raising one locks the job's row (its ingest's too) to the commit.
         for score in found:
-            pace = paces[score.rank]
             if score.straggler:
                 raise_or_update_alert(job_id, _signal(score, steps[score.rank], now), now=now)
-            elif pace.flagged:
+            elif paces[score.rank].flagged:
                 _resolve(job_id, score)
-            usual, samples = next_usual(pace, score.straggler)
-            RankPaceHistory.objects.update_or_create(
+    return found
+
+
+def _remember(job_id: int, paces: dict[int, RankPace], found: list[Score]) -> None:
+    """Every scored rank's usual pace and flag, in one upsert on the job and rank (one
+    statement for a job of 10,000 ranks, not three a rank)."""
+    rows = []
+    for score in found:
+        usual, samples = next_usual(paces[score.rank], score.straggler)
+        rows.append(
+            RankPaceHistory(
                 job_id=job_id,
                 rank=score.rank,
-                defaults={"usual_step_time": usual, "samples": samples, "flagged": score.straggler},
+                usual_step_time=usual,
+                samples=samples,
+                flagged=score.straggler,
             )
-    return found
+        )
+    RankPaceHistory.objects.bulk_create(
+        rows,
+        update_conflicts=True,
+        unique_fields=["job", "rank"],
+        update_fields=["usual_step_time", "samples", "flagged"],
+    )
 
 
 def _resolve(job_id: int, score: Score) -> None:

@@ -120,3 +120,43 @@ def test_under_lockstep_the_rank_doing_more_work_is_flagged_by_its_compute_time(
     watchdog_tick(lambda command_id: None)
     alert.refresh_from_db()
     assert alert.status == AlertStatus.RESOLVED
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("world", [8, 256])
+def test_the_check_of_a_job_costs_the_same_statements_at_any_size(make_agent, world):
+    """Every rank's pace remembered in one upsert: a job of 10,000 ranks is not 30,000
+    statements holding its history's rows (and, past a finding, its job's row)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    from django.utils import timezone
+
+    from breakers.models import RankPaceHistory
+    from breakers.pace.checks import check_job
+    from incidents.models import Job, JobRank
+
+    job_id = make_agent().job_id
+    Job.objects.filter(pk=job_id).update(status="running", world_size=world)
+    now = timezone.now()
+    JobRank.objects.bulk_create(
+        JobRank(
+            job_id=job_id,
+            rank=r,
+            step=9,
+            step_time_seconds=1.0 + r % 2 / 100,
+            last_heartbeat_at=now,
+            status="running",
+        )
+        for r in range(world)
+    )
+    counts = []
+    for _ in range(2):  # the first check seats the history, the second updates it
+        with CaptureQueriesContext(connection) as queries:
+            check_job(job_id, now)
+        counts.append(len(queries))
+    assert counts == [STATEMENTS_PER_CHECK] * 2, [q["sql"][:60] for q in queries]
+    assert RankPaceHistory.objects.filter(job_id=job_id, samples=2).count() == world
+
+
+# The transaction's two, the running ranks read, their history locked, one upsert.
+STATEMENTS_PER_CHECK = 5
