@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -59,36 +58,36 @@ def _timed(seats: list[JobRank]) -> tuple[list[JobRank], str]:
 
 
 def check_job(job_id: int, now: datetime | None = None) -> list[Score]:
-    """Score the job's running ranks, raise or resolve their findings; the scores."""
+    """Score the job's running ranks, raise or resolve their findings; the scores.
+
+    Each finding in a transaction of its own: raising one locks the job's row (which its
+    ingest writes too) for that finding only, however many ranks of a large job straggle.
+    The ranks' learnt paces and flags are written last, in one statement: a check that dies
+    before then leaves the old flags, and the next check raises or resolves the same findings
+    again (by their fingerprints) — never a finding left open with its flag cleared."""
     now = now or timezone.now()
     seats, basis = _timed(list(JobRank.objects.filter(job_id=job_id, status=AgentStatus.RUNNING)))
-    with transaction.atomic():
-        history = {
-            h.rank: h for h in RankPaceHistory.objects.select_for_update().filter(job_id=job_id)
-        }
-        paces = {
-            seat.rank: RankPace(
-                seat.rank,
-                seat.hostname,
-                float(
-                    (seat.compute_seconds if basis == "compute" else seat.step_time_seconds) or 0.0
-                ),
-                history[seat.rank].usual_step_time if seat.rank in history else None,
-                history[seat.rank].samples if seat.rank in history else 0,
-                history[seat.rank].flagged if seat.rank in history else False,
-                basis,
-            )
-            for seat in seats
-        }
-        steps = {seat.rank: seat.step for seat in seats}
-        found = scores(list(paces.values()))
-        _remember(job_id, paces, found)
-        # The findings last: raising one locks the job's row (its ingest's too) to the commit.
-        for score in found:
-            if score.straggler:
-                raise_or_update_alert(job_id, _signal(score, steps[score.rank], now), now=now)
-            elif paces[score.rank].flagged:
-                _resolve(job_id, score)
+    history = {h.rank: h for h in RankPaceHistory.objects.filter(job_id=job_id)}
+    paces = {
+        seat.rank: RankPace(
+            seat.rank,
+            seat.hostname,
+            float((seat.compute_seconds if basis == "compute" else seat.step_time_seconds) or 0.0),
+            history[seat.rank].usual_step_time if seat.rank in history else None,
+            history[seat.rank].samples if seat.rank in history else 0,
+            history[seat.rank].flagged if seat.rank in history else False,
+            basis,
+        )
+        for seat in seats
+    }
+    steps = {seat.rank: seat.step for seat in seats}
+    found = scores(list(paces.values()))
+    for score in found:
+        if score.straggler:
+            raise_or_update_alert(job_id, _signal(score, steps[score.rank], now), now=now)
+        elif paces[score.rank].flagged:
+            _resolve(job_id, score)
+    _remember(job_id, paces, found)
     return found
 
 
