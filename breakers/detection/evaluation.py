@@ -10,6 +10,9 @@
 5. save the new cursor and engine state.
 Alerts, cursor and state commit together or not at all, so a worker killed mid-task (the task
 is redelivered: ``acks_late``) or a task delivered twice neither loses nor doubles an alert.
+Nor does a brake due while some of a multi-rank job's ranks hold and the others' holds are on
+their way (``AwaitHolds``, ``breakers.control.apply_at``): its chunk rolls back whole, and the
+task evaluates it again a moment later, the brake then named where every rank holds.
 
 Order of points: a job's batches are written concurrently, so its ids are not in commit
 order; a chunk ends at the job's horizon (``breakers.storage.writers``), below which no batch

@@ -13,6 +13,7 @@ import pytest
 from django.db.models import F
 
 from breakers.models import Command, CommandAck, EvaluationState
+from breakers.storage.points import stored_points
 from incidents.models import Alert, Job, JobStatus
 from tests.support.waiting import wait_for
 
@@ -84,8 +85,15 @@ def test_the_brake_awaits_the_last_nodes_hold_and_applies_at_the_held_step(agent
     hold(job, "gpu-b", NODES["gpu-b"])
     command = the_brake(agent.job_id)
     assert command.apply_at_step == HELD  # not a margin of steps past the anomaly
-    state = EvaluationState.objects.get(job_id=agent.job_id)
-    assert state.holds_awaited_since is None
+    # Every point evaluated once: the chunk that awaited the holds was kept by no look.
+    stored = stored_points(agent.job_id)
+    state = wait_for(
+        lambda: EvaluationState.objects.filter(
+            job_id=agent.job_id, cursor=max(p.id for p in stored)
+        ).first(),
+        "every point evaluated",
+    )
+    assert state.points_evaluated == len(stored) and state.holds_awaited_since is None
     alert = Alert.objects.get(job_id=agent.job_id, rule_key="update-refused-by-guard", node="gpu-a")
     assert alert.first_step == HELD
 
