@@ -115,10 +115,11 @@ def _incident_of(job_id: int) -> int | None:
 def seconds_to_gather_holds(alert: Alert, waiting_since: datetime | None, now: datetime) -> float:
     """How long the alert's brake should still wait for the job's other ranks to hold
     (``breakers.control.apply_at``, "Gathering the holds"); 0: brake now. Only a brake named
-    at one step for all ranks waits, and never an inference job's (it holds no step)."""
-    kinds = ACTION_COMMANDS.get(alert.action, ())
+    at one step for all ranks waits, never an inference job's (it holds no step), nor one the
+    job's state would refuse anyway (a second node's alert once the job is pausing)."""
     job = alert.job
-    if job.kind == JobKind.INFERENCE or STEP_SYNCED_KINDS.isdisjoint(kinds):
+    synced = STEP_SYNCED_KINDS.intersection(ACTION_COMMANDS.get(alert.action, ()))
+    if job.kind == JobKind.INFERENCE or all(job.status not in ACCEPTED_IN[k] for k in synced):
         return 0.0
     return hold_gather_seconds(job, waiting_since, now)
 
