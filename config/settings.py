@@ -509,6 +509,10 @@ EXECUTOR_GRACE_SECONDS = env_seconds("BRAKELINE_EXECUTOR_GRACE_SECONDS", 10.0)
 # some ranks acknowledged and others not after this long is a "split job" alert (L3).
 COMMAND_APPLY_MARGIN_SECONDS = env_seconds("BRAKELINE_COMMAND_APPLY_MARGIN_SECONDS", 3.0)
 COMMAND_SPLIT_SECONDS = env_seconds("BRAKELINE_COMMAND_SPLIT_SECONDS", 30.0)
+# A multi-rank job's brake while some of its ranks hold on their step guard and the others'
+# holds are still on their way: issued once every rank holds (at the held step), or after
+# this long (with the margin above); breakers.control.apply_at. 0: never wait.
+HOLD_GATHER_SECONDS = env_seconds("BRAKELINE_HOLD_GATHER_SECONDS", 2.0)
 # Silences and acknowledgement deadlines are judged only up to the web tier's last beacon
 # (breakers.control.hearing): the console's own outage is not the jobs' silence. Not an
 # operator's setting: the test suite's in-process watchdog, whose clock tests move, turns it

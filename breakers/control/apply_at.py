@@ -14,6 +14,15 @@ command reached late still holds at the same step).
 ``apply_at_step_for`` reads the job's ranks. A rank's last heartbeat is up to an interval
 old: its step is projected to now at its measured step time, or a fast job's apply step would
 be behind it before the command left.
+
+Gathering the holds: a NaN poisons every rank's all-reduced gradients, so every rank's guard
+holds at the same step, but their "holding" heartbeats reach the console over a fraction of a
+second, node by node, and the first node's offending point is evaluated before the last
+node's hold has landed. Named then, the brake would take the margin and release the held
+ranks to train past the anomaly. So the evaluator waits for them: a brake of a multi-rank
+job some but not all of whose ranks hold is not issued until every rank holds or
+``HOLD_GATHER_SECONDS`` have passed since the evaluator first waited (a rank that died
+holds never: the brake then takes the margin). ``hold_gather_wait`` is that rule (pure).
 """
 
 from __future__ import annotations
@@ -89,6 +98,30 @@ def choose_apply_at_step(
     # must still be brakable, and no bigint column holds one step more.
     ahead = max(highest_step or 0, 0) + margin_steps(step_time_seconds, margin_seconds)
     return min(ahead, MAX_STEP)
+
+
+def hold_gather_wait(
+    world_size: int | None, holding: int, waited: float | None, bound: float
+) -> float:
+    """Seconds a brake still waits for the job's other ranks to hold, 0 to issue it now:
+    ``holding`` of ``world_size`` ranks say they hold, and the evaluator has waited
+    ``waited`` seconds for the rest (None: not yet). No rank holding is a job whose guard
+    did not stop it (or no guard): nothing to wait for; every rank holding, nothing left."""
+    if bound <= 0 or (world_size or 1) <= 1 or holding <= 0 or holding >= (world_size or 1):
+        return 0.0
+    if waited is None:
+        return bound
+    return max(0.0, bound - max(waited, 0.0))
+
+
+def hold_gather_seconds(job: Job, waiting_since: datetime | None, now: datetime) -> float:
+    """``hold_gather_wait`` for ``job`` as its ranks' rows say now (read only for a brake
+    about to be issued, never for an ordinary evaluation)."""
+    if (job.world_size or 1) <= 1 or settings.HOLD_GATHER_SECONDS <= 0:
+        return 0.0
+    holding = JobRank.objects.filter(job_id=job.pk, status=AgentStatus.HOLDING).count()
+    waited = None if waiting_since is None else (now - waiting_since).total_seconds()
+    return hold_gather_wait(job.world_size, holding, waited, settings.HOLD_GATHER_SECONDS)
 
 
 def apply_at_step_for(job: Job, kind: str, now: datetime | None = None) -> int | None:

@@ -10,8 +10,11 @@ redelivered evaluation or a second worker issues nothing twice.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.db import transaction
 
+from breakers.control.apply_at import STEP_SYNCED_KINDS, hold_gather_seconds
 from breakers.control.commands import IDEMPOTENCY_KEY_LENGTH, issue_command
 from breakers.control.job_state import ACCEPTED_IN
 from breakers.control.replica_response import take_replica_out
@@ -107,6 +110,18 @@ def _state_refusal(job_id: int, kind: str) -> str | None:
 def _incident_of(job_id: int) -> int | None:
     incident = active_incident(job_id)
     return incident.pk if incident is not None else None
+
+
+def seconds_to_gather_holds(alert: Alert, waiting_since: datetime | None, now: datetime) -> float:
+    """How long the alert's brake should still wait for the job's other ranks to hold
+    (``breakers.control.apply_at``, "Gathering the holds"); 0: brake now. Only a brake named
+    at one step for all ranks waits, never an inference job's (it holds no step), nor one the
+    job's state would refuse anyway (a second node's alert once the job is pausing)."""
+    job = alert.job
+    synced = STEP_SYNCED_KINDS.intersection(ACTION_COMMANDS.get(alert.action, ()))
+    if job.kind == JobKind.INFERENCE or all(job.status not in ACCEPTED_IN[k] for k in synced):
+        return 0.0
+    return hold_gather_seconds(job, waiting_since, now)
 
 
 def brake_for_alert(alert: Alert) -> list[Command]:

@@ -10,6 +10,9 @@
 5. save the new cursor and engine state.
 Alerts, cursor and state commit together or not at all, so a worker killed mid-task (the task
 is redelivered: ``acks_late``) or a task delivered twice neither loses nor doubles an alert.
+Nor does a brake due while some of a multi-rank job's ranks hold and the others' holds are on
+their way (``AwaitHolds``, ``breakers.control.apply_at``): its chunk rolls back whole, and the
+task evaluates it again a moment later, the brake then named where every rank holds.
 
 Order of points: a job's batches are written concurrently, so its ids are not in commit
 order; a chunk ends at the job's horizon (``breakers.storage.writers``), below which no batch
@@ -26,13 +29,14 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connection, transaction
+from django.utils import timezone
 
-from breakers.control.braking import brake_for_alert
+from breakers.control.braking import brake_for_alert, seconds_to_gather_holds
 from breakers.detection import shadow
 from breakers.detection.batch import PointBatch, chunk_points, feed_batch
 from breakers.detection.engine import Finding, JobEvaluator, RuleSpec
@@ -49,7 +53,7 @@ from incidents.alerts.lifecycle import (
     resolve_alert,
     settle_incident,
 )
-from incidents.models import Job, Layer, TimelineEntry, TimelineKind
+from incidents.models import Alert, Job, Layer, TimelineEntry, TimelineKind
 from incidents.notifications.rounds import notify_alert
 
 log = logging.getLogger(__name__)
@@ -68,6 +72,7 @@ class EvaluationReport:
     escalated: int = 0
     resolved: int = 0
     shadow: int = 0  # would-have-fired findings of shadow rules, recorded and not acted on
+    holds_wait: float = 0.0  # seconds until it is to run again (a brake awaits ranks' holds)
 
 
 def on_alert_raised(outcome: AlertOutcome) -> None:
@@ -134,35 +139,70 @@ def clear_failing_breakers(job_id: int) -> None:
 
 
 def evaluate_job(
-    job_id: int, *, tick_at: float | None = None, chunk_size: int | None = None
+    job_id: int,
+    *,
+    tick_at: float | None = None,
+    chunk_size: int | None = None,
+    await_holds: bool = False,
 ) -> EvaluationReport:
     """Evaluate every point of the job not evaluated yet; with ``tick_at`` (epoch seconds),
     then also judge the time-based detectors at that moment (silence, node-failure windows).
-    ``chunk_size``: points per transaction, by default ``batch.chunk_points`` of the state."""
+    ``chunk_size``: points per transaction, by default ``batch.chunk_points`` of the state.
+    ``await_holds``: a brake that should wait for the job's other ranks to hold
+    (``breakers.control.apply_at``) stops the evaluation before its chunk, nothing of that
+    chunk written, and ``report.holds_wait`` says when the caller is to evaluate again."""
     report = EvaluationReport(job_id)
     if not EvaluationState.objects.filter(job_id=job_id).exists():
         if not Job.objects.filter(pk=job_id).exists():
             return report  # the job is gone (a task enqueued before it was deleted)
         EvaluationState.objects.get_or_create(job_id=job_id)
     while True:
-        with transaction.atomic():
-            state = EvaluationState.objects.select_for_update().get(job_id=job_id)
-            size = chunk_size or chunk_points(len((state.state or {}).get("series", ())))
-            rows, more = read_points(job_id, state.cursor, size)
-            last_chunk = not more
-            if not rows and tick_at is None:
-                report.cursor = state.cursor
-                return report
-            run = _Run(job_id, state, rules_for_job(job_id), report)
-            run.feed(rows)
-            if last_chunk and tick_at is not None:
-                run.tick(tick_at)
-            run.save(rows)
+        before = replace(report)
+        try:
+            rows, last_chunk = _evaluate_chunk(job_id, tick_at, chunk_size, report, await_holds)
+        except AwaitHolds as awaiting:
+            # Rolled back: the chunk is evaluated again, whole, when the holds are in.
+            EvaluationState.objects.filter(job_id=job_id, holds_awaited_since=None).update(
+                holds_awaited_since=awaiting.since
+            )
+            return replace(before, holds_wait=awaiting.seconds)
         if rows:
             # A braked episode ends on healthy points after its resume (episode.py).
             settle_incident(job_id, max(row[2] for row in rows))
         if last_chunk:
             return report
+
+
+def _evaluate_chunk(
+    job_id: int,
+    tick_at: float | None,
+    chunk_size: int | None,
+    report: EvaluationReport,
+    await_holds: bool,
+) -> tuple[list[tuple], bool]:
+    """One transaction of ``evaluate_job``: its points, and whether it was the last chunk."""
+    with transaction.atomic():
+        state = EvaluationState.objects.select_for_update().get(job_id=job_id)
+        size = chunk_size or chunk_points(len((state.state or {}).get("series", ())))
+        rows, more = read_points(job_id, state.cursor, size)
+        if not rows and tick_at is None:
+            report.cursor = state.cursor
+            return rows, True
+        run = _Run(job_id, state, rules_for_job(job_id), report, await_holds=await_holds)
+        run.feed(rows)
+        if not more and tick_at is not None:
+            run.tick(tick_at)
+        run.save(rows)
+    return rows, not more
+
+
+class AwaitHolds(Exception):  # noqa: N818 (not an error: the evaluation waits)
+    """A brake is due while some of the job's ranks hold and the others' holds are on their
+    way: the chunk's transaction rolls back and is evaluated again ``seconds`` later."""
+
+    def __init__(self, seconds: float, since: datetime) -> None:
+        super().__init__(f"awaiting the other ranks' holds for {seconds:.2f} s")
+        self.seconds, self.since = seconds, since
 
 
 # The evaluator reads back what ingest wrote, by id cursor: that is what makes it exactly-once
@@ -225,9 +265,16 @@ class _Run:
     """
 
     def __init__(
-        self, job_id: int, state: EvaluationState, rules: list[RuleSpec], report: EvaluationReport
+        self,
+        job_id: int,
+        state: EvaluationState,
+        rules: list[RuleSpec],
+        report: EvaluationReport,
+        *,
+        await_holds: bool = False,
     ) -> None:
         self.job_id, self.state, self.report = job_id, state, report
+        self.await_holds = await_holds
         self.rules = {rule.key: rule for rule in rules}
         self.fingerprint = ruleset_fingerprint(rules)
         self.evaluator = _restore(rules, state.state, job_id)
@@ -287,6 +334,7 @@ class _Run:
             state.points_evaluated += len(rows)
         state.state = self.evaluator.to_state()
         state.rules_fingerprint = self.fingerprint
+        state.holds_awaited_since = None  # whatever a brake awaited was issued, or is gone
         state.save()
         self.report.cursor = state.cursor
 
@@ -312,7 +360,19 @@ class _Run:
         self.report.raised += outcome.created
         self.report.escalated += outcome.escalated
         if outcome.action_due and outcome.alert.incident_id is not None:
+            self._await_holds(outcome.alert)
             on_alert_raised(outcome)
+
+    def _await_holds(self, alert: Alert) -> None:
+        """Raise ``AwaitHolds`` when the alert's brake is to wait for the job's other ranks'
+        holds (nothing read unless a brake is due, and only for a job of several ranks)."""
+        if not self.await_holds:
+            return
+        now = timezone.now()
+        since = self.state.holds_awaited_since
+        wait = seconds_to_gather_holds(alert, since, now)
+        if wait > 0:
+            raise AwaitHolds(wait, since or now)
 
     def _logged_before_resume(self, finding: Finding, rule_key: str, node: str) -> bool:
         """A point the job logged before its last resume, at or before the step it resumed

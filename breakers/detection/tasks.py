@@ -5,6 +5,11 @@ job yet — a Redis ``SET NX EX`` flag per job. The task clears the flag *before
 point, so points committed while it runs enqueue exactly one follow-up, and a burst of 100
 batches queues a handful of tasks, not 100. The flag expires on its own (``QUEUED_TTL``), so a
 lost message cannot block a job for good; the periodic tick also evaluates whatever is pending.
+
+A brake that awaits the job's other ranks' holds (``evaluation.AwaitHolds``) re-queues the
+evaluation a moment later through the same flag: the batches that land meanwhile (the other
+nodes' holds) are evaluated by that one task, and no lock is held while it waits. Not in the
+embedded mode, whose tasks run in-process at once: there a brake is issued without waiting.
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ from incidents.models import UNHELD_JOB_STATUSES, Job, Team
 log = logging.getLogger(__name__)
 
 QUEUED_TTL_SECONDS = 60
+# How often an evaluation whose brake awaits the other ranks' holds looks again: the last
+# hold is seen at most this late.
+AWAIT_HOLDS_POLL_SECONDS = 0.2
 # Jobs that get periodic ticks: node-failure windows and silences are judged even when no
 # point arrives. A paused job's open alerts stay open: nothing has shown them to clear.
 TICKED_JOB_STATUSES = UNHELD_JOB_STATUSES
@@ -54,12 +62,16 @@ def _release(kind: str, job_id: int) -> None:
         _redis().delete(_flag(kind, job_id))
 
 
-def schedule_evaluation(job_id: int) -> bool:
-    """Enqueue ``evaluate_job`` unless one is already queued; call it after commit."""
+def schedule_evaluation(job_id: int, countdown: float = 0.0) -> bool:
+    """Enqueue ``evaluate_job`` (``countdown`` seconds from now) unless one is already
+    queued; call it after commit."""
     if not _claim("evaluate", job_id):
         return False
     try:
-        evaluate_job.delay(job_id)
+        if countdown > 0:
+            evaluate_job.apply_async((job_id,), countdown=countdown)
+        else:  # no countdown at all: a task with one waits in the worker's timer
+            evaluate_job.delay(job_id)
     except Exception:
         _release("evaluate", job_id)  # not queued after all: let the next batch try again
         raise
@@ -86,8 +98,9 @@ def fail_safe(job_id: int, tick_at: float | None = None) -> int:
     the task's autoretry); any other error is this job's alone. It becomes the job's L3
     "breakers failing" alert, paged to the on-call, and never reaches another job's
     evaluation (nor the periodic tick that loops over the jobs)."""
+    await_holds = not settings.CELERY_TASK_ALWAYS_EAGER  # see the module doc
     try:
-        report = evaluation.evaluate_job(job_id, tick_at=tick_at)
+        report = evaluation.evaluate_job(job_id, tick_at=tick_at, await_holds=await_holds)
     except TRANSIENT_ERRORS:
         raise
     except Exception as error:
@@ -96,6 +109,8 @@ def fail_safe(job_id: int, tick_at: float | None = None) -> int:
         return 0
     with contextlib.suppress(*TRANSIENT_ERRORS):  # the next evaluation clears it
         evaluation.clear_failing_breakers(job_id)
+    if report.holds_wait > 0:
+        schedule_evaluation(job_id, countdown=min(report.holds_wait, AWAIT_HOLDS_POLL_SECONDS))
     return report.points
 
 

@@ -249,6 +249,9 @@ class EvaluationState(models.Model):
     rules_fingerprint = models.CharField(max_length=64, blank=True)
     points_evaluated = models.BigIntegerField(default=0)
     last_tick = models.FloatField(null=True, blank=True, help_text="Epoch seconds.")
+    # Since when a brake due in the next chunk waits for the job's other ranks to hold
+    # (breakers.control.apply_at, "Gathering the holds"); None once a chunk is committed.
+    holds_awaited_since = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:

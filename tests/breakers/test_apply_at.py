@@ -15,9 +15,39 @@ from breakers.control.apply_at import (
     MIN_MARGIN_STEPS,
     UNMEASURED_MARGIN_STEPS,
     choose_apply_at_step,
+    hold_gather_wait,
     margin_steps,
     projected_step,
 )
+
+
+@pytest.mark.parametrize(
+    ("world", "holding", "waited", "bound", "expected"),
+    [
+        # Some ranks hold, the others' holds are on their way: wait, the bound at most.
+        (4, 2, None, 2.0, 2.0),  # the first look: the whole bound
+        (4, 2, 0.5, 2.0, 1.5),
+        (1000, 999, 1.9, 2.0, 0.1),
+        # Every rank holds: at once, at the held step.
+        (4, 4, None, 2.0, 0.0),
+        (4, 4, 0.5, 2.0, 0.0),
+        (4, 5, 0.5, 2.0, 0.0),  # a stale seat above a shrunk world size
+        # The bound has passed (a rank that never holds: died, or its guard did not trip).
+        (4, 3, 2.0, 2.0, 0.0),
+        (4, 3, 3600.0, 2.0, 0.0),
+        # No rank holds: no guard stopped the job (a NaN loss seen first, no SDK guard).
+        (4, 0, None, 2.0, 0.0),
+        # One process, or an unknown world: nothing to gather.
+        (1, 1, None, 2.0, 0.0),
+        (None, 1, None, 2.0, 0.0),
+        # Waiting turned off.
+        (4, 2, None, 0.0, 0.0),
+        # A console clock that stepped back: the wait never exceeds the bound.
+        (4, 2, -5.0, 2.0, 2.0),
+    ],
+)
+def test_a_brake_awaits_the_ranks_holds_within_the_bound(world, holding, waited, bound, expected):
+    assert hold_gather_wait(world, holding, waited, bound) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize(
