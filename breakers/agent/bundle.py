@@ -209,7 +209,9 @@ def _serve_together(job: Job, read: list[_Read], *, careful: bool) -> list[dict[
             write_points(job.pk, points, blocks, fresh[0].received_at, job_is_pending=pending)
         if points:
             service.after_stored(job.pk, points)
-        owed = deliverable_to_each(job.pk, [_rank(each) for each in outcomes])
+        # Only a batch's or a heartbeat's answer carries the commands owed to its rank.
+        asking = [_rank(each) for each in outcomes if isinstance(each, _Batch | HeartbeatIn)]
+        owed = deliverable_to_each(job.pk, asking) if asking else {}
     return [_result(each, owed) for each in outcomes]
 
 
