@@ -13,7 +13,9 @@ Kinds, what a node's forwarder sends per flush interval:
 - ``batches``: each rank's metrics batch (3 metrics × 4 steps, a batch id, the rank), a
   heartbeat riding in one batch of five (the SDK's 5 s heartbeat at a 1 s flush);
 - ``batches + heartbeats``: the same and each rank's heartbeat as a part of its own;
-- ``acks``: each rank's acknowledgement of a new command (a brake's, once per incident).
+- ``acks``: each rank's acknowledgement of a new command (a brake's, once per incident);
+- ``late acks``: the same when ``--acked`` 896 ranks of other nodes acknowledged it before
+  (a late node of a large job: what grows with the ranks that answered is seen here).
 
 Printed per kind, medians over the rounds: web CPU µs per bundle and per part, statements per
 bundle, worker CPU µs per bundle. With ``--against REF`` (default ``main``) the same bundles
@@ -46,7 +48,8 @@ from contextlib import contextmanager
 from itertools import count
 from pathlib import Path
 
-KINDS = ("batches", "batches + heartbeats", "acks")
+KINDS = ("batches", "batches + heartbeats", "acks", "late acks")
+ACK_KINDS = ("acks", "late acks")
 HERE = Path(__file__).resolve().parent
 QUEUE = f"bundle-cost-bench-{os.getpid()}"
 
@@ -77,7 +80,7 @@ def batch_body(rank: int, bundle: int, step: int, world: int, riding: bool) -> s
 def bundle_of(kind: str, bundle: int, node: range, world: int, command: int | None) -> bytes:
     """The bundle of the ranks ``node``: ``bundle`` numbers it (new batch ids and steps)."""
     step = bundle * 4
-    if kind == "acks":
+    if kind in ACK_KINDS:
         ack = {"status": "succeeded", "result": {"rank": 0, "step": step}}
         parts = []
         for rank in node:
@@ -143,8 +146,10 @@ def serve_round(
     for index in range(-WARM_UP, bundles):
         number = next(state["numbers"])
         command = None
-        if kind == "acks":
+        if kind in ACK_KINDS:
             command = issue_command(job.pk, CommandKind.PAUSE_DATA, reason="bench").command.pk
+        if kind == "late acks":
+            answered_before(command, state, step=number * 4)  # the bundle's (``bundle_of``)
         body = bundle_of(kind, number, state["node"], state["world"], command)
         job = Job.objects.get(pk=job.pk)  # the gate's token lookup hands the route its job
         counter.statements = 0
@@ -161,13 +166,35 @@ def serve_round(
             fail_safe(job.pk)
         if index >= 0:
             worker += time.process_time() - started
-        if kind == "acks":  # the job runs on: the next command finds it running
+        if kind in ACK_KINDS:  # the job runs on: the next command finds it running
             Job.objects.filter(pk=job.pk).update(status="running")
     return {
         "web_us": web * 1e6 / bundles,
         "worker_us": worker * 1e6 / bundles,
         "statements": statements / bundles,
     }
+
+
+def answered_before(command: int | None, state: dict, step: int) -> None:
+    """The acknowledgements of ranks of other nodes, at the step the node's ranks will give."""
+    from django.utils import timezone
+
+    from breakers.models import Command, CommandAck
+
+    now = timezone.now()
+    others = [r for r in range(state["world"]) if r not in state["node"]][: state["acked"]]
+    CommandAck.objects.bulk_create(
+        CommandAck(
+            command_id=command,
+            rank=rank,
+            status="succeeded",
+            step=step,
+            result={"rank": rank, "step": step},
+            acknowledged_at=now,
+        )
+        for rank in others
+    )
+    Command.objects.filter(pk=command).update(first_ack_at=now)
 
 
 def new_job(args: argparse.Namespace) -> dict:
@@ -180,7 +207,8 @@ def new_job(args: argparse.Namespace) -> dict:
     node = range(args.node * args.ranks, (args.node + 1) * args.ranks)
     first = {"path": "heartbeat", "body": json.dumps(beat(0, 0, args.world))}
     bundle_reply(created.job, json.dumps({"parts": [first]}).encode())
-    return {"job_id": created.job.pk, "numbers": count(1), "node": node, "world": args.world}
+    state = {"job_id": created.job.pk, "numbers": count(1), "node": node, "world": args.world}
+    return state | {"acked": min(args.acked, args.world - args.ranks - 1)}
 
 
 def child(args: argparse.Namespace) -> None:
@@ -219,6 +247,7 @@ class Code:
         env = dict(os.environ, PYTHONPATH=f"{tree / 'sdk'}", BUNDLE_COST_QUEUE=QUEUE)
         env["BUNDLE_COST_CODE"] = str(tree)
         shape = ["--ranks", str(args.ranks), "--node", str(args.node), "--world", str(args.world)]
+        shape += ["--acked", str(args.acked)]
         command = [sys.executable, str(HERE / "bundle_cost.py"), "--child", *shape]
         self.process = subprocess.Popen(
             command, cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
@@ -268,6 +297,7 @@ def median(values: list[float]) -> float:
 
 def report(results: dict, labels: list[str], rounds: int, bundles: int, ranks: int) -> None:
     parts = {"batches": ranks, "batches + heartbeats": 2 * ranks, "acks": ranks}
+    parts["late acks"] = ranks
     print(f"One node's bundle ({ranks} ranks), in-process; medians of {rounds} rounds of")
     print(f"{bundles} bundles. CPU of the serving process (µs), statements through Django.")
     print(f"{'kind':<22}{'code':<10}{'web/bundle':>11}{'web/part':>10}{'stmts':>7}{'worker':>9}")
@@ -293,6 +323,9 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=8, help="ranks per node")
     parser.add_argument("--node", type=int, default=1, help="which node of the job sends")
     parser.add_argument("--world", type=int, default=1024, help="the job's ranks")
+    parser.add_argument(
+        "--acked", type=int, default=896, help="late acks: other ranks that acknowledged before"
+    )
     parser.add_argument("--against", default="main", help="git ref of the baseline ('' none)")
     parser.add_argument("--profile", choices=("web", "worker"), help="cProfile one round")
     parser.add_argument("--kind", choices=KINDS, default=KINDS[0], help="the kind profiled")

@@ -9,6 +9,10 @@ report the same refusal the same way.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
+T = TypeVar("T")
+
 
 class ServiceError(Exception):
     status = 400
@@ -60,3 +64,11 @@ class PayloadTooLarge(ServiceError):
 class UnsupportedMediaType(ServiceError):
     status = 415
     code = "unsupported_media_type"
+
+
+def or_raise(outcome: T | ServiceError) -> T:
+    """An outcome answered one of several (a bundle's part), as a caller of one expects it:
+    the refusal raised."""
+    if isinstance(outcome, ServiceError):
+        raise outcome
+    return outcome

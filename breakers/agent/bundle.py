@@ -14,9 +14,11 @@ refuses only that part.
 
 Served as one: a node's parts cost the console about what one rank's request does. The bundle
 is one transaction; each part's own writes (a batch's id claim and riding heartbeat, a
-heartbeat, an acknowledgement) leave nothing of a part refused there: an acknowledgement runs
-in a savepoint of its own, and a validated batch or heartbeat, whose only refusal while stored
-is a new run under a finished job's token, in one when the job is final — a refusal met
+heartbeat, an acknowledgement) leave nothing of a part refused there: the acknowledgements of
+one command are recorded together, where the last of them stands, in a savepoint of their own
+(the job's row locked once, one INSERT, one count: ``acknowledge_command_ranks``), a refused
+one writing nothing; a validated batch or heartbeat, whose only refusal while stored is a new
+run under a finished job's token, writes in one when the job is final — a refusal met
 without one rolls the bundle back whole and serves it again, every part in a savepoint.
 Then the points of every batch stored are written in one COPY, the job's step moved once,
 the commands owed to the bundle's ranks looked up once, and the live charts told once. A
@@ -48,6 +50,7 @@ from breakers.agent.store import (
     write_points,
 )
 from breakers.control.commands import deliverable_commands, deliverable_to_each
+from breakers.models import Command
 from core.errors import InvalidInput, ServiceError
 from incidents.models import FINAL_JOB_STATUSES, Job, JobStatus
 
@@ -195,7 +198,7 @@ def _serve_together(job: Job, read: list[_Read], *, careful: bool) -> list[dict[
         if not careful:
             _claim_together(job, read)
         beats: list[HeartbeatIn] | None = None if careful else []
-        outcomes = [_write_part(job, each, beats) for each in read]
+        outcomes = _write_parts(job, read, beats)
         _write_beats(job, beats)
         batches = [b for b in outcomes if isinstance(b, _Batch) and b.stored is not None]
         fresh = [b for b in batches if b.stored is not None and not b.stored.duplicate]
@@ -206,28 +209,65 @@ def _serve_together(job: Job, read: list[_Read], *, careful: bool) -> list[dict[
             write_points(job.pk, points, blocks, fresh[0].received_at, job_is_pending=pending)
         if points:
             service.after_stored(job.pk, points)
-        owed = deliverable_to_each(job.pk, [_rank(each) for each in outcomes])
+        # Only a batch's or a heartbeat's answer carries the commands owed to its rank.
+        asking = [_rank(each) for each in outcomes if isinstance(each, _Batch | HeartbeatIn)]
+        owed = deliverable_to_each(job.pk, asking) if asking else {}
     return [_result(each, owed) for each in outcomes]
 
 
-def _write_part(job: Job, part: _Read, beats: list[HeartbeatIn] | None) -> _Read | dict[str, Any]:
-    """One part's own writes; a refusal (or an acknowledgement's answer) is its result. An
-    acknowledgement, and every part when careful (``beats`` None), writes in a savepoint of
-    its own; else a part's heartbeat joins ``beats``, written before the next
-    acknowledgement (which may move the job they speak of) or at the end."""
-    if isinstance(part, ServiceError):
+def _write_parts(
+    job: Job, read: list[_Read], beats: list[HeartbeatIn] | None
+) -> list[_Read | dict[str, Any]]:
+    """Each part's own writes, in order; a command's acknowledgements together, where the
+    last of them stands (its verdict may move the job: the heartbeats before it first)."""
+    acks: dict[int, list[int]] = {}
+    for index, each in enumerate(read):
+        if isinstance(each, PartIn):
+            acks.setdefault(each.command_id or 0, []).append(index)
+    last = {indexes[-1]: indexes for indexes in acks.values()}
+    outcomes: list[_Read | dict[str, Any]] = list(read)
+    for index, each in enumerate(read):
+        if index in last:
+            _write_beats(job, beats)
+            group = last[index]
+            answers = _acks(job, [part for i in group if isinstance(part := read[i], PartIn)])
+            for where, answer in zip(group, answers, strict=True):
+                outcomes[where] = answer
+        elif not isinstance(each, PartIn):
+            outcomes[index] = _write_part(job, each, beats)
+    return outcomes
+
+
+def _write_part(job: Job, part: _Read, beats: list[HeartbeatIn] | None) -> _Read:
+    """A batch's or heartbeat's own writes; a refusal is its result. Careful (``beats``
+    None), each part writes in a savepoint of its own; else a heartbeat joins ``beats``,
+    written before the next acknowledgement or at the end."""
+    if isinstance(part, ServiceError | PartIn):
         return part
-    if beats is not None and not isinstance(part, PartIn):
+    if beats is not None:
         try:
             return _write(job, part, beats)
         except ServiceError as error:
             raise _RefusedAfterWriting from error
-    _write_beats(job, beats)
     try:
         with transaction.atomic():
             return _write(job, part, None)
     except ServiceError as error:
         return error
+
+
+def _acks(job: Job, parts: list[PartIn]) -> list[dict[str, Any]]:
+    """One command's acknowledgements in the bundle, recorded together (in a savepoint of
+    their own: a refused one leaves nothing); each part answered on its own."""
+    bodies = [part.body for part in parts]
+    outcomes = service.receive_acknowledgements(job.pk, parts[0].command_id or 0, bodies)
+    return [_ack_result(outcome) for outcome in outcomes]
+
+
+def _ack_result(outcome: Command | ServiceError) -> dict[str, Any]:
+    if isinstance(outcome, ServiceError):
+        return {"status": outcome.status, "body": outcome.as_body()}
+    return {"status": 200, "body": {"id": outcome.pk, "status": outcome.status}}
 
 
 def _write_beats(job: Job, beats: list[HeartbeatIn] | None) -> None:
@@ -261,18 +301,13 @@ def _claim_together(job: Job, read: list[_Read]) -> None:
         each.claimed = True
 
 
-def _write(
-    job: Job, part: _Batch | HeartbeatIn | PartIn, beats: list[HeartbeatIn] | None
-) -> _Read | dict[str, Any]:
+def _write(job: Job, part: _Batch | HeartbeatIn, beats: list[HeartbeatIn] | None) -> _Read:
     if isinstance(part, _Batch):
         part.stored = _claim(job, part, beats)
-    elif beats is not None and isinstance(part, HeartbeatIn):
+    elif beats is not None:
         beats.append(part)
-    elif isinstance(part, HeartbeatIn):
-        service.record_rank_heartbeat(job.pk, part)
     else:
-        status, body = _ack(job, part)
-        return {"status": status, "body": body}
+        service.record_rank_heartbeat(job.pk, part)
     return part
 
 

@@ -23,13 +23,13 @@ from breakers.agent.protocol import (
     parse_metrics_body,
 )
 from breakers.agent.store import Stored, store_batch
-from breakers.control.acknowledge import acknowledge_command
+from breakers.control.acknowledge import Answer, acknowledge_command_ranks
 from breakers.control.commands import deliverable_commands
 from breakers.detection.tasks import schedule_evaluation
 from breakers.executors.launchers import record_launcher
 from breakers.executors.scheduler import record_scheduler_context
 from breakers.models import Command, CommandKind, CommandStatus
-from core.errors import InvalidInput, NotFound
+from core.errors import InvalidInput, NotFound, ServiceError, or_raise
 from core.nonfinite import encode
 from core.realtime import job_group, publish_after_commit
 from incidents.heartbeats import (
@@ -243,10 +243,31 @@ def _finish_event(job_id: int, status: str) -> str:
 
 
 def receive_acknowledgement(job_id: int, command_id: int, raw_body: bytes) -> Command:
-    ack = parse_ack(raw_body)
-    if not 0 < command_id <= MAX_STEP:  # an id no bigint column holds: no such command
-        raise NotFound("No such command of this job.", fields={"id": "no such command"})
-    rank = ack_rank(ack.result)
-    return acknowledge_command(
-        job_id, command_id, status=ack.status, result=ack.result, error=ack.error, rank=rank
-    )
+    """One acknowledgement: ``receive_acknowledgements`` of one body."""
+    return or_raise(receive_acknowledgements(job_id, command_id, [raw_body])[0])
+
+
+def receive_acknowledgements(
+    job_id: int, command_id: int, raw_bodies: Sequence[bytes]
+) -> list[Command | ServiceError]:
+    """Acknowledgements of one command (a node's ranks', in its bundle), each answered on its
+    own: the command, or that body's refusal naming its field; the others recorded together
+    (``acknowledge_command_ranks``), a refused one writing nothing."""
+    parsed = [_answer(raw_body) for raw_body in raw_bodies]
+    answers = [each for each in parsed if isinstance(each, Answer)]
+    try:
+        if not 0 < command_id <= MAX_STEP:  # an id no bigint column holds: no such command
+            raise NotFound("No such command of this job.", fields={"id": "no such command"})
+        recorded = acknowledge_command_ranks(job_id, command_id, answers) if answers else []
+    except ServiceError as error:  # nothing of them written
+        recorded = [error] * len(answers)
+    answered = iter(recorded)
+    return [next(answered) if isinstance(each, Answer) else each for each in parsed]
+
+
+def _answer(raw_body: bytes) -> Answer | ServiceError:
+    try:
+        ack = parse_ack(raw_body)
+        return Answer(ack.status, ack.result, ack.error, ack_rank(ack.result))
+    except ServiceError as error:
+        return error

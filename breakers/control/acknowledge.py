@@ -1,17 +1,31 @@
 """The job's answer to a command: recorded once, with its effect on the job and the timeline.
 
-Every answer goes through ``acknowledge_command``: the agent's (one per rank of a multi-rank
-job), and the Slurm executor's when it carried out a routed command itself
+Every answer goes through ``acknowledge_command_ranks``: a node's bundle hands it its ranks'
+answers to one command together (``breakers.agent.bundle``); ``acknowledge_command`` is its
+one-answer case, for the agent's own acknowledgement (one per rank of a multi-rank job) and the
+Slurm executor's when it carried out a routed command itself
 (``breakers.executors.slurm.actions``). Issuing is ``breakers.control.commands``.
+
+Lock order: the job's row first (``select_for_update``), then the command's (its
+compare-and-swap when settled), as heartbeats and metrics replies take them.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from django.db import transaction
 from django.utils import timezone
 
 from breakers.checkpoints import record_from_acknowledgement
-from breakers.control.acks import clear_split, counts_ranks, record_rank_ack
+from breakers.control.acks import (
+    RankAck,
+    clear_split,
+    counts_ranks,
+    record_rank_acks,
+    refuse_rank,
+)
 from breakers.control.failed_brake import raise_failed_brake_alert
 from breakers.control.job_state import ON_SUCCESS
 from breakers.control.payload import command_payload
@@ -19,7 +33,7 @@ from breakers.control.timeline import record_acknowledged
 from breakers.control.unapplied import clear_unapplied
 from breakers.models import COMMAND_TRANSITIONS, Command, CommandKind, CommandStatus
 from breakers.recovery.progress import brake_confirmed, resume_answered
-from core.errors import NotFound
+from core.errors import NotFound, ServiceError, or_raise
 from core.realtime import job_group, publish_after_commit
 from core.transitions import compare_and_swap, compare_and_swap_all
 from incidents.jobs import move_job
@@ -50,6 +64,16 @@ def _job_effect_on_success(command: Command) -> None:
         move_job(command.job_id, event, **extra)
 
 
+@dataclass(frozen=True)
+class Answer:
+    """One acknowledgement of a command: the job's (``rank`` None) or one rank's."""
+
+    status: str
+    result: dict = field(default_factory=dict)
+    error: str = ""
+    rank: int | None = None
+
+
 def acknowledge_command(
     job_id: int,
     command_id: int,
@@ -59,33 +83,57 @@ def acknowledge_command(
     error: str = "",
     rank: int | None = None,
 ) -> Command:
-    """Record the job's answer to a command. Acknowledging twice is harmless. ``rank``: one
-    rank's answer; a multi-rank job's command is done only when every rank answered the same
-    step (breakers.control.acks), and stays deliverable to the others until then."""
+    """Record the job's answer to a command: ``acknowledge_command_ranks`` of one answer."""
+    answer = Answer(status, result or {}, error, rank)
+    return or_raise(acknowledge_command_ranks(job_id, command_id, [answer])[0])
+
+
+def acknowledge_command_ranks(
+    job_id: int, command_id: int, answers: Sequence[Answer]
+) -> list[Command | ServiceError]:
+    """Record answers to one command (a node's ranks', say), each answered on its own: the
+    command, or the refusal of that answer (which writes nothing of it). Acknowledging twice
+    is harmless. A multi-rank job's command is done only when every rank answered the same
+    step (breakers.control.acks), and stays deliverable to the others until then. The job's
+    row is locked once, the ranks' answers written in one statement and counted once, the
+    command settled at most once; a missing command is NotFound, raised, for them all."""
     with transaction.atomic():
         # The job's row first, then the command's: the order of heartbeats and metrics
         # replies (job, then the commands they mark delivered), so they cannot deadlock. The
-        # lock also counts the ranks' acknowledgements of one command one after another.
+        # lock also counts the acknowledgements of one command (a node's together) one after
+        # another.
         job = Job.objects.select_for_update().filter(pk=job_id).first()
         command = Command.objects.filter(pk=command_id, job_id=job_id).first()
         if command is None or job is None:
             # Another job's command is as invisible as a missing one: 404, never 403.
             raise NotFound(f"The job has no command {command_id}.")
+        outcomes: list[Command | ServiceError] = [command] * len(answers)
         if command.status in DONE_COMMAND_STATUSES:
-            return command
-        result = result or {}
-        per_rank = counts_ranks(command, job, rank)
-        if per_rank:
-            assert rank is not None
-            verdict, result, error = record_rank_ack(
-                command, job, rank, status=status, result=result, error=error
-            )
-            if verdict.status == "waiting":
-                command.refresh_from_db()
-                return command
-            status = verdict.status
-        _settle(command, per_rank, status=status, result=result, error=error)
-    return command
+            return outcomes
+        ranked: list[RankAck] = []
+        for index, answer in enumerate(answers):
+            if answer.rank is None or not counts_ranks(command, job, answer.rank):
+                continue
+            refusal = refuse_rank(job, answer.rank)
+            if refusal is not None:
+                outcomes[index] = refusal
+            else:
+                ranked.append(RankAck(answer.rank, answer.status, answer.result, answer.error))
+        whole = [a for a in answers if a.rank is None or not counts_ranks(command, job, a.rank)]
+        _decide(command, job, ranked, whole[0] if whole else None)
+    return outcomes
+
+
+def _decide(command: Command, job: Job, ranked: list[RankAck], whole: Answer | None) -> None:
+    """The ranks' answers counted, and the command settled if they make a verdict; else by
+    the job's own answer, if one came (it speaks for every rank)."""
+    if ranked:
+        verdict, result, error = record_rank_acks(command, job, ranked)
+        if verdict is not None:
+            _settle(command, True, status=verdict.status, result=result, error=error)
+            return
+    if whole is not None:
+        _settle(command, False, status=whole.status, result=whole.result, error=whole.error)
 
 
 def _settle(command: Command, per_rank: bool, *, status: str, result: dict, error: str) -> None:

@@ -11,19 +11,24 @@ at once when ranks acknowledged it at different steps, and by the watchdog when 
 are still silent ``COMMAND_SPLIT_SECONDS`` after the first rank's acknowledgement. The alert
 calls a person (action "none"): a half-paused job is not paused again by a machine.
 
-``tally`` is the pure verdict (table-driven tests); the rest runs inside
-``acknowledge_command``'s transaction, with the command's row locked, so two ranks'
+``tally`` is the pure verdict (table-driven tests). ``tally_counts`` is its status from the
+answers counted by status and step, held to the same table: while a command waits for ranks, a
+new acknowledgement (or a node's eight) costs one INSERT and one counted read of a row or two,
+whatever the number of ranks that answered before; every rank's answer is read once, when the
+verdict is final, for the merged result, the error and the split alert's ranks. The rest runs
+inside ``acknowledge_command_ranks``'s transaction, with the job's row locked, so two nodes'
 acknowledgements arriving together are counted one after the other.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from breakers.control.hearing import heard_since, heard_until
@@ -110,39 +115,110 @@ def _step_of(result: Mapping[str, Any]) -> int | None:
     return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
-def record_rank_ack(
-    command: Command, job: Job, rank: int, *, status: str, result: dict, error: str
-) -> tuple[Verdict, dict, str]:
-    """Store one rank's answer (its first one: a retried ack changes nothing) and tally all
-    of them. Returns the verdict with the result and error the command gets if it is done."""
-    if rank >= (job.world_size or 1):
-        # Before anything is written: a rank the job's heartbeats never counted would make
-        # the command wait for ranks that do not exist.
-        raise InvalidInput(
-            "The acknowledgement was refused.",
-            fields={"result.rank": f"must be below the job's world size ({job.world_size})"},
-        )
+@dataclass(frozen=True)
+class AnswerCount:
+    """How many ranks answered ``status`` at ``step``; ``in_world`` of them below the world
+    size (a world that shrank leaves answers of ranks it no longer has)."""
+
+    status: str
+    step: int | None
+    answers: int
+    in_world: int
+
+
+def tally_counts(world_size: int, counts: Iterable[AnswerCount]) -> str:
+    """``tally``'s status from the answers counted by status and step alone (its table holds
+    both to the same answers): a waiting command's new acknowledgement costs a few counted
+    rows, not a read of every rank's answer."""
+    steps: set[int] = set()
+    answered = 0
+    for count in counts:
+        if count.answers and count.status != CommandStatus.SUCCEEDED:
+            return CommandStatus.FAILED
+        if count.answers:
+            steps.add(count.step if count.step is not None else -1)
+        answered += count.in_world
+    if len(steps) > 1:
+        return CommandStatus.FAILED
+    return "waiting" if answered < world_size else CommandStatus.SUCCEEDED
+
+
+@dataclass(frozen=True)
+class RankAck:
+    """One rank's answer to a command, as its acknowledgement said it."""
+
+    rank: int
+    status: str
+    result: dict
+    error: str = ""
+
+
+def refuse_rank(job: Job, rank: int) -> InvalidInput | None:
+    """A rank the job's heartbeats never counted would make the command wait for ranks that
+    do not exist: refused before anything of it is written."""
+    if rank < (job.world_size or 1):
+        return None
+    return InvalidInput(
+        "The acknowledgement was refused.",
+        fields={"result.rank": f"must be below the job's world size ({job.world_size})"},
+    )
+
+
+def record_rank_acks(
+    command: Command, job: Job, answers: Sequence[RankAck]
+) -> tuple[Verdict | None, dict, str]:
+    """Store the ranks' answers in one statement (each rank's first: a retried ack changes
+    nothing) and count them all: None while the command waits for other ranks, else the
+    verdict with the result and error the command gets (every answer read once, then)."""
     now = timezone.now()
-    CommandAck.objects.get_or_create(
-        command=command,
-        rank=rank,
-        defaults={
-            "status": status,
-            "step": _step_of(result),
-            "result": result,
-            "error": error,
-            "acknowledged_at": now,
-        },
+    firsts = {answer.rank: answer for answer in reversed(answers)}  # a rank's first answer
+    CommandAck.objects.bulk_create(
+        [_ack_row(command, answer, now) for answer in sorted(firsts.values(), key=_by_rank)],
+        ignore_conflicts=True,
     )
     if command.first_ack_at is None:
         Command.objects.filter(pk=command.pk, first_ack_at__isnull=True).update(first_ack_at=now)
+        command.first_ack_at = now
+    world_size = job.world_size or 1
+    if tally_counts(world_size, answers_counted(command, world_size)) == "waiting":
+        return None, {}, ""
     acks = list(CommandAck.objects.filter(command=command).order_by("rank"))
-    verdict = tally(job.world_size or 1, {a.rank: RankAnswer(a.status, a.step) for a in acks})
+    verdict = tally(world_size, {a.rank: RankAnswer(a.status, a.step) for a in acks})
     first = next((a for a in acks if a.rank == 0), acks[0])
     merged = {**first.result, "ranks": {str(a.rank): _summary(a) for a in acks}}
     if verdict.split:
         raise_split_alert(command, job, verdict, now)
     return verdict, merged, _error(verdict, acks)
+
+
+def _by_rank(answer: RankAck) -> int:
+    return answer.rank
+
+
+def _ack_row(command: Command, answer: RankAck, now: datetime) -> CommandAck:
+    return CommandAck(
+        command=command,
+        rank=answer.rank,
+        status=answer.status,
+        step=_step_of(answer.result),
+        result=answer.result,
+        error=answer.error,
+        acknowledged_at=now,
+    )
+
+
+def answers_counted(command: Command, world_size: int) -> list[AnswerCount]:
+    """The command's answers counted by status and step, in the database: one row per
+    distinct answer (one while every rank agrees), whatever the number of ranks."""
+    rows = (
+        CommandAck.objects.filter(command=command)
+        .order_by()  # the model's ordering by rank would split the groups
+        .values("status", "step")
+        .annotate(
+            answers=Count("pk"), in_world=Count("pk", filter=Q(rank__gte=0, rank__lt=world_size))
+        )
+    )
+    return [AnswerCount(r["status"], r["step"], r["answers"], r["in_world"]) for r in rows]
 
 
 def _summary(ack: CommandAck) -> dict[str, Any]:

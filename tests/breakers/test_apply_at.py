@@ -9,7 +9,7 @@ import math
 import pytest
 
 from breakers.agent.points import MAX_STEP
-from breakers.control.acks import RankAnswer, Verdict, tally
+from breakers.control.acks import AnswerCount, RankAnswer, Verdict, tally, tally_counts
 from breakers.control.apply_at import (
     MAX_MARGIN_STEPS,
     MIN_MARGIN_STEPS,
@@ -116,47 +116,70 @@ def test_a_ranks_step_is_projected_to_now_at_its_pace(step, seconds, step_time, 
 S, F = "succeeded", "failed"
 
 
-@pytest.mark.parametrize(
-    ("world", "answers", "expected"),
-    [
-        (2, {}, Verdict("waiting", missing=(0, 1), missing_count=2)),
-        (2, {0: RankAnswer(S, 40)}, Verdict("waiting", missing=(1,), missing_count=1)),
-        # A world of 2³¹−1 ranks (a legal heartbeat): counted, the first sixteen named, never
-        # listed whole (it was a 70 GB tuple).
-        (
-            2**31 - 1,
-            {0: RankAnswer(S, 4), 2: RankAnswer(S, 4)},
-            Verdict("waiting", missing=(1, *range(3, 18)), missing_count=2**31 - 3),
-        ),
-        (2, {0: RankAnswer(S, 40), 1: RankAnswer(S, 40)}, Verdict(S)),
-        (1, {0: RankAnswer(S, 3)}, Verdict(S)),
-        # A rank that failed fails the command at once, named.
-        (
-            3,
-            {0: RankAnswer(S, 40), 2: RankAnswer(F, 40)},
-            Verdict(F, missing=(1,), failed=(2,), missing_count=1),
-        ),
-        # Different steps: split, even before the last rank answers.
-        (
-            3,
-            {0: RankAnswer(S, 131), 1: RankAnswer(S, 132)},
-            Verdict(F, missing=(2,), split_steps={131: (0,), 132: (1,)}, missing_count=1),
-        ),
-        (
-            4,
-            {r: RankAnswer(S, 132 if r else 131) for r in range(4)},
-            Verdict(F, split_steps={131: (0,), 132: (1, 2, 3)}),
-        ),
-        # An answer without a step counts as its own step (-1): it cannot vouch for the same.
-        (
-            2,
-            {0: RankAnswer(S, 5), 1: RankAnswer(S, None)},
-            Verdict(F, split_steps={-1: (1,), 5: (0,)}),
-        ),
-    ],
-)
+TALLY_CASES = [
+    (2, {}, Verdict("waiting", missing=(0, 1), missing_count=2)),
+    (2, {0: RankAnswer(S, 40)}, Verdict("waiting", missing=(1,), missing_count=1)),
+    # A world of 2³¹−1 ranks (a legal heartbeat): counted, the first sixteen named, never
+    # listed whole (it was a 70 GB tuple).
+    (
+        2**31 - 1,
+        {0: RankAnswer(S, 4), 2: RankAnswer(S, 4)},
+        Verdict("waiting", missing=(1, *range(3, 18)), missing_count=2**31 - 3),
+    ),
+    (2, {0: RankAnswer(S, 40), 1: RankAnswer(S, 40)}, Verdict(S)),
+    (1, {0: RankAnswer(S, 3)}, Verdict(S)),
+    # A rank that failed fails the command at once, named.
+    (
+        3,
+        {0: RankAnswer(S, 40), 2: RankAnswer(F, 40)},
+        Verdict(F, missing=(1,), failed=(2,), missing_count=1),
+    ),
+    # Different steps: split, even before the last rank answers.
+    (
+        3,
+        {0: RankAnswer(S, 131), 1: RankAnswer(S, 132)},
+        Verdict(F, missing=(2,), split_steps={131: (0,), 132: (1,)}, missing_count=1),
+    ),
+    (
+        4,
+        {r: RankAnswer(S, 132 if r else 131) for r in range(4)},
+        Verdict(F, split_steps={131: (0,), 132: (1, 2, 3)}),
+    ),
+    # An answer without a step counts as its own step (-1): it cannot vouch for the same.
+    (
+        2,
+        {0: RankAnswer(S, 5), 1: RankAnswer(S, None)},
+        Verdict(F, split_steps={-1: (1,), 5: (0,)}),
+    ),
+    # A world that shrank: an answer of a rank it no longer has counts for no rank.
+    (
+        2,
+        {0: RankAnswer(S, 7), 3: RankAnswer(S, 7)},
+        Verdict("waiting", missing=(1,), missing_count=1),
+    ),
+    (2, {0: RankAnswer(S, 7), 1: RankAnswer(S, 7), 3: RankAnswer(S, 7)}, Verdict(S)),
+    (2, {0: RankAnswer(S, 7), 3: RankAnswer(F, 7)}, Verdict(F, (1,), (3,), missing_count=1)),
+]
+
+
+@pytest.mark.parametrize(("world", "answers", "expected"), TALLY_CASES)
 def test_every_rank_at_the_same_step_or_it_is_not_done(world, answers, expected):
     assert tally(world, answers) == expected
+
+
+@pytest.mark.parametrize(("world", "answers", "expected"), TALLY_CASES)
+def test_the_answers_counted_by_status_and_step_make_the_same_status(world, answers, expected):
+    """``tally_counts``: what a waiting command's new acknowledgement decides on, from the
+    answers counted (as the database groups them) instead of read."""
+    counts: dict[tuple[str, int | None], list[int]] = {}
+    for rank, answer in answers.items():
+        count = counts.setdefault((answer.status, answer.step), [0, 0])
+        count[0] += 1
+        count[1] += 0 <= rank < world
+    counted = [
+        AnswerCount(status, step, n, inside) for (status, step), (n, inside) in counts.items()
+    ]
+    assert tally_counts(world, counted) == expected.status
 
 
 @pytest.mark.parametrize(

@@ -32,8 +32,13 @@ def embedded_env(tmp_path):
 
 
 def manage(env, *args: str) -> str:
+    return python(env, "manage.py", *args)
+
+
+def python(env, *args: str) -> str:
+    """What a Python process of the embedded mode printed (it must succeed)."""
     result = subprocess.run(
-        [sys.executable, "manage.py", *args],
+        [sys.executable, *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -122,16 +127,8 @@ def test_embedded_orm_reads_nan_back_as_a_float(embedded_env):
         "value=float('nan'));"
         "print(math.isnan(MetricPoint.objects.get().value))"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        env=embedded_env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "True"
+    printed = python(embedded_env, "-c", script)
+    assert printed.strip() == "True"
 
 
 def test_the_recovery_evidence_reads_a_nodes_hardware_alerts_on_sqlite(embedded_env):
@@ -155,13 +152,32 @@ def test_the_recovery_evidence_reads_a_nodes_hardware_alerts_on_sqlite(embedded_
         "Alert.objects.create(rule_key='hardware-error', fingerprint='b', node='gpu-b', **common);"
         "print(hardware_signals(job.pk, 'gpu-a'))"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        env=embedded_env,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    printed = python(embedded_env, "-c", script)
+    assert printed.strip() == "['hardware-error on gpu-a (L4, firing)']"
+
+
+def test_a_nodes_acknowledgements_are_counted_together_on_sqlite(embedded_env):
+    """The ranks' answers inserted in one statement (a retry ignored) and counted by status
+    and step in SQL (breakers.control.acks): SQLite answers both."""
+    manage(embedded_env, "migrate", "--verbosity", "0")
+    script = (
+        "import django, os; os.environ['DJANGO_SETTINGS_MODULE']='config.settings';"
+        "django.setup();"
+        "from breakers.control.acknowledge import Answer, acknowledge_command_ranks;"
+        "from breakers.control.commands import issue_command;"
+        "from incidents.jobs import create_job; from incidents.models import Job;"
+        "job = create_job('t', 'j').job; Job.objects.filter(pk=job.pk).update(world_size=3);"
+        "issue = lambda: issue_command(job.pk, 'lower_lr', reason='r', params={'factor': 0.5});"
+        "one, two = issue().command, issue().command;"
+        "a = lambda r, s=7: Answer('succeeded', {'rank': r, 'step': s}, '', r);"
+        "say = lambda c, answers: print([getattr(o, 'status', o) for o in"
+        " acknowledge_command_ranks(job.pk, c.pk, answers)]);"
+        "say(one, [a(0), a(1), a(0), a(5)]); say(one, [a(1), a(2)]);"
+        "say(two, [a(0), a(1, 8)])"
     )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "['hardware-error on gpu-a (L4, firing)']"
+    printed = python(embedded_env, "-c", script)
+    assert printed.split("\n")[:3] == [
+        "['pending', 'pending', 'pending', 400]",
+        "['succeeded', 'succeeded']",
+        "['failed', 'failed']",
+    ]
