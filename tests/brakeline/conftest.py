@@ -19,12 +19,6 @@ from tests.brakeline.live import RestartableConsole, TrainingLauncher
 from tests.conftest import free_port
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "slow: an end-to-end run of tens of seconds (deselect with -m 'not slow')"
-    )
-
-
 class RecordingTransport:
     """Answers every POST from a script and records it. Thread-safe: the SDK's background
     threads call it concurrently.
