@@ -116,14 +116,20 @@ class NodeTransport:
         self.direct = direct
         # The forwarder may wait a window, then post the bundle (and then its parts one by one).
         self.timeout = 2 * direct.timeout + window + 1.0
+        # What the rank sent: through the forwarder; what the forwarder could not take (sent
+        # directly); and what never goes through it (snapshots and checkpoints).
         self.through_node = 0
         self.direct_posts = 0
+        self.own_posts = 0
         self._local_again_at = 0.0
         self._warned = False
 
     def post(self, path: str, body: bytes) -> Response:
         # Snapshots and checkpoints are rare and large: they go on their own, as before.
-        if time.monotonic() >= self._local_again_at and bundled(path):
+        if not bundled(path):
+            self.own_posts += 1
+            return self.direct.post(path, body)
+        if time.monotonic() >= self._local_again_at:
             try:
                 response = self._post_local(path, body)
             except OSError as error:  # the forwarder, not the console: go direct now
