@@ -98,6 +98,7 @@ DEFAULT_RULES: tuple[dict[str, Any], ...] = (
         "metric": "loss|grad_norm",
         "detector": "non_finite",
         "params": {},
+        # Per node: a non-finite loss is the poisoned rank's own, so its node is information.
         "per_node": True,
         "severity": "L3",
         "action": "checkpoint_and_pause",
@@ -107,13 +108,17 @@ DEFAULT_RULES: tuple[dict[str, Any], ...] = (
     {
         # The SDK's step guard refused an update computed from NaN/Inf (a gradient the loss
         # does not show, or run.guard(loss)) and holds at that boundary for this rule's answer.
+        # One alert per job, not per node: in data-parallel training a refusal is job-wide by
+        # nature (the all-reduce hands every rank the same poisoned gradients, so every rank
+        # refuses), and which nodes refused says nothing about where the NaN came from. The
+        # rule above, per node, says where the loss itself went non-finite.
         "key": "update-refused-by-guard",
         "name": "Non-finite update refused by the step guard",
         "layer": "stability",
         "metric": "guard.skipped_updates",
         "detector": "threshold",
         "params": {"above": 0.0},
-        "per_node": True,
+        "per_node": False,
         "severity": "L3",
         "action": "checkpoint_and_pause",
         "clear_after": 10,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 from django.core.exceptions import ValidationError
 
@@ -122,3 +124,18 @@ def test_rules_are_editable_in_the_admin(admin_client):
     form["params"] = '{"k": 0, "window": 200}'
     refused = admin_client.post(f"/admin/breakers/rule/{row.pk}/change/", form)
     assert refused.status_code == 200 and b"k must be" in refused.content
+
+
+def test_the_guard_rule_migration_pools_the_shipped_row_only():
+    """0032: the stored default guard rule still per node (as shipped) alerts once per job; a
+    team's own row is the team's choice and stays per node."""
+    from django.apps import apps
+
+    migration = importlib.import_module("breakers.migrations.0032_guard_rule_per_job")
+    default = Rule.objects.get(team=None, key="update-refused-by-guard")
+    Rule.objects.filter(pk=default.pk).update(per_node=True)
+    team = team_rule(Team.objects.create(name="research"), "update-refused-by-guard")
+    Rule.objects.filter(pk=team.pk).update(per_node=True)
+    migration.pool_nodes(apps, None)
+    assert not Rule.objects.get(pk=default.pk).per_node
+    assert Rule.objects.get(pk=team.pk).per_node
