@@ -74,7 +74,12 @@ def name_hosts(places: Sequence[RankPlace], limit: int = MAX_NAMED) -> str:
 
 def name_ranks(places: Sequence[RankPlace], limit: int = MAX_NAMED) -> str:
     """ "rank 7", "ranks 0, 1, 3", "ranks 12, 713 and 5 more": a thousand ranks in one line."""
-    return f"rank{'s' if len(places) > 1 else ''} {_some([str(p.rank) for p in places], limit)}"
+    return rank_numbers([p.rank for p in places], limit)
+
+
+def rank_numbers(ranks: Sequence[int], limit: int = MAX_NAMED) -> str:
+    """``name_ranks`` of bare rank numbers, in the order given."""
+    return f"rank{'s' if len(ranks) > 1 else ''} {_some([str(rank) for rank in ranks], limit)}"
 
 
 def _some(names: list[str], limit: int) -> str:

@@ -37,6 +37,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from breakers.control.braking import brake_for_alert, seconds_to_gather_holds
+from breakers.control.hang import rank_numbers
 from breakers.detection import shadow
 from breakers.detection.batch import PointBatch, chunk_points, feed_batch
 from breakers.detection.engine import Finding, JobEvaluator, RuleSpec
@@ -58,6 +59,9 @@ from incidents.notifications.rounds import notify_alert
 
 log = logging.getLogger(__name__)
 
+
+# Ranks an alert's description names before it counts the rest.
+FIRING_NAMED = 3
 
 # One engine series of an alert's fingerprint: (metric name or "*" when pooled, rank or None).
 Series = tuple[str, int | None]
@@ -261,7 +265,14 @@ class _Run:
     An alert's fingerprint is (job, rule, node) but the engine keeps a series per metric and
     per rank too (``loss|grad_norm`` on 2 ranks is four series of one rule): ``open`` tracks
     which (metric, rank) series of each fingerprint are firing, so the alert resolves only when
-    the last of them clears, and its description names every rank firing.
+    the last of them clears, and its description counts the ranks firing.
+
+    A thousand ranks firing one rule in one chunk are a thousand findings of one alert: the
+    first raises (or updates) it as it comes, since it may brake; the others only join its
+    firing series, and the latest of them is written once (``_pending``), before anything else
+    touches that alert (its clear, the tick) and at the end of the run. The alert ends as the
+    findings written one by one would leave it, for one write (and one lock of the job's row)
+    instead of a thousand.
     """
 
     def __init__(
@@ -282,6 +293,10 @@ class _Run:
         self._resume_read = False  # read once per run, and only when a rule fires (rare)
         self._noted: set[tuple[str, str]] = set()
         self.open: dict[tuple[str, str], set[Series]] = defaultdict(set)
+        # Fingerprints this run raised or updated, their alert still open; and of those, the
+        # latest finding not written yet.
+        self._written: set[tuple[str, str]] = set()
+        self._pending: dict[tuple[str, str], Finding] = {}
         for episode in self.evaluator.open_episodes():
             fingerprint = (episode["rule"], episode["node"] or "")
             if fingerprint not in self.open and not self._still_open(fingerprint):
@@ -323,11 +338,13 @@ class _Run:
         self.report.points += len(rows)
 
     def tick(self, now: float) -> None:
+        self._flush()
         for finding in self.evaluator.tick(now):
             self._apply(finding)
         self.state.last_tick = now
 
     def save(self, rows: list[tuple]) -> None:
+        self._flush()
         state = self.state
         if rows:
             state.cursor = max(row[0] for row in rows)
@@ -352,11 +369,32 @@ class _Run:
             shadow.record_firing(self.job_id, finding, node)
             self.report.shadow += 1
             return
+        fingerprint = (rule.key, node)
+        if fingerprint in self._written:
+            # Its alert is open and was written in this run: nothing is due but its update.
+            self.open[fingerprint].add(series)
+            self._pending[fingerprint] = finding
+            return
         if self._logged_before_resume(finding, rule.key, node):
             return
-        firing = self.open[(rule.key, node)]
-        firing.add(series)
-        outcome = raise_or_update_alert(self.job_id, _signal(finding, node, _ranks_firing(firing)))
+        self.open[fingerprint].add(series)
+        self._raise(fingerprint, finding)
+
+    def _flush(self, fingerprint: tuple[str, str] | None = None) -> None:
+        """Write the pending update of one fingerprint, or of every one."""
+        due = [fingerprint] if fingerprint is not None else list(self._pending)
+        for key in due:
+            finding = self._pending.pop(key, None)
+            if finding is not None:
+                self._raise(key, finding)
+
+    def _raise(self, fingerprint: tuple[str, str], finding: Finding) -> None:
+        """The finding's alert raised or updated, naming the fingerprint's firing ranks; a new
+        alert, or an escalated one, brakes."""
+        node = fingerprint[1]
+        signal = _signal(finding, node, _ranks_firing(self.open[fingerprint]))
+        outcome = raise_or_update_alert(self.job_id, signal)
+        self._written.add(fingerprint)
         self.report.raised += outcome.created
         self.report.escalated += outcome.escalated
         if outcome.action_due and outcome.alert.incident_id is not None:
@@ -416,10 +454,12 @@ class _Run:
         step: int | None,
         at: float | None = None,
     ) -> None:
+        self._flush((rule_key, node))
         firing = self.open[(rule_key, node)]
         firing.discard(series)
         if firing:
             return  # another series of the same alert still fires
+        self._written.discard((rule_key, node))
         rule = self.rules.get(rule_key)
         if rule is None or rule.shadow:  # a rule gone may have been a shadow rule
             shadow.close_firing(self.job_id, rule_key, node, reason=reason, step=step, at=at)
@@ -446,10 +486,13 @@ def _last_resume(job_id: int) -> tuple[int, float, int] | None:
 
 
 def _ranks_firing(firing: set[Series]) -> str:
-    """The prefix "ranks 0, 3 firing; " when several ranks' series of one alert fire, else
-    "": the finding's own description already names its rank."""
-    ranks = sorted({rank for _, rank in firing if rank is not None})
-    return f"ranks {', '.join(map(str, ranks))} firing; " if len(ranks) > 1 else ""
+    """The prefix "ranks 0, 3 firing; " when several ranks' series of one alert fire, a few
+    named and the rest counted ("ranks 0, 3, 7 and 997 more firing; "), else "": the
+    finding's own description already names its rank."""
+    ranks = {rank for _, rank in firing if rank is not None}
+    if len(ranks) < 2:
+        return ""
+    return f"{rank_numbers(sorted(ranks), FIRING_NAMED)} firing; "
 
 
 def _signal(finding: Finding, node: str, prefix: str = "") -> AlertSignal:
