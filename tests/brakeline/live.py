@@ -198,6 +198,18 @@ def recover_automatically(job_id: int, **fields: Any) -> None:
     rulesets.change_rules(admin, team.pk, "NaN batches: recover automatically", changes)
 
 
+def same_losses_after(reference: Any, braked: Any, step: int, steps: int) -> None:
+    """Both runs end well, and the braked run's losses after ``step`` are those of the
+    reference run (one that never met what happened at ``step``), bit for bit, to ``steps``."""
+    assert braked.wait(timeout=120) == 0, braked.tail()
+    assert reference.wait(timeout=120) == 0, reference.tail()
+    expected, after = reference.losses_by_step(), braked.losses_by_step()
+    assert {s: v for s, v in after.items() if s > step} == {
+        s: v for s, v in expected.items() if s > step
+    }
+    assert len([s for s in after if s > step]) == steps - step
+
+
 def sha256_of_path(path: str | Path) -> str:
     """SHA-256 of a file, or of a folder as the SDK defines it (sorted relative names and
     contents), computed here independently of the SDK."""

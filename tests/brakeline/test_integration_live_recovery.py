@@ -22,7 +22,12 @@ from incidents.models import (
     TimelineEntry,
 )
 from incidents.reviews.writeup import load_review
-from tests.brakeline.live import LIVE_STACK_MARKS, recover_automatically, wait_for
+from tests.brakeline.live import (
+    LIVE_STACK_MARKS,
+    recover_automatically,
+    same_losses_after,
+    wait_for,
+)
 from tests.support.authz import make_member
 
 pytestmark = LIVE_STACK_MARKS
@@ -68,15 +73,9 @@ def test_a_poisoned_batch_is_recovered_automatically_bit_for_bit(live_console, a
         timeout=120,
         training=braked,
     )
-    assert braked.wait(timeout=120) == 0, braked.tail()
-    assert reference.wait(timeout=120) == 0, reference.tail()
     # Training went on from the clean checkpoint without the poisoned batch: its losses after
     # the poison are those of a run that never trained on that batch, bit for bit.
-    expected, after = reference.losses_by_step(), braked.losses_by_step()
-    assert {s: v for s, v in after.items() if s > POISON_AT} == {
-        s: v for s, v in expected.items() if s > POISON_AT
-    }
-    assert len([s for s in after if s > POISON_AT]) == STEPS - POISON_AT
+    same_losses_after(reference, braked, POISON_AT, STEPS)
 
     (recovery,) = _recoveries(agent.job_id)
     assert recovery.verdict == RecoveryVerdict.RECOVER and recovery.cause == "nan-inf"

@@ -21,7 +21,7 @@ from core.errors import InvalidInput
 from incidents.alerts.acknowledge import acknowledge_alert
 from incidents.models import Incident, IncidentStatus, Job, JobStatus, TimelineEntry
 from incidents.reviews.writeup import load_review
-from tests.brakeline.live import wait_for
+from tests.brakeline.live import same_losses_after, wait_for
 from tests.support.authz import make_member
 
 pytestmark = [
@@ -71,17 +71,6 @@ def _braked_clean(job_id: int, result: dict, braked) -> tuple[dict, Incident]:
     return brake, incident
 
 
-def _bit_for_bit_after_the_poison(reference, braked) -> None:
-    """The rolled back run's losses after the poison equal those of a run that skipped it."""
-    assert braked.wait(timeout=120) == 0, braked.tail()
-    assert reference.wait(timeout=120) == 0, reference.tail()
-    expected, after = reference.losses_by_step(), braked.losses_by_step()
-    assert {s: v for s, v in after.items() if s > POISON_AT} == {
-        s: v for s, v in expected.items() if s > POISON_AT
-    }
-    assert len([s for s in after if s > POISON_AT]) == STEPS - POISON_AT
-
-
 def test_a_poisoned_batch_is_braked_clean_and_rolled_back_bit_for_bit(
     live_console, agent, training
 ):
@@ -113,7 +102,8 @@ def test_a_poisoned_batch_is_braked_clean_and_rolled_back_bit_for_bit(
     assert "checkpoint" in refused.value.fields
     confirm_pause(oncall, agent.job_id, decision="roll_back", checkpoint=str(brake["id"]))
 
-    _bit_for_bit_after_the_poison(reference, braked)
+    # The rolled back run's losses after the poison equal those of a run that skipped it.
+    same_losses_after(reference, braked, POISON_AT, STEPS)
     rolled = TimelineEntry.objects.get(incident=incident, data__event="rolled_back")
     assert f"Rolled back to step {POISON_AT}" in rolled.message
     # The episode ended on healthy points after the resume; every step is on its timeline.

@@ -14,6 +14,26 @@ from django.core.management import CommandError, call_command
 
 from tests.support.beat import running_beat
 
+# A drill end to end against the real stack: committed transactions (the worker, the beat and
+# Daphne see the rows), the beat's watchdog running.
+END_TO_END_MARKS = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("watchdog_beat"),
+]
+# The scorecard's lines, in order, of every drill; then those of a drill of the recovery path.
+SCORECARD_LINES = [
+    "breaker fired",
+    "time to detect",
+    "time to brake",
+    "checkpoint saved",
+    "checkpoint loads",
+    "checkpoint before the anomaly",
+    "release",
+    "paged",
+    "timeline complete",
+]
+RECOVERY_LINES = ["verdict recorded", "rolled back", "step skipped", "resumed", "time to recover"]
+
 
 @pytest.fixture
 def watchdog_beat(worker):

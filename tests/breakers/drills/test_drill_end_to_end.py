@@ -25,26 +25,11 @@ from breakers.drills.scenarios import DRILL_SET, rehearses_recovery
 from breakers.models import DrillCheck, DrillRun, DrillStatus
 from incidents.models import Alert, Delivery, Job, Recovery
 from incidents.notifications.sweep import undispatched_alerts
-from tests.support.drills import drill
+from tests.support.drills import END_TO_END_MARKS, RECOVERY_LINES, SCORECARD_LINES, drill
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.usefixtures("watchdog_beat"),
-]
+pytestmark = END_TO_END_MARKS
 
-
-LINES = [
-    "breaker fired",
-    "time to detect",
-    "time to brake",
-    "checkpoint saved",
-    "checkpoint loads",
-    "checkpoint before the anomaly",
-    "release",
-    "paged",
-    "timeline complete",
-]
-RECOVERY_LINES = ["verdict recorded", "rolled back", "step skipped", "resumed", "time to recover"]
+LINES = SCORECARD_LINES
 
 
 def shorten_the_hang_deadline(settings) -> None:

@@ -28,29 +28,11 @@ from incidents.models import (
     RecoveryVerdict,
     TimelineEntry,
 )
-from tests.support.drills import drill
+from tests.support.drills import END_TO_END_MARKS, RECOVERY_LINES, SCORECARD_LINES, drill
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.usefixtures("watchdog_beat"),
-]
+pytestmark = END_TO_END_MARKS
 
-LINES = [
-    "breaker fired",
-    "time to detect",
-    "time to brake",
-    "checkpoint saved",
-    "checkpoint loads",
-    "checkpoint before the anomaly",
-    "release",
-    "paged",
-    "timeline complete",
-    "verdict recorded",
-    "rolled back",
-    "step skipped",
-    "resumed",
-    "time to recover",
-]
+LINES = SCORECARD_LINES + RECOVERY_LINES
 
 
 def test_a_drill_of_the_recovery_path_recovers_its_own_sandbox(live_console, drill_team):
