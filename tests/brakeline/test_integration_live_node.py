@@ -106,9 +106,13 @@ def test_two_nodes_brake_every_rank_at_one_step_through_their_forwarders(
         live_console, agent, tmp_path, "--no-websocket", without_websocket
     )
     assert command.apply_at_step >= NAN_AT
-    # Every rank spoke through its node's forwarder; each node's local rank 0 sent bundles
-    # of several parts (the ranks 0 and 2 are the nodes' local rank 0).
-    assert all(r["node"]["through_node"] > r["node"]["direct"] for r in reports), reports
+    # Every rank spoke through its node's forwarder, and the job's requests went mostly through
+    # them (a rank posts directly, by design, while its node's forwarder is not up yet: under
+    # load local rank 0 may start seconds after the others); each node's local rank 0 sent
+    # bundles of several parts (the ranks 0 and 2 are the nodes' local rank 0).
+    assert all(r["node"]["through_node"] > 0 for r in reports), reports
+    through = sum(r["node"]["through_node"] for r in reports)
+    assert through > sum(r["node"]["direct"] for r in reports), reports
     for first in (0, 2):
         traffic = reports[first]["node"]
         assert traffic["bundles"] > 0 and traffic["parts"] > traffic["bundles"], reports
